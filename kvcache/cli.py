@@ -1,0 +1,35 @@
+"""The ``kvcache`` command: ``traffic`` (counted bytes of one decode step), ``compare`` (runs across
+releases, exit 1 on a regression) and ``report`` (charts and a Markdown/HTML report)."""
+
+from __future__ import annotations
+
+import sys
+
+COMMANDS = {
+    "traffic": ("kvcache.traffic_cli", "count the bytes one decode step moves, per op, and probe attention"),
+    "compare": ("kvcache.compare", "compare benchmark JSON runs; exit 1 on a regression"),
+    "report": ("kvcache.report", "write latency.png, traffic.png, report.md and report.html"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: kvcache COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name:<8} {help_}" for name, (_, help_) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"kvcache: unknown command {name!r}; choose from {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    module = __import__(COMMANDS[name][0], fromlist=["main"])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
