@@ -1,0 +1,207 @@
+"""Every difference between Transformers releases (4.45 to 5.x) that this project meets, in one place.
+
+Callers never compare version numbers themselves: they ask this module to build a cache, fill a layer,
+name the forward keywords, or register an attention function, and get :class:`Unsupported` (with a
+reason fit for a skip message) when the installed release cannot do it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from functools import cache
+from typing import Any, Callable
+
+import torch
+import transformers
+from transformers import cache_utils
+
+
+class Unsupported(RuntimeError):
+    """The installed Transformers release lacks a class or feature; the message is the skip reason."""
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    """``"4.57.1"`` -> ``(4, 57, 1)``; pre-release suffixes are dropped."""
+    return tuple(int(x) for x in re.findall(r"\d+", text.split("+")[0])[:3])
+
+
+TRANSFORMERS = transformers.__version__
+VERSION = parse_version(TRANSFORMERS)
+
+
+def release_lacks(what: str) -> Unsupported:
+    return Unsupported(f"{what} is not available in transformers {TRANSFORMERS}")
+
+
+def cache_class(name: str) -> type:
+    """A class from ``transformers.cache_utils`` by name, or :class:`Unsupported`."""
+    cls = getattr(cache_utils, name, None)
+    if cls is None:
+        raise release_lacks(name)
+    return cls
+
+
+def init_params(cls: type) -> dict[str, inspect.Parameter]:
+    """Parameters of a class's constructor, looking through subclasses that only pass ``*args, **kwargs`` on."""
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        params = inspect.signature(klass.__init__).parameters
+        if not any(p.kind is p.VAR_POSITIONAL for p in params.values()):
+            return dict(params)
+    return {}
+
+
+# --- constructing caches ---------------------------------------------------------------------------
+
+def new_dynamic_cache(config: Any, **kwargs: Any) -> Any:
+    """``DynamicCache`` (5.x takes ``config=`` and ``offloading=``; 4.x takes neither)."""
+    return new_cache(cache_utils.DynamicCache, config, **kwargs)
+
+
+def new_cache(cls: type, config: Any, max_cache_len: int | None = None, device: Any = None, dtype: Any = None,
+              **extra: Any) -> Any:
+    """Construct any cache class, passing only the keywords its ``__init__`` takes in this release.
+
+    Covers StaticCache's changes: ``batch_size`` (to 4.50) / ``max_batch_size`` (4.51+), and from 4.56
+    ``(config, max_cache_len)`` with lazy allocation; up to 4.55 the buffer is allocated at construction.
+    """
+    params = init_params(cls)
+    for key, value in extra.items():
+        if key not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            raise Unsupported(f"{cls.__name__}({key}=...) is not available in transformers {TRANSFORMERS}")
+    kwargs = dict(config=config, max_cache_len=max_cache_len, device=device, dtype=dtype,
+                  batch_size=1, max_batch_size=1, **extra)
+    return cls(**{k: v for k, v in kwargs.items() if k in params and v is not None})
+
+
+# --- reading and filling caches --------------------------------------------------------------------
+
+def layer_kv(cache: Any, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The K and V tensors a cache holds for one layer (``layers[i].keys`` from 4.54, ``key_cache[i]`` before)."""
+    if hasattr(cache, "layers"):
+        layer = cache.layers[layer_idx]
+        return layer.keys, layer.values
+    return cache.key_cache[layer_idx], cache.value_cache[layer_idx]
+
+
+def store_layer_kv(cache: Any, layer_idx: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+    """Make ``keys``/``values`` what the release's cache reports for ``layer_idx`` (lengths, masks)."""
+    if hasattr(cache, "layers"):
+        layer = cache.layers[layer_idx]
+        layer.keys, layer.values = keys, values
+        if not getattr(layer, "is_initialized", True):
+            layer.device = keys.device
+        layer.is_initialized = True
+        return
+    while len(cache.key_cache) <= layer_idx:
+        cache.key_cache.append(torch.tensor([], dtype=keys.dtype, device=keys.device))
+        cache.value_cache.append(torch.tensor([], dtype=values.dtype, device=values.device))
+    cache.key_cache[layer_idx], cache.value_cache[layer_idx] = keys, values
+    if hasattr(cache, "_seen_tokens") and layer_idx == 0:
+        cache._seen_tokens = keys.shape[-2]
+
+
+def seq_length(cache: Any) -> int:
+    """Tokens held (5.4+ returns a 0-dim tensor; up to 5.3 StaticCache counts non-zero rows)."""
+    return int(cache.get_seq_length())
+
+
+def fill_layer(cache: Any, layer_idx: int, keys: torch.Tensor, values: torch.Tensor, start: int) -> None:
+    """Write ``keys``/``values`` ([batch, kv_heads, n, head_dim]) at positions ``start..start+n`` of a layer.
+
+    Uses ``cache.update`` with a positional ``cache_kwargs`` dict (accepted by every release; StaticCache up
+    to 4.53 requires it, from 5.4 it ignores ``cache_position`` and writes at its own counter, so fill in
+    order from slot 0).
+    """
+    n = keys.shape[-2]
+    position = torch.arange(start, start + n, device=keys.device)
+    cache.update(keys, values, layer_idx, {"cache_position": position})
+
+
+# --- driving a decode step ------------------------------------------------------------------------
+
+@cache
+def _forward_params(forward: Callable) -> frozenset:
+    return frozenset(inspect.signature(forward).parameters)
+
+
+def decode_kwargs(model: Any, cache: Any, position: int, device: Any) -> dict[str, Any]:
+    """Keywords for one single-token forward at ``position`` with ``cache``.
+
+    The cache keyword is ``past_key_values`` up to 5.23 and ``cache`` from 5.24; ``cache_position`` is
+    passed while the model still takes it (up to 5.3).
+    """
+    params = _forward_params(type(model.model).forward)
+    key = "cache" if "cache" in params else "past_key_values"
+    kwargs: dict[str, Any] = {key: cache, "use_cache": True,
+                              "position_ids": torch.tensor([[position]], device=device)}
+    if "cache_position" in params:
+        kwargs["cache_position"] = torch.tensor([position], device=device)
+    return kwargs
+
+
+def cache_from_output(output: Any) -> Any:
+    """The cache object a forward returned (``cache`` from 5.24, ``past_key_values`` before)."""
+    fields = getattr(type(output), "__dataclass_fields__", {})
+    return getattr(output, "cache" if "cache" in fields else "past_key_values", None)
+
+
+# --- attention functions -----------------------------------------------------------------------------
+
+def register_attention(name: str, fn: Callable, *, with_sdpa_mask: bool = True) -> None:
+    """Register an attention function under ``name`` for ``set_attention``.
+
+    4.51+: ``AttentionInterface.register``; 4.48-4.50: the ``ALL_ATTENTION_FUNCTIONS`` dict; up to 4.47
+    there is no functional interface (:class:`Unsupported`). From 4.53 a custom name gets no mask unless a
+    mask function is registered too, so ``with_sdpa_mask`` registers ``sdpa_mask`` for it.
+    """
+    from transformers import modeling_utils
+
+    interface = getattr(modeling_utils, "AttentionInterface", None)
+    if interface is not None:
+        interface.register(name, fn)
+    elif isinstance(getattr(modeling_utils, "ALL_ATTENTION_FUNCTIONS", None), dict):
+        modeling_utils.ALL_ATTENTION_FUNCTIONS[name] = fn
+    else:
+        raise release_lacks("a registry of attention functions (AttentionInterface)")
+    if with_sdpa_mask:
+        try:
+            from transformers import masking_utils
+        except ImportError:  # before 4.53 masks are built by the model, whatever the name
+            return
+        masking_utils.AttentionMaskInterface.register(name, masking_utils.sdpa_mask)
+
+
+def attention_name(model: Any) -> str:
+    return str(model.config._attn_implementation)
+
+
+def set_attention(model: Any, name: str) -> None:
+    """Switch the attention implementation of a built model (``set_attn_implementation`` from 4.54;
+    before that the config attribute, read at call time from 4.48)."""
+    if attention_name(model) == name:
+        return
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(name)
+        return
+    if VERSION < (4, 48):
+        raise release_lacks(f"switching a built model's attention to {name!r}")
+    model.config._attn_implementation = name
+    for module in model.modules():
+        if getattr(module, "config", None) is not None and module.config is not model.config:
+            module.config._attn_implementation = name
+
+
+def from_config(config: Any) -> Any:
+    """A randomly initialised causal LM from a config (attention ``sdpa``)."""
+    from transformers import AutoModelForCausalLM
+
+    config._attn_implementation = "sdpa"
+    return AutoModelForCausalLM.from_config(config)
+
+
+def dtype_keyword() -> str:
+    """``from_pretrained``'s dtype keyword: ``torch_dtype`` up to 4.55, ``dtype`` after."""
+    return "dtype" if VERSION >= (4, 56) else "torch_dtype"

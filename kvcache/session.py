@@ -1,0 +1,163 @@
+"""The measuring side of one pytest session: the device, the model (built once), and the raw records
+the benchmarks produce (copy bandwidth, timed-point bookkeeping, counted traffic, probes, skips)."""
+
+from __future__ import annotations
+
+import gc
+import platform
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import transformers
+
+from kvcache import caches, decode, traffic
+from kvcache.bandwidth import measure_copy
+from kvcache.devices import Device
+from kvcache.models import ModelSpec, build_model, load_config, spec_from_config
+from kvcache.probe import probe
+from kvcache.settings import Settings
+
+
+@dataclass(frozen=True)
+class PointId:
+    """One timed benchmark: a cache class at a context in a round."""
+
+    cache: str
+    context: int
+    round: int = 0
+
+    def test_id(self, rounds: int) -> str:
+        return f"{self.cache}-{self.context}" + (f"-r{self.round}" if rounds > 1 else "")
+
+
+class Skip(Exception):
+    """A benchmark that cannot run here; the plugin turns it into a pytest skip with this reason."""
+
+
+@dataclass
+class KVSession:
+    settings: Settings
+    device: Device
+    _model: Any = None
+    _spec: ModelSpec | None = None
+    copies: list[dict[str, Any]] = field(default_factory=list)
+    traffic: dict[str, dict[str, Any]] = field(default_factory=dict)
+    probes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+    counted_bytes: dict[tuple[str, int], int] = field(default_factory=dict)
+    first_point: PointId | None = None
+    used: bool = False
+
+    # --- the model ---
+    def model(self) -> tuple[Any, ModelSpec]:
+        if self._model is None:
+            self._model, self._spec = build_model(self.settings.model, self.device.torch_device,
+                                                  self.settings.dtype, seed=self.settings.seed)
+        return self._model, self._spec
+
+    def spec(self) -> ModelSpec:
+        """The model's geometry (from its config: no weights are built for this)."""
+        if self._spec is None:
+            self._spec = spec_from_config(self.settings.model, load_config(self.settings.model)[0],
+                                          self.settings.dtype)
+        return self._spec
+
+    def environment(self) -> dict[str, Any]:
+        return {**self.device.describe(), "transformers": transformers.__version__, "torch": torch.__version__,
+                "python": platform.python_version(), "platform": platform.platform(),
+                "threads": torch.get_num_threads()}
+
+    # --- measurements ---
+    def measure_copy(self, label: str) -> dict[str, Any]:
+        self.used = True
+        result = measure_copy(self.device, nbytes=self.settings.copy_bytes, repeats=self.settings.copy_repeats,
+                              label=label).to_dict()
+        self.copies.append(result)
+        return result
+
+    def skip(self, cache: str, context: int | None, reason: str) -> Skip:
+        entry = {"cache": cache, "context": context, "reason": reason}
+        if entry not in self.skipped:
+            self.skipped.append(entry)
+        return Skip(reason)
+
+    def open(self, cache: str, context: int, *, warmup: int, steps: int) -> decode.DecodePoint:
+        """A filled, warmed-up point, or :class:`Skip` with the reason (recorded for the report)."""
+        self.used = True
+        spec = caches.get(cache)
+        reason = caches.unavailable_reason(spec, self.device.type)
+        if reason:
+            raise self.skip(cache, None, reason)
+        model, mspec = self.model()
+        try:
+            return decode.open_point(model, mspec, spec, self.device, context, warmup=warmup, steps=steps,
+                                     fill=self.settings.fill, seed=self.settings.seed)
+        except decode.PointSkip as exc:
+            raise self.skip(cache, context, str(exc)) from None
+
+    def point_info(self, point: PointId, kind: str) -> dict[str, Any]:
+        """``extra_info`` of a timed benchmark (before it runs)."""
+        s, spec = self.settings, self.spec()
+        mean_tokens = point.context + s.warmup + (s.steps + 1) / 2  # tokens attention reads, averaged
+        return {
+            "kind": kind, "cache": point.cache, "context": point.context, "round": point.round,
+            "kv_bytes": spec.kv_bytes(mean_tokens), "bytes_per_token": spec.bytes_per_token,
+            "device": self.device.type, "device_name": self.device.name, "dtype": s.dtype,
+            "model": s.model, "fill": s.fill, "warmup": s.warmup, "steps": s.steps,
+            "transformers": transformers.__version__, "torch": torch.__version__,
+            "beyond_trained_context": point.context + s.warmup + s.steps > spec.max_position_embeddings,
+        }
+
+    def run_timed(self, point: PointId, benchmark: Any, kind: str = "timed") -> None:
+        """Fill untimed, warm up, then time ``steps`` single steps (each bracketed by a device sync) through
+        pytest-benchmark; then count the bytes of one more step for the achieved bandwidth."""
+        s = self.settings
+        dp = self.open(point.cache, point.context, warmup=s.warmup, steps=s.steps)
+        try:
+            benchmark.group = f"decode {point.cache}" if kind == "timed" else "drift"
+            benchmark.extra_info.update(self.point_info(point, kind))
+            benchmark.pedantic(dp.timed_step, setup=dp.before_step, rounds=s.steps, iterations=1)
+            benchmark.extra_info["step_start_ns"] = list(dp.step_start_ns)
+            if kind == "timed" and self.first_point is None:
+                self.first_point = point
+            self._count_point(dp, point, benchmark)
+        finally:
+            dp.release()
+            del dp
+            gc.collect()
+
+    def _count_point(self, dp: decode.DecodePoint, point: PointId, benchmark: Any) -> None:
+        key = (point.cache, point.context)
+        if key not in self.counted_bytes:
+            _, counted = traffic.count(dp.step)
+            self.counted_bytes[key] = counted.total
+        counted_bytes = self.counted_bytes[key]
+        stats = getattr(benchmark, "stats", None)
+        median_s = stats["median"] if stats is not None else None
+        achieved = counted_bytes / median_s / 1e9 if median_s else None
+        start = self.copies[0]["gbps"] if self.copies else None
+        benchmark.extra_info.update({
+            "counted_bytes": counted_bytes, "achieved_gbps": achieved,
+            "achieved_fraction": achieved / start if achieved and start else None,
+        })
+
+    def count(self, cache: str) -> dict[str, Any]:
+        """Counted passes of ``cache`` (steps counted at the two counted contexts) and its attention probe."""
+        s = self.settings
+        model, spec = self.model()
+        counts = {}
+        for context in s.counted_contexts:
+            dp = self.open(cache, context, warmup=s.warmup, steps=1)
+            _, counts[context] = traffic.count(dp.step)
+            if context == max(s.counted_contexts):
+                self.probes[cache] = probe(dp.step, spec.heads, spec.kv_heads).to_dict()
+            dp.release()
+        self.traffic[cache] = traffic.counted_passes(counts, spec.bytes_per_token)
+        return self.traffic[cache]
+
+    def raw(self) -> dict[str, Any]:
+        """Everything measured, as plain data for :func:`kvcache.analysis.analyse`."""
+        return {"model": self.spec().to_dict(), "environment": self.environment(), "copy": list(self.copies),
+                "traffic": dict(self.traffic), "probe": dict(self.probes), "skipped": list(self.skipped)}
+

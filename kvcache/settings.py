@@ -1,0 +1,83 @@
+"""The suite's settings (the ``--kv-*`` options), validated: bad values raise SettingsError, one line
+naming the value and the accepted ones."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+DEFAULT_CONTEXTS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
+ORDERS = ("interleaved", "ascending")
+FILLS = ("synthetic", "prefill")
+
+
+class SettingsError(ValueError):
+    """A bad ``--kv-*`` value; the message is one line."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    model: str = "smollm2-135m"
+    device: str = "auto"
+    dtype: str = "bfloat16"
+    caches: tuple[str, ...] = ("dynamic", "static")
+    contexts: tuple[int, ...] = DEFAULT_CONTEXTS
+    counted_contexts: tuple[int, int] = (256, 512)
+    fill: str = "synthetic"
+    warmup: int = 5
+    steps: int = 50
+    rounds: int = 3
+    order: str = "interleaved"
+    seed: int = 0
+    copy_bytes: int = 1 << 30
+    copy_repeats: int = 20
+    max_drift: float = 0.10
+    baseline: str = "kv-baseline.json"
+    update_baseline: bool = False
+    tolerance: float = 0.25
+    counted_tolerance: float = 0.05
+    max_passes: dict[str, float] = field(default_factory=dict)
+    min_r2: float = 0.90
+    confidence: float = 0.95
+    resamples: int = 2000
+    gate: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["caches"], d["contexts"], d["counted_contexts"] = list(self.caches), list(self.contexts), list(
+            self.counted_contexts)
+        return d
+
+
+def parse_ints(option: str, text: str, *, minimum: int = 1) -> tuple[int, ...]:
+    """``"512,1024"`` -> ``(512, 1024)``; anything else is a one-line SettingsError."""
+    values = []
+    for part in str(text).split(","):
+        part = part.strip().lower().replace("_", "")
+        if not part:
+            continue
+        scale = 1024 if part.endswith("k") else 1
+        try:
+            value = int(part[:-1] if scale > 1 else part) * scale
+        except ValueError:
+            raise SettingsError(f"{option} {text!r}: {part!r} is not a whole number "
+                                f"(expected e.g. 512,1024,4k)") from None
+        if value < minimum:
+            raise SettingsError(f"{option} {text!r}: {value} is below the minimum {minimum}")
+        values.append(value)
+    if not values:
+        raise SettingsError(f"{option} {text!r} names no value (expected e.g. 512,1024,4k)")
+    return tuple(dict.fromkeys(values))
+
+
+def check_choice(option: str, value: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise SettingsError(f"{option} {value!r} is not one of {', '.join(choices)}")
+    return value
+
+
+def check_number(option: str, value: float, *, low: float, high: float | None = None) -> float:
+    if value < low or (high is not None and value > high):
+        bound = f"from {low} to {high}" if high is not None else f"at least {low}"
+        raise SettingsError(f"{option} {value} is out of range (accepted: {bound})")
+    return value

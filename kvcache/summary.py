@@ -1,0 +1,78 @@
+"""The terminal summary of a run's ``kv`` section: plain-text tables (analysing wing, no torch)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _num(value: Any, spec: str = ".2f", missing: str = "-") -> str:
+    return missing if value is None else format(value, spec)
+
+
+def table(rows: list[list[str]], header: list[str]) -> list[str]:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    line = "  ".join(h.ljust(w) for h, w in zip(header, widths))
+    out = [line, "  ".join("-" * w for w in widths)]
+    out += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in rows]
+    return out
+
+
+def fit_rows(kv: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for cache, verdict in kv.get("verdict", {}).items():
+        fit = kv.get("fit", {}).get(cache) or {}
+        counted = (kv.get("traffic", {}).get(cache) or {}).get("passes")
+        timed = fit.get("passes")
+        ci = fit.get("passes_ci")
+        timed_text = "-" if timed is None else f"{timed:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+        if fit.get("error"):
+            timed_text = f"- ({fit['error']})"
+        rows.append([
+            cache, _num(fit.get("intercept_ms")), _num(fit.get("effective_gbps"), ".1f"), timed_text,
+            _num(fit.get("r2"), ".3f"), _num(counted), _num(timed / counted if timed and counted else None),
+            _num(fit.get("crossover_tokens"), ",.0f"), verdict.get("status", "-"),
+        ])
+    return rows
+
+
+def lines(kv: dict[str, Any]) -> list[str]:
+    """The summary printed at the end of a session."""
+    env, model, copy = kv.get("environment", {}), kv.get("model") or {}, kv.get("copy", {})
+    out = [f"device {env.get('device_name')}; transformers {env.get('transformers')}, torch {env.get('torch')}; "
+           f"model {model.get('name')} ({model.get('dtype')}, {model.get('bytes_per_token')} B/token of KV, "
+           f"{model.get('weight_bytes')} B of weights)"]
+    out.append(f"copy bandwidth (read + write): start {_num(copy.get('start_gbps'), '.1f')} GB/s, "
+               f"end {_num(copy.get('end_gbps'), '.1f')} GB/s, median of all {_num(kv.get('copy_gbps'), '.1f')} GB/s")
+    if kv.get("verdict"):
+        out.append("")
+        out += table(fit_rows(kv), ["cache", "intercept ms", "eff GB/s", "timed passes [CI]", "R²",
+                                    "counted", "timed/counted", "crossover tok", "verdict"])
+        out.append("  (effective GB/s = KV bytes per extra second of step time; passes = copy GB/s / effective GB/s;"
+                   " counted = bytes read + written per KV byte, logical)")
+    drift = kv.get("drift") or {}
+    if "fraction" in drift:
+        state = "ok" if drift["ok"] else "TOO LARGE"
+        out.append(f"drift: {drift['cache']} at {drift['context']} tokens {drift['first_ms']:.2f} -> "
+                   f"{drift['last_ms']:.2f} ms ({drift['fraction']:+.1%}, allowed ±{drift['max_fraction']:.0%}): "
+                   f"{state}")
+    elif drift:
+        out.append(f"drift: not checked ({drift.get('reason')})")
+    for cache, t in (kv.get("traffic") or {}).items():
+        by_op = ", ".join(f"{k} {v:.2f}" for k, v in (t.get("by_op") or {}).items()) or "-"
+        out.append(f"counted {cache}: {t.get('passes', 0):.3f} passes = {by_op}")
+    for cache, p in (kv.get("probe") or {}).items():
+        out.append(f"probe {cache}: q {p.get('query')} k {p.get('key')} mask {p.get('mask')}; "
+                   f"{p.get('attention')}; K/V expansions {p.get('expansions')}")
+    points = [p for p in kv.get("points", []) if p.get("achieved_gbps")]
+    if points:
+        out.append("")
+        out += table([[p["cache"], str(p["context"]), str(p["round"]), _num(p["median_ms"]),
+                       _num(p["achieved_gbps"], ".1f"), _num(100 * (p["achieved_fraction"] or 0), ".0f") + "%"]
+                      for p in points],
+                     ["cache", "context", "round", "median ms", "achieved GB/s", "of copy"])
+    for s in kv.get("skipped", []):
+        where = f" at {s['context']}" if s.get("context") else ""
+        out.append(f"skipped {s['cache']}{where}: {s['reason']}")
+    for cache, verdict in kv.get("verdict", {}).items():
+        out.append(f"verdict {cache}: {verdict.get('status')}: {verdict.get('reason')}")
+    return out

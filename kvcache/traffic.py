@@ -1,0 +1,261 @@
+"""Counted traffic: the bytes each tensor operation of one decode step reads and writes.
+
+Every ATen operation the step runs is intercepted at torch's dispatch level
+(:class:`torch.utils._python_dispatch.TorchDispatchMode`; no source is patched) and charged by these
+rules, which count *logical* traffic:
+
+1. A view (view, expand, slice, transpose, reshape of a viewable tensor, detach, ...: an output that
+   shares storage with an input, written by nothing) moves nothing.
+2. A write into part of a tensor (``copy_`` into a slice, ``index_copy_``, ``index_put_``,
+   ``slice_scatter_``-style in-place ops listed in ``PARTIAL_WRITES``) reads its sources and writes
+   only the elements it stores, not the whole destination, and does not read the destination.
+3. A broadcast input (stride 0 along a dimension) is read once: an input costs the bytes of the
+   distinct memory it spans, ``itemsize × Π size[d] over dims with stride[d] != 0``.
+4. Any other op reads each distinct tensor input once and writes each output (an in-place op writes
+   the tensor it mutates); allocation without initialisation (``empty``) writes nothing.
+
+Logical traffic is what the operations ask for, not what the hardware does: a fused kernel that
+re-reads data internally (attention tiles, cache misses) is counted once, and data served from caches
+is counted as if it came from memory. Counted passes are therefore a floor that the timed passes sit
+on top of; both are bytes moved (read + write), not bytes stored.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+aten = torch.ops.aten
+
+NO_TRAFFIC = {
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "_local_scalar_dense",
+    "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "is_nonzero", "record_stream",
+    "set_", "resize_", "_has_compatible_shallow_copy_type", "lift_fresh",
+}
+
+# In-place ops that store into a part of their first argument: (name, index of the source argument or
+# None when the written elements come from a scalar).
+PARTIAL_WRITES = {"copy_", "index_copy_", "index_put_", "_index_put_impl_", "masked_scatter_", "scatter_",
+                  "index_fill_", "masked_fill_", "fill_", "zero_", "slice_scatter_"}
+
+DISPLAY = {
+    "_scaled_dot_product_flash_attention_for_cpu": "scaled_dot_product_attention",
+    "_scaled_dot_product_flash_attention": "scaled_dot_product_attention",
+    "_scaled_dot_product_efficient_attention": "scaled_dot_product_attention",
+    "_scaled_dot_product_cudnn_attention": "scaled_dot_product_attention",
+    "_scaled_dot_product_attention_math": "scaled_dot_product_attention",
+    "_scaled_dot_product_fused_attention_overrideable": "scaled_dot_product_attention",
+    "_scaled_dot_product_attention_math_for_mps": "scaled_dot_product_attention",
+    "_fused_sdp_choice": "scaled_dot_product_attention",
+}
+
+
+def op_name(func: Any) -> str:
+    """``aten.cat.default`` -> ``cat``; the fused SDPA kernels of every device -> ``scaled_dot_product_attention``."""
+    name = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else str(func)
+    return DISPLAY.get(name, name)
+
+
+def span_bytes(t: torch.Tensor) -> int:
+    """Bytes of distinct memory a (possibly strided or broadcast) tensor covers: stride-0 dims count once."""
+    if t.numel() == 0:
+        return 0
+    n = 1
+    for size, stride in zip(t.shape, t.stride()):
+        if stride != 0:
+            n *= size
+    return n * t.element_size()
+
+
+def _storage_key(t: torch.Tensor) -> tuple:
+    try:
+        ptr = t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        ptr = id(t)
+    return (ptr, t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+
+
+def _shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    try:
+        return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and a.untyped_storage().nbytes() > 0
+    except (RuntimeError, NotImplementedError):
+        return False
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    flat, _ = tree_flatten(obj)
+    return [x for x in flat if isinstance(x, torch.Tensor)]
+
+
+def _distinct_read(tensors: list[torch.Tensor]) -> int:
+    seen, total = set(), 0
+    for t in tensors:
+        key = _storage_key(t)
+        if key not in seen:
+            seen.add(key)
+            total += span_bytes(t)
+    return total
+
+
+def _mutated_args(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """Tensors the op writes in place (schema arguments annotated as written, e.g. ``Tensor(a!)``)."""
+    out = []
+    schema = func._schema
+    for i, arg in enumerate(schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            value = args[i] if i < len(args) else kwargs.get(arg.name)
+            out.extend(_tensors(value))
+    return out
+
+
+def _partial_write(name: str, args: tuple, kwargs: dict) -> tuple[int, int]:
+    """(read, written) bytes of an in-place write into part of ``args[0]`` (rule 2)."""
+    dst = args[0]
+    es = dst.element_size()
+    if name == "copy_":
+        return _distinct_read([args[1]]), dst.numel() * es
+    if name == "index_copy_":
+        src, index = args[3], args[2]
+        return span_bytes(src) + span_bytes(index), src.numel() * es
+    if name in ("index_put_", "_index_put_impl_"):
+        indices = [i for i in args[1] if i is not None]
+        values = args[2]
+        if indices:
+            idx_shape = torch.broadcast_shapes(*[i.shape for i in indices])
+            written = 1
+            for s in idx_shape:
+                written *= s
+            for s in dst.shape[len(args[1]):]:
+                written *= s
+        else:
+            written = dst.numel()
+        return span_bytes(values) + sum(span_bytes(i) for i in indices), written * es
+    if name in ("fill_", "zero_"):
+        return sum(span_bytes(t) for t in _tensors(args[1:])), dst.numel() * es
+    # masked_fill_, index_fill_, scatter_, masked_scatter_, slice_scatter_: sources + the written part
+    sources = _tensors(args[1:]) + _tensors(kwargs)
+    read = _distinct_read(sources)
+    biggest = max((t.numel() for t in sources), default=dst.numel())
+    return read, min(biggest, dst.numel()) * es
+
+
+@dataclass
+class OpTraffic:
+    """Bytes one op name read and wrote over a counted region, and how many calls."""
+
+    calls: int = 0
+    read: int = 0
+    written: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.read + self.written
+
+
+@dataclass
+class TrafficCount:
+    """Per-op traffic of one counted region (bytes; read + written)."""
+
+    ops: dict[str, OpTraffic] = field(default_factory=lambda: defaultdict(OpTraffic))
+
+    @property
+    def read(self) -> int:
+        return sum(o.read for o in self.ops.values())
+
+    @property
+    def written(self) -> int:
+        return sum(o.written for o in self.ops.values())
+
+    @property
+    def total(self) -> int:
+        return self.read + self.written
+
+    def add(self, name: str, read: int, written: int) -> None:
+        entry = self.ops[name]
+        entry.calls += 1
+        entry.read += read
+        entry.written += written
+
+
+class TrafficCounter(TorchDispatchMode):
+    """Counts the bytes every dispatched ATen op reads and writes, by the rules in this module's docstring."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = TrafficCount()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        try:
+            self.count.add(op_name(func), *self.charge(func, args, kwargs, out))
+        except Exception:  # noqa: BLE001 - never let counting break the model; charge plainly
+            self.count.add(op_name(func), _distinct_read(_tensors((args, kwargs))), 0)
+        return out
+
+    @staticmethod
+    def charge(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[int, int]:
+        """(bytes read, bytes written) of one op call."""
+        name = func.overloadpacket.__name__
+        if name in NO_TRAFFIC:
+            return 0, 0
+        inputs = _tensors((args, kwargs))
+        outputs = _tensors(out)
+        mutated = _mutated_args(func, args, kwargs)
+        if mutated:
+            if name in PARTIAL_WRITES:
+                return _partial_write(name, args, kwargs)
+            written = sum(t.numel() * t.element_size() for t in mutated)
+            return _distinct_read(inputs), written
+        if outputs and all(any(_shares_storage(o, i) for i in inputs) for o in outputs):
+            return 0, 0  # a view
+        if not inputs:  # factory ops (zeros, arange, full, randn...) write what they make
+            return 0, sum(t.numel() * t.element_size() for t in outputs)
+        return _distinct_read(inputs), sum(t.numel() * t.element_size() for t in outputs)
+
+
+def count(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, TrafficCount]:
+    """Run ``fn(*args, **kwargs)`` under a :class:`TrafficCounter`; return its result and the count."""
+    counter = TrafficCounter()
+    with counter:
+        result = fn(*args, **kwargs)
+    return result, counter.count
+
+
+def counted_passes(counts: dict[int, TrafficCount], bytes_per_token: int, *, min_op_passes: float = 0.005) -> dict:
+    """Counted passes from steps counted at two or more contexts.
+
+    passes = Δ(bytes read + written by the step) / Δ(KV-cache bytes), between the smallest and largest
+    context; per op the same slope ("cat 2.00, scaled_dot_product_attention 1.00"). Ops whose slope is
+    below ``min_op_passes`` (per-step constants such as weights) are left out of ``by_op``.
+    """
+    contexts = sorted(counts)
+    if len(contexts) < 2:
+        raise ValueError("counted passes need steps counted at two contexts")
+    lo, hi = counts[contexts[0]], counts[contexts[-1]]
+    kv_delta = (contexts[-1] - contexts[0]) * bytes_per_token
+    by_op = {}
+    for name in set(lo.ops) | set(hi.ops):
+        delta = hi.ops[name].total - lo.ops[name].total if name in hi.ops and name in lo.ops else (
+            hi.ops[name].total if name in hi.ops else -lo.ops[name].total)
+        passes = delta / kv_delta
+        if abs(passes) >= min_op_passes:
+            by_op[name] = round(passes, 4)
+    return {
+        "passes": (hi.total - lo.total) / kv_delta,
+        "by_op": dict(sorted(by_op.items(), key=lambda kv: -abs(kv[1]))),
+        "contexts": contexts,
+        "bytes_per_token": bytes_per_token,
+        "step_bytes": {str(c): {"read": counts[c].read, "written": counts[c].written} for c in contexts},
+        "calls": {name: op.calls for name, op in sorted(hi.ops.items())},
+    }
+
+
+def describe_by_op(by_op: dict[str, float]) -> str:
+    """``{"cat": 2.0, "scaled_dot_product_attention": 1.0}`` -> ``"cat 2.00, scaled_dot_product_attention 1.00"``."""
+    return ", ".join(f"{name} {value:.2f}" for name, value in by_op.items()) or "-"
