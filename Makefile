@@ -1,0 +1,49 @@
+# Two commands do everything on a fresh machine:
+#   make bench   creates .venv, installs, runs the default sweep into results.json and writes report/
+#   make test    creates .venv, installs with the test extra, runs ruff, the tests and the counted gate
+# TORCH picks the torch build (a CUDA box may want TORCH=torch); BENCH_ARGS adds pytest/--kv-* options.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH ?= torch==2.13.0
+BENCH_ARGS ?=
+VERSIONS_ARGS ?=
+
+$(VENV)/.bench: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[bench,report]"
+	touch $@
+
+$(VENV)/.test: $(VENV)/.bench
+	$(PY) -m pip install -q -e ".[test]"
+	touch $@
+
+bench: $(VENV)/.bench
+	$(PY) -m pytest benchmarks -p no:cacheprovider --benchmark-json results.json $(BENCH_ARGS); \
+	status=$$?; $(PY) -m kvcache.cli report results.json --out report || true; exit $$status
+
+test: $(VENV)/.test
+	$(PY) -m ruff check kvcache tests benchmarks scripts conftest.py
+	$(PY) -m pytest tests -p no:cacheprovider -q
+	$(MAKE) --no-print-directory gate
+
+# The counted gate (deterministic, any machine): every registered class on the tiny model against
+# kv-baseline.json.
+gate: $(VENV)/.bench
+	$(PY) -m pytest benchmarks -m counted --kv-model tiny --kv-caches all -p no:cacheprovider -q \
+	  --benchmark-json counted.json
+
+# Counted passes under every Transformers minor release since 4.45 (newest patch of each), installed
+# side by side in .versions/<release>; JSON, logs and compare.md in .versions/results.
+# e.g. make versions VERSIONS_ARGS="--releases 4.45.2,5.24.0 -- --kv-model tiny"
+versions: $(VENV)/.test
+	$(PY) scripts/versions.py $(VERSIONS_ARGS)
+
+# How often the timed gate catches a planted +2-pass copy, and how often it wrongly flags the clean twin.
+gate-power: $(VENV)/.bench
+	$(PY) scripts/gate_power.py
+
+.PHONY: bench test gate versions gate-power
