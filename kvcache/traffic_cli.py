@@ -1,0 +1,73 @@
+"""``kvcache traffic --cache dynamic --model tiny``: counted passes, the per-op breakdown and the attention
+probe of one decode step per cache class, without running the timed sweep."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from kvcache.settings import SettingsError, parse_ints
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="kvcache traffic", description=__doc__.splitlines()[0])
+    parser.add_argument("--cache", default="dynamic", help="cache classes, comma-separated, or all")
+    parser.add_argument("--model", default="smollm2-135m", help="smollm2-135m, smollm2-135m-mha, tiny, or a dir")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
+    parser.add_argument("--dtype", default="bfloat16", help="bfloat16, float16 or float32")
+    parser.add_argument("--contexts", default="256,512", help="the two contexts to count at")
+    parser.add_argument("--warmup", type=int, default=5, help="decode steps before the counted one")
+    parser.add_argument("--json", action="store_true", help="print the traffic and probe as JSON")
+    args = parser.parse_args(argv)
+
+    from kvcache import caches, models
+    from kvcache.devices import Device, DeviceError
+    from kvcache.session import KVSession, Skip
+    from kvcache.settings import Settings
+
+    try:
+        names = caches.parse_caches(args.cache)
+        contexts = parse_ints("--contexts", args.contexts)
+        if len(contexts) != 2:
+            raise SettingsError(f"--contexts {args.contexts!r}: give two different contexts")
+        models.torch_dtype(args.dtype)
+        models.load_config(args.model)
+        device = Device.from_choice(args.device)
+    except (caches.CacheError, SettingsError, DeviceError, models.ModelError) as exc:
+        message = str(exc)
+        for option in ("caches", "model", "dtype", "device"):
+            message = message.replace(f"--kv-{option}", f"--{option.rstrip('s')}")
+        print(f"kvcache traffic: {message}", file=sys.stderr)
+        return 2
+    settings = Settings(model=args.model, device=args.device, dtype=args.dtype, caches=tuple(names),
+                        counted_contexts=tuple(sorted(contexts)), warmup=args.warmup)
+    session = KVSession(settings, device)
+    out = {}
+    for name in names:
+        try:
+            result = session.count(name)
+        except Skip as exc:
+            out[name] = {"skipped": str(exc)}
+            if not args.json:
+                print(f"{name}: skipped: {exc}")
+            continue
+        out[name] = {"traffic": result, "probe": session.probes.get(name)}
+        if not args.json:
+            print_one(name, result, session.probes.get(name) or {})
+    if args.json:
+        print(json.dumps(out, indent=2))
+    return 0
+
+
+def print_one(name: str, result: dict, probe: dict) -> None:
+    from kvcache.traffic import describe_by_op
+
+    lo, hi = result["contexts"]
+    step = result["step_bytes"][str(hi)]
+    print(f"{name}: {result['passes']:.3f} counted passes per step (bytes read + written per KV byte, "
+          f"slope between {lo} and {hi} tokens)")
+    print(f"  by op: {describe_by_op(result['by_op'])}")
+    print(f"  one step at {hi} tokens: {step['read']:,} B read, {step['written']:,} B written")
+    print(f"  attention: query {probe.get('query')} key {probe.get('key')} mask {probe.get('mask')}; "
+          f"{probe.get('attention')}; K/V expansions {probe.get('expansions')} over {probe.get('calls')} calls")
