@@ -61,6 +61,7 @@ class CacheSpec:
 
 _REGISTRY: dict[str, CacheSpec] = {}
 _entry_points_loaded = False
+_builtins_registered = False
 
 
 def register_cache(name: str, build: Callable[[CacheRequest], Any] | None = None, *, replace: bool = False,
@@ -68,6 +69,7 @@ def register_cache(name: str, build: Callable[[CacheRequest], Any] | None = None
     """Register a cache class under ``name`` (see :class:`CacheSpec` for ``options``) and return its spec."""
     if build is None:
         raise TypeError("register_cache needs a build function: build(request: CacheRequest) -> cache")
+    _register_builtins()  # first, so that replace=True overrides a built-in and a clash is reported here
     if name in _REGISTRY and not replace:
         raise ValueError(f"cache class {name!r} is already registered (pass replace=True to override)")
     spec = CacheSpec(name=name, build=build, **options)
@@ -201,54 +203,34 @@ def _prepare_sliced() -> None:
 def _offloaded(req: CacheRequest) -> Any:
     from kvcache import compat
 
-    if hasattr(compat.cache_utils, "OffloadedCache"):  # 4.x
-        return compat.cache_utils.OffloadedCache()
-    return compat.new_cache(compat.cache_utils.DynamicCache, req.config, offloading=True)
+    return compat.offloaded_dynamic(req.config)
 
 
 def _offloaded_static(req: CacheRequest) -> Any:
     from kvcache import compat
 
-    if hasattr(compat.cache_utils, "OffloadedStaticCache"):  # 4.x
-        return compat.new_cache(compat.cache_utils.OffloadedStaticCache, req.config, req.max_tokens,
-                                req.device, req.dtype, offload_device="cpu")
-    return compat.new_cache(compat.cache_utils.StaticCache, req.config, req.max_tokens, req.device, req.dtype,
-                            offloading=True)
+    return compat.offloaded_static(req.config, req.max_tokens, req.device, req.dtype)
 
 
 def _prepare_offloaded() -> None:
     from kvcache import compat
 
-    if not (hasattr(compat.cache_utils, "OffloadedCache") or "offloading" in _init_params("DynamicCache")):
+    if not compat.has_offloaded("dynamic"):
         raise compat.release_lacks("an offloaded dynamic cache (OffloadedCache / DynamicCache(offloading=True))")
 
 
 def _prepare_offloaded_static() -> None:
     from kvcache import compat
 
-    if not (hasattr(compat.cache_utils, "OffloadedStaticCache") or "offloading" in _init_params("StaticCache")):
+    if not compat.has_offloaded("static"):
         raise compat.release_lacks("an offloaded static cache (OffloadedStaticCache / StaticCache(offloading=True))")
-
-
-def _init_params(class_name: str) -> frozenset:
-    import inspect
-
-    from kvcache import compat
-
-    return frozenset(inspect.signature(compat.cache_class(class_name).__init__).parameters)
 
 
 def _quantized(backend: str) -> Callable[[CacheRequest], Any]:
     def build(req: CacheRequest) -> Any:
         from kvcache import compat
 
-        utils = compat.cache_utils
-        params = _init_params("QuantizedCache")
-        if "backend" in params:  # 4.56+
-            return utils.QuantizedCache(backend, req.config)
-        legacy = {"quanto": "QuantoQuantizedCache", "hqq": "HQQQuantizedCache"}[backend]
-        config = utils.QuantizedCacheConfig(backend=backend, compute_dtype=req.dtype, device=str(req.device))
-        return getattr(utils, legacy)(cache_config=config)
+        return compat.new_quantized_cache(backend, req.config, req.device, req.dtype)
     return build
 
 
@@ -256,32 +238,30 @@ def _prepare_quantized(backend: str) -> Callable[[], None]:
     def check() -> None:
         from kvcache import compat
 
-        utils = compat.cache_utils
-        if not hasattr(utils, "QuantizedCache"):
-            raise compat.release_lacks("QuantizedCache")
-        params = _init_params("QuantizedCache")
-        if "backend" in params:
-            import inspect
-
-            source = inspect.getsource(utils.QuantizedCache.__init__)
-            if f'"{backend}"' not in source:
-                raise compat.release_lacks(f"the {backend} backend of QuantizedCache")
-        elif backend == "fp8":
-            raise compat.release_lacks("the fp8 backend of QuantizedCache")
-        elif not hasattr(utils, {"quanto": "QuantoQuantizedCache", "hqq": "HQQQuantizedCache"}[backend]):
-            raise compat.release_lacks(f"the {backend} quantized cache")
+        compat.check_quantized_backend(backend)
     return check
+
+
+SINK_TOKENS = 4
 
 
 def _sink(req: CacheRequest) -> Any:
     from kvcache import compat
 
-    return compat.cache_class("SinkCache")(window_length=req.max_tokens, num_sink_tokens=4)
+    return compat.new_sink_cache(window_length=req.max_tokens, num_sink_tokens=SINK_TOKENS)
+
+
+def _prepare_sink() -> None:
+    from kvcache import compat
+
+    compat.new_sink_cache(window_length=2 * SINK_TOKENS, num_sink_tokens=SINK_TOKENS)
 
 
 def _register_builtins() -> None:
-    if "dynamic" in _REGISTRY:
+    global _builtins_registered
+    if _builtins_registered:
         return
+    _builtins_registered = True
     reg = register_cache
     reg("dynamic", _dynamic, description="DynamicCache: torch.cat appends, copying the whole cache every step")
     reg("static", _static, description="StaticCache sized to context + warm-up + steps + margin",
@@ -302,7 +282,7 @@ def _register_builtins() -> None:
         description="QuantizedCache, quanto backend (int4, residual 128 tokens in full precision)")
     reg("quantized-hqq", _quantized("hqq"), prepare=_all_of(_prepare_quantized("hqq"), _needs_package("hqq", "hqq")),
         description="QuantizedCache, hqq backend")
-    reg("sink", _sink, prepare=_has_class("SinkCache"),
+    reg("sink", _sink, prepare=_prepare_sink,
         description="SinkCache with a window as large as the sweep needs (4.x only)")
     from kvcache import testing
 

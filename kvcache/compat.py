@@ -55,25 +55,134 @@ def init_params(cls: type) -> dict[str, inspect.Parameter]:
 
 # --- constructing caches ---------------------------------------------------------------------------
 
-def new_dynamic_cache(config: Any, **kwargs: Any) -> Any:
-    """``DynamicCache`` (5.x takes ``config=`` and ``offloading=``; 4.x takes neither)."""
-    return new_cache(cache_utils.DynamicCache, config, **kwargs)
+def own_params(cls: type) -> frozenset:
+    """Parameters the nearest ``__init__`` of ``cls`` names itself (no looking through ``*args``)."""
+    for klass in cls.__mro__:
+        if "__init__" in vars(klass):
+            return frozenset(inspect.signature(klass.__init__).parameters)
+    return frozenset()
+
+
+def dynamic_init_kwargs(config: Any = None, **kwargs: Any) -> dict[str, Any]:
+    """Keywords for ``DynamicCache.__init__`` (or a subclass's ``super().__init__``) in this release.
+
+    ``config=``/``offloading=`` only where ``DynamicCache.__init__`` names them (4.56+). 4.54-4.55 route
+    ``DynamicCache(*args, **kwargs)`` to ``Cache.__init__``, which turns a config into static-layer
+    arguments (``batch_size``...) that ``DynamicLayer`` rejects: no config there. 4.45-4.53 take neither.
+    """
+    params = own_params(cache_utils.DynamicCache)
+    for key in kwargs:
+        if key not in params:
+            raise Unsupported(f"DynamicCache({key}=...) is not available in transformers {TRANSFORMERS}")
+    out = dict(kwargs)
+    if config is not None and "config" in params:
+        out["config"] = config
+    return out
+
+
+def new_dynamic_cache(config: Any, cls: type | None = None, **kwargs: Any) -> Any:
+    """``DynamicCache`` or a subclass (5.x/4.56+ take ``config=`` and ``offloading=``; 4.x before take neither)."""
+    return (cls or cache_utils.DynamicCache)(**dynamic_init_kwargs(config, **kwargs))
+
+
+def _batch_keyword(cls: type, params: dict[str, inspect.Parameter]) -> str | None:
+    """StaticCache's batch keyword: ``batch_size`` up to 4.45 (``max_batch_size`` deprecated there),
+    ``max_batch_size`` from 4.46 (``batch_size`` deprecated 4.46-4.50, gone from 4.51), none from 4.56."""
+    if "max_batch_size" in params and "batch_size" in params:
+        return "batch_size" if VERSION < (4, 46) else "max_batch_size"
+    for key in ("max_batch_size", "batch_size"):
+        if key in params:
+            return key
+    return None
 
 
 def new_cache(cls: type, config: Any, max_cache_len: int | None = None, device: Any = None, dtype: Any = None,
               **extra: Any) -> Any:
     """Construct any cache class, passing only the keywords its ``__init__`` takes in this release.
 
-    Covers StaticCache's changes: ``batch_size`` (to 4.50) / ``max_batch_size`` (4.51+), and from 4.56
-    ``(config, max_cache_len)`` with lazy allocation; up to 4.55 the buffer is allocated at construction.
+    Covers StaticCache's changes: ``batch_size`` (to 4.45) / ``max_batch_size`` (4.46+), and from 4.56
+    ``(config, max_cache_len)`` with lazy allocation; up to 4.55 the buffer is allocated at construction
+    (float32 by default: ``device`` and ``dtype`` are passed there). DynamicCache subclasses go through
+    :func:`new_dynamic_cache`.
     """
+    if issubclass(cls, cache_utils.DynamicCache):
+        return new_dynamic_cache(config, cls=cls, **extra)
     params = init_params(cls)
-    for key, value in extra.items():
+    for key in extra:
         if key not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
             raise Unsupported(f"{cls.__name__}({key}=...) is not available in transformers {TRANSFORMERS}")
-    kwargs = dict(config=config, max_cache_len=max_cache_len, device=device, dtype=dtype,
-                  batch_size=1, max_batch_size=1, **extra)
-    return cls(**{k: v for k, v in kwargs.items() if k in params and v is not None})
+    kwargs = dict(config=config, max_cache_len=max_cache_len, device=device, dtype=dtype, **extra)
+    batch = _batch_keyword(cls, params)
+    if batch is not None:
+        kwargs[batch] = 1
+    return cls(**{k: v for k, v in kwargs.items() if (k in params or k in extra) and v is not None})
+
+
+def new_quantized_cache(backend: str, config: Any, device: Any, dtype: Any) -> Any:
+    """A quantized dynamic cache: ``QuantizedCache(backend, config)`` (4.56+), ``QuantizedCache(backend,
+    compute_dtype=, device=)`` (4.54-4.55, no config: see :func:`dynamic_init_kwargs`), or
+    ``QuantoQuantizedCache``/``HQQQuantizedCache(cache_config=QuantizedCacheConfig(...))`` (to 4.53)."""
+    check_quantized_backend(backend)
+    params = own_params(cache_utils.QuantizedCache)
+    if "backend" in params and "config" in params:
+        return cache_utils.QuantizedCache(backend, config)
+    if "backend" in params:
+        return cache_utils.QuantizedCache(backend, compute_dtype=dtype, device=str(device))
+    legacy = {"quanto": "QuantoQuantizedCache", "hqq": "HQQQuantizedCache"}[backend]
+    cache_config = cache_utils.QuantizedCacheConfig(backend=backend, compute_dtype=dtype, device=str(device))
+    return getattr(cache_utils, legacy)(cache_config=cache_config)
+
+
+def check_quantized_backend(backend: str) -> None:
+    """:class:`Unsupported` unless this release has a quantized cache with ``backend``
+    (quanto/hqq: 4.45+; fp8: 5.21+). Whether the backend's package is installed is not checked here."""
+    cls = getattr(cache_utils, "QuantizedCache", None)
+    if cls is None:
+        raise release_lacks("QuantizedCache")
+    if "backend" in own_params(cls):
+        if f'"{backend}"' not in inspect.getsource(cls.__init__):
+            raise release_lacks(f"the {backend} backend of QuantizedCache")
+        return
+    legacy = {"quanto": "QuantoQuantizedCache", "hqq": "HQQQuantizedCache"}.get(backend)
+    if legacy is None:
+        raise release_lacks(f"the {backend} backend of QuantizedCache")
+    cache_class(legacy)
+
+
+def new_sink_cache(window_length: int, num_sink_tokens: int) -> Any:
+    """``SinkCache`` (4.45-4.52); from 4.53 the class is a stub that raises (moved to a Hub repository)."""
+    cls = cache_class("SinkCache")
+    try:
+        return cls(window_length=window_length, num_sink_tokens=num_sink_tokens)
+    except NotImplementedError:
+        raise Unsupported(f"SinkCache is not available in transformers {TRANSFORMERS} (moved to the Hub "
+                          "repository transformers-community/sink_cache)") from None
+
+
+def offloaded_dynamic(config: Any) -> Any:
+    """An offloaded dynamic cache: ``OffloadedCache()`` (4.x) or ``DynamicCache(offloading=True)`` (4.56+)."""
+    if "offloading" in own_params(cache_utils.DynamicCache):
+        return new_dynamic_cache(config, offloading=True)
+    if hasattr(cache_utils, "OffloadedCache"):
+        return cache_utils.OffloadedCache()
+    raise release_lacks("an offloaded dynamic cache (OffloadedCache / DynamicCache(offloading=True))")
+
+
+def offloaded_static(config: Any, max_cache_len: int, device: Any, dtype: Any) -> Any:
+    """An offloaded static cache: ``StaticCache(offloading=True)`` (4.56+) or ``OffloadedStaticCache`` (4.x)."""
+    if "offloading" in own_params(cache_utils.StaticCache):
+        return new_cache(cache_utils.StaticCache, config, max_cache_len, device, dtype, offloading=True)
+    if hasattr(cache_utils, "OffloadedStaticCache"):
+        cls = cache_utils.OffloadedStaticCache
+        extra = {"offload_device": "cpu"} if "offload_device" in init_params(cls) else {}
+        return new_cache(cls, config, max_cache_len, device, dtype, **extra)
+    raise release_lacks("an offloaded static cache (OffloadedStaticCache / StaticCache(offloading=True))")
+
+
+def has_offloaded(kind: str) -> bool:
+    cls = cache_utils.DynamicCache if kind == "dynamic" else cache_utils.StaticCache
+    legacy = "OffloadedCache" if kind == "dynamic" else "OffloadedStaticCache"
+    return "offloading" in own_params(cls) or hasattr(cache_utils, legacy)
 
 
 # --- reading and filling caches --------------------------------------------------------------------
@@ -86,9 +195,25 @@ def layer_kv(cache: Any, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
     return cache.key_cache[layer_idx], cache.value_cache[layer_idx]
 
 
+def ensure_layer(cache: Any, layer_idx: int) -> None:
+    """Make sure a layered cache (4.54+) has a layer object at ``layer_idx``: 4.56+ caches built without a
+    config replicate ``layer_class_to_replicate`` lazily in ``Cache.update``; 4.54-4.55 ``append_new_layers``."""
+    layers = getattr(cache, "layers", None)
+    if layers is None or len(layers) > layer_idx:
+        return
+    replicate = getattr(cache, "layer_class_to_replicate", None)
+    if replicate is not None:
+        while len(layers) <= layer_idx:
+            layers.append(replicate())
+    elif hasattr(cache, "append_new_layers"):
+        cache.append_new_layers(layer_idx)
+
+
 def store_layer_kv(cache: Any, layer_idx: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-    """Make ``keys``/``values`` what the release's cache reports for ``layer_idx`` (lengths, masks)."""
+    """Make ``keys``/``values`` what the release's cache reports for ``layer_idx`` (lengths, masks):
+    ``layers[i].keys``/``.values`` from 4.54, ``key_cache``/``value_cache`` lists (and ``_seen_tokens``) before."""
     if hasattr(cache, "layers"):
+        ensure_layer(cache, layer_idx)
         layer = cache.layers[layer_idx]
         layer.keys, layer.values = keys, values
         if not getattr(layer, "is_initialized", True):
@@ -165,7 +290,8 @@ def register_attention(name: str, fn: Callable, *, with_sdpa_mask: bool = True) 
     elif isinstance(getattr(modeling_utils, "ALL_ATTENTION_FUNCTIONS", None), dict):
         modeling_utils.ALL_ATTENTION_FUNCTIONS[name] = fn
     else:
-        raise release_lacks("a registry of attention functions (AttentionInterface)")
+        raise Unsupported(f"no attention registry in transformers {TRANSFORMERS}: a custom attention function "
+                          "needs AttentionInterface / ALL_ATTENTION_FUNCTIONS (4.48+)")
     if with_sdpa_mask:
         try:
             from transformers import masking_utils

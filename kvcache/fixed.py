@@ -29,8 +29,7 @@ class InplaceCache(cache_utils.DynamicCache):
     """DynamicCache that appends by writing into a preallocated buffer (doubling when full)."""
 
     def __init__(self, config: Any = None, capacity: int = 0, **kwargs: Any) -> None:
-        compat_kwargs = {"config": config} if config is not None and "config" in _dynamic_params() else {}
-        super().__init__(**compat_kwargs, **kwargs)
+        super().__init__(**compat.dynamic_init_kwargs(config, **kwargs))
         self.capacity = int(capacity)
         self._buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._lengths: dict[int, int] = {}
@@ -64,24 +63,8 @@ class InplaceCache(cache_utils.DynamicCache):
         buffer[1][..., n:end, :].copy_(value_states)
         self._lengths[layer_idx] = end
         keys, values = buffer[0][..., :end, :], buffer[1][..., :end, :]
-        _ensure_layers(self, layer_idx)
         compat.store_layer_kv(self, layer_idx, keys, values)
         return keys, values
-
-
-def _dynamic_params() -> frozenset:
-    import inspect
-
-    return frozenset(inspect.signature(cache_utils.DynamicCache.__init__).parameters)
-
-
-def _ensure_layers(cache: Any, layer_idx: int) -> None:
-    """5.x caches built without a config create their layer objects lazily in ``Cache.update``."""
-    layers = getattr(cache, "layers", None)
-    replicate = getattr(cache, "layer_class_to_replicate", None)
-    if layers is not None and replicate is not None:
-        while len(layers) <= layer_idx:
-            layers.append(replicate())
 
 
 class StaticSlicedCache(cache_utils.StaticCache):

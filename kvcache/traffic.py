@@ -113,6 +113,29 @@ def _mutated_args(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
     return out
 
 
+def _index_put_elements(dst: torch.Tensor, indices: list) -> int:
+    """Elements ``dst.index_put_(indices, values)`` stores: a dimension indexed by None (a ``:`` in
+    ``dst[:, :, idx] = v``) counts whole, a boolean mask selects its true elements over the dimensions it
+    covers, integer indices broadcast together, and the dimensions after the indexed ones count whole."""
+    elements, dim, index_shapes = 1, 0, []
+    for index in indices:
+        if index is None:
+            elements *= dst.shape[dim]
+            dim += 1
+        elif index.dtype in (torch.bool, torch.uint8):
+            index_shapes.append((int(index.count_nonzero()),))
+            dim += index.dim()
+        else:
+            index_shapes.append(tuple(index.shape))
+            dim += 1
+    if index_shapes:
+        for size in torch.broadcast_shapes(*index_shapes):
+            elements *= size
+    for size in dst.shape[dim:]:
+        elements *= size
+    return elements
+
+
 def _partial_write(name: str, args: tuple, kwargs: dict) -> tuple[int, int]:
     """(read, written) bytes of an in-place write into part of ``args[0]`` (rule 2)."""
     dst = args[0]
@@ -125,16 +148,7 @@ def _partial_write(name: str, args: tuple, kwargs: dict) -> tuple[int, int]:
     if name in ("index_put_", "_index_put_impl_"):
         indices = [i for i in args[1] if i is not None]
         values = args[2]
-        if indices:
-            idx_shape = torch.broadcast_shapes(*[i.shape for i in indices])
-            written = 1
-            for s in idx_shape:
-                written *= s
-            for s in dst.shape[len(args[1]):]:
-                written *= s
-        else:
-            written = dst.numel()
-        return span_bytes(values) + sum(span_bytes(i) for i in indices), written * es
+        return span_bytes(values) + sum(span_bytes(i) for i in indices), _index_put_elements(dst, args[1]) * es
     if name in ("fill_", "zero_"):
         return sum(span_bytes(t) for t in _tensors(args[1:])), dst.numel() * es
     # masked_fill_, index_fill_, scatter_, masked_scatter_, slice_scatter_: sources + the written part
