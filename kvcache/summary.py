@@ -17,9 +17,14 @@ def table(rows: list[list[str]], header: list[str]) -> list[str]:
     return out
 
 
+def measured_verdicts(kv: dict[str, Any]) -> dict[str, Any]:
+    """Verdicts of the classes that were measured at all (skipped classes are listed as skips)."""
+    return {c: v for c, v in kv.get("verdict", {}).items() if v.get("status") != "not-measured"}
+
+
 def fit_rows(kv: dict[str, Any]) -> list[list[str]]:
     rows = []
-    for cache, verdict in kv.get("verdict", {}).items():
+    for cache, verdict in measured_verdicts(kv).items():
         fit = kv.get("fit", {}).get(cache) or {}
         counted = (kv.get("traffic", {}).get(cache) or {}).get("passes")
         timed = fit.get("passes")
@@ -73,6 +78,6 @@ def lines(kv: dict[str, Any]) -> list[str]:
     for s in kv.get("skipped", []):
         where = f" at {s['context']}" if s.get("context") else ""
         out.append(f"skipped {s['cache']}{where}: {s['reason']}")
-    for cache, verdict in kv.get("verdict", {}).items():
+    for cache, verdict in measured_verdicts(kv).items():
         out.append(f"verdict {cache}: {verdict.get('status')}: {verdict.get('reason')}")
     return out
