@@ -18,6 +18,8 @@ from kvcache.models import ModelSpec, build_model, load_config, spec_from_config
 from kvcache.probe import probe
 from kvcache.settings import Settings
 
+COUNT_WARMUP = 2  # decode steps before a counted one: enough for lazy initialisation; bytes do not change after
+
 
 @dataclass(frozen=True)
 class PointId:
@@ -148,7 +150,7 @@ class KVSession:
         model, spec = self.model()
         counts = {}
         for context in s.counted_contexts:
-            dp = self.open(cache, context, warmup=s.warmup, steps=1)
+            dp = self.open(cache, context, warmup=min(s.warmup, COUNT_WARMUP), steps=1)
             _, counts[context] = traffic.count(dp.step)
             if context == max(s.counted_contexts):
                 self.probes[cache] = probe(dp.step, spec.heads, spec.kv_heads).to_dict()

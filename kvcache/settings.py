@@ -3,6 +3,7 @@ naming the value and the accepted ones."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -77,7 +78,9 @@ def check_choice(option: str, value: str, choices: tuple[str, ...]) -> str:
 
 
 def check_number(option: str, value: float, *, low: float, high: float | None = None) -> float:
-    if value < low or (high is not None and value > high):
+    # NaN fails every comparison: without the isnan test it would pass any range check (argparse's
+    # float() accepts "nan") and silently make the gate inconclusive or always failing.
+    if math.isnan(value) or value < low or (high is not None and value > high):
         bound = f"from {low} to {high}" if high is not None else f"at least {low}"
         raise SettingsError(f"{option} {value} is out of range (accepted: {bound})")
     return value

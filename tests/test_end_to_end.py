@@ -1,0 +1,206 @@
+"""The whole suite, ``pytest benchmarks ...`` on the ``tiny`` preset: the JSON it writes, runs with
+pytest-benchmark disabled or skipped, points beyond the trained context, a failing gate, and a baseline
+written and then gated against.
+
+The two timed runs are real ``python -m pytest`` subprocesses; the cheap counted-only runs go through
+one more subprocess that runs them one after another as fresh ``pytest.main`` calls (imports once). All
+three run alongside each other once per module. Nothing here asserts on timing: timed runs pass
+``--kv-no-gate``; the gate is exercised on counted passes, which are exact.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from kvrun import describe, load_json, output, run_batch, run_suite
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+CONTEXTS = (256, 512, 1024)
+ROUNDS = 2
+STEPS = 5
+CACHES = ("dynamic", "static")
+TINY_MAX_POSITIONS = 8192
+
+
+class Runs:
+    """Every run of this module, started together on first use."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        none = str(tmp / "no-baseline.json")  # never gate against a baseline lying in the project root
+        self.main_json, self.beyond_json = tmp / "main.json", tmp / "beyond.json"
+        self.disabled_json, self.skipped_json = tmp / "disabled.json", tmp / "skipped.json"
+        self.baseline, self.rerun_json = tmp / "baseline.json", tmp / "rerun.json"
+        main = ("--kv-model", "tiny", "--kv-contexts", ",".join(map(str, CONTEXTS)), "--kv-steps", str(STEPS),
+                "--kv-warmup", "1", "--kv-rounds", str(ROUNDS), "--kv-copy-mib", "32", "--kv-no-gate",
+                "--kv-baseline", none, "--benchmark-json", str(self.main_json))
+        beyond = ("-m", "timed", "--kv-model", "tiny", "--kv-caches", "dynamic", "--kv-contexts", "8180,8190,8200",
+                  "--kv-steps", "3", "--kv-warmup", "0", "--kv-rounds", "1", "--kv-copy-mib", "8", "--kv-no-gate",
+                  "--kv-baseline", none, "--benchmark-json", str(self.beyond_json))
+        small = ["--kv-model", "tiny", "--kv-caches", "dynamic", "--kv-contexts", "256,512", "--kv-steps", "3",
+                 "--kv-warmup", "0", "--kv-rounds", "1", "--kv-copy-mib", "8", "--kv-no-gate", "--kv-baseline", none]
+        counted = ["-m", "counted", "--kv-model", "tiny"]
+        batch = {  # run in this order
+            "disabled": [*small, "--benchmark-disable", "--benchmark-json", str(self.disabled_json)],
+            "skipped": [*small, "--benchmark-skip", "--benchmark-json", str(self.skipped_json)],
+            "gate": [*counted, "--kv-caches", "dynamic", "--kv-max-passes", "dynamic=1", "--kv-baseline", none],
+            "update": [*counted, "--kv-caches", "dynamic,static", "--kv-update-baseline",
+                       "--kv-baseline", str(self.baseline)],
+            "rerun": [*counted, "--kv-caches", "dynamic,static", "--kv-baseline", str(self.baseline),
+                      "--benchmark-json", str(self.rerun_json)],
+        }
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            futures = {"main": pool.submit(run_suite, *main), "beyond": pool.submit(run_suite, *beyond),
+                       "batch": pool.submit(run_batch, batch)}
+            self.results = {name: f.result() for name, f in futures.items() if name != "batch"}
+            self.results.update(futures["batch"].result())
+
+    def __getitem__(self, name: str):
+        return self.results[name]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return Runs(tmp_path_factory.mktemp("end-to-end"))
+
+
+@pytest.fixture(scope="module")
+def main_run(runs):
+    done = runs["main"]
+    assert done.returncode == 0, describe(done)
+    return load_json(runs.main_json)
+
+
+def timed(doc: dict) -> list[dict]:
+    return [b for b in doc["benchmarks"] if b["extra_info"].get("kind") == "timed"]
+
+
+# --- the main run ----------------------------------------------------------------------------------------
+
+def test_every_point_is_in_the_json(main_run):
+    points = {(b["extra_info"]["cache"], b["extra_info"]["context"], b["extra_info"]["round"]) for b in timed(main_run)}
+    assert points == {(c, n, r) for c in CACHES for n in CONTEXTS for r in range(ROUNDS)}
+    assert len(timed(main_run)) == len(points)
+    drift = [b for b in main_run["benchmarks"] if b["extra_info"].get("kind") == "drift"]
+    assert len(drift) == 1
+    for bench in timed(main_run):
+        assert len(bench["stats"]["data"]) == STEPS
+
+
+def test_kv_section(main_run):
+    kv = main_run["kv"]
+    assert kv["copy_gbps"] > 0
+    assert [m["label"] for m in kv["copy"]["measurements"]] == ["start", *[f"round-{r}" for r in range(1, ROUNDS)],
+                                                                "end"]
+    for cache in CACHES:
+        fit = kv["fit"][cache]
+        assert {"intercept_ms", "effective_gbps", "passes", "r2"} <= set(fit), fit
+        assert fit["n_points"] == len(CONTEXTS) * ROUNDS
+        assert kv["verdict"][cache]["status"] in ("pass", "regression", "inconclusive", "no-baseline")
+        assert kv["traffic"][cache]["passes"] > 0 and kv["traffic"][cache]["by_op"]
+        probe = kv["probe"][cache]
+        assert probe["calls"] == 2 and probe["attention"]  # one attention call per layer of tiny
+    assert kv["traffic"]["dynamic"]["passes"] == pytest.approx(3.0, abs=0.05)
+    assert kv["traffic"]["dynamic"]["by_op"]["cat"] == pytest.approx(2.0, abs=0.02)
+    assert isinstance(kv["drift"]["fraction"], float)
+    assert {p["cache"] for p in kv["points"]} == set(CACHES) and len(kv["points"]) == len(timed(main_run))
+    assert kv["settings"]["caches"] == list(CACHES) and kv["model"]["name"] == "tiny"
+    assert "kv_environment" in main_run["machine_info"]
+
+
+def test_extra_info(main_run):
+    env = main_run["kv"]["environment"]
+    for bench in timed(main_run):
+        info = bench["extra_info"]
+        assert info["cache"] in CACHES and info["context"] in CONTEXTS
+        assert info["bytes_per_token"] == 2 * 2 * 3 * 64 * 2  # K and V, 2 layers, 3 KV heads, 64 dims, bf16
+        assert info["kv_bytes"] == pytest.approx(info["bytes_per_token"] * (info["context"] + 1 + (STEPS + 1) / 2))
+        assert info["device"] == "cpu" and info["dtype"] == "bfloat16"
+        assert info["transformers"] == env["transformers"] and info["torch"] == env["torch"]
+        assert info["beyond_trained_context"] is False
+        starts = info["step_start_ns"]
+        assert len(starts) == STEPS and all(isinstance(t, int) for t in starts)
+        assert all(a < b for a, b in zip(starts, starts[1:])), starts
+        assert info["counted_bytes"] > 0
+
+
+def test_points_run_in_the_measuring_order(main_run):
+    """Round after round (each point's step clock tells when it ran), then the drift re-measurement last."""
+    def started(bench: dict) -> int:
+        return bench["extra_info"]["step_start_ns"][0]
+
+    in_order = sorted(timed(main_run), key=started)
+    assert [b["extra_info"]["round"] for b in in_order] == sorted(b["extra_info"]["round"] for b in in_order)
+    drift = next(b for b in main_run["benchmarks"] if b["extra_info"].get("kind") == "drift")
+    assert started(drift) > started(in_order[-1])
+    first = in_order[0]["extra_info"]
+    assert (drift["extra_info"]["cache"], drift["extra_info"]["context"]) == (first["cache"], first["context"])
+
+
+# --- pytest-benchmark disabled or skipped ------------------------------------------------------------------
+
+def test_benchmark_disable(runs):
+    done = runs["disabled"]
+    assert done.returncode == 0, describe(done)
+    assert "Traceback" not in output(done)
+    kv = load_json(runs.disabled_json)["kv"]
+    assert kv["traffic"]["dynamic"]["passes"] == pytest.approx(3.0, abs=0.05)
+    assert kv["fit"] == {} and kv["verdict"]["dynamic"]["timed"]["status"] == "not-measured"
+
+
+def test_benchmark_skip(runs):
+    done = runs["skipped"]
+    assert done.returncode == 0, describe(done)
+    assert "Traceback" not in output(done)
+    doc = load_json(runs.skipped_json)
+    assert doc["benchmarks"] == []
+    kv = doc["kv"]
+    assert kv["traffic"]["dynamic"]["passes"] == pytest.approx(3.0, abs=0.05)
+    assert kv["points"] == [] and kv["copy_gbps"] > 0
+    assert "fraction" not in kv["drift"] and kv["drift"]["reason"]
+
+
+# --- beyond the trained context --------------------------------------------------------------------------
+
+def test_points_beyond_the_trained_context_are_flagged(runs):
+    done = runs["beyond"]
+    assert done.returncode == 0, describe(done)
+    doc = load_json(runs.beyond_json)
+    assert doc["kv"]["model"]["max_position_embeddings"] == TINY_MAX_POSITIONS
+    flags = {b["extra_info"]["context"]: b["extra_info"]["beyond_trained_context"] for b in timed(doc)}
+    # the last step of a point sits at position context + warm-up + steps - 1 (warm-up 0, 3 steps)
+    assert flags == {8180: False, 8190: True, 8200: True}
+    assert {p["context"]: p["beyond_trained_context"] for p in doc["kv"]["points"]} == flags
+
+
+# --- the gate ----------------------------------------------------------------------------------------------
+
+def test_gate_failure_exits_1_naming_the_cache_and_the_numbers(runs):
+    done = runs["gate"]
+    assert done.returncode == 1, describe(done)
+    lines = [line for line in output(done).splitlines() if line.startswith("kv-cache regression:")]
+    assert lines == ["kv-cache regression: dynamic counted passes 3 exceed the allowed 1"], describe(done)
+    assert "1 passed" in output(done)  # the tests themselves passed: the gate failed the session
+
+
+def test_update_baseline_then_rerun_passes(runs):
+    update, rerun = runs["update"], runs["rerun"]
+    assert update.returncode == 0, describe(update)
+    assert f"baseline written to {runs.baseline}" in output(update)
+    baseline = load_json(runs.baseline)
+    assert baseline["schema"] == 1
+    by_type = baseline["devices"]["cpu | tiny | bfloat16"]
+    assert by_type["dynamic"]["counted_passes"] == pytest.approx(3.0, abs=0.05)
+    assert by_type["static"]["counted_passes"] == pytest.approx(1.0, abs=0.05)
+    assert len(baseline["devices"]) == 2  # the device type, and this machine's device name
+    assert rerun.returncode == 0, describe(rerun)
+    verdicts = load_json(runs.rerun_json)["kv"]["verdict"]
+    for cache in ("dynamic", "static"):
+        counted = verdicts[cache]["counted"]
+        assert counted["status"] == "pass", counted
+        assert counted["allowed"] == pytest.approx(by_type[cache]["counted_passes"] + 0.05)
+    assert "kv-cache regression" not in output(rerun)
