@@ -61,6 +61,7 @@ class CacheSpec:
 
 _REGISTRY: dict[str, CacheSpec] = {}
 _entry_points_loaded = False
+ENTRY_POINT_PROBLEMS: list[str] = []  # entry points that failed to load, named in unknown-class errors
 _builtins_registered = False
 
 
@@ -99,7 +100,13 @@ def load_entry_points() -> list[str]:
                 obj()
         except Exception as exc:  # noqa: BLE001 - a broken plug-in must not stop the suite
             problems.append(f"entry point {ep.name!r} ({ep.value}): {type(exc).__name__}: {exc}")
+    ENTRY_POINT_PROBLEMS.extend(problems)
     return problems
+
+
+def _unknown(prefix: str, name: str, specs: dict) -> CacheError:
+    failed = f" (failed to load: {'; '.join(ENTRY_POINT_PROBLEMS)})" if ENTRY_POINT_PROBLEMS else ""
+    return CacheError(f"{prefix}unknown cache class {name!r}; known: {', '.join(specs)}, or all{failed}")
 
 
 def registry() -> dict[str, CacheSpec]:
@@ -111,7 +118,7 @@ def registry() -> dict[str, CacheSpec]:
 def get(name: str) -> CacheSpec:
     specs = registry()
     if name not in specs:
-        raise CacheError(f"unknown cache class {name!r}; known: {', '.join(specs)}")
+        raise _unknown("", name, specs)
     return specs[name]
 
 
@@ -125,7 +132,7 @@ def parse_caches(text: str) -> list[str]:
         raise CacheError(f"--kv-caches {text!r} names no cache class; known: {', '.join(specs)}, or all")
     for name in names:
         if name not in specs:
-            raise CacheError(f"--kv-caches: unknown cache class {name!r}; known: {', '.join(specs)}, or all")
+            raise _unknown("--kv-caches: ", name, specs)
     return list(dict.fromkeys(names))
 
 

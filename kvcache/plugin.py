@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from kvcache import analysis, gate, summary
-from kvcache.settings import FILLS, ORDERS, Settings, SettingsError, check_choice, check_number, parse_ints
+from kvcache.settings import FILLS, ORDERS, Settings, SettingsError, check_choice, number, parse_ints
 
 STATE = pytest.StashKey["KVState"]()
 
@@ -34,20 +34,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add("--kv-contexts", default="512,1024,2048,4096,8192,16384,32768", help="context lengths in tokens")
     add("--kv-counted-contexts", default="256,512", help="the two contexts counted traffic is taken at")
     add("--kv-fill", default="synthetic", help="synthetic (random K/V written into every layer) or prefill")
-    add("--kv-warmup", type=int, default=5, help="untimed decode steps before the timed ones (default 5)")
-    add("--kv-steps", type=int, default=50, help="timed decode steps per point (default 50)")
-    add("--kv-rounds", type=int, default=3, help="rounds over all points (default 3)")
+    add("--kv-warmup", default=5, help="untimed decode steps before the timed ones (default 5)")
+    add("--kv-steps", default=50, help="timed decode steps per point (default 50)")
+    add("--kv-rounds", default=3, help="rounds over all points (default 3)")
     add("--kv-order", default="interleaved", help="interleaved (default: seeded order per round) or ascending")
-    add("--kv-seed", type=int, default=0, help="seed for weights, fills and the interleaved order")
-    add("--kv-copy-mib", type=int, default=1024, help="size of the copy-bandwidth tensor in MiB (default 1024)")
-    add("--kv-max-drift", type=float, default=0.10, help="largest allowed change of the re-measured first point")
+    add("--kv-seed", default=0, help="seed for weights, fills and the interleaved order")
+    add("--kv-copy-mib", default=1024, help="size of the copy-bandwidth tensor in MiB (default 1024)")
+    add("--kv-max-drift", default=0.10, help="largest allowed change of the re-measured first point")
     add("--kv-baseline", default="kv-baseline.json", help="baseline file of passes per device (default "
                                                            "kv-baseline.json in the root directory)")
     add("--kv-update-baseline", action="store_true", help="write this run's passes into the baseline file")
-    add("--kv-tolerance", type=float, default=0.25, help="allowed relative rise of timed passes (default 0.25)")
-    add("--kv-counted-tolerance", type=float, default=0.05, help="allowed rise of counted passes (default 0.05)")
+    add("--kv-tolerance", default=0.25, help="allowed relative rise of timed passes (default 0.25)")
+    add("--kv-counted-tolerance", default=0.05, help="allowed rise of counted passes (default 0.05)")
     add("--kv-max-passes", default="", help="absolute bounds, e.g. dynamic=3.5,static=7")
-    add("--kv-min-r2", type=float, default=0.90, help="fits below this R² are inconclusive (default 0.90)")
+    add("--kv-min-r2", default=0.90, help="fits below this R² are inconclusive (default 0.90)")
     add("--kv-no-gate", action="store_true", help="report everything, drift included, without failing")
 
 
@@ -76,16 +76,17 @@ def settings_from(config: pytest.Config) -> Settings:
         model=opt("kv_model"), device=opt("kv_device"), dtype=opt("kv_dtype"), caches=caches_,
         contexts=parse_ints("--kv-contexts", opt("kv_contexts")), counted_contexts=tuple(sorted(counted)),
         fill=check_choice("--kv-fill", opt("kv_fill"), FILLS),
-        warmup=int(check_number("--kv-warmup", opt("kv_warmup"), low=0)),
-        steps=int(check_number("--kv-steps", opt("kv_steps"), low=3)),
-        rounds=int(check_number("--kv-rounds", opt("kv_rounds"), low=1)),
-        order=check_choice("--kv-order", opt("kv_order"), ORDERS), seed=opt("kv_seed"),
-        copy_bytes=int(check_number("--kv-copy-mib", opt("kv_copy_mib"), low=1)) << 20,
-        max_drift=check_number("--kv-max-drift", opt("kv_max_drift"), low=0),
+        warmup=int(number("--kv-warmup", opt("kv_warmup"), low=0, whole=True)),
+        steps=int(number("--kv-steps", opt("kv_steps"), low=3, whole=True)),
+        rounds=int(number("--kv-rounds", opt("kv_rounds"), low=1, whole=True)),
+        order=check_choice("--kv-order", opt("kv_order"), ORDERS),
+        seed=int(number("--kv-seed", opt("kv_seed"), low=0, whole=True)),
+        copy_bytes=int(number("--kv-copy-mib", opt("kv_copy_mib"), low=1, whole=True)) << 20,
+        max_drift=number("--kv-max-drift", opt("kv_max_drift"), low=0),
         baseline=str(Path(config.rootpath, opt("kv_baseline"))), update_baseline=opt("kv_update_baseline"),
-        tolerance=check_number("--kv-tolerance", opt("kv_tolerance"), low=0),
-        counted_tolerance=check_number("--kv-counted-tolerance", opt("kv_counted_tolerance"), low=0),
-        max_passes=max_passes, min_r2=check_number("--kv-min-r2", opt("kv_min_r2"), low=0, high=1),
+        tolerance=number("--kv-tolerance", opt("kv_tolerance"), low=0),
+        counted_tolerance=number("--kv-counted-tolerance", opt("kv_counted_tolerance"), low=0),
+        max_passes=max_passes, min_r2=number("--kv-min-r2", opt("kv_min_r2"), low=0, high=1),
         gate=not opt("kv_no_gate"),
     )
 

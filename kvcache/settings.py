@@ -77,6 +77,16 @@ def check_choice(option: str, value: str, choices: tuple[str, ...]) -> str:
     return value
 
 
+def number(option: str, text: object, *, low: float, high: float | None = None, whole: bool = False) -> float:
+    """A number option given as text (pytest's own int/float conversion prints a multi-line usage error)."""
+    try:
+        value = int(str(text)) if whole else float(str(text))
+    except ValueError:
+        kind = "a whole number" if whole else "a number"
+        raise SettingsError(f"{option} {text!r} is not {kind}") from None
+    return check_number(option, value, low=low, high=high)
+
+
 def check_number(option: str, value: float, *, low: float, high: float | None = None) -> float:
     # NaN fails every comparison: without the isnan test it would pass any range check (argparse's
     # float() accepts "nan") and silently make the gate inconclusive or always failing.
