@@ -254,9 +254,10 @@ def run_release(release: str, args: argparse.Namespace, constraints: Path, insta
         if reason is not None:
             outcome.reason = reason
         else:
-            # The suite's own gate is off: releases are compared with each other by `kvcache compare`.
+            # No gate, no baseline in the runs: releases are compared with each other by `kvcache compare`.
             cmd = [sys.executable, "-m", "pytest", "benchmarks", "-m", "counted", "--kv-model", "smollm2-135m",
-                   "--kv-caches", "all", "--kv-no-gate", "-p", "no:cacheprovider",
+                   "--kv-caches", "all", "--kv-no-gate", "--kv-baseline", str(args.out / "no-baseline.json"),
+                   "-p", "no:cacheprovider",
                    "--benchmark-json", str(json_path), "-q", *args.pytest_args]
             log.write("$ " + " ".join(cmd) + "\n")
             log.flush()
