@@ -157,3 +157,11 @@ def baseline_entries(kv: dict[str, Any], recorded: str) -> dict[str, dict[str, d
     if by_type:
         out[baseline_key(env["device_type"], s["model"], s["dtype"])] = by_type
     return out
+
+
+def record_baseline(path: str, kv: dict[str, Any], recorded: str) -> dict[str, dict[str, dict[str, Any]]]:
+    """Write a run's passes into the baseline file at ``path`` (merged with what it holds); return them."""
+    entries = baseline_entries(kv, recorded)
+    for key, by_cache in entries.items():
+        gate.update_baseline(path, key, by_cache)
+    return entries

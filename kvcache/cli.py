@@ -1,5 +1,6 @@
 """The ``kvcache`` command: ``traffic`` (counted bytes of one decode step), ``compare`` (runs across
-releases, exit 1 on a regression) and ``report`` (charts and a Markdown/HTML report)."""
+releases, exit 1 on a regression), ``report`` (charts and a Markdown/HTML report) and ``baseline``
+(record a finished run as the baseline)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ COMMANDS = {
     "traffic": ("kvcache.traffic_cli", "count the bytes one decode step moves, per op, and probe attention"),
     "compare": ("kvcache.compare", "compare benchmark JSON runs; exit 1 on a regression"),
     "report": ("kvcache.report", "write latency.png, traffic.png, report.md and report.html"),
+    "baseline": ("kvcache.baseline_cli", "record a finished run's passes in the baseline file"),
 }
 
 

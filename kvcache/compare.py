@@ -96,7 +96,7 @@ class Comparison:
     caches: list[str]
     cells: dict[str, list[Cell]]
     regressions: list[Regression] = field(default_factory=list)
-    tolerance: float = 0.25
+    tolerance: float = 0.10
     counted_tolerance: float = 0.05
 
     @property
@@ -164,7 +164,7 @@ def _labels(runs: Sequence[Run]) -> list[str]:
     ]
 
 
-def compare(runs: Sequence[Run], tolerance: float = 0.25, counted_tolerance: float = 0.05) -> Comparison:
+def compare(runs: Sequence[Run], tolerance: float = 0.10, counted_tolerance: float = 0.05) -> Comparison:
     """Compare every run against ``runs[0]``; see the module docstring for the regression rules."""
     if not runs:
         raise ValueError("compare needs at least one run")
@@ -380,7 +380,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("runs", nargs="+", metavar="RUN.json", help="pytest --benchmark-json files; first = baseline")
     parser.add_argument("--markdown", action="store_true", help="print a GitHub-flavoured Markdown table")
     parser.add_argument(
-        "--tolerance", type=float, default=0.25, help="timed: allowed relative increase (default 0.25)"
+        "--tolerance", type=float, default=0.10, help="timed: allowed relative increase (default 0.10)"
     )
     parser.add_argument(
         "--counted-tolerance", type=float, default=0.05, help="counted: allowed absolute increase (default 0.05)"

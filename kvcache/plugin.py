@@ -44,7 +44,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add("--kv-baseline", default="kv-baseline.json", help="baseline file of passes per device (default "
                                                            "kv-baseline.json in the root directory)")
     add("--kv-update-baseline", action="store_true", help="write this run's passes into the baseline file")
-    add("--kv-tolerance", default=0.25, help="allowed relative rise of timed passes (default 0.25)")
+    add("--kv-tolerance", default=0.10, help="allowed relative rise of timed passes (default 0.10)")
     add("--kv-counted-tolerance", default=0.05, help="allowed rise of counted passes (default 0.05)")
     add("--kv-max-passes", default="", help="absolute bounds, e.g. dynamic=3.5,static=7")
     add("--kv-min-r2", default=0.90, help="fits below this R² are inconclusive (default 0.90)")
@@ -199,26 +199,20 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if points:
         if "start" in copies:
             ordered.append(copies.pop("start"))
+        current_round = 0
         for point in timed_points(s):
-            if point.round > 0 and point.context == _first_context(s, point.round) and \
-                    point.cache == _first_cache(s, point.round):
-                label = f"round-{point.round}"
-                if label in copies:
-                    ordered.append(copies.pop(label))
+            if point.round != current_round:  # each later round starts with the copy bandwidth again
+                current_round = point.round
+                if f"round-{current_round}" in copies:
+                    ordered.append(copies.pop(f"round-{current_round}"))
             if point in points:
                 ordered.append(points[point])
         if "end" in copies:
             ordered.append(copies.pop("end"))
         ordered += drift
-    items[:] = ordered
-
-
-def _first_context(s: Settings, r: int) -> int:
-    return next(p.context for p in timed_points(s) if p.round == r)
-
-
-def _first_cache(s: Settings, r: int) -> str:
-    return next(p.cache for p in timed_points(s) if p.round == r)
+    else:
+        ordered += drift
+    items[:] = ordered + list(copies.values())  # anything selected is kept, in order or not
 
 
 # --- fixtures ---------------------------------------------------------------------------------------
@@ -272,8 +266,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     s = state.settings
     if s.update_baseline:
         recorded = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        for key, entries in analysis.baseline_entries(kv, recorded).items():
-            gate.update_baseline(s.baseline, key, entries)
+        analysis.record_baseline(s.baseline, kv, recorded)
         state.notes.append(f"baseline written to {s.baseline}")
     state.failures = analysis.failures(kv)
     if state.failures and s.gate and not s.update_baseline:

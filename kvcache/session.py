@@ -50,6 +50,7 @@ class KVSession:
     counted_bytes: dict[tuple[str, int], int] = field(default_factory=dict)
     first_point: PointId | None = None
     used: bool = False
+    warmed: bool = False
 
     # --- the model ---
     def model(self) -> tuple[Any, ModelSpec]:
@@ -111,10 +112,19 @@ class KVSession:
             "beyond_trained_context": point.context + s.warmup + s.steps > spec.max_position_embeddings,
         }
 
+    def warm_model(self, steps: int = 20) -> None:
+        """Once a session, before the first timed point: decode steps on a small dynamic cache, so one-time
+        costs (allocator growth, kernel selection, page faults) do not land in the first point measured."""
+        if not self.warmed:
+            self.warmed = True
+            dp = self.open("dynamic", 256, warmup=steps, steps=0)
+            dp.release()
+
     def run_timed(self, point: PointId, benchmark: Any, kind: str = "timed") -> None:
         """Fill untimed, warm up, then time ``steps`` single steps (each bracketed by a device sync) through
         pytest-benchmark; then count the bytes of one more step for the achieved bandwidth."""
         s = self.settings
+        self.warm_model()
         dp = self.open(point.cache, point.context, warmup=s.warmup, steps=s.steps)
         try:
             benchmark.group = f"decode {point.cache}" if kind == "timed" else "drift"

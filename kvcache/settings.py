@@ -35,7 +35,7 @@ class Settings:
     max_drift: float = 0.10
     baseline: str = "kv-baseline.json"
     update_baseline: bool = False
-    tolerance: float = 0.25
+    tolerance: float = 0.10
     counted_tolerance: float = 0.05
     max_passes: dict[str, float] = field(default_factory=dict)
     min_r2: float = 0.90

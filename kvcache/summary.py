@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvcache.records import median
+
 
 def _num(value: Any, spec: str = ".2f", missing: str = "-") -> str:
     return missing if value is None else format(value, spec)
@@ -35,8 +37,25 @@ def fit_rows(kv: dict[str, Any]) -> list[list[str]]:
         rows.append([
             cache, _num(fit.get("intercept_ms")), _num(fit.get("effective_gbps"), ".1f"), timed_text,
             _num(fit.get("r2"), ".3f"), _num(counted), _num(timed / counted if timed and counted else None),
-            _num(fit.get("crossover_tokens"), ",.0f"), verdict.get("status", "-"),
+            _num(fit.get("crossover_tokens"), ",.0f"), (verdict.get("timed") or {}).get("status", "-"),
+            (verdict.get("counted") or {}).get("status", "-"),
         ])
+    return rows
+
+
+def point_rows(kv: dict[str, Any]) -> list[list[str]]:
+    """Per (cache, context): median over rounds of the median step and of the achieved bandwidth."""
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for p in kv.get("points", []):
+        groups.setdefault((p["cache"], p["context"]), []).append(p)
+    rows = []
+    for (cache, context), pts in sorted(groups.items()):
+        achieved = [p["achieved_gbps"] for p in pts if p.get("achieved_gbps")]
+        fraction = [p["achieved_fraction"] for p in pts if p.get("achieved_fraction")]
+        flag = " (beyond trained context)" if pts[0].get("beyond_trained_context") else ""
+        rows.append([cache, f"{context}{flag}", str(len(pts)), _num(median([p["median_ms"] for p in pts])),
+                     _num(median(achieved) if achieved else None, ".1f"),
+                     _num(100 * median(fraction), ".0f") + "%" if fraction else "-"])
     return rows
 
 
@@ -50,8 +69,8 @@ def lines(kv: dict[str, Any]) -> list[str]:
                f"end {_num(copy.get('end_gbps'), '.1f')} GB/s, median of all {_num(kv.get('copy_gbps'), '.1f')} GB/s")
     if kv.get("verdict"):
         out.append("")
-        out += table(fit_rows(kv), ["cache", "intercept ms", "eff GB/s", "timed passes [CI]", "R²",
-                                    "counted", "timed/counted", "crossover tok", "verdict"])
+        out += table(fit_rows(kv), ["cache", "intercept ms", "eff GB/s", "timed passes [CI]", "R²", "counted",
+                                    "timed/counted", "crossover tok", "timed verdict", "counted verdict"])
         out.append("  (effective GB/s = KV bytes per extra second of step time; passes = copy GB/s / effective GB/s;"
                    " counted = bytes read + written per KV byte, logical)")
     drift = kv.get("drift") or {}
@@ -68,13 +87,12 @@ def lines(kv: dict[str, Any]) -> list[str]:
     for cache, p in (kv.get("probe") or {}).items():
         out.append(f"probe {cache}: q {p.get('query')} k {p.get('key')} mask {p.get('mask')}; "
                    f"{p.get('attention')}; K/V expansions {p.get('expansions')}")
-    points = [p for p in kv.get("points", []) if p.get("achieved_gbps")]
-    if points:
+    rows = point_rows(kv)
+    if rows:
         out.append("")
-        out += table([[p["cache"], str(p["context"]), str(p["round"]), _num(p["median_ms"]),
-                       _num(p["achieved_gbps"], ".1f"), _num(100 * (p["achieved_fraction"] or 0), ".0f") + "%"]
-                      for p in points],
-                     ["cache", "context", "round", "median ms", "achieved GB/s", "of copy"])
+        out += table(rows, ["cache", "context", "rounds", "median ms", "achieved GB/s", "of copy"])
+        out.append("  (achieved = counted bytes of the whole step / median step time; of copy = its share of the copy"
+                   " bandwidth)")
     for s in kv.get("skipped", []):
         where = f" at {s['context']}" if s.get("context") else ""
         out.append(f"skipped {s['cache']}{where}: {s['reason']}")
