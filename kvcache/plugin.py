@@ -36,7 +36,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add("--kv-fill", default="synthetic", help="synthetic (random K/V written into every layer) or prefill")
     add("--kv-warmup", default=5, help="untimed decode steps before the timed ones (default 5)")
     add("--kv-steps", default=50, help="timed decode steps per point (default 50)")
-    add("--kv-rounds", default=3, help="rounds over all points (default 3)")
+    add("--kv-rounds", default=5, help="rounds over all points (default 5)")
     add("--kv-order", default="interleaved", help="interleaved (default: seeded order per round) or ascending")
     add("--kv-seed", default=0, help="seed for weights, fills and the interleaved order")
     add("--kv-copy-mib", default=1024, help="size of the copy-bandwidth tensor in MiB (default 1024)")

@@ -27,7 +27,7 @@ class Settings:
     fill: str = "synthetic"
     warmup: int = 5
     steps: int = 50
-    rounds: int = 3
+    rounds: int = 5
     order: str = "interleaved"
     seed: int = 0
     copy_bytes: int = 1 << 30

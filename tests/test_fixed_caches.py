@@ -34,14 +34,7 @@ PROMPTS = [(0, 20), (1, 41), (2, 60)]  # (seed, prompt length)
 BROKEN_ATTENTION = "kvcache_test_noncausal_prefill"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread for this module: on a busy machine OpenMP threads spin-wait for a core (a step runs
-    10x slower with 2 threads than with 1). Counts and comparisons do not depend on it."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @dataclasses.dataclass

@@ -18,14 +18,7 @@ F32 = 4  # bytes per float32 element
 I64 = 8  # bytes per int64 index
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread for this module: on a busy machine OpenMP threads spin-wait for a core (a step runs
-    10x slower with 2 threads than with 1). Counts and comparisons do not depend on it."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def counted(fn, *args):
