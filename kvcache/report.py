@@ -309,7 +309,7 @@ def _fit_section(doc: Doc, run: Run, caches: list[str], groups: dict[str, list[P
         ci = fit.get("passes_ci")
         ci_text = f" [{_fmt(ci[0])}, {_fmt(ci[1])}]" if isinstance(ci, (list, tuple)) and len(ci) == 2 else ""
         counted_passes = _num(counted.get("passes"))
-        ratio = counted_passes / timed if counted_passes is not None and timed else None
+        ratio = timed / counted_passes if counted_passes and timed is not None else None
         if verdict:
             verdict_text = f"{verdict.get('status', '?')}: {verdict.get('reason', '')}".rstrip(": ")
         else:
@@ -327,7 +327,7 @@ def _fit_section(doc: Doc, run: Run, caches: list[str], groups: dict[str, list[P
         doc.note("no cache classes in this run")
         return
     doc.table(["cache", "intercept ms", "effective GB/s", f"timed passes [{ci_label}]", "R²", "counted passes",
-               "counted/timed", "crossover tokens", "verdict"], rows)
+               "timed/counted", "crossover tokens", "verdict"], rows)
     if not fits:
         doc.note("no fit in this run")
     elif missing := [c for c in caches if c not in fits]:
