@@ -32,3 +32,4 @@ def test_drift(kv, kv_drift, benchmark):
         kv.run_timed(kv_drift, benchmark, kind="drift")
     except Skip as exc:
         pytest.skip(str(exc))
+

@@ -49,6 +49,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add("--kv-max-passes", default="", help="absolute bounds, e.g. dynamic=3.5,static=7")
     add("--kv-min-r2", default=0.90, help="fits below this R² are inconclusive (default 0.90)")
     add("--kv-no-gate", action="store_true", help="report everything, drift included, without failing")
+    add("--kv-remeasure", default=0, help="after the rounds, measure the N noisiest points once more (default 0)")
+    add("--kv-remeasure-seconds", default=120, help="time bound of those re-measurements (default 120 s)")
 
 
 def settings_from(config: pytest.Config) -> Settings:
@@ -88,6 +90,8 @@ def settings_from(config: pytest.Config) -> Settings:
         counted_tolerance=number("--kv-counted-tolerance", opt("kv_counted_tolerance"), low=0),
         max_passes=max_passes, min_r2=number("--kv-min-r2", opt("kv_min_r2"), low=0, high=1),
         gate=not opt("kv_no_gate"),
+        remeasure=int(number("--kv-remeasure", opt("kv_remeasure"), low=0, whole=True)),
+        remeasure_seconds=number("--kv-remeasure-seconds", opt("kv_remeasure_seconds"), low=0),
     )
 
 
@@ -160,6 +164,13 @@ def copy_labels(settings: Settings) -> list[str]:
     return ["start", *(f"round-{r}" for r in range(1, settings.rounds)), "end"]
 
 
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Without ``--kv-remeasure`` there is nothing to re-measure: its test file is not collected."""
+    if collection_path.name == "test_remeasure.py" and STATE in config.stash:
+        return True if _state(config).settings.remeasure == 0 else None
+    return None
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     state = _state(metafunc.config)
     s = state.settings
@@ -170,6 +181,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("kv_cache", list(s.caches))
     if "kv_copy_label" in metafunc.fixturenames:
         metafunc.parametrize("kv_copy_label", copy_labels(s))
+    if "kv_remeasure" in metafunc.fixturenames:
+        metafunc.parametrize("kv_remeasure", list(range(s.remeasure)), ids=[f"noisiest-{k + 1}"
+                                                                          for k in range(s.remeasure)])
 
 
 def _role(item: pytest.Item) -> tuple[str, Any]:
@@ -180,6 +194,8 @@ def _role(item: pytest.Item) -> tuple[str, Any]:
         return "copy", params["kv_copy_label"]
     if "kv_point" in params:
         return "point", params["kv_point"]
+    if "kv_remeasure" in getattr(item, "fixturenames", ()):
+        return "remeasure", params.get("kv_remeasure")
     if "kv_drift" in getattr(item, "fixturenames", ()):
         return "drift", None
     return "other", None
@@ -195,6 +211,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     copies = {key: item for (role, key), item in roles if role == "copy"}
     points = {key: item for (role, key), item in roles if role == "point"}
     drift = [item for (role, _), item in roles if role == "drift"]
+    remeasure = [item for (role, _), item in roles if role == "remeasure"]
     ordered = others + counted
     if points:
         if "start" in copies:
@@ -207,11 +224,12 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
                     ordered.append(copies.pop(f"round-{current_round}"))
             if point in points:
                 ordered.append(points[point])
+        ordered += remeasure
         if "end" in copies:
             ordered.append(copies.pop("end"))
         ordered += drift
     else:
-        ordered += drift
+        ordered += remeasure + drift
     items[:] = ordered + list(copies.values())  # anything selected is kept, in order or not
 
 

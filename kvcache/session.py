@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import platform
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +17,7 @@ from kvcache.bandwidth import measure_copy
 from kvcache.devices import Device
 from kvcache.models import ModelSpec, build_model, load_config, spec_from_config
 from kvcache.probe import probe
+from kvcache.records import median
 from kvcache.settings import Settings
 
 COUNT_WARMUP = 2  # decode steps before a counted one: enough for lazy initialisation; bytes do not change after
@@ -51,6 +53,9 @@ class KVSession:
     first_point: PointId | None = None
     used: bool = False
     warmed: bool = False
+    point_medians: dict[tuple[str, int], list[tuple[float, float]]] = field(default_factory=dict)
+    remeasure_order: list[tuple[str, int]] | None = None
+    remeasure_started: float | None = None
 
     # --- the model ---
     def model(self) -> tuple[Any, ModelSpec]:
@@ -131,6 +136,10 @@ class KVSession:
             benchmark.extra_info.update(self.point_info(point, kind))
             benchmark.pedantic(dp.timed_step, setup=dp.before_step, rounds=s.steps, iterations=1)
             benchmark.extra_info["step_start_ns"] = list(dp.step_start_ns)
+            stats = getattr(benchmark, "stats", None)
+            if kind == "timed" and stats is not None:
+                self.point_medians.setdefault((point.cache, point.context), []).append(
+                    (stats["median"], stats["iqr"]))
             if kind == "timed" and self.first_point is None:
                 self.first_point = point
             self._count_point(dp, point, benchmark)
@@ -138,6 +147,30 @@ class KVSession:
             dp.release()
             del dp
             gc.collect()
+
+    def noisiest(self) -> list[tuple[str, int]]:
+        """(cache, context) points, noisiest first: relative spread of their round medians (with one round,
+        the relative interquartile range of its steps)."""
+        def noise(key: tuple[str, int]) -> float:
+            runs = self.point_medians[key]
+            medians = [m for m, _ in runs]
+            if len(runs) > 1:
+                return (max(medians) - min(medians)) / median(medians)
+            return runs[0][1] / runs[0][0] if runs[0][0] else 0.0
+        return sorted(self.point_medians, key=noise, reverse=True)
+
+    def remeasure(self, k: int, benchmark: Any) -> None:
+        """Measure the k-th noisiest point once more, as one more round (within ``--kv-remeasure-seconds``)."""
+        if self.remeasure_order is None:
+            self.remeasure_order, self.remeasure_started = self.noisiest(), time.monotonic()
+        elapsed = time.monotonic() - (self.remeasure_started or 0.0)
+        if elapsed > self.settings.remeasure_seconds:
+            raise Skip(f"re-measure budget of {self.settings.remeasure_seconds:g} s spent ({elapsed:.0f} s)")
+        if k >= len(self.remeasure_order):
+            raise Skip(f"only {len(self.remeasure_order)} points were measured")
+        cache, context = self.remeasure_order[k]
+        self.run_timed(PointId(cache, context, self.settings.rounds + k), benchmark)
+        benchmark.extra_info["remeasured"] = True
 
     def _count_point(self, dp: decode.DecodePoint, point: PointId, benchmark: Any) -> None:
         key = (point.cache, point.context)

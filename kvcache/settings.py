@@ -42,6 +42,8 @@ class Settings:
     confidence: float = 0.95
     resamples: int = 2000
     gate: bool = True
+    remeasure: int = 0
+    remeasure_seconds: float = 120.0
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -35,6 +35,7 @@ class Runs:
         self.main_json, self.beyond_json = tmp / "main.json", tmp / "beyond.json"
         self.disabled_json, self.skipped_json = tmp / "disabled.json", tmp / "skipped.json"
         self.baseline, self.rerun_json = tmp / "baseline.json", tmp / "rerun.json"
+        self.remeasure_json = tmp / "remeasure.json"
         main = ("--kv-model", "tiny", "--kv-contexts", ",".join(map(str, CONTEXTS)), "--kv-steps", str(STEPS),
                 "--kv-warmup", "1", "--kv-rounds", str(ROUNDS), "--kv-copy-mib", "32", "--kv-no-gate",
                 "--kv-baseline", none, "--benchmark-json", str(self.main_json))
@@ -52,6 +53,8 @@ class Runs:
                        "--kv-baseline", str(self.baseline)],
             "rerun": [*counted, "--kv-caches", "dynamic,static", "--kv-baseline", str(self.baseline),
                       "--benchmark-json", str(self.rerun_json)],
+            "remeasure": [*small, "-m", "timed", "--kv-rounds", "2", "--kv-remeasure", "1",
+                          "--benchmark-json", str(self.remeasure_json)],
         }
         with ThreadPoolExecutor(max_workers=3) as pool:
             futures = {"main": pool.submit(run_suite, *main), "beyond": pool.submit(run_suite, *beyond),
@@ -204,3 +207,12 @@ def test_update_baseline_then_rerun_passes(runs):
         assert counted["status"] == "pass", counted
         assert counted["allowed"] == pytest.approx(by_type[cache]["counted_passes"] + 0.05)
     assert "kv-cache regression" not in output(rerun)
+
+
+def test_remeasure_adds_a_round_to_the_noisiest_point(runs):
+    """--kv-remeasure 1: after the rounds, the noisiest point is measured once more as round 2, and fitted."""
+    assert runs["remeasure"].returncode == 0, describe(runs["remeasure"])
+    doc = load_json(runs.remeasure_json)
+    again = [b for b in timed(doc) if b["extra_info"].get("remeasured")]
+    assert len(again) == 1 and again[0]["extra_info"]["round"] == 2
+    assert doc["kv"]["fit"]["dynamic"]["n_points"] == 2 * 2 + 1
