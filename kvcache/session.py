@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 import torch
 import transformers
 
@@ -35,8 +36,12 @@ class PointId:
         return f"{self.cache}-{self.context}" + (f"-r{self.round}" if rounds > 1 else "")
 
 
-class Skip(Exception):
-    """A benchmark that cannot run here; the plugin turns it into a pytest skip with this reason."""
+class Skip(pytest.skip.Exception):
+    """A point or class that cannot run here, with the reason: pytest reports it as a skip."""
+
+
+# Reported like pytest.skip()'s own exception ("Skipped: reason"), as pytest does for its Skipped.
+Skip.__module__, Skip.__qualname__ = "builtins", "Skipped"
 
 
 @dataclass
