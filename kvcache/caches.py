@@ -168,14 +168,6 @@ def _all_of(*checks: Callable[[], None]) -> Callable[[], None]:
     return run
 
 
-def _has_class(name: str) -> Callable[[], None]:
-    def check() -> None:
-        from kvcache import compat
-
-        compat.cache_class(name)
-    return check
-
-
 def _dynamic(req: CacheRequest) -> Any:
     from kvcache import compat
 

@@ -14,7 +14,6 @@ from kvcache.caches import CacheRequest, CacheSpec
 from kvcache.devices import Device
 from kvcache.models import ModelSpec
 
-FILLS = ("synthetic", "prefill")
 MARGIN_TOKENS = 8
 FILL_CHUNK = 8192
 
