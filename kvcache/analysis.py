@@ -1,91 +1,121 @@
-"""Session-end analysis: from the run's benchmarks and raw measurements to the ``kv`` section
-(fits, drift, per-point bandwidth, verdicts). Analysing wing: numpy and stdlib only, no torch."""
+"""Session-end analysis: from the records a session's items produced to the ``kv`` section (fits, drift,
+per-point bandwidth, verdicts). Analysing wing: numpy and stdlib only, no torch.
+
+The records are the suite's own (``kvcache.session`` makes them, the plugin gathers them from every
+item's report, from xdist workers too): ``copy``, ``point`` (timed or drift, with every step's seconds),
+``traffic``, ``skip``, ``failed`` and ``context`` (model and environment). Nothing here depends on what
+pytest-benchmark keeps, so fits and verdicts are the same whatever its storage options.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from kvcache import gate
+from kvcache import baseline as baselines
+from kvcache import gate, identity
 from kvcache.fit import FitError, fit_passes, measure_drift
-from kvcache.records import SCHEMA, Point, jsonable, point_from_benchmark, points_from_benchmarks
+from kvcache.records import SCHEMA, Point, jsonable, median
 
 
-def baseline_key(device: str, model: str, dtype: str) -> str:
-    """Baselines are kept per device *and* model and dtype: ``"cpu: X (2 threads) | tiny | bfloat16"``."""
-    return f"{device} | {model} | {dtype}"
+def point_of(record: dict[str, Any]) -> Point:
+    return Point(cache=str(record["cache"]), context=int(record["context"]), round=int(record.get("round", 0)),
+                 kv_bytes=float(record["kv_bytes"]), samples_s=tuple(float(s) for s in record["samples_s"]),
+                 beyond_trained_context=bool(record.get("beyond_trained_context")),
+                 counted_bytes=record.get("counted_bytes"), name=str(record.get("name", "")))
 
 
-def drift_points(benchmarks: list[dict[str, Any]]) -> list[Point]:
-    """The drift re-measurements (``extra_info.kind == "drift"``) as points."""
-    out = []
-    for bench in benchmarks:
-        info = bench.get("extra_info") or {}
-        if info.get("kind") == "drift":
-            point = point_from_benchmark({**bench, "extra_info": {**info, "kind": "timed"}})
-            if point is not None:
-                out.append(point)
-    return out
-
-
-def copy_samples(raw: dict[str, Any]) -> list[float]:
-    return [s for m in raw.get("copy", []) for s in m.get("samples_gbps", [])]
-
-
-def analyse(benchmarks: list[dict[str, Any]], raw: dict[str, Any], settings: dict[str, Any],
-            baseline: dict[str, Any]) -> dict[str, Any]:
-    """The ``kv`` section (see :mod:`kvcache.records`) of one run."""
-    model, env = raw["model"], raw["environment"]
-    points = points_from_benchmarks(benchmarks)
-    samples = copy_samples(raw)
-    copy_gbps = _median(samples)
+def analyse(records: list[dict[str, Any]], settings: dict[str, Any], baseline: dict[str, Any],
+            session: dict[str, Any]) -> dict[str, Any]:
+    """The ``kv`` section (see :mod:`kvcache.records`) of one run. ``session``: ``{interrupted, exit, failed}``."""
+    by_type: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        by_type.setdefault(record["type"], []).append(record)
+    context = (by_type.get("context") or [{}])[0]
+    model, env = context.get("model") or {}, context.get("environment") or {}
+    timed = [r for r in by_type.get("point", []) if r.get("kind") == "timed"]
+    points = [point_of(r) for r in timed]
+    copies = by_type.get("copy", [])
+    samples = [s for m in copies for s in m.get("samples_gbps", [])]
+    copy_gbps = median(samples) if samples else None
+    failed = sorted({r["cache"] for r in by_type.get("failed", []) if r.get("cache")})
     kv: dict[str, Any] = {
         "schema": SCHEMA, "settings": settings, "environment": env, "model": model, "copy_gbps": copy_gbps,
-        "copy": _copy_section(raw.get("copy", [])), "fit": {}, "drift": None,
-        "traffic": raw.get("traffic", {}), "probe": raw.get("probe", {}), "verdict": {},
-        "skipped": raw.get("skipped", []), "points": _points_section(points, copy_gbps),
+        "copy": _copy_section(copies), "fit": {}, "drift": None,
+        "traffic": {r["cache"]: r["traffic"] for r in by_type.get("traffic", [])},
+        "probe": {r["cache"]: r["probe"] for r in by_type.get("traffic", []) if r.get("probe")},
+        "verdict": {}, "skipped": _skips(by_type.get("skip", [])),
+        "points": _points_section(timed, copy_gbps),
+        "session": {**session, "failed": sorted({*session.get("failed", []), *failed})},
     }
-    fits = {}
+    kv["identity"] = identity.of_run(kv)
     for cache in dict.fromkeys(p.cache for p in points):
         mine = [p for p in points if p.cache == cache]
         try:
             if not samples:
-                raise FitError("no copy bandwidth was measured in this run")
-            fits[cache] = fit_passes(mine, samples, bytes_per_token=model["bytes_per_token"],
-                                     weight_bytes=model["weight_bytes"], confidence=settings["confidence"],
-                                     resamples=settings["resamples"], seed=settings["seed"])
-            kv["fit"][cache] = fits[cache].to_dict()
+                raise FitError("no copy bandwidth was measured in this run (its test was deselected, skipped or "
+                               "failed), so latency cannot be turned into passes")
+            kv["fit"][cache] = fit_passes(
+                mine, samples, bytes_per_token=model["bytes_per_token"], weight_bytes=model["weight_bytes"],
+                confidence=settings["confidence"], resamples=settings["resamples"], seed=settings["seed"]).to_dict()
         except FitError as exc:
             kv["fit"][cache] = {"error": str(exc), "n_points": len(mine)}
-    kv["drift"] = _drift_section(points, drift_points(benchmarks), settings["max_drift"])
-    drift_ok = kv["drift"].get("ok") if "ok" in kv["drift"] else None
-    kv["verdict"] = _verdicts(fits, kv["traffic"], settings, env, baseline, drift_ok)
-    return jsonable(kv)
+    drift = [point_of(r) for r in by_type.get("point", []) if r.get("kind") == "drift"]
+    kv["drift"] = _drift_section(points, drift, settings["max_drift"])
+    kv = jsonable(kv)
+    kv["verdict"] = judge(kv, baseline)
+    return kv
 
 
-def _median(values: list[float]) -> float | None:
-    from kvcache.records import median
+def judge(kv: dict[str, Any], baseline: dict[str, Any], **rules: Any) -> dict[str, Any]:
+    """The verdicts of a run's ``kv`` section against a baseline file's contents (the session-end gate)."""
+    entries, keys = baselines.for_run(baseline, identity.of_run(kv))
+    return gate.judge_run(kv, entries, gate.Rules.from_settings(kv["settings"], **rules), keys)
 
-    return median(values) if values else None
+
+def failures(kv: dict[str, Any]) -> list[str]:
+    """One line per reason the build fails (see :func:`kvcache.gate.failures`)."""
+    settings = kv.get("settings") or {}
+    return gate.failures(kv.get("verdict") or {}, drift=kv.get("drift"), strict=bool(settings.get("strict")))
+
+
+def warnings(kv: dict[str, Any]) -> list[str]:
+    """Loud lines that do not fail the build: drift beyond its limit (unless --kv-strict made it a failure)."""
+    problem = gate.drift_problem(kv.get("drift"))
+    if problem and not (kv.get("settings") or {}).get("strict"):
+        return [f"kv-cache drift: {problem}; timed verdicts are inconclusive (the build does not fail on drift "
+                "alone; --kv-strict makes it fail)"]
+    return []
+
+
+def _skips(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for r in records:
+        entry = {"cache": r["cache"], "context": r.get("context"), "reason": r["reason"]}
+        if entry not in out:
+            out.append(entry)
+    return out
 
 
 def _copy_section(measurements: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "start_gbps": measurements[0]["gbps"] if measurements else None,
         "end_gbps": measurements[-1]["gbps"] if len(measurements) > 1 else None,
-        "measurements": measurements,
+        "measurements": [{k: v for k, v in m.items() if k != "type"} for m in measurements],
     }
 
 
-def _points_section(points: list[Point], copy_gbps: float | None) -> list[dict[str, Any]]:
-    """Per point: median step, and the achieved bandwidth (counted bytes of the step / median time)."""
+def _points_section(records: list[dict[str, Any]], copy_gbps: float | None) -> list[dict[str, Any]]:
+    """Per point: median step, every step (ms), and the achieved bandwidth (counted bytes of the step /
+    median time) against the session's copy bandwidth."""
     out = []
-    for p in points:
+    for r in records:
+        p = point_of(r)
         achieved = p.counted_bytes / p.median_s / 1e9 if p.counted_bytes else None
         out.append({
             "cache": p.cache, "context": p.context, "round": p.round, "median_ms": p.median_s * 1e3,
-            "kv_bytes": p.kv_bytes, "counted_bytes": p.counted_bytes, "achieved_gbps": achieved,
-            "achieved_fraction": achieved / copy_gbps if achieved and copy_gbps else None,
-            "beyond_trained_context": p.beyond_trained_context,
+            "samples_ms": [s * 1e3 for s in p.samples_s], "kv_bytes": p.kv_bytes, "counted_bytes": p.counted_bytes,
+            "achieved_gbps": achieved, "achieved_fraction": achieved / copy_gbps if achieved and copy_gbps else None,
+            "beyond_trained_context": p.beyond_trained_context, "name": p.name,
         })
     return out
 
@@ -101,67 +131,3 @@ def _drift_section(points: list[Point], again: list[Point], max_fraction: float)
     if first is None:
         return {"reason": f"no first measurement of {last.cache} at {last.context}", "max_fraction": max_fraction}
     return measure_drift(first, last, max_fraction).to_dict()
-
-
-def _verdicts(fits: dict, traffic: dict, settings: dict, env: dict, baseline: dict,
-              drift_ok: bool | None) -> dict[str, Any]:
-    device, device_type = env["device_name"], env["device_type"]
-    key = baseline_key(device, settings["model"], settings["dtype"])
-    type_key = baseline_key(device_type, settings["model"], settings["dtype"])
-    verdicts = {}
-    for cache in dict.fromkeys([*settings["caches"], *fits, *traffic]):
-        entry = gate.baseline_entry(baseline, key, cache) or {}
-        type_entry = gate.baseline_entry(baseline, type_key, cache) or {}
-        bound = settings["max_passes"].get(cache)
-        counted_base = entry.get("counted_passes", type_entry.get("counted_passes"))
-        allowed_t = gate.allowed_passes(entry.get("timed_passes"), settings["tolerance"], bound, relative=True)
-        allowed_c = gate.allowed_passes(counted_base, settings["counted_tolerance"], bound, relative=False)
-        timed = gate.judge_timed(fits.get(cache), allowed=allowed_t, min_r2=settings["min_r2"],
-                                 drift_ok=drift_ok, device=key)
-        counted_passes = (traffic.get(cache) or {}).get("passes")
-        counted = gate.judge_counted(counted_passes, allowed=allowed_c, device=type_key)
-        verdicts[cache] = gate.combine(timed, counted)
-    return verdicts
-
-
-def failures(kv: dict[str, Any]) -> list[str]:
-    """One line per reason the build fails: regressions (timed or counted) and drift."""
-    lines = gate.failures(kv.get("verdict", {}))
-    drift = kv.get("drift") or {}
-    if drift.get("ok") is False:
-        lines.append(f"kv-cache drift: {drift['cache']} at {drift['context']} tokens went from "
-                     f"{drift['first_ms']:.2f} ms to {drift['last_ms']:.2f} ms ({drift['fraction']:+.1%}), "
-                     f"beyond the allowed ±{drift['max_fraction']:.0%} (--kv-max-drift)")
-    return lines
-
-
-def baseline_entries(kv: dict[str, Any], recorded: str) -> dict[str, dict[str, dict[str, Any]]]:
-    """What ``--kv-update-baseline`` writes: {baseline key: {cache: entry}}; counted passes are also kept
-    under the device type, since they do not depend on which CPU or GPU of that type ran them."""
-    s, env = kv["settings"], kv["environment"]
-    common = {"recorded": recorded, "transformers": env["transformers"], "torch": env["torch"],
-              "model": s["model"], "dtype": s["dtype"]}
-    by_device: dict[str, dict[str, Any]] = {}
-    by_type: dict[str, dict[str, Any]] = {}
-    for cache in dict.fromkeys([*kv.get("fit", {}), *kv.get("traffic", {})]):
-        timed = (kv["fit"].get(cache) or {}).get("passes")
-        counted = (kv["traffic"].get(cache) or {}).get("passes")
-        entry = {**common}
-        if timed is not None:
-            entry["timed_passes"] = timed
-        if counted is not None:
-            entry["counted_passes"] = counted
-            by_type[cache] = {**common, "counted_passes": counted}
-        by_device[cache] = entry
-    out = {baseline_key(env["device_name"], s["model"], s["dtype"]): by_device}
-    if by_type:
-        out[baseline_key(env["device_type"], s["model"], s["dtype"])] = by_type
-    return out
-
-
-def record_baseline(path: str, kv: dict[str, Any], recorded: str) -> dict[str, dict[str, dict[str, Any]]]:
-    """Write a run's passes into the baseline file at ``path`` (merged with what it holds); return them."""
-    entries = baseline_entries(kv, recorded)
-    for key, by_cache in entries.items():
-        gate.update_baseline(path, key, by_cache)
-    return entries

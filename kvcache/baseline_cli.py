@@ -1,5 +1,6 @@
 """``kvcache baseline RUN.json [--baseline kv-baseline.json]``: record a finished run's passes as the
-baseline (what ``--kv-update-baseline`` writes at the end of a session), without measuring again."""
+baseline (what ``--kv-update-baseline`` writes at the end of a session), without measuring again, by the
+same rules: timed passes only from a fit that would itself be judged."""
 
 from __future__ import annotations
 
@@ -7,24 +8,31 @@ import argparse
 import datetime
 import sys
 
-from kvcache import analysis, gate
+from kvcache import baseline as baselines
 from kvcache.records import RecordError, load_run
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="kvcache baseline", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="kvcache baseline",
+        description="Record a finished run's passes (a --benchmark-json file) in the baseline file, by the rules "
+                    "of --kv-update-baseline: counted passes always, timed passes only from a fit that would be "
+                    "judged (positive, R² at least the run's --kv-min-r2, 3 or more contexts, drift checked and "
+                    "within its limit, the session not interrupted).")
     parser.add_argument("run", metavar="RUN.json", help="a --benchmark-json file written by the suite")
     parser.add_argument("--baseline", default="kv-baseline.json", help="baseline file (default kv-baseline.json)")
     args = parser.parse_args(argv)
     try:
         run = load_run(args.run)
         recorded = run.datetime or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        entries = analysis.record_baseline(args.baseline, run.kv, recorded)
-    except (RecordError, gate.BaselineError) as exc:
-        print(f"kvcache baseline: {exc}", file=sys.stderr)
+        entries, refused = baselines.record(args.baseline, run.kv, recorded)
+    except (RecordError, baselines.BaselineError, OSError) as exc:
+        print(f"kvcache baseline: {baselines.one_line(exc) if isinstance(exc, OSError) else exc}", file=sys.stderr)
         return 2
     for key, by_cache in entries.items():
         for cache, entry in by_cache.items():
-            values = ", ".join(f"{k} {entry[k]:.3f}" for k in gate.PASSES_KEYS if entry.get(k) is not None)
+            values = ", ".join(f"{k} {entry[k]:.3f}" for k in baselines.PASSES_KEYS if entry.get(k) is not None)
             print(f"{args.baseline}: {key}: {cache}: {values}")
+    for line in refused:
+        print(f"{args.baseline}: {line}")
     return 0

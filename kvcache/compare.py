@@ -1,10 +1,10 @@
 """``kvcache compare RUN.json RUN.json ...``: runs side by side, the first as baseline; exit 1 on a regression.
 
-One row per cache class, one column group per run. Counted passes are deterministic: a run regresses when
-they exceed the baseline's by more than ``counted_tolerance`` (absolute). Timed passes are noisy: a run
-regresses only when the lower end of its interval (the point value when it has none) exceeds baseline ×
-(1 + ``tolerance``); a point beyond the tolerance whose interval still reaches back inside it is marked
-inconclusive, never a regression. No torch here.
+One row per cache class, one column group per run. Every later run is judged against the first by the
+session-end gate's own judge (:mod:`kvcache.gate`), as if the first run had been recorded as the baseline
+(:mod:`kvcache.baseline`'s rules: a first run whose timed fit could not be recorded is no timed baseline):
+counted passes exactly, timed passes by their interval, inconclusive on a poor fit or drift. Runs must
+have the same identity (:mod:`kvcache.identity`) unless ``--allow-mismatch``. No torch here.
 """
 
 from __future__ import annotations
@@ -17,14 +17,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from kvcache import baseline as baselines
+from kvcache import gate, identity
 from kvcache.records import RecordError, Run, load_run
 
 # Changes against the baseline.
 SAME, REGRESSED, IMPROVED, INCONCLUSIVE = "same", "regressed", "improved", "inconclusive"
 MARKS = {SAME: "", REGRESSED: "▲", IMPROVED: "▼", INCONCLUSIVE: "?"}
 LEGEND = (
-    "▲ worse than the baseline beyond tolerance, ▼ better beyond tolerance, "
-    "? timed point beyond tolerance but its interval reaches back inside it (inconclusive, not a regression)"
+    "▲ regression against the first run (the gate's judge), ▼ better beyond tolerance, "
+    "? inconclusive (interval straddles the allowed value, poor fit, drift, or no passes figure): not a regression"
 )
 
 MEASURES = ("timed", "counted", "intercept_ms", "r2", "verdict")
@@ -46,6 +48,7 @@ class RunInfo:
     transformers: str
     device: str
     label: str
+    setup: str = ""  # model and dtype
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,7 @@ class Cell:
     timed_delta: float | None = None
     counted_change: str = ""
     counted_delta: float | None = None
+    judged: dict[str, Any] | None = None  # {measure: verdict dict} against the first run
 
 
 @dataclass(frozen=True)
@@ -77,15 +81,10 @@ class Regression:
     cache: str
     run: str
     measure: str
-    measured: float
-    allowed: float
-    baseline: float
+    reason: str
 
     def line(self) -> str:
-        return (
-            f"regression: {self.cache} in {self.run}: {self.measure} {self.measured:.2f} "
-            f"> allowed {self.allowed:.2f} (baseline {self.baseline:.2f})"
-        )
+        return f"regression: {self.cache} in {self.run}: {self.measure}: {self.reason}"
 
 
 @dataclass
@@ -145,7 +144,7 @@ def _cell(run: Run, cache: str) -> Cell:
     if cache not in run.caches():
         return Cell(present=False, reason=_skip_reason(run, cache))
     fit, traffic, verdict = (_section(run, key, cache) for key in ("fit", "traffic", "verdict"))
-    status = verdict.get("status")
+    status = gate.status_of(verdict) if verdict else None
     return Cell(
         present=True,
         timed=_number(fit.get("passes")),
@@ -164,11 +163,32 @@ def _labels(runs: Sequence[Run]) -> list[str]:
     ]
 
 
+def baseline_of(run: Run) -> dict[str, dict[str, Any]]:
+    """A run as a baseline, ``{measure: {cache: entry}}``: what recording it would keep (same rules)."""
+    entries, _ = baselines.entries_of_run(run.kv, run.datetime)
+    ident = identity.of_run(run.kv)
+    return {m: entries.get(identity.key(ident, m), {}) for m in identity.MEASURE_FIELDS}
+
+
+def judge_against(run: Run, base: Run, rules: gate.Rules) -> dict[str, dict[str, Any]]:
+    """``run``'s verdicts with ``base`` as its baseline: the session-end gate's judge, the same rules."""
+    keys = {m: f"the first run ({Path(base.path).name})" for m in identity.MEASURE_FIELDS}
+    min_r2 = (run.kv.get("settings") or {}).get("min_r2")
+    rules = replace(rules, min_r2=min_r2) if isinstance(min_r2, (int, float)) else rules
+    verdicts = gate.judge_run(run.kv, baseline_of(base), rules, keys)
+    for cache, measures in verdicts.items():
+        problem = baselines.timed_problem(base.kv, cache) if cache in (base.kv.get("fit") or {}) else None
+        if problem and measures["timed"]["status"] == "no-baseline":
+            measures["timed"]["reason"] = f"the first run's timed passes are no baseline: {problem}"
+    return verdicts
+
+
 def compare(runs: Sequence[Run], tolerance: float = 0.10, counted_tolerance: float = 0.05) -> Comparison:
-    """Compare every run against ``runs[0]``; see the module docstring for the regression rules."""
+    """Compare every run against ``runs[0]`` with the gate's judge (see the module docstring)."""
     if not runs:
         raise ValueError("compare needs at least one run")
-    infos = [RunInfo(r.path, r.transformers, r.device, label) for r, label in zip(runs, _labels(runs))]
+    rules = gate.Rules(tolerance=tolerance, counted_tolerance=counted_tolerance)
+    infos = [RunInfo(r.path, r.transformers, r.device, label, _setup(r)) for r, label in zip(runs, _labels(runs))]
     seen: dict[str, None] = {}
     for run in runs:
         for cache in run.caches():
@@ -178,52 +198,45 @@ def compare(runs: Sequence[Run], tolerance: float = 0.10, counted_tolerance: flo
                 seen.setdefault(str(entry["cache"]))
     caches = list(seen)
     comparison = Comparison(infos, caches, {}, [], tolerance, counted_tolerance)
+    judged = [judge_against(run, runs[0], rules) for run in runs[1:]]
     for cache in caches:
         base = _cell(runs[0], cache)
         row = [base]
-        for run, info in zip(runs[1:], infos[1:]):
-            cell = _cell(run, cache)
-            cell, regressions = _against(cell, base, cache, info.label, tolerance, counted_tolerance)
+        for info, verdicts, run in zip(infos[1:], judged, runs[1:]):
+            cell, regressions = _against(_cell(run, cache), base, cache, info.label, verdicts.get(cache), rules)
             row.append(cell)
             comparison.regressions += regressions
         comparison.cells[cache] = row
     return comparison
 
 
-def _against(
-    cell: Cell, base: Cell, cache: str, label: str, tolerance: float, counted_tolerance: float
-) -> tuple[Cell, list[Regression]]:
-    """``cell`` with its changes against ``base`` filled in, and the regressions they make."""
-    regressions = []
-    changes: dict[str, Any] = {}
+def _setup(run: Run) -> str:
+    ident = identity.of_run(run.kv)
+    return f"{ident.get('model')}, {ident.get('dtype')}"
+
+
+CHANGE_OF = {"regression": REGRESSED, "inconclusive": INCONCLUSIVE}
+
+
+def _against(cell: Cell, base: Cell, cache: str, label: str, verdicts: dict[str, Any] | None,
+             rules: gate.Rules) -> tuple[Cell, list[Regression]]:
+    """``cell`` with its changes against ``base`` (from the judge's verdicts; *improved* is shown only, never
+    judged) and the regressions they make."""
+    if not cell.present or not verdicts:
+        return cell, []
+    regressions = [Regression(cache, label, f"{m} passes", v.get("reason", "")) for m, v in verdicts.items()
+                   if v.get("status") == "regression"]
+    changes: dict[str, Any] = {"judged": verdicts}
     if cell.counted is not None and base.counted is not None:
-        allowed = base.counted + counted_tolerance
-        delta = cell.counted - base.counted
-        if cell.counted > allowed:
-            change = REGRESSED
-            regressions.append(Regression(cache, label, "counted passes", cell.counted, allowed, base.counted))
-        elif cell.counted < base.counted - counted_tolerance:
-            change = IMPROVED
-        else:
-            change = SAME
-        changes.update(counted_change=change, counted_delta=delta)
+        status = verdicts["counted"]["status"]
+        improved = cell.counted < base.counted - rules.counted_tolerance
+        change = CHANGE_OF.get(status) or (IMPROVED if improved else SAME)
+        changes.update(counted_change=change, counted_delta=cell.counted - base.counted)
     if cell.timed is not None and base.timed is not None:
-        lo, hi = cell.timed_ci or (cell.timed, cell.timed)
-        allowed = base.timed * (1 + tolerance)
-        floor = base.timed / (1 + tolerance)
-        if lo > allowed:
-            change = REGRESSED
-            measure = "timed passes (interval lower bound)" if cell.timed_ci else "timed passes"
-            regressions.append(Regression(cache, label, measure, lo, allowed, base.timed))
-        elif hi < floor:
-            change = IMPROVED
-        elif cell.timed > allowed or cell.timed < floor:
-            change = INCONCLUSIVE
-        else:
-            change = SAME
+        status = verdicts["timed"]["status"]
+        hi = (cell.timed_ci or (cell.timed, cell.timed))[1]
+        change = CHANGE_OF.get(status) or (IMPROVED if hi < base.timed / (1 + rules.tolerance) else SAME)
         changes.update(timed_change=change, timed_delta=cell.timed - base.timed)
-    if not changes:
-        return cell, regressions
     return replace(cell, **changes), regressions
 
 
@@ -268,7 +281,8 @@ def _group_labels(comparison: Comparison) -> list[str]:
     """Column-group labels: release, plus the device when the runs do not share one."""
     mixed = len(comparison.devices) > 1
     labels = [
-        f"transformers {info.transformers}" + (f" on {info.device}" if mixed else "") for info in comparison.runs
+        f"transformers {info.transformers}, {info.setup}" + (f" on {info.device}" if mixed else "")
+        for info in comparison.runs
     ]
     return [
         label if labels.count(label) == 1 else f"{label} ({Path(info.path).name})"
@@ -374,8 +388,8 @@ def render_markdown(comparison: Comparison) -> str:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvcache compare",
-        description="Compare benchmark JSON runs against the first (the baseline); exit 1 on a regression, "
-        "2 on unreadable input or runs from different devices.",
+        description="Compare benchmark JSON runs against the first (the baseline) with the gate's judge; exit 1 "
+        "on a regression, 2 on unreadable input, bad options or runs that are not comparable.",
     )
     parser.add_argument("runs", nargs="+", metavar="RUN.json", help="pytest --benchmark-json files; first = baseline")
     parser.add_argument("--markdown", action="store_true", help="print a GitHub-flavoured Markdown table")
@@ -386,7 +400,8 @@ def _parser() -> argparse.ArgumentParser:
         "--counted-tolerance", type=float, default=0.05, help="counted: allowed absolute increase (default 0.05)"
     )
     parser.add_argument(
-        "--allow-device-mismatch", action="store_true", help="compare runs from different devices anyway"
+        "--allow-mismatch", "--allow-device-mismatch", dest="allow_mismatch", action="store_true",
+        help="compare runs whose identity differs (device, model, dtype, threads) anyway",
     )
     return parser
 
@@ -396,8 +411,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
         return exc.code if isinstance(exc.code, int) else 2
-    if args.tolerance < 0 or args.counted_tolerance < 0:
-        print("kvcache compare: tolerances must not be negative", file=sys.stderr)
+    try:
+        gate.Rules(tolerance=args.tolerance, counted_tolerance=args.counted_tolerance)
+    except ValueError as exc:
+        print(f"kvcache compare: --{str(exc).replace('_', '-')}", file=sys.stderr)
         return 2
     runs = []
     for path in args.runs:
@@ -406,14 +423,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except RecordError as exc:
             print(f"kvcache compare: {exc}", file=sys.stderr)
             return 2
-    devices = list(dict.fromkeys(run.device for run in runs))
-    if len(devices) > 1 and not args.allow_device_mismatch:
-        where = "; ".join(f"{run.path}: {run.device}" for run in runs)
-        print(
-            f"kvcache compare: refusing to compare runs from different devices ({where}); "
-            "pass --allow-device-mismatch to compare anyway",
-            file=sys.stderr,
-        )
+    problem = mismatch(runs)
+    if problem and not args.allow_mismatch:
+        print(f"kvcache compare: refusing to compare runs that differ in {problem}; pass --allow-mismatch to "
+              "compare anyway", file=sys.stderr)
         return 2
     comparison = compare(runs, args.tolerance, args.counted_tolerance)
     print(render_markdown(comparison) if args.markdown else render_text(comparison), flush=True)
@@ -421,3 +434,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         for regression in comparison.regressions:
             print(regression.line(), file=sys.stderr)
     return 1 if comparison.regressions else 0
+
+
+def mismatch(runs: Sequence[Run]) -> str | None:
+    """The identity fields (of the measures the runs carry) on which they differ, named with each run's
+    value; None when they are comparable."""
+    measures = [m for m, key in (("counted", "traffic"), ("timed", "fit")) if any(r.kv.get(key) for r in runs)]
+    differing = identity.mismatches([identity.of_run(r.kv) for r in runs], measures or ["counted"])
+    if not differing:
+        return None
+    return "; ".join(f"{name} ({', '.join(f'{Path(r.path).name}: {v}' for r, v in zip(runs, values))})"
+                     for name, values in differing.items())

@@ -5,6 +5,9 @@ Order of a session: counted traffic of every class (deterministic), then the cop
 ``--kv-rounds`` rounds of timed points (interleaved across classes and contexts, the copy bandwidth
 measured again at each round's start), the copy bandwidth at the end, and last the first timed point
 measured again for the drift check.
+
+Each item's measurements travel as records in its report (``user_properties``), so the session-end
+analysis sees every item, from xdist workers too, whatever pytest-benchmark keeps or saves.
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ from typing import Any
 import pytest
 
 from kvcache import analysis, gate, summary
+from kvcache import baseline as baselines
 from kvcache.settings import FILLS, ORDERS, Settings, SettingsError, check_choice, number, parse_ints
 
 STATE = pytest.StashKey["KVState"]()
+RECORD = "kv_record"  # the user_properties name of a measurement record
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -40,7 +45,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add("--kv-order", default="interleaved", help="interleaved (default: seeded order per round) or ascending")
     add("--kv-seed", default=0, help="seed for weights, fills and the interleaved order")
     add("--kv-copy-mib", default=1024, help="size of the copy-bandwidth tensor in MiB (default 1024)")
-    add("--kv-max-drift", default=0.10, help="largest allowed change of the re-measured first point")
+    add("--kv-max-drift", default=0.10, help="largest change of the re-measured first point before timed verdicts "
+                                              "are inconclusive (the build fails on it only with --kv-strict)")
     add("--kv-baseline", default="kv-baseline.json", help="baseline file of passes per device (default "
                                                            "kv-baseline.json in the root directory)")
     add("--kv-update-baseline", action="store_true", help="write this run's passes into the baseline file")
@@ -48,7 +54,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add("--kv-counted-tolerance", default=0.05, help="allowed rise of counted passes (default 0.05)")
     add("--kv-max-passes", default="", help="absolute bounds, e.g. dynamic=3.5,static=7")
     add("--kv-min-r2", default=0.90, help="fits below this R² are inconclusive (default 0.90)")
-    add("--kv-no-gate", action="store_true", help="report everything, drift included, without failing")
+    add("--kv-no-gate", action="store_true", help="report everything without failing the build")
+    add("--kv-strict", action="store_true", help="inconclusive timed verdicts (drift beyond --kv-max-drift "
+                                                  "included) fail the build too")
     add("--kv-remeasure", default=0, help="after the rounds, measure the N noisiest points once more (default 0)")
     add("--kv-remeasure-seconds", default=120, help="time bound of those re-measurements (default 120 s)")
 
@@ -89,7 +97,7 @@ def settings_from(config: pytest.Config) -> Settings:
         tolerance=number("--kv-tolerance", opt("kv_tolerance"), low=0),
         counted_tolerance=number("--kv-counted-tolerance", opt("kv_counted_tolerance"), low=0),
         max_passes=max_passes, min_r2=number("--kv-min-r2", opt("kv_min_r2"), low=0, high=1),
-        gate=not opt("kv_no_gate"),
+        gate=not opt("kv_no_gate"), strict=bool(opt("kv_strict")),
         remeasure=int(number("--kv-remeasure", opt("kv_remeasure"), low=0, whole=True)),
         remeasure_seconds=number("--kv-remeasure-seconds", opt("kv_remeasure_seconds"), low=0),
     )
@@ -98,10 +106,14 @@ def settings_from(config: pytest.Config) -> Settings:
 class KVState:
     """Per-session state: settings, the measuring session (built on first use), the analysis."""
 
-    def __init__(self, settings: Settings, baseline: dict[str, Any]) -> None:
+    def __init__(self, settings: Settings, baseline: dict[str, Any], worker: bool = False) -> None:
         self.settings = settings
         self.baseline = baseline
+        self.worker = worker  # an xdist worker: measures and reports records, never analyses
         self._session: Any = None
+        self.records: list[dict[str, Any]] = []
+        self.failed: list[str] = []
+        self.exit: dict[str, Any] = {"interrupted": False, "exit": "running"}
         self.kv: dict[str, Any] | None = None
         self.failures: list[str] = []
         self.notes: list[str] = []
@@ -117,11 +129,13 @@ class KVState:
 
     @property
     def used(self) -> bool:
-        return self._session is not None and self._session.used
+        """Whether any item of the suite reported a record (here or on an xdist worker)."""
+        return not self.worker and bool(self.records)
 
-    def analyse(self, benchmarks: list[dict[str, Any]]) -> dict[str, Any]:
+    def analyse(self) -> dict[str, Any]:
         if self.kv is None:
-            self.kv = analysis.analyse(benchmarks, self.session.raw(), self.settings.to_dict(), self.baseline)
+            session = {**self.exit, "failed": sorted(set(self.failed))}
+            self.kv = analysis.analyse(self.records, self.settings.to_dict(), self.baseline, session)
         return self.kv
 
 
@@ -133,10 +147,47 @@ def pytest_configure(config: pytest.Config) -> None:
         settings = settings_from(config)
         resolve(settings.device)
         load_config(settings.model)
-        baseline = gate.load_baseline(settings.baseline)
-    except (SettingsError, DeviceError, ModelError, gate.BaselineError) as exc:
+        baseline = baselines.load(settings.baseline)
+        problem = xdist_problem(config)
+        if problem:
+            raise SettingsError(problem)
+    except (SettingsError, DeviceError, ModelError, baselines.BaselineError) as exc:
         raise pytest.UsageError(str(exc)) from None
-    config.stash[STATE] = KVState(settings, baseline)
+    state = KVState(settings, baseline, worker=hasattr(config, "workerinput"))
+    config.stash[STATE] = state
+    if not state.worker:
+        config.pluginmanager.register(RecordGatherer(state), "kvcache-records")
+
+
+def xdist_problem(config: pytest.Config) -> str | None:
+    """Timed points under pytest-xdist are refused: workers timing on the same cores measure each other.
+    A counted-only run (``-m`` deselecting timed items) works: every worker's records reach one analysis."""
+    if hasattr(config, "workerinput") or config.getoption("dist", "no") == "no" or not config.getoption("tx", None):
+        return None
+    if not _collects_suite(config):
+        return None
+    markexpr = config.getoption("markexpr", "") or ""
+    if markexpr:
+        from _pytest.mark.expression import Expression
+
+        try:
+            if not Expression.compile(markexpr).evaluate(lambda name, **_: name == "timed"):
+                return None
+        except Exception:  # noqa: BLE001 - pytest reports a bad -m itself
+            return None
+    workers = config.getoption("numprocesses", None) or len(config.getoption("tx"))
+    return (f"-n {workers}: timed points cannot run under pytest-xdist (workers timing on the same cores measure "
+            "each other); run them without -n, or select the counted suite alone with -m counted")
+
+
+def _collects_suite(config: pytest.Config) -> bool:
+    """Whether the run's arguments reach the suite's benchmarks (this plugin's items)."""
+    suite = (config.rootpath / "benchmarks").resolve()
+    for arg in config.args or ["."]:
+        path = Path(config.invocation_params.dir, str(arg).split("::")[0]).resolve()
+        if path == suite or suite in path.parents or path in suite.parents:
+            return True
+    return False
 
 
 def _state(config: pytest.Config) -> KVState:
@@ -249,46 +300,90 @@ def kv_drift(kv: Any) -> Any:
     return kv.first_point
 
 
+# --- records: from each item's report to one place ----------------------------------------------------
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
+    """Attach the records the item produced (and a failed point's class) to its report."""
+    outcome = yield
+    report = outcome.get_result()
+    state = item.config.stash.get(STATE, None)
+    if state is None or state._session is None:
+        return
+    for record in state.session.take_records():
+        report.user_properties.append((RECORD, record))
+    role, key = _role(item)
+    if report.failed and role in ("point", "counted", "copy", "remeasure", "drift"):
+        cache = getattr(key, "cache", key if role == "counted" else None)
+        report.user_properties.append((RECORD, {"type": "failed", "role": role, "cache": cache,
+                                                "nodeid": item.nodeid}))
+
+
+class RecordGatherer:
+    """Gathers the records of every report (this process's items, or each xdist worker's on the
+    controller) into the session's state; registered by :func:`pytest_configure`."""
+
+    def __init__(self, state: KVState) -> None:
+        self.state = state
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        for name, value in getattr(report, "user_properties", ()):
+            if name != RECORD:
+                continue
+            if value.get("type") == "failed":
+                if value.get("cache"):
+                    self.state.failed.append(value["cache"])
+            else:
+                self.state.records.append(value)
+
+    @pytest.hookimpl(hookwrapper=True, tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> Any:
+        """Note how the session ended before anything is analysed or saved: pytest-benchmark writes its JSON,
+        with the ``kv`` section, in its own (inner) wrapper of this hook."""
+        code = int(exitstatus)
+        name = pytest.ExitCode(code).name.lower() if code in {int(c) for c in pytest.ExitCode} else str(code)
+        self.state.exit = {"interrupted": code in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR),
+                           "exit": name}
+        yield
+
+
 # --- session end ------------------------------------------------------------------------------------
 
-def _benchmark_dicts(config: pytest.Config) -> list[dict[str, Any]]:
-    bs = getattr(config, "_benchmarksession", None)
-    out = []
-    for bench in getattr(bs, "benchmarks", None) or []:
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Analyse, record the baseline when asked, judge, and set the exit status (before the terminal summary)."""
+    state = session.config.stash.get(STATE, None)
+    if state is None or not state.used:
+        return
+    config = session.config
+    kv = state.analyse()
+    _write_json_if_missing(config, kv)
+    s = state.settings
+    if s.update_baseline:
+        recorded = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         try:
-            out.append(bench.as_dict(include_data=True))
-        except Exception:  # noqa: BLE001 - a benchmark without stats (disabled) is not a timed point
-            continue
-    return out
+            entries, refused = baselines.record(s.baseline, kv, recorded)
+        except (OSError, baselines.BaselineError) as exc:
+            state.notes.append(f"baseline NOT written to {s.baseline}: {baselines.one_line(exc)}")
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        else:
+            state.notes += [f"baseline: {line}" for line in refused]
+            written = ", ".join(f"{key} ({', '.join(by_cache)})" for key, by_cache in entries.items()) or "nothing"
+            state.notes.append(f"baseline written to {s.baseline}: {written}")
+    state.failures = analysis.failures(kv)
+    if state.failures and s.gate and not s.update_baseline:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_benchmark_update_json(config: pytest.Config, benchmarks: Any, output_json: dict[str, Any]) -> None:
     state = _state(config)
     if state.used:
-        output_json["kv"] = state.analyse(output_json.get("benchmarks", []))
+        output_json["kv"] = state.analyse()
 
 
 def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict[str, Any]) -> None:
     state = _state(config)
     if state.used:
         machine_info["kv_environment"] = state.session.environment()
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    config = session.config
-    state = _state(config)
-    if not state.used:
-        return
-    kv = state.analyse(_benchmark_dicts(config))
-    _write_json_if_missing(config, kv)
-    s = state.settings
-    if s.update_baseline:
-        recorded = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        analysis.record_baseline(s.baseline, kv, recorded)
-        state.notes.append(f"baseline written to {s.baseline}")
-    state.failures = analysis.failures(kv)
-    if state.failures and s.gate and not s.update_baseline:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def _write_json_if_missing(config: pytest.Config, kv: dict[str, Any]) -> None:
@@ -312,7 +407,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         tr.write_line(line)
     for note in state.notes:
         tr.write_line(note)
+    for line in analysis.warnings(state.kv):
+        tr.write_line(line, yellow=True, bold=True)
     if state.failures:
-        mode = "" if state.settings.gate and not state.settings.update_baseline else " (not failing: --kv-no-gate)"
+        mode = ("" if state.settings.gate and not state.settings.update_baseline else
+                " (not failing: --kv-no-gate)" if not state.settings.gate else " (not failing: baseline updated)")
         for line in state.failures:
             tr.write_line(line + mode, red=bool(not mode), bold=True)

@@ -9,21 +9,24 @@ extra top-level key, ``kv``, written by this project's plugin. Timed points are 
 decode step. The ``kv`` section (all bandwidths in GB/s = 1e9 bytes/s, counting bytes read plus bytes
 written; all times in ms unless a key says ``_s``/``_ns``)::
 
-    kv.schema            1
-    kv.settings          {model, device, dtype, fill, warmup, steps, rounds, order, contexts, caches,
-                          tolerance, counted_tolerance, max_drift, min_r2, confidence}
-    kv.environment       {device_name, device_type, transformers, torch, python, platform}
+    kv.schema            2 (files of schema 1 still load: :func:`upgrade_kv`)
+    kv.settings          the ``--kv-*`` settings of the run (:class:`kvcache.settings.Settings`)
+    kv.environment       {device_name, device_type, transformers, torch, python, platform, threads}
+    kv.identity          {device_name, device_type, model, dtype, threads}: what makes runs comparable
     kv.model             {name, layers, heads, kv_heads, head_dim, dtype, bytes_per_token, weight_bytes,
                           max_position_embeddings}
     kv.copy_gbps         median copy bandwidth of the session (read + write of a 1 GiB copy)
-    kv.copy              {start_gbps, end_gbps, measurements: [{label, gbps, samples_gbps}]}
+    kv.copy              {start_gbps, end_gbps, measurements: [{label, gbps, nbytes, samples_gbps}]}
     kv.fit.<cache>       {intercept_ms, effective_gbps, passes, r2, n_points, passes_ci, intercept_ci,
-                          confidence, weight_read_ms, crossover_tokens, contexts}
+                          confidence, weight_read_ms, crossover_tokens, contexts} or {error, n_points}
     kv.drift             {cache, context, first_ms, last_ms, fraction, max_fraction, ok} or {reason}
     kv.traffic.<cache>   {passes, by_op: {op: passes}, contexts, step_bytes: {context: {read, written}},
-                          bytes_per_token}
+                          bytes_per_token, calls}
     kv.probe.<cache>     {query, key, value, mask, attention, expansions, enable_gqa, calls}
-    kv.verdict.<cache>   {status, reason, timed: {...}, counted: {...}}
+    kv.verdict.<cache>.<measure>   {status, value, allowed, reason, interval?, grew?}; measures: counted, timed
+    kv.points            [{cache, context, round, median_ms, samples_ms, kv_bytes, counted_bytes,
+                           achieved_gbps, achieved_fraction, beyond_trained_context, name}]
+    kv.session           {interrupted, exit, failed: [cache]}: whether the session ran to its end
     kv.skipped           [{cache, context, reason}]   (context is null for a whole class)
 """
 
@@ -35,7 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SCHEMA = 1
+SCHEMA = 2
+READABLE_SCHEMAS = (1, 2)
 
 
 class RecordError(ValueError):
@@ -142,6 +146,33 @@ def points_from_benchmarks(benchmarks: list[dict[str, Any]]) -> list[Point]:
     return points
 
 
+def points_from_section(entry: dict[str, Any]) -> Point:
+    """A Point from one entry of ``kv.points`` (schema 2: every step's time is kept there)."""
+    return Point(cache=str(entry["cache"]), context=int(entry["context"]), round=int(entry.get("round", 0)),
+                 kv_bytes=float(entry["kv_bytes"]), samples_s=tuple(float(x) / 1e3 for x in entry["samples_ms"]),
+                 beyond_trained_context=bool(entry.get("beyond_trained_context", False)),
+                 counted_bytes=entry.get("counted_bytes"), name=str(entry.get("name", "")))
+
+
+def upgrade_kv(kv: dict[str, Any]) -> dict[str, Any]:
+    """A ``kv`` section of schema 1 in the shape of schema 2: verdicts per measure (``value`` for
+    ``measured``), the run's identity, and an unknown session state (schema 1 did not record it)."""
+    if kv.get("schema") == SCHEMA:
+        return kv
+    verdicts = {}
+    for cache, combined in (kv.get("verdict") or {}).items():
+        verdicts[cache] = {}
+        for measure in ("counted", "timed"):
+            old = (combined or {}).get(measure) or {}
+            verdicts[cache][measure] = {"status": old.get("status", "not-measured"), "value": old.get("measured"),
+                                        "allowed": old.get("allowed"), "reason": old.get("reason", ""),
+                                        **({"interval": old["interval"]} if old.get("interval") else {})}
+    from kvcache import identity
+
+    return {**kv, "schema": SCHEMA, "verdict": verdicts, "identity": kv.get("identity", identity.of_run(kv)),
+            "session": kv.get("session", {"interrupted": None, "exit": "unknown (schema 1)", "failed": []})}
+
+
 def load_run(path: str | Path) -> Run:
     """Read a ``--benchmark-json`` file; raise RecordError with a one-line message naming the file."""
     p = Path(path)
@@ -158,10 +189,15 @@ def load_run(path: str | Path) -> Run:
     kv = doc.get("kv")
     if not isinstance(kv, dict):
         raise RecordError(f"{p}: no 'kv' section; was it written by `pytest benchmarks --benchmark-json`?")
-    if kv.get("schema") != SCHEMA:
-        raise RecordError(f"{p}: kv schema {kv.get('schema')!r} is not the supported {SCHEMA}")
+    if kv.get("schema") not in READABLE_SCHEMAS:
+        raise RecordError(f"{p}: kv schema {kv.get('schema')!r} is not one of the supported "
+                          f"{', '.join(map(str, READABLE_SCHEMAS))}")
+    kv = upgrade_kv(kv)
     try:
-        points = points_from_benchmarks(doc["benchmarks"])
+        if any("samples_ms" in p for p in kv.get("points") or []):
+            points = [points_from_section(point) for point in kv["points"]]
+        else:
+            points = points_from_benchmarks(doc["benchmarks"])
     except (KeyError, TypeError, ValueError) as exc:
         raise RecordError(f"{p}: malformed benchmark entry ({exc})") from None
     return Run(

@@ -311,7 +311,8 @@ def _fit_section(doc: Doc, run: Run, caches: list[str], groups: dict[str, list[P
         counted_passes = _num(counted.get("passes"))
         ratio = timed / counted_passes if counted_passes and timed is not None else None
         if verdict:
-            verdict_text = f"{verdict.get('status', '?')}: {verdict.get('reason', '')}".rstrip(": ")
+            verdict_text = "; ".join(f"{m} {v.get('status', '?')}: {v.get('reason', '')}".rstrip(": ")
+                                     for m, v in verdict.items() if isinstance(v, dict))
         else:
             verdict_text = "no verdict"
         if not fit:

@@ -1,9 +1,11 @@
-"""The measuring side of one pytest session: the device, the model (built once), and the raw records
-the benchmarks produce (copy bandwidth, timed-point bookkeeping, counted traffic, probes, skips)."""
+"""The measuring side of one pytest session (or one xdist worker): the device, the model (built once), and
+the records its items produce: plain dicts (``copy``, ``point``, ``traffic``, ``skip``, ``context``) that
+the plugin attaches to each item's report and :mod:`kvcache.analysis` turns into the ``kv`` section."""
 
 from __future__ import annotations
 
 import gc
+import json
 import platform
 import time
 from dataclasses import dataclass, field
@@ -22,6 +24,12 @@ from kvcache.records import median
 from kvcache.settings import Settings
 
 COUNT_WARMUP = 2  # decode steps before a counted one: enough for lazy initialisation; bytes do not change after
+
+
+def plain(record: dict[str, Any]) -> dict[str, Any]:
+    """A record as plain JSON data (str for torch's version objects, lists for tuples), as it must travel
+    between xdist processes and land in the JSON."""
+    return json.loads(json.dumps(record, default=str))
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,8 @@ class KVSession:
     traffic: dict[str, dict[str, Any]] = field(default_factory=dict)
     probes: dict[str, dict[str, Any]] = field(default_factory=dict)
     skipped: list[dict[str, Any]] = field(default_factory=list)
+    pending: list[dict[str, Any]] = field(default_factory=list)
+    context_sent: bool = False
     counted_bytes: dict[tuple[str, int], int] = field(default_factory=dict)
     first_point: PointId | None = None
     used: bool = False
@@ -81,18 +91,34 @@ class KVSession:
                 "python": platform.python_version(), "platform": platform.platform(),
                 "threads": torch.get_num_threads()}
 
+    # --- records ---
+    def emit(self, record: dict[str, Any]) -> None:
+        """Queue a record for the current item's report (the plugin drains :attr:`pending`); the first one
+        of a process is preceded by the model and environment."""
+        if not self.context_sent:
+            self.context_sent = True
+            self.pending.append(plain({"type": "context", "model": self.spec().to_dict(),
+                                       "environment": self.environment()}))
+        self.pending.append(plain(record))
+
+    def take_records(self) -> list[dict[str, Any]]:
+        out, self.pending = self.pending, []
+        return out
+
     # --- measurements ---
     def measure_copy(self, label: str) -> dict[str, Any]:
         self.used = True
         result = measure_copy(self.device, nbytes=self.settings.copy_bytes, repeats=self.settings.copy_repeats,
                               label=label).to_dict()
         self.copies.append(result)
+        self.emit({"type": "copy", **result})
         return result
 
     def skip(self, cache: str, context: int | None, reason: str) -> Skip:
         entry = {"cache": cache, "context": context, "reason": reason}
         if entry not in self.skipped:
             self.skipped.append(entry)
+            self.emit({"type": "skip", **entry})
         return Skip(reason)
 
     def open(self, cache: str, context: int, *, warmup: int, steps: int) -> decode.DecodePoint:
@@ -141,13 +167,17 @@ class KVSession:
             benchmark.extra_info.update(self.point_info(point, kind))
             benchmark.pedantic(dp.timed_step, setup=dp.before_step, rounds=s.steps, iterations=1)
             benchmark.extra_info["step_start_ns"] = list(dp.step_start_ns)
-            stats = getattr(benchmark, "stats", None)
-            if kind == "timed" and stats is not None:
-                self.point_medians.setdefault((point.cache, point.context), []).append(
-                    (stats["median"], stats["iqr"]))
-            if kind == "timed" and self.first_point is None:
-                self.first_point = point
+            if len(dp.step_seconds) < s.steps:  # --benchmark-disable: the step ran once, untimed
+                return
+            samples = sorted(dp.step_seconds)
+            if kind == "timed":
+                iqr = samples[3 * len(samples) // 4] - samples[len(samples) // 4]
+                self.point_medians.setdefault((point.cache, point.context), []).append((median(samples), iqr))
+                if self.first_point is None:
+                    self.first_point = point
             self._count_point(dp, point, benchmark)
+            self.emit({"type": "point", **benchmark.extra_info, "samples_s": list(dp.step_seconds),
+                       "name": getattr(benchmark, "name", "")})
         finally:
             dp.release()
             del dp
@@ -183,8 +213,7 @@ class KVSession:
             _, counted = traffic.count(dp.step)
             self.counted_bytes[key] = counted.total
         counted_bytes = self.counted_bytes[key]
-        stats = getattr(benchmark, "stats", None)
-        median_s = stats["median"] if stats is not None else None
+        median_s = median(dp.step_seconds) if dp.step_seconds else None
         achieved = counted_bytes / median_s / 1e9 if median_s else None
         start = self.copies[0]["gbps"] if self.copies else None
         benchmark.extra_info.update({
@@ -204,10 +233,6 @@ class KVSession:
                 self.probes[cache] = probe(dp.step, spec.heads, spec.kv_heads).to_dict()
             dp.release()
         self.traffic[cache] = traffic.counted_passes(counts, spec.bytes_per_token)
+        self.emit({"type": "traffic", "cache": cache, "traffic": self.traffic[cache], "probe": self.probes.get(cache)})
         return self.traffic[cache]
-
-    def raw(self) -> dict[str, Any]:
-        """Everything measured, as plain data for :func:`kvcache.analysis.analyse`."""
-        return {"model": self.spec().to_dict(), "environment": self.environment(), "copy": list(self.copies),
-                "traffic": dict(self.traffic), "probe": dict(self.probes), "skipped": list(self.skipped)}
 

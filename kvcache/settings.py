@@ -42,6 +42,7 @@ class Settings:
     confidence: float = 0.95
     resamples: int = 2000
     gate: bool = True
+    strict: bool = False
     remeasure: int = 0
     remeasure_seconds: float = 120.0
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvcache.gate import status_of
 from kvcache.records import median
 
 
@@ -21,7 +22,7 @@ def table(rows: list[list[str]], header: list[str]) -> list[str]:
 
 def measured_verdicts(kv: dict[str, Any]) -> dict[str, Any]:
     """Verdicts of the classes that were measured at all (skipped classes are listed as skips)."""
-    return {c: v for c, v in kv.get("verdict", {}).items() if v.get("status") != "not-measured"}
+    return {c: v for c, v in kv.get("verdict", {}).items() if status_of(v) != "not-measured"}
 
 
 def fit_rows(kv: dict[str, Any]) -> list[list[str]]:
@@ -75,7 +76,7 @@ def lines(kv: dict[str, Any]) -> list[str]:
                    " counted = bytes read + written per KV byte, logical)")
     drift = kv.get("drift") or {}
     if "fraction" in drift:
-        state = "ok" if drift["ok"] else "TOO LARGE"
+        state = "ok" if drift["ok"] else "TOO LARGE: timed verdicts are inconclusive"
         out.append(f"drift: {drift['cache']} at {drift['context']} tokens {drift['first_ms']:.2f} -> "
                    f"{drift['last_ms']:.2f} ms ({drift['fraction']:+.1%}, allowed ±{drift['max_fraction']:.0%}): "
                    f"{state}")
@@ -97,5 +98,7 @@ def lines(kv: dict[str, Any]) -> list[str]:
         where = f" at {s['context']}" if s.get("context") else ""
         out.append(f"skipped {s['cache']}{where}: {s['reason']}")
     for cache, verdict in measured_verdicts(kv).items():
-        out.append(f"verdict {cache}: {verdict.get('status')}: {verdict.get('reason')}")
+        for measure, v in verdict.items():
+            if v.get("status") != "not-measured":
+                out.append(f"verdict {cache} {measure}: {v.get('status')}: {v.get('reason')}")
     return out

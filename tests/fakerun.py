@@ -86,6 +86,7 @@ def make_run(
             "passes_ci": [passes * 0.95, passes * 1.05],
             "r2": 0.99,
             "n_points": len(contexts) * rounds,
+            "contexts": list(contexts),
         }
         for cache, passes in caches.items()
     }
@@ -103,7 +104,7 @@ def make_run(
     kv = {
         "schema": 1,
         "settings": {"model": "smollm2-135m", "device": device_type, "dtype": "bfloat16", "rounds": rounds,
-                     "steps": steps, "contexts": list(contexts), "caches": list(caches)},
+                     "steps": steps, "contexts": list(contexts), "caches": list(caches), "min_r2": 0.9},
         "environment": {"device_name": device_name, "device_type": device_type, "transformers": transformers,
                         "torch": "2.13.0+cpu", "python": "3.11.7", "platform": "Linux"},
         "model": {"name": "smollm2-135m", "layers": 30, "heads": 9, "kv_heads": 3, "head_dim": 64,
@@ -119,7 +120,10 @@ def make_run(
         "probe": {cache: {"query": [1, 9, 1, 64], "key": [1, 3, 1024, 64], "value": [1, 3, 1024, 64],
                           "mask": None, "attention": "native-gqa", "expansions": 0, "enable_gqa": True, "calls": 30}
                   for cache in caches},
-        "verdict": {cache: {"status": "no-baseline", "reason": "no baseline for this device"} for cache in caches},
+        "verdict": {cache: {"status": "no-baseline", "reason": "no baseline for this device",
+                            "timed": {"status": "no-baseline", "reason": "no baseline for this device"},
+                            "counted": {"status": "no-baseline", "reason": "no baseline for this device"}}
+                    for cache in caches},
         "skipped": [],
     }
     return {"machine_info": {"node": "test", "cpu": {"brand_raw": "test cpu"}}, "commit_info": {},

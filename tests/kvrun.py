@@ -72,10 +72,11 @@ sys.__stdout__.write("\\n" + sys.argv[1] + json.dumps(results))
 """
 
 
-def run_batch(cases: dict[str, list[str]], *, timeout: float = TIMEOUT_S) -> dict[str, subprocess.CompletedProcess]:
+def run_batch(cases: dict[str, list[str]], *, timeout: float = TIMEOUT_S,
+              pythonpath: Iterable[Path | str] = ()) -> dict[str, subprocess.CompletedProcess]:
     """``{case: args}`` -> ``{case: CompletedProcess-like result}``, every case a ``pytest.main`` of its own in
     one subprocess: for cheap runs (start-up errors, ``--co``) whose cost would be the imports."""
-    done = subprocess.run([sys.executable, "-c", BATCH_DRIVER, MARKER], cwd=ROOT, env=environment(),
+    done = subprocess.run([sys.executable, "-c", BATCH_DRIVER, MARKER], cwd=ROOT, env=environment(pythonpath),
                           capture_output=True, text=True, timeout=timeout, input=json.dumps(cases))
     if done.returncode != 0:
         raise RuntimeError(f"batch driver failed (exit {done.returncode}):\n{done.stderr[-4000:]}")

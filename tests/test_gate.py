@@ -1,98 +1,46 @@
-"""kvcache.gate: baselines, limits and verdicts, on fits of synthetic runs with known passes."""
+"""kvcache.gate, the one judge: limits and verdicts (``kv.verdict.<cache>.<measure>``) on fits of synthetic
+runs with known passes, the drift policy, and the failure lines walked from the verdicts."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from fakerun import BYTES_PER_TOKEN, WEIGHT_BYTES, make_run
 
 from kvcache.fit import PassesFit, fit_passes
 from kvcache.gate import (
-    BaselineError,
-    Verdict,
+    Rules,
     allowed_passes,
-    baseline_entry,
-    combine,
     failures,
     judge_counted,
+    judge_run,
     judge_timed,
-    load_baseline,
+    ops_that_grew,
     parse_max_passes,
-    update_baseline,
+    status_of,
 )
 from kvcache.records import points_from_benchmarks
 
-DEVICE = "cpu: test machine"
+KEY = "cpu: test machine | smollm2-135m | bfloat16"
 CONTEXTS = (512, 1024, 2048, 4096, 6144, 8192)
+RULES = Rules(tolerance=0.25, min_r2=0.9)
+DRIFT_OK = {"cache": "dynamic", "context": 512, "fraction": 0.01, "max_fraction": 0.1, "ok": True}
+DRIFT_BAD = {"cache": "dynamic", "context": 512, "fraction": -0.13, "max_fraction": 0.1, "ok": False}
 
 
-def fitted(truth: float, *, noise: float = 0.01) -> PassesFit:
+def fitted(truth: float, *, noise: float = 0.01) -> dict:
     run = make_run({"dynamic": truth}, contexts=CONTEXTS, rounds=3, steps=30, noise=noise)
     points = points_from_benchmarks(run["benchmarks"])
-    return fit_passes(points, [20.0] * 5, bytes_per_token=BYTES_PER_TOKEN, weight_bytes=WEIGHT_BYTES, resamples=500)
+    fit: PassesFit = fit_passes(points, [20.0] * 5, bytes_per_token=BYTES_PER_TOKEN, weight_bytes=WEIGHT_BYTES,
+                                resamples=500)
+    return fit.to_dict()
 
 
-def judge(fit: PassesFit | None, baseline: float | None = 3.0, *, drift_ok: bool | None = True) -> Verdict:
-    allowed = allowed_passes(baseline, 0.25, None, relative=True)
-    return judge_timed(fit, allowed=allowed, min_r2=0.9, drift_ok=drift_ok, device=DEVICE)
-
-
-def entry(timed: float | None, counted: float | None) -> dict:
-    return {"timed_passes": timed, "counted_passes": counted, "recorded": "2026-11-29T00:00:00",
-            "transformers": "5.24.0", "torch": "2.13.0", "model": "smollm2-135m", "dtype": "bfloat16"}
-
-
-# --- baseline file ---
-
-
-def test_missing_baseline_is_empty(tmp_path):
-    baseline = load_baseline(tmp_path / "none.json")
-    assert baseline == {"schema": 1, "devices": {}}
-    assert baseline_entry(baseline, DEVICE, "dynamic") is None
-
-
-def test_baseline_round_trip_merges(tmp_path):
-    path = tmp_path / "sub" / "baseline.json"
-    update_baseline(path, DEVICE, {"dynamic": entry(3.0, 3.0), "static": entry(1.0, 1.0)})
-    update_baseline(path, "cuda: H200", {"dynamic": entry(2.0, 3.0)})
-    update_baseline(path, DEVICE, {"dynamic": {"counted_passes": 2.0}})
-    baseline = load_baseline(path)
-    assert baseline_entry(baseline, DEVICE, "dynamic") == {**entry(3.0, 3.0), "counted_passes": 2.0}
-    assert baseline_entry(baseline, DEVICE, "static") == entry(1.0, 1.0)
-    assert baseline_entry(baseline, "cuda: H200", "dynamic")["timed_passes"] == 2.0
-    text = path.read_text()
-    assert text == json.dumps(baseline, indent=2, sort_keys=True) + "\n"
-    assert [p.name for p in path.parent.iterdir()] == ["baseline.json"]
-
-
-@pytest.mark.parametrize(
-    ("content", "problem"),
-    [
-        ("{not json", "not JSON"),
-        ("[]", "top level is a list"),
-        ('{"schema": 2, "devices": {}}', "schema 2"),
-        ('{"schema": 1}', "'devices'"),
-        ('{"schema": 1, "devices": {"d": {"dynamic": {"timed_passes": "3"}}}}', "timed_passes"),
-    ],
-)
-def test_corrupt_baseline_is_one_line_error_naming_the_file(tmp_path, content, problem):
-    path = tmp_path / "baseline.json"
-    path.write_text(content)
-    with pytest.raises(BaselineError) as info:
-        load_baseline(path)
-    message = str(info.value)
-    assert "\n" not in message
-    assert str(path) in message
-    assert problem in message
-
-
-def test_update_refuses_to_overwrite_a_corrupt_baseline(tmp_path):
-    path = tmp_path / "baseline.json"
-    path.write_text("{not json")
-    with pytest.raises(BaselineError):
-        update_baseline(path, DEVICE, {"dynamic": entry(3.0, 3.0)})
-    assert path.read_text() == "{not json"
+def judge(fit: dict | None, baseline: float | None = 3.0, *, drift: dict | None = DRIFT_OK, rules: Rules = RULES):
+    allowed = allowed_passes(baseline, rules.tolerance, None, relative=True)
+    return judge_timed(fit, allowed=allowed, rules=rules, drift=drift, key=KEY)
 
 
 # --- --kv-max-passes ---
@@ -126,7 +74,14 @@ def test_parse_max_passes_rejects_duplicates():
         parse_max_passes("dynamic=3,dynamic=4")
 
 
-# --- allowed passes ---
+# --- rules ---
+
+
+@pytest.mark.parametrize("field", ["tolerance", "counted_tolerance", "min_r2"])
+@pytest.mark.parametrize("value", [math.nan, math.inf, -0.1])
+def test_tolerances_must_be_finite_and_non_negative(field, value):
+    with pytest.raises(ValueError, match=field):
+        Rules(**{field: value})
 
 
 def test_allowed_passes_takes_the_tighter_limit():
@@ -150,93 +105,128 @@ def test_clean_run_passes():
 def test_planted_regression_is_caught():
     verdict = judge(fitted(5.0))
     assert verdict.status == "regression", verdict.reason
-    assert verdict.measured == pytest.approx(5.0, rel=0.02)
+    assert verdict.value == pytest.approx(5.0, rel=0.02)
     assert "3.75" in verdict.reason
 
 
 def test_poor_fit_is_inconclusive():
     fit = fitted(3.0, noise=3.0)
-    assert fit.r2 < 0.9
+    assert fit["r2"] < 0.9
     verdict = judge(fit)
     assert verdict.status == "inconclusive"
     assert verdict.reason.startswith("poor fit: R² ")
     assert "< 0.90" in verdict.reason
 
 
-def test_drift_is_inconclusive():
-    verdict = judge(fitted(3.0), drift_ok=False)
+def test_drift_is_inconclusive_even_for_a_clear_regression():
+    verdict = judge(fitted(5.0), drift=DRIFT_BAD)
     assert verdict.status == "inconclusive"
-    assert "--kv-max-drift" in verdict.reason
+    assert "--kv-max-drift" in verdict.reason and "-13.0%" in verdict.reason
 
 
 def test_straddling_interval_is_inconclusive():
     fit = fitted(3.0)
-    lo, hi = fit.passes_ci
-    verdict = judge_timed(fit, allowed=(lo + hi) / 2, min_r2=0.9, drift_ok=None, device=DEVICE)
+    lo, hi = fit["passes_ci"]
+    verdict = judge_timed(fit, allowed=(lo + hi) / 2, rules=RULES, drift=None, key=KEY)
     assert verdict.status == "inconclusive"
     assert "straddles" in verdict.reason
+
+
+def test_a_fit_without_a_figure_is_inconclusive_with_its_reason():
+    verdict = judge({"error": "slope is not positive", "n_points": 6})
+    assert verdict.status == "inconclusive"
+    assert "slope is not positive" in verdict.reason
+    assert verdict.value is None
 
 
 def test_no_fit_and_no_baseline():
     assert judge(None).status == "not-measured"
     verdict = judge(fitted(3.0), baseline=None)
     assert verdict.status == "no-baseline"
-    assert DEVICE in verdict.reason
+    assert KEY in verdict.reason
     assert "--kv-update-baseline" in verdict.reason
 
 
 # --- counted verdicts ---
 
 
+def counted(passes, by_op=None):
+    return {"passes": passes, "by_op": by_op or {"cat": passes - 1, "scaled_dot_product_attention": 1.0}}
+
+
 def test_counted_judge_is_exact():
     allowed = allowed_passes(3.0, 0.05, None, relative=False)
-    assert judge_counted(3.04, allowed=allowed, device=DEVICE).status == "pass"
-    assert judge_counted(3.05, allowed=allowed, device=DEVICE).status == "pass"
-    assert judge_counted(3.06, allowed=allowed, device=DEVICE).status == "regression"
-    regression = judge_counted(5.0, allowed=allowed, device=DEVICE)
-    assert regression.status == "regression"
-    assert (regression.measured, regression.allowed) == pytest.approx((5.0, 3.05))
-    assert judge_counted(None, allowed=allowed, device=DEVICE).status == "not-measured"
-    assert judge_counted(3.0, allowed=None, device=DEVICE).status == "no-baseline"
+
+    def status(passes):
+        return judge_counted(counted(passes), allowed=allowed, base_by_op=None, key=KEY).status
+
+    assert [status(p) for p in (3.04, 3.05, 3.06)] == ["pass", "pass", "regression"]
+    regression = judge_counted(counted(5.0), allowed=allowed, base_by_op=None, key=KEY)
+    assert (regression.value, regression.allowed) == pytest.approx((5.0, 3.05))
+    assert judge_counted(None, allowed=allowed, base_by_op=None, key=KEY).status == "not-measured"
+    assert judge_counted(counted(3.0), allowed=None, base_by_op=None, key=KEY).status == "no-baseline"
 
 
-# --- combining and failures ---
+def test_a_counted_regression_names_the_ops_that_grew():
+    base = {"cat": 2.0, "scaled_dot_product_attention": 1.0}
+    now = {"cat": 2.0, "clone": 2.0, "scaled_dot_product_attention": 1.0}
+    verdict = judge_counted({"passes": 5.0, "by_op": now}, allowed=3.05, base_by_op=base, key=KEY)
+    assert verdict.status == "regression"
+    assert verdict.grew == {"clone": 2.0}
+    assert "grew: clone +2.00" in verdict.reason
+    assert ops_that_grew({"cat": 4.0, "add": 0.001}, {"cat": 2.0}) == {"cat": 2.0}
 
 
-@pytest.mark.parametrize(
-    ("timed", "counted", "status"),
-    [
-        ("regression", "pass", "regression"),
-        ("pass", "regression", "regression"),
-        ("inconclusive", "pass", "inconclusive"),
-        ("no-baseline", "pass", "pass"),
-        ("not-measured", "pass", "pass"),
-        ("no-baseline", "not-measured", "no-baseline"),
-        ("not-measured", "not-measured", "not-measured"),
-    ],
-)
-def test_combine_priority(timed, counted, status):
-    combined = combine(Verdict(timed, f"timed is {timed}"), Verdict(counted, f"counted is {counted}"))
-    assert combined["status"] == status
-    assert combined["timed"]["status"] == timed
-    assert combined["counted"]["status"] == counted
-    assert f"timed is {timed}" in combined["reason"]
-    assert f"counted is {counted}" in combined["reason"]
-    json.dumps(combined)
+# --- one run, the verdict tree and the failure lines ---
 
 
-def test_failures_name_cache_measure_and_values():
-    timed = judge(fitted(5.0))
-    counted = judge_counted(5.0, allowed=3.05, device=DEVICE)
-    verdicts = {
-        "dynamic": combine(timed, counted),
-        "static": combine(judge_counted(1.0, allowed=1.05, device=DEVICE), Verdict("not-measured", "")),
-    }
-    messages = failures(verdicts)
-    assert len(messages) == 2
-    timed_message, counted_message = messages
-    assert "dynamic" in timed_message and "timed" in timed_message and "3.75" in timed_message
-    assert f"{timed.measured:.3g}" in timed_message
-    assert "dynamic" in counted_message and "counted" in counted_message
-    assert "5" in counted_message and "3.05" in counted_message
-    assert all("\n" not in m for m in messages)
+def run_kv(*, drift=DRIFT_OK, strict=False, timed=5.0, counted_passes=5.0) -> dict:
+    return {"settings": {"caches": ["dynamic", "static"], "strict": strict}, "drift": drift,
+            "fit": {"dynamic": fitted(timed)},
+            "traffic": {"dynamic": counted(counted_passes), "static": counted(1.0, {"sdpa": 1.0})}}
+
+
+DYNAMIC_OPS = {"cat": 2.0, "scaled_dot_product_attention": 1.0}
+BASE = {"timed": {"dynamic": {"timed_passes": 3.0}},
+        "counted": {"dynamic": {"counted_passes": 3.0, "counted_by_op": DYNAMIC_OPS},
+                    "static": {"counted_passes": 1.0}}}
+KEYS = {"timed": KEY, "counted": "cpu | smollm2-135m | bfloat16"}
+
+
+def test_verdicts_are_kept_per_cache_and_measure():
+    verdicts = judge_run(run_kv(), BASE, RULES, KEYS)
+    assert set(verdicts) == {"dynamic", "static"}
+    assert set(verdicts["dynamic"]) == {"counted", "timed"}
+    for v in (verdicts["dynamic"]["counted"], verdicts["dynamic"]["timed"]):
+        assert {"status", "value", "allowed", "reason"} <= set(v)
+    assert verdicts["static"]["timed"]["status"] == "not-measured"
+    assert status_of(verdicts["dynamic"]) == "regression"
+    json.dumps(verdicts)
+
+
+def test_failures_walk_the_verdicts():
+    kv = run_kv()
+    verdicts = judge_run(kv, BASE, RULES, KEYS)
+    lines = failures(verdicts, drift=kv["drift"])
+    assert len(lines) == 2
+    assert all("\n" not in line for line in lines)
+    counted_line = next(line for line in lines if " counted:" in line)
+    assert "dynamic" in counted_line and "5" in counted_line and "3.05" in counted_line and "cat +2.00" in counted_line
+    timed_line = next(line for line in lines if " timed:" in line)
+    assert "3.75" in timed_line
+
+
+def test_drift_alone_never_fails_the_build_unless_strict():
+    kv = run_kv(drift=DRIFT_BAD, timed=3.0, counted_passes=3.0)
+    verdicts = judge_run(kv, BASE, RULES, KEYS)
+    assert verdicts["dynamic"]["timed"]["status"] == "inconclusive"
+    assert failures(verdicts, drift=kv["drift"]) == []
+    strict = failures(verdicts, drift=kv["drift"], strict=True)
+    assert strict and all("drift" in line for line in strict)
+
+
+def test_drift_without_a_baseline_does_not_fail_the_build():
+    kv = run_kv(drift=DRIFT_BAD, timed=3.0, counted_passes=3.0)
+    verdicts = judge_run(kv, {"timed": {}, "counted": {}}, RULES, KEYS)
+    assert {v["status"] for v in verdicts["dynamic"].values()} == {"no-baseline"}
+    assert failures(verdicts, drift=kv["drift"]) == []

@@ -53,7 +53,7 @@ def test_one_run_all_outputs(tmp_path):
     assert "| static | 30.00 | 20.00 | 1.00 [0.95, 1.05]" in md
     for text in ("transformers 5.24.0", "torch 2.13.0+cpu", "smollm2-135m", "bfloat16", "CPU test cpu",
                  "start 20.00 GB/s, end 20.00 GB/s", "Drift: dynamic at 512 tokens", "native-gqa", "1×3×1024×64",
-                 "no-baseline: no baseline for this device", "aten.cat 2.00"):
+                 "counted no-baseline: no baseline for this device", "aten.cat 2.00"):
         assert text in md, text
     assert "no counted traffic" not in md and "no fit" not in md
     page = (out / "report.html").read_text()

@@ -206,10 +206,10 @@ def test_planted_copy_shows_up_as_two_passes_and_fails_the_counted_gate(passes):
     assert planted["by_op"]["clone"] == pytest.approx(2.0, abs=0.01)
     assert "clone" not in clean["by_op"]
     allowed = clean["passes"] + 0.05
-    verdict = gate.judge_counted(planted["passes"], allowed=allowed, device="cpu")
+    verdict = gate.judge_counted(planted, allowed=allowed, base_by_op=clean["by_op"], key="cpu")
     assert verdict.status == "regression", verdict.reason
-    assert "above the allowed" in verdict.reason
-    assert gate.judge_counted(clean["passes"], allowed=allowed, device="cpu").status == "pass"
+    assert "above the allowed" in verdict.reason and verdict.grew == {"clone": pytest.approx(2.0, abs=0.01)}
+    assert gate.judge_counted(clean, allowed=allowed, base_by_op=clean["by_op"], key="cpu").status == "pass"
 
 
 def test_counting_is_deterministic(tiny_session, passes):

@@ -1,0 +1,72 @@
+"""Run identity: what makes two runs (or a run and a baseline) comparable. Analysing wing: stdlib only.
+
+One definition, used by the baseline keys and by ``kvcache compare``'s mismatch check. Each measure
+keys on the fields that change it:
+
+- counted passes are bytes of tensor operations: they depend on the model, the dtype and the kind of
+  device (``cpu``, ``cuda``: kernels differ in what they are asked to move), not on which CPU or GPU
+  model of that kind ran them, nor on the thread count;
+- timed passes depend on the machine: the device's name (on a CPU it names the processor and the
+  thread count, ``cpu: Intel Xeon (2 threads)``), the model and the dtype.
+
+Fields that later measures add (compile mode, driver, batch, ...) go in :data:`EXTRA_FIELDS` with
+their default: a run at the default keeps its key, so baselines recorded before the field existed
+stay valid.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: Every field of a run's identity, in display order.
+FIELDS = ("device_name", "device_type", "model", "dtype", "threads")
+#: Fields added to the identity after schema 1, with the value a run that predates them had.
+EXTRA_FIELDS: dict[str, Any] = {}
+#: The fields each measure's baseline key and comparability depend on.
+MEASURE_FIELDS = {
+    "counted": ("device_type", "model", "dtype"),
+    "timed": ("device_name", "model", "dtype"),  # a CPU's device name carries its thread count
+}
+
+
+def of_run(kv: dict[str, Any]) -> dict[str, Any]:
+    """The identity of a run from its ``kv`` section (environment and settings)."""
+    env, settings = kv.get("environment") or {}, kv.get("settings") or {}
+    ident = {
+        "device_name": env.get("device_name"), "device_type": env.get("device_type"),
+        "model": settings.get("model"), "dtype": settings.get("dtype"), "threads": env.get("threads"),
+    }
+    for name, default in EXTRA_FIELDS.items():
+        ident[name] = settings.get(name, default)
+    return ident
+
+
+def key(ident: dict[str, Any], measure: str) -> str:
+    """The baseline key of ``measure`` for a run of this identity: ``"cpu | tiny | bfloat16"`` (counted),
+    ``"cpu: AMD EPYC (2 threads) | tiny | bfloat16"`` (timed). Extra fields appear only when not default."""
+    parts = [str(ident.get(name)) for name in MEASURE_FIELDS[measure]]
+    parts += [f"{name}={ident.get(name)}" for name, default in EXTRA_FIELDS.items()
+              if ident.get(name, default) != default]
+    return " | ".join(parts)
+
+
+def mismatches(idents: list[dict[str, Any]], measures: list[str] | tuple[str, ...]) -> dict[str, list[Any]]:
+    """Fields (of the given measures, extra fields included) on which the runs differ: {field: [value per run]}."""
+    fields = dict.fromkeys(f for m in measures for f in MEASURE_FIELDS[m])
+    fields.update(dict.fromkeys(EXTRA_FIELDS))
+    if "timed" in measures:
+        fields["threads"] = None
+    out = {}
+    for name in fields:
+        values = [i.get(name) for i in idents]
+        if len(set(map(str, values))) > 1:
+            out[name] = values
+    return out
+
+
+def describe(ident: dict[str, Any]) -> str:
+    """``"tiny, bfloat16 on cpu: AMD EPYC (2 threads)"``: what a column header or a message names."""
+    extra = "".join(f", {name} {ident.get(name)}" for name, default in EXTRA_FIELDS.items()
+                    if ident.get(name, default) != default)
+    device = ident.get("device_name") or ident.get("device_type")
+    return f"{ident.get('model')}, {ident.get('dtype')}{extra} on {device}"
