@@ -137,3 +137,18 @@ def without(run: dict[str, Any], *keys: str) -> dict[str, Any]:
     for key in keys:
         out["kv"].pop(key, None)
     return out
+
+
+def analysed(run: dict[str, Any], *, resamples: int = 200) -> dict[str, Any]:
+    """``run`` with its ``kv`` section computed afresh from its benchmarks by the session-end analysis (as the
+    plugin would write it): fits, verdicts and points from the data, not the made-up ``kv.fit``."""
+    from kvcache.analysis import analyse
+    from kvcache.settings import Settings
+
+    kv = run["kv"]
+    raw = {"model": kv["model"], "environment": kv["environment"], "copy": kv["copy"]["measurements"],
+           "traffic": kv["traffic"], "probe": kv["probe"], "skipped": kv["skipped"]}
+    settings = Settings(caches=tuple(kv["settings"]["caches"]), resamples=resamples).to_dict()
+    out = copy.deepcopy(run)
+    out["kv"] = analyse(run["benchmarks"], raw, settings, {})
+    return out
