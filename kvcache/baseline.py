@@ -31,12 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from kvcache import identity
+from kvcache.fit import record_problem
 from kvcache.records import jsonable
 
 SCHEMA = 2
 READABLE_SCHEMAS = (1, 2)
 PASSES_KEYS = ("timed_passes", "counted_passes")
-MIN_CONTEXTS = 3  # distinct contexts a recordable timed fit has
 
 
 class BaselineError(ValueError):
@@ -135,12 +135,11 @@ def timed_problem(kv: dict[str, Any], cache: str) -> str | None:
         return f"the session did not finish ({session.get('exit')})"
     if cache in (session.get("failed") or []):
         return "a timed point of this class failed"
-    if fit.get("error"):
-        return f"no passes figure ({fit['error']})"
     if not isinstance(passes, (int, float)) or not math.isfinite(passes) or passes <= 0:
-        return f"timed passes {passes!r} is not a positive number"
-    if len(set(fit.get("contexts") or [])) < MIN_CONTEXTS:
-        return f"fit from {len(set(fit.get('contexts') or []))} distinct contexts (at least {MIN_CONTEXTS} needed)"
+        return f"no passes figure ({record_problem(fit) or f'timed passes {passes!r} is not a positive number'})"
+    problem = record_problem({"contexts": [], **fit})  # a fit that does not name its contexts has none
+    if problem:
+        return f"no passes figure ({problem})"
     if r2 is None or r2 < min_r2:
         return f"poor fit: R² {r2 if r2 is None else round(r2, 3)} < {min_r2}"
     if "ok" not in drift:

@@ -20,6 +20,9 @@ from .records import Point, jsonable
 
 GB = 1e9
 MS_PER_S = 1e3
+# Two points always lie on a line (R² 1.000 whatever they are): a third context is what lets the fit be judged.
+MIN_CONTEXTS = 3
+NO_FIGURE = "no passes figure"
 
 
 class FitError(ValueError):
@@ -63,12 +66,14 @@ class PassesFit:
     """The latency-vs-KV-bytes line of one cache class, read as passes of the KV cache per decode step.
 
     ``intercept_ms``: step time with an empty cache (ms). ``slope_ms_per_gb``: extra ms per GB of logical
-    KV cache. ``effective_gbps``: 1 / slope in GB/s (None when slope <= 0). ``passes``: slope (s/byte) ×
-    copy bandwidth (bytes/s); defined for any slope. ``*_ci``: bootstrap percentile intervals at
-    ``confidence`` over ``resamples`` resamples (``effective_gbps_ci`` bounds are None where the slope
-    bound is <= 0). ``weight_read_ms``: time to move the weights once at the copy bandwidth.
+    KV cache. ``effective_gbps``: 1 / slope in GB/s. ``passes``: slope (s/byte) × copy bandwidth
+    (bytes/s). :func:`fit_passes` only makes a fit whose slope, and so whose passes, effective bandwidth
+    and crossover, are positive and finite. ``*_ci``: bootstrap percentile intervals at ``confidence``
+    over ``resamples`` resamples; a resampled line may still fall, so the passes interval's lower bound
+    can be <= 0 (the data cannot rule out no growth) and ``effective_gbps_ci`` bounds are None where
+    the slope bound is <= 0. ``weight_read_ms``: time to move the weights once at the copy bandwidth.
     ``crossover_tokens``: context (tokens) at which per-step cache traffic (passes × bytes_per_token ×
-    context) equals ``weight_bytes``; None when passes <= 0.
+    context) equals ``weight_bytes``.
     """
 
     cache: str
@@ -117,6 +122,9 @@ def fit_passes(
     ``kv_bytes``; the copy bandwidth is the median of ``copy_samples_gbps``. The intervals come from a
     seeded hierarchical bootstrap (rounds within each context, then steps within each round, plus the
     copy samples), see :func:`bootstrap_lines`.
+
+    No passes figure (FitError, one line saying why) from fewer than ``MIN_CONTEXTS`` distinct contexts,
+    from step times that are not finite, or from a slope that is not positive and finite.
     """
     if not 0 < confidence < 1:
         raise FitError(f"confidence must be between 0 and 1, got {confidence}")
@@ -126,15 +134,19 @@ def fit_passes(
     if len(caches) > 1:
         raise FitError(f"points of one cache class expected, got {', '.join(caches)}")
     contexts = sorted({p.context for p in points})
-    if len(contexts) < 2:
-        raise FitError(f"needs at least two distinct contexts, got {len(contexts)}")
+    if len(contexts) < MIN_CONTEXTS:
+        raise FitError(too_few_contexts(len(contexts)))
     copy_samples = np.asarray(copy_samples_gbps, dtype=np.float64) * GB
     if copy_samples.size == 0 or not np.all(np.isfinite(copy_samples)) or np.median(copy_samples) <= 0:
         raise FitError("needs positive, finite copy bandwidth samples")
+    check_finite(points)
 
     line = least_squares([p.kv_bytes for p in points], [p.median_s for p in points])
     copy_bps = float(np.median(copy_samples))
+    check_slope(line.slope)
     passes = line.slope * copy_bps
+    if not (math.isfinite(passes) and passes > 0):  # a positive slope too small or large for floats
+        raise FitError(f"passes {passes} is not positive and finite; {NO_FIGURE}")
 
     rng = np.random.default_rng(seed)
     slopes, intercepts = bootstrap_lines(points, resamples, rng)
@@ -159,8 +171,52 @@ def fit_passes(
         confidence=confidence,
         resamples=resamples,
         weight_read_ms=weight_bytes / copy_bps * MS_PER_S,
-        crossover_tokens=weight_bytes / (passes * bytes_per_token) if passes > 0 else None,
+        crossover_tokens=weight_bytes / (passes * bytes_per_token),
     )
+
+
+def too_few_contexts(count: int) -> str:
+    """Why ``count`` distinct contexts (fewer than MIN_CONTEXTS) give no passes figure."""
+    return f"needs at least {MIN_CONTEXTS} distinct contexts for a line that can be judged, got {count}"
+
+
+def check_finite(points: Sequence[Point]) -> None:
+    """FitError naming the contexts whose step times or KV bytes are NaN or infinite."""
+    bad = sorted({p.context for p in points
+                  if not (math.isfinite(p.kv_bytes) and all(math.isfinite(s) for s in p.samples_s))})
+    if bad:
+        where = ", ".join(str(c) for c in bad)
+        raise FitError(f"step times are not finite (NaN or inf) at context {where}; {NO_FIGURE}")
+
+
+def check_slope(slope_s_per_byte: float) -> None:
+    """FitError unless the slope (s/byte) is positive and finite: latency must grow with context."""
+    if not math.isfinite(slope_s_per_byte):
+        raise FitError(f"slope is not finite ({slope_s_per_byte}); {NO_FIGURE}")
+    if slope_s_per_byte <= 0:
+        as_bandwidth = f"{1 / slope_s_per_byte / GB:.2f} GB/s" if slope_s_per_byte else "0 ms per GB"
+        raise FitError(f"slope is not positive ({as_bandwidth}): latency did not grow with context; {NO_FIGURE}")
+
+
+def record_problem(fit: dict[str, Any]) -> str | None:
+    """Why a ``kv.fit.<cache>`` record gives no passes figure, or None when it gives one.
+
+    Its ``error`` where the analysis recorded one; for runs written before fits were checked, the same
+    rules applied to what the record holds (passes not positive and finite, fewer than MIN_CONTEXTS
+    distinct contexts)."""
+    if fit.get("error"):
+        return str(fit["error"])
+    passes = fit.get("passes")
+    if passes is None:  # a record with only the bandwidth: passes = copy bandwidth / effective bandwidth
+        passes = fit.get("effective_gbps")
+    if isinstance(passes, bool) or not isinstance(passes, (int, float)) or not math.isfinite(passes):
+        return f"passes are not a finite number; {NO_FIGURE}"
+    if passes <= 0:
+        return f"slope is not positive: latency did not grow with context; {NO_FIGURE}"
+    contexts = fit.get("contexts")
+    if isinstance(contexts, list) and len(set(contexts)) < MIN_CONTEXTS:
+        return too_few_contexts(len(set(contexts)))
+    return None
 
 
 def gbps_from_slope(slope_s_per_byte: float) -> float | None:

@@ -18,7 +18,8 @@ written; all times in ms unless a key says ``_s``/``_ns``)::
     kv.copy_gbps         median copy bandwidth of the session (read + write of a 1 GiB copy)
     kv.copy              {start_gbps, end_gbps, measurements: [{label, gbps, nbytes, samples_gbps}]}
     kv.fit.<cache>       {intercept_ms, effective_gbps, passes, r2, n_points, passes_ci, intercept_ci,
-                          confidence, weight_read_ms, crossover_tokens, contexts} or {error, n_points}
+                          confidence, weight_read_ms, crossover_tokens, contexts}, or {error, n_points}
+                          when the points give no passes figure (error: why, one line)
     kv.drift             {cache, context, first_ms, last_ms, fraction, max_fraction, ok} or {reason}
     kv.traffic.<cache>   {passes, by_op: {op: passes}, contexts, step_bytes: {context: {read, written}},
                           bytes_per_token, calls}

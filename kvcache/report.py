@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from kvcache import fit as fitting
 from kvcache.records import Point, RecordError, Run, jsonable, load_run, median
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
@@ -141,20 +142,46 @@ def missing_points(run: Run) -> list[tuple[str, int, str]]:
     return out
 
 
+def fit_problem(run: Run, cache: str, points: list[Point]) -> str | None:
+    """Why a class has no passes figure and no fitted line, or None: the reason kv.fit records (runs written
+    before fits were checked are held to the same rules, :func:`kvcache.fit.record_problem`); with no kv.fit
+    for the class, why its points give no line (fewer than MIN_CONTEXTS contexts, a slope not positive)."""
+    fit = _dict(_dict(run.kv.get("fit")).get(cache))
+    if fit:
+        return fitting.record_problem(fit)
+    contexts = {p.context for p in points}
+    if len(contexts) < fitting.MIN_CONTEXTS:
+        return fitting.too_few_contexts(len(contexts))
+    try:
+        fitting.check_finite(points)
+        medians = [point_stats(p)["median_ms"] / fitting.MS_PER_S for p in points]
+        fitting.check_slope(fitting.least_squares([p.kv_bytes for p in points], medians).slope)
+    except fitting.FitError as exc:
+        return str(exc)
+    return None
+
+
 def fit_line(run: Run, cache: str, points: list[Point]) -> dict[str, Any] | None:
     """Intercept (ms) and slope (ms per KV byte) of a class's line: from kv.fit, else refit from its points.
 
-    Slope = 1 / (effective_gbps * 1e6) ms per byte. Returns None when neither is possible.
+    Slope = 1 / (effective_gbps * 1e6) ms per byte. Returns None when neither is possible or the fit gives no
+    passes figure (:func:`fit_problem`): no line is drawn from a fit that cannot be judged.
     """
+    if fit_problem(run, cache, points) is not None:
+        return None
     fit = _dict(_dict(run.kv.get("fit")).get(cache))
     intercept, eff = _num(fit.get("intercept_ms")), _num(fit.get("effective_gbps"))
-    if intercept is not None and eff:
+    if intercept is not None and eff is not None and eff > 0:
         return {"intercept_ms": intercept, "ms_per_byte": 1.0 / (eff * 1e6), "source": "kv.fit"}
-    xs = [p.kv_bytes for p in points]
-    if len(set(xs)) < 2:
+    if fit or len({p.context for p in points}) < fitting.MIN_CONTEXTS:
         return None
-    slope, icpt = np.polyfit(np.asarray(xs, dtype=float), [point_stats(p)["median_ms"] for p in points], 1)
-    return {"intercept_ms": float(icpt), "ms_per_byte": float(slope), "source": "refit from points"}
+    line = fitting.least_squares([p.kv_bytes for p in points], [point_stats(p)["median_ms"] for p in points])
+    return {"intercept_ms": line.intercept, "ms_per_byte": line.slope, "source": "refit from points"}
+
+
+def no_figure(reason: str) -> str:
+    """A table cell in place of the timed passes: why there is no figure."""
+    return f"— ({reason})" if fitting.NO_FIGURE in reason else f"— ({fitting.NO_FIGURE}: {reason})"
 
 
 def _per_context(points: list[Point]) -> list[dict[str, Any]]:
@@ -320,6 +347,10 @@ def _fit_section(doc: Doc, run: Run, caches: list[str], groups: dict[str, list[P
             note = "no fit (chart line refit from points)" if line else "no fit"
             rows.append([cache, note, "—", "—", "—", _fmt(counted_passes), "—", "—", verdict_text])
             continue
+        problem = fit_problem(run, cache, groups.get(cache, []))
+        if problem is not None:
+            rows.append([cache, "—", "—", no_figure(problem), "—", _fmt(counted_passes), "—", "—", verdict_text])
+            continue
         rows.append([cache, _fmt(fit.get("intercept_ms")), _fmt(fit.get("effective_gbps")),
                      _fmt(timed) + ci_text, _fmt(fit.get("r2"), 3), _fmt(counted_passes), _fmt(ratio),
                      _fmt_int(fit.get("crossover_tokens")), verdict_text])
@@ -476,12 +507,13 @@ def plot_latency(runs: list[Run], path: Path) -> Path:
                         color=colours[cache], label=f"{cache} (median, IQR)")
             line = fit_line(run, cache, pts)
             if line is None:
-                notes.append(f"{cache}: no fit")
+                problem = fit_problem(run, cache, pts)
+                notes.append(f"{cache}: no fitted line ({problem})" if problem else f"{cache}: no fit")
                 continue
             per_ctx = _per_context(pts)
             xs = [c["context"] for c in per_ctx]
             ys = [line["intercept_ms"] + line["ms_per_byte"] * c["kv_bytes"] for c in per_ctx]
-            eff = 1.0 / (line["ms_per_byte"] * 1e6) if line["ms_per_byte"] else float("inf")
+            eff = 1.0 / (line["ms_per_byte"] * 1e6)  # positive: fit_line draws no line that falls
             src = "" if line["source"] == "kv.fit" else f", {line['source']}"
             ax.plot(xs, ys, "-", color=colours[cache], lw=1.3, alpha=0.85,
                     label=f"{cache} fit: {line['intercept_ms']:.1f} ms + KV/{eff:.2f} GB/s{src}")

@@ -54,24 +54,28 @@ class Settings:
 
 
 def parse_ints(option: str, text: str, *, minimum: int = 1) -> tuple[int, ...]:
-    """``"512,1024"`` -> ``(512, 1024)``; anything else is a one-line SettingsError."""
-    values = []
+    """``"512,1024"`` -> ``(512, 1024)``; an empty item, a repeated value (``1k`` and ``1024`` are one value) or
+    anything else that is not a whole number is a one-line SettingsError."""
+    expected = "expected e.g. 512,1024,4k, each value once"
+    if not str(text).strip():
+        raise SettingsError(f"{option} {text!r} names no value ({expected})")
+    values: dict[int, str] = {}
     for part in str(text).split(","):
         part = part.strip().lower().replace("_", "")
         if not part:
-            continue
+            raise SettingsError(f"{option} {text!r}: empty item ({expected})")
         scale = 1024 if part.endswith("k") else 1
         try:
             value = int(part[:-1] if scale > 1 else part) * scale
         except ValueError:
-            raise SettingsError(f"{option} {text!r}: {part!r} is not a whole number "
-                                f"(expected e.g. 512,1024,4k)") from None
+            raise SettingsError(f"{option} {text!r}: {part!r} is not a whole number ({expected})") from None
         if value < minimum:
             raise SettingsError(f"{option} {text!r}: {value} is below the minimum {minimum}")
-        values.append(value)
-    if not values:
-        raise SettingsError(f"{option} {text!r} names no value (expected e.g. 512,1024,4k)")
-    return tuple(dict.fromkeys(values))
+        if value in values:
+            spelled = f" ({values[value]!r} and {part!r})" if values[value] != part else ""
+            raise SettingsError(f"{option} {text!r}: {value} is given twice{spelled} ({expected})")
+        values[value] = part
+    return tuple(values)
 
 
 def check_choice(option: str, value: str, choices: tuple[str, ...]) -> str:

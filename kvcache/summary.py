@@ -27,7 +27,10 @@ def measured_verdicts(kv: dict[str, Any]) -> dict[str, Any]:
 
 def fit_rows(kv: dict[str, Any]) -> list[list[str]]:
     rows = []
-    for cache, verdict in measured_verdicts(kv).items():
+    measured = measured_verdicts(kv)
+    failed = [c for c, f in (kv.get("fit") or {}).items() if (f or {}).get("error") and c not in measured]
+    for cache in [*measured, *failed]:  # a class whose fit failed is listed with why, whatever its verdict
+        verdict = measured.get(cache) or {}
         fit = kv.get("fit", {}).get(cache) or {}
         counted = (kv.get("traffic", {}).get(cache) or {}).get("passes")
         timed = fit.get("passes")

@@ -141,3 +141,22 @@ def without(run: dict[str, Any], *keys: str) -> dict[str, Any]:
     for key in keys:
         out["kv"].pop(key, None)
     return out
+
+
+def analysed(run: dict[str, Any], *, resamples: int = 200) -> dict[str, Any]:
+    """``run`` with its ``kv`` section computed afresh from its benchmarks by the session-end analysis (as the
+    plugin would write it): fits, verdicts and points from the data, not the made-up ``kv.fit``."""
+    from kvcache.analysis import analyse
+    from kvcache.settings import Settings
+
+    kv = run["kv"]
+    records = [{"type": "context", "model": kv["model"], "environment": kv["environment"]}]
+    records += [{"type": "copy", **m} for m in kv["copy"]["measurements"]]
+    records += [{"type": "point", **b["extra_info"], "samples_s": b["stats"]["data"], "name": b["name"]}
+                for b in run["benchmarks"]]
+    records += [{"type": "traffic", "cache": c, "traffic": t, "probe": kv["probe"].get(c)}
+                for c, t in kv["traffic"].items()]
+    settings = Settings(caches=tuple(kv["settings"]["caches"]), resamples=resamples).to_dict()
+    out = copy.deepcopy(run)
+    out["kv"] = analyse(records, settings, {}, {"interrupted": False, "exit": "ok"})
+    return out

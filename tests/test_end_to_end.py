@@ -20,6 +20,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 CONTEXTS = (256, 512, 1024)
+SMALL = (128, 256, 512)  # the cheap runs: three contexts, the fewest a timed fit is made from
 ROUNDS = 2
 STEPS = 5
 CACHES = ("dynamic", "static")
@@ -42,8 +43,9 @@ class Runs:
         beyond = ("-m", "timed", "--kv-model", "tiny", "--kv-caches", "dynamic", "--kv-contexts", "8180,8190,8200",
                   "--kv-steps", "3", "--kv-warmup", "0", "--kv-rounds", "1", "--kv-copy-mib", "8", "--kv-no-gate",
                   "--kv-baseline", none, "--benchmark-json", str(self.beyond_json))
-        small = ["--kv-model", "tiny", "--kv-caches", "dynamic", "--kv-contexts", "256,512", "--kv-steps", "3",
-                 "--kv-warmup", "0", "--kv-rounds", "1", "--kv-copy-mib", "8", "--kv-no-gate", "--kv-baseline", none]
+        small = ["--kv-model", "tiny", "--kv-caches", "dynamic", "--kv-contexts", ",".join(map(str, SMALL)),
+                 "--kv-steps", "3", "--kv-warmup", "0", "--kv-rounds", "1", "--kv-copy-mib", "8", "--kv-no-gate",
+                 "--kv-baseline", none]
         counted = ["-m", "counted", "--kv-model", "tiny"]
         batch = {  # run in this order
             "disabled": [*small, "--benchmark-disable", "--benchmark-json", str(self.disabled_json)],
@@ -101,8 +103,13 @@ def test_kv_section(main_run):
                                                                 "end"]
     for cache in CACHES:
         fit = kv["fit"][cache]
-        assert {"intercept_ms", "effective_gbps", "passes", "r2"} <= set(fit), fit
         assert fit["n_points"] == len(CONTEXTS) * ROUNDS
+        if "error" in fit:  # tiny's line over 256-1024 tokens may fall on a busy machine: then no figure, and why
+            assert set(fit) == {"error", "n_points"} and "\n" not in fit["error"], fit
+            assert "slope is not positive" in fit["error"] or "not finite" in fit["error"], fit
+        else:
+            assert {"intercept_ms", "effective_gbps", "passes", "r2"} <= set(fit), fit
+            assert fit["passes"] > 0 and fit["effective_gbps"] > 0 and fit["crossover_tokens"] > 0, fit
         assert kv["verdict"][cache]["counted"]["status"] == "no-baseline"
         assert kv["verdict"][cache]["timed"]["status"] in ("inconclusive", "no-baseline")
         assert kv["traffic"][cache]["passes"] > 0 and kv["traffic"][cache]["by_op"]
@@ -219,4 +226,4 @@ def test_remeasure_adds_a_round_to_the_noisiest_point(runs):
     doc = load_json(runs.remeasure_json)
     again = [b for b in timed(doc) if b["extra_info"].get("remeasured")]
     assert len(again) == 1 and again[0]["extra_info"]["round"] == 2
-    assert doc["kv"]["fit"]["dynamic"]["n_points"] == 2 * 2 + 1
+    assert doc["kv"]["fit"]["dynamic"]["n_points"] == 2 * len(SMALL) + 1

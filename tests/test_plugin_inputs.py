@@ -16,7 +16,8 @@ torch = pytest.importorskip("torch")
 
 USAGE_ERROR = 4
 CASES = [  # the keys of _cases (they need a directory to write files in)
-    "device-nonsense", "device-cuda", "dtype", "caches", "caches-empty", "contexts-12x", "contexts-0", "fill",
+    "device-nonsense", "device-cuda", "dtype", "caches", "caches-empty", "contexts-12x", "contexts-0",
+    "contexts-twice", "contexts-twice-spelled", "contexts-empty-item", "contexts-trailing-comma", "fill",
     "order", "max-passes-abc", "max-passes-zero", "max-passes-unknown", "model-missing", "model-no-config",
     "counted-contexts", "steps", "min-r2", "min-r2-nan", "tolerance-nan", "max-drift-nan", "baseline-corrupt",
     "baseline-shape",
@@ -42,6 +43,13 @@ def _cases(tmp) -> dict[str, tuple[list[str], list[str]]]:
         "contexts-12x": (["--kv-contexts", "12x"], ["--kv-contexts '12x'", "'12x' is not a whole number",
                                                     "expected e.g. 512,1024,4k"]),
         "contexts-0": (["--kv-contexts", "0"], ["--kv-contexts '0'", "0 is below the minimum 1"]),
+        "contexts-twice": (["--kv-contexts", "512,512"], ["--kv-contexts '512,512'", "512 is given twice",
+                                                          "expected e.g. 512,1024,4k, each value once"]),
+        "contexts-twice-spelled": (["--kv-contexts", "1k,1024"], ["--kv-contexts '1k,1024'", "1024 is given twice",
+                                                                  "'1k' and '1024'"]),
+        "contexts-empty-item": (["--kv-contexts", "512,,1024"], ["--kv-contexts '512,,1024'", "empty item",
+                                                                 "expected e.g. 512,1024,4k"]),
+        "contexts-trailing-comma": (["--kv-contexts", "512,"], ["--kv-contexts '512,'", "empty item"]),
         "fill": (["--kv-fill", "magic"], ["--kv-fill 'magic'", "synthetic, prefill"]),
         "order": (["--kv-order", "random"], ["--kv-order 'random'", "interleaved, ascending"]),
         "max-passes-abc": (["--kv-max-passes", "dynamic=abc"], ["'dynamic=abc'", "expected cache=number"]),

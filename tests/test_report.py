@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fakerun import make_run, without, write_run
+from fakerun import analysed, make_run, without, write_run
 
 from kvcache import report
 from kvcache.records import Run, load_run, points_from_benchmarks
@@ -206,6 +206,111 @@ def test_without_matplotlib_md_and_html_are_still_written(tmp_path, capsys, monk
 def test_report_does_not_import_torch():
     code = "import sys, kvcache.report; sys.exit('torch' in sys.modules or 'transformers' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1]).returncode == 0
+
+
+# ----------------------------------------------------------------------------------------------- no nonsense
+
+NEGATIVE = re.compile(r"(?<![\w.])[-\u2212]\d")  # a minus sign before a digit, not a hyphen inside a word
+
+
+@pytest.fixture
+def legends(monkeypatch):
+    """Every legend text of the PNGs drawn while the test runs."""
+    import matplotlib.axes
+
+    texts: list[str] = []
+    original = matplotlib.axes.Axes.legend
+
+    def spy(self, *args, **kwargs):
+        legend = original(self, *args, **kwargs)
+        texts.extend(t.get_text() for t in legend.get_texts())
+        return legend
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "legend", spy)
+    return texts
+
+
+def fit_row(md: str, cache: str) -> str:
+    rows = [line for line in md.splitlines() if line.startswith(f"| {cache} |") and "passes by op" not in line]
+    return rows[0]
+
+
+def decreasing_run() -> dict:
+    """dynamic's latency falls with context (its fit says why there is no passes figure), static's grows."""
+    return analysed(make_run({"dynamic": -3.0, "static": 1.0}, counted={"dynamic": 3.0, "static": 1.0}))
+
+
+def test_fit_error_gives_no_number_line_or_crossover(tmp_path, legends):
+    run = decreasing_run()
+    error = run["kv"]["fit"]["dynamic"]["error"]
+    assert error.startswith("slope is not positive")
+    out = render_dicts(tmp_path, run)
+    md = (out / "report.md").read_text()
+    row = fit_row(md, "dynamic")
+    assert f"— ({error})" in row and "no passes figure" in row, row
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    # intercept, effective GB/s, R², timed/counted and crossover: none; counted passes stay
+    assert cells[1] == cells[2] == cells[4] == cells[6] == cells[7] == "—", row
+    assert cells[5] == "3.00"
+    static = [c.strip() for c in fit_row(md, "static").strip("|").split("|")]
+    assert float(static[3].split()[0]) == pytest.approx(1.0, rel=0.05) and int(static[7].replace(",", "")) > 0
+    # the reason may quote the slope it refused; nothing else in the report is negative
+    assert not NEGATIVE.search(md.replace(error, "")), [line for line in md.splitlines() if NEGATIVE.search(line)]
+    page = (out / "report.html").read_text()
+    tables = page.split('<div id="slider-readout"', 1)[1].split("<script", 1)[0]
+    assert error in tables and not NEGATIVE.search(tables.replace(error, ""))
+    fits = [t for t in legends if " fit: " in t]
+    assert len(fits) == 1 and re.fullmatch(r"static fit: 30\.\d ms \+ KV/(19|20|21)\.\d\d GB/s", fits[0]), legends
+    assert any(t.startswith("dynamic (median") for t in legends), legends  # its points are still drawn
+
+
+def legacy_run(fit: dict, contexts: tuple[int, ...] = (512, 1024, 2048, 4096, 8192)) -> dict:
+    """A run written before fits were checked: kv.fit holds whatever the line gave."""
+    run = make_run({"dynamic": 3.0, "static": 1.0}, contexts=contexts)
+    run["kv"]["fit"]["dynamic"] = {"n_points": len(contexts), "contexts": list(contexts), **fit}
+    run["kv"]["fit"]["static"].pop("contexts")  # a record that does not name its contexts is judged by its passes
+    return run
+
+
+@pytest.mark.parametrize(("fit", "contexts", "reason"), [
+    ({"intercept_ms": 41.2, "effective_gbps": None, "passes": -1318.49, "passes_ci": [-3327.26, 729.96], "r2": 0.31,
+      "crossover_tokens": None, "slope_ms_per_gb": -1.41}, (512, 1024, 2048), "slope is not positive"),
+    ({"intercept_ms": 40.0, "effective_gbps": -0.71, "passes": -28.2, "passes_ci": [-30.0, -26.0], "r2": 0.9,
+      "crossover_tokens": None}, (512, 1024, 2048), "slope is not positive"),
+    ({"intercept_ms": 12.0, "effective_gbps": 1.4e-05, "passes": 1379849.0, "passes_ci": [1379849.0, 1379849.0],
+      "r2": 1.0, "crossover_tokens": 11.0}, (1, 2), "needs at least 3 distinct contexts"),
+])
+def test_old_run_with_a_nonsense_fit_shows_the_reason(tmp_path, legends, fit, contexts, reason):
+    out = render_dicts(tmp_path, legacy_run(fit, contexts))
+    md = (out / "report.md").read_text()
+    row = fit_row(md, "dynamic")
+    assert reason in row and "no passes figure" in row, row
+    for figure in ("1318", "1,379,849", "1379849", "| 11 |", "28.20", "0.71", "41.20"):
+        assert figure not in row, (figure, row)
+    assert not NEGATIVE.search(md), [line for line in md.splitlines() if NEGATIVE.search(line)]
+    assert not any(t.startswith("dynamic fit") or "/-" in t for t in legends), legends
+    assert any(t.startswith("static fit:") for t in legends), legends
+
+
+def test_refit_is_skipped_when_latency_falls(tmp_path, legends):
+    """No kv.fit at all: the chart's own line from the points is drawn only where fit.py would give passes."""
+    run = without(make_run({"dynamic": -3.0, "static": 1.0}, counted={"dynamic": 3.0, "static": 1.0}), "fit")
+    loaded = Run(path="x.json", points=points_from_benchmarks(run["benchmarks"]), kv=run["kv"])
+    groups = report.points_by_cache(loaded)
+    assert report.fit_line(loaded, "dynamic", groups["dynamic"]) is None
+    assert report.fit_line(loaded, "static", groups["static"]) is not None
+    render_dicts(tmp_path, run)
+    assert not any(t.startswith("dynamic fit") or "/-" in t for t in legends), legends
+    assert any(t.startswith("static fit:") and "refit from points" in t for t in legends), legends
+
+
+def test_refit_needs_three_contexts(tmp_path, legends):
+    run = without(make_run(contexts=(512, 1024)), "fit")
+    loaded = Run(path="x.json", points=points_from_benchmarks(run["benchmarks"]), kv=run["kv"])
+    assert report.fit_line(loaded, "dynamic", report.points_by_cache(loaded)["dynamic"]) is None
+    md = (render_dicts(tmp_path, run) / "report.md").read_text()
+    assert "| dynamic | no fit |" in md
+    assert not any(" fit: " in t for t in legends), legends
 
 
 # ----------------------------------------------------------------------------------------------- browser
