@@ -381,9 +381,28 @@ def pytest_benchmark_update_json(config: pytest.Config, benchmarks: Any, output_
 
 
 def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict[str, Any]) -> None:
-    state = _state(config)
-    if state.used:
-        machine_info["kv_environment"] = state.session.environment()
+    """The device and library facts, the same whenever asked: pytest-benchmark asks once at configure time to
+    compare with a saved run (``--benchmark-compare``, before anything is measured) and once at the end to
+    save, and warns when the two dicts differ. Run-dependent values belong in the ``kv`` section."""
+    if STATE in config.stash:
+        machine_info["kv_environment"] = _state(config).session.machine()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_benchmark_compare_machine_info(config: pytest.Config, benchmarksession: Any, machine_info: Any,
+                                          compared_benchmark: Any) -> Any:
+    """pytest-benchmark 5.3.1 words its "machine_info is different" warning with the storage path relative to
+    the working directory, which raises ValueError for a ``--benchmark-storage`` outside it (INTERNALERROR).
+    Give that warning with the absolute path instead."""
+    try:
+        return (yield)
+    except ValueError:
+        from pytest_benchmark.utils import consistent_dumps
+
+        benchmarksession.logger.warning(
+            f"Benchmark machine_info is different. Current: {consistent_dumps(machine_info)} VS saved: "
+            f"{consistent_dumps(compared_benchmark.get('machine_info'))} (location: {benchmarksession.storage}).")
+        return None
 
 
 def _write_json_if_missing(config: pytest.Config, kv: dict[str, Any]) -> None:

@@ -87,9 +87,14 @@ class KVSession:
         return self._spec
 
     def environment(self) -> dict[str, Any]:
-        return {**self.device.describe(), "transformers": transformers.__version__, "torch": torch.__version__,
-                "python": platform.python_version(), "platform": platform.platform(),
+        return {**self.machine(), "python": platform.python_version(), "platform": platform.platform(),
                 "threads": torch.get_num_threads()}
+
+    def machine(self) -> dict[str, Any]:
+        """What identifies the machine and libraries, nothing that changes between two runs on it (pytest-benchmark's
+        ``machine_info`` already has the Python and OS facts)."""
+        return {**self.device.describe(), "transformers": str(transformers.__version__),
+                "torch": str(torch.__version__)}
 
     # --- records ---
     def emit(self, record: dict[str, Any]) -> None:

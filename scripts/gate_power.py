@@ -1,153 +1,220 @@
-"""How well the timed gate tells a regression from noise, measured on this machine.
+"""How well the timed gate tells a regression from noise, judged by the build's exit status on this machine.
 
 A test-only cache class with one planted extra full copy of K/V per step (``twin-planted``: +2 counted
-passes) is judged against the baseline of its clean twin (``twin-clean``), over repeated runs:
+passes) is judged against the timed baseline of its clean twin (``twin-clean``), over repeated runs:
 
-1. one calibration run of ``twin-clean`` records the baseline (``--kv-update-baseline``);
-2. ``--runs`` runs of both classes, interleaved over several rounds (the suite's default): how often the
-   planted regression is caught, and how often the clean class is wrongly flagged;
-3. ``--runs`` single-round ascending runs (the old way): the spread of timed passes to compare with.
+1. one calibration run of ``twin-clean`` records its baseline (``--kv-update-baseline``: timed and counted);
+2. the measured runs' baseline file holds that entry for ``twin-clean`` and, for every planted class
+   (``--planted``, default ``twin-planted``), only the clean twin's *timed* passes: no counted entry, so
+   the counted gate (which would catch +2 passes every time) cannot fail it; what is judged is the timed
+   gate;
+3. ``--runs`` repetitions, each one separate ``pytest benchmarks`` run per class (``--kv-caches <class>``),
+   the classes interleaved across repetitions, gate on (no ``--kv-no-gate``) at one ``--tolerance``: the
+   exit status is what CI would see, drift included.
 
-Verdicts are taken at several ``--tolerances`` from the same runs (the suite's own judge_timed).
-Writes every run's JSON and ``gate-power.md`` under ``--out``; ``--summarize-only`` re-reads them.
-Time nothing else meanwhile.
+Per run the table gives the exit status (green 0, red 1), the timed verdict from the JSON (``kv.verdict``),
+the drift and the timed passes with their interval; the tally counts failed builds per class. Writes every
+run's JSON and log, ``runs.json`` (each run's command and exit status) and ``gate-power.md`` under ``--out``;
+``--summarize-only`` re-reads them. Time nothing else meanwhile.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from kvcache import gate  # noqa: E402
-from kvcache.fit import PassesFit  # noqa: E402
-
-MODES = {"interleaved": "rounds interleaved (the default)", "ascending": "1 round, ascending"}
+CLEAN = "twin-clean"
+MANIFEST = "runs.json"
 
 
-def pytest_run(out: Path, args: list[str], log: Path) -> None:
-    cmd = [sys.executable, "-m", "pytest", "benchmarks", "-m", "timed", "-p", "no:cacheprovider", "-q",
-           "--benchmark-json", str(out), *args]
+def pytest_command(opts: argparse.Namespace, cache: str, json_out: Path, baseline: Path,
+                   extra: tuple[str, ...] = ()) -> list[str]:
+    """One run of the whole suite (counted, timed, drift) on one class, gate on: the build as CI runs it."""
+    return [sys.executable, "-m", "pytest", "benchmarks", "-p", "no:cacheprovider", "-q",
+            "--benchmark-json", str(json_out), "--kv-model", opts.model, "--kv-contexts", opts.contexts,
+            "--kv-steps", str(opts.steps), "--kv-warmup", str(opts.warmup), "--kv-rounds", str(opts.rounds),
+            "--kv-tolerance", str(opts.tolerance), "--kv-baseline", str(baseline), "--kv-caches", cache, *extra]
+
+
+def calibration_command(opts: argparse.Namespace, out: Path) -> list[str]:
+    return pytest_command(opts, CLEAN, out / "calibration.json", out / "calibration-baseline.json",
+                          ("--kv-update-baseline",))
+
+
+def measured_runs(opts: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
+    """Every measured run in order: ``{name, cache, repetition, json, cmd}``; per repetition one run per class,
+    the classes' order rotated from one repetition to the next."""
+    classes = [CLEAN, *planted_classes(opts.planted)]
+    runs = []
+    for i in range(opts.runs):
+        k = i % len(classes)
+        for cache in classes[k:] + classes[:k]:
+            name = f"{cache}-{i + 1}"
+            runs.append({"name": name, "cache": cache, "repetition": i + 1, "json": f"{name}.json",
+                         "cmd": pytest_command(opts, cache, out / f"{name}.json", out / "baseline.json",
+                                               ("--kv-seed", str(i)))})
+    return runs
+
+
+def planted_classes(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names or CLEAN in names:
+        raise SystemExit(f"--planted {text!r}: give one or more planted classes, other than {CLEAN}")
+    return names
+
+
+def measured_baseline(calibration: dict[str, Any], planted: list[str]) -> dict[str, Any]:
+    """The calibration baseline plus, wherever the clean twin has timed passes, an entry per planted class
+    holding only those timed passes (no counted passes: the counted gate then has nothing to fail it on)."""
+    doc = json.loads(json.dumps(calibration))
+    for caches in (doc.get("devices") or {}).values():
+        clean = caches.get(CLEAN) or {}
+        if clean.get("timed_passes") is None:
+            continue
+        for cache in planted:
+            caches[cache] = {k: v for k, v in clean.items() if k != "counted_passes"}
+    return doc
+
+
+def run(cmd: list[str], log: Path) -> int:
     with log.open("w") as fh:
-        subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, check=False)
+        return subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, check=False).returncode
 
 
 def measure(opts: argparse.Namespace, out: Path) -> None:
-    baseline = out / "baseline.json"
-    baseline.unlink(missing_ok=True)
-    common = ["--kv-model", opts.model, "--kv-contexts", opts.contexts, "--kv-steps", str(opts.steps),
-              "--kv-warmup", str(opts.warmup), "--kv-baseline", str(baseline), "--kv-no-gate"]
-    print("calibrating: twin-clean baseline ...", flush=True)
-    pytest_run(out / "calibration.json", [*common, "--kv-caches", "twin-clean", "--kv-rounds", str(opts.rounds)],
-               out / "calibration.log")
-    modes = {"interleaved": ["--kv-rounds", str(opts.rounds), "--kv-order", "interleaved"],
-             "ascending": ["--kv-rounds", "1", "--kv-order", "ascending"]}
-    if opts.skip_ascending:
-        modes.pop("ascending")
-    for mode, extra in modes.items():
-        for i in range(opts.runs):
-            print(f"{mode} run {i + 1}/{opts.runs} ...", flush=True)
-            pytest_run(out / f"{mode}-{i + 1}.json",
-                       [*common, "--kv-caches", "twin-clean,twin-planted", "--kv-seed", str(i), *extra],
-                       out / f"{mode}-{i + 1}.log")
+    planted = planted_classes(opts.planted)
+    if (out / MANIFEST).exists():  # the previous series' runs
+        for entry in json.loads((out / MANIFEST).read_text()):
+            (out / entry["json"]).unlink(missing_ok=True)
+    for stale in ("calibration.json", "calibration-baseline.json", "baseline.json", MANIFEST):
+        (out / stale).unlink(missing_ok=True)
+    print(f"calibrating: {CLEAN} baseline ...", flush=True)
+    code = run(calibration_command(opts, out), out / "calibration.log")
+    calibration = out / "calibration-baseline.json"
+    baseline = measured_baseline(json.loads(calibration.read_text()), planted) if calibration.exists() else {}
+    if code != 0 or not any(planted[0] in caches for caches in (baseline.get("devices") or {}).values()):
+        raise SystemExit(f"calibration run recorded no timed baseline for {CLEAN} (exit {code}); "
+                         f"see {out / 'calibration.log'}")
+    (out / "baseline.json").write_text(json.dumps(baseline, indent=2, sort_keys=True) + "\n")
+    done = []
+    runs = measured_runs(opts, out)
+    for n, entry in enumerate(runs, 1):
+        print(f"run {n}/{len(runs)}: {entry['name']} ...", flush=True)
+        entry["exit"] = run(entry["cmd"], out / f"{entry['name']}.log")
+        done.append(entry)
+        (out / MANIFEST).write_text(json.dumps(done, indent=2) + "\n")  # each run: a stopped series keeps its runs
 
 
-def passes_fit(fit: dict) -> PassesFit | None:
-    if not fit or fit.get("passes") is None:
-        return None
-    names = {f.name for f in dataclasses.fields(PassesFit)}
-    return PassesFit(**{k: v for k, v in fit.items() if k in names})
+# --- reading the runs back ------------------------------------------------------------------------------------
+
+def timed_status(kv: dict[str, Any], cache: str) -> str:
+    """``kv.verdict.<cache>.timed.status``: the timed measure's verdict, whether the class's verdict is
+    ``{status, reason, timed: {...}, counted: {...}}`` or ``{timed: {status, value, allowed, reason}, ...}``."""
+    verdict = ((kv.get("verdict") or {}).get(cache) or {}).get("timed") or {}
+    return str(verdict.get("status") or "missing")
 
 
-def verdict(kv: dict, cache: str, allowed: float) -> str:
-    drift_ok = (kv.get("drift") or {}).get("ok")
-    settings = kv["settings"]
-    judged = gate.judge_timed(passes_fit(kv["fit"].get(cache)), allowed=allowed, min_r2=settings["min_r2"],
-                              drift_ok=drift_ok, device="this machine")
-    return judged.status
+def build(code: int | None) -> str:
+    """``green (0)``, ``red (1)`` (the gate failed the build), ``error (3)`` (any other exit status)."""
+    if code is None:
+        return "- (not run)"
+    word = {0: "green", 1: "red"}.get(code, "error")
+    return f"{word} ({code})"
 
 
-def tally(statuses: list[str]) -> str:
-    """``"4/5 (pass 0, inconclusive 1)"``: regressions out of runs, then the other verdicts."""
-    return (f"{statuses.count('regression')}/{len(statuses)} (pass {statuses.count('pass')}, "
-            f"inconclusive {statuses.count('inconclusive')})")
+def passes_cell(kv: dict[str, Any], cache: str) -> str:
+    fit = (kv.get("fit") or {}).get(cache) or {}
+    passes, ci = fit.get("passes"), fit.get("passes_ci") or (None, None)
+    if passes is None:
+        return "-"
+    return f"{passes:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if None not in ci else "")
 
 
-def spread(values: list[float]) -> str:
-    return f"{max(values) / min(values):.2f}" if values and min(values) > 0 else "n/a"
+def drift_cell(kv: dict[str, Any]) -> str:
+    drift = kv.get("drift") or {}
+    if drift.get("fraction") is None:
+        return "-"
+    return f"{drift['fraction']:+.1%}" + (" (beyond)" if drift.get("ok") is False else "")
 
 
-def summarize(out: Path, tolerances: list[float]) -> str:
-    calibration = json.loads((out / "calibration.json").read_text())["kv"]
-    base = calibration["fit"]["twin-clean"]["passes"]
-    env = calibration["environment"]
-    s = calibration["settings"]
-    lines = [f"# Timed gate power on {env['device_name']}", "",
-             f"Model {s['model']}, contexts {', '.join(map(str, s['contexts']))}, {s['steps']} timed steps a point; "
-             f"transformers {env['transformers']}, torch {env['torch']}. Baseline: twin-clean {base:.2f} timed "
-             f"passes from one calibration run; twin-planted (+2 counted passes) is judged against it.", ""]
-    for mode, label in MODES.items():
-        runs = [json.loads(p.read_text())["kv"] for p in sorted(out.glob(f"{mode}-*.json"))]
-        if not runs:
-            continue
-        rounds = runs[0]["settings"]["rounds"]
-        lines += [f"## {rounds} {label}" if mode == "interleaved" else f"## {label}", "",
-                  "| run | copy GB/s | drift | clean passes [95% CI] | planted passes [95% CI] | "
-                  + " | ".join(f"clean / planted at tol {t:.2f}" for t in tolerances) + " |",
-                  "|---" * (5 + len(tolerances)) + "|"]
-        for i, kv in enumerate(runs, 1):
-            cells = []
-            for cache in ("twin-clean", "twin-planted"):
-                fit = kv["fit"].get(cache) or {}
-                ci = fit.get("passes_ci") or [float("nan")] * 2
-                cells.append(f"{fit.get('passes', float('nan')):.2f} [{ci[0]:.2f}, {ci[1]:.2f}]")
-            drift = (kv.get("drift") or {}).get("fraction")
-            cells += [f"{verdict(kv, 'twin-clean', base * (1 + t))} / {verdict(kv, 'twin-planted', base * (1 + t))}"
-                      for t in tolerances]
-            lines.append(f"| {i} | {kv['copy_gbps']:.1f} | {drift:+.1%} | " + " | ".join(cells) + " |"
-                         if drift is not None else f"| {i} | {kv['copy_gbps']:.1f} | - | " + " | ".join(cells) + " |")
-        lines.append("")
-        for t in tolerances:
-            allowed = base * (1 + t)
-            clean = tally([verdict(kv, "twin-clean", allowed) for kv in runs])
-            planted = tally([verdict(kv, "twin-planted", allowed) for kv in runs])
-            lines.append(f"- tolerance {t:.2f} (allowed {allowed:.2f}): planted caught {planted}; "
-                         f"clean wrongly flagged {clean}")
-        clean_p = [kv["fit"]["twin-clean"]["passes"] for kv in runs]
-        planted_p = [kv["fit"]["twin-planted"]["passes"] for kv in runs]
-        lines += [f"- spread of timed passes across runs (max/min): clean {spread(clean_p)}, planted "
-                  f"{spread(planted_p)}", ""]
+def load_kv(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text()).get("kv") or {}
+    except (OSError, ValueError):
+        return {}
+
+
+def tally(codes: list[int | None], statuses: list[str]) -> str:
+    """``"builds failed 1/5 (timed verdicts: regression 1, pass 2, inconclusive 2)"``."""
+    failed = sum(1 for code in codes if code != 0)
+    counts = {s: statuses.count(s) for s in dict.fromkeys(statuses)}
+    return (f"builds failed {failed}/{len(codes)} (timed verdicts: "
+            + ", ".join(f"{s} {n}" for s, n in counts.items()) + ")")
+
+
+def summarize(out: Path) -> str:
+    calibration = load_kv(out / "calibration.json")
+    env, s = calibration.get("environment") or {}, calibration.get("settings") or {}
+    base = ((calibration.get("fit") or {}).get(CLEAN) or {}).get("passes")
+    runs = json.loads((out / MANIFEST).read_text())
+    planted = list(dict.fromkeys(r["cache"] for r in runs if r["cache"] != CLEAN))
+    tolerance = s.get("tolerance")
+    for r in runs:
+        r["kv"] = load_kv(out / r["json"])
+        tolerance = (r["kv"].get("settings") or {}).get("tolerance", tolerance)
+    base_text = f"{base:.2f}" if base is not None else "?"
+    lines = [f"# Timed gate power on {env.get('device_name', '?')}", "",
+             f"Model {s.get('model', '?')}, contexts {', '.join(map(str, s.get('contexts', [])))}, "
+             f"{s.get('rounds', '?')} rounds of {s.get('steps', '?')} timed steps a point; transformers "
+             f"{env.get('transformers', '?')}, torch {env.get('torch', '?')}. Baseline: {CLEAN} {base_text} timed "
+             f"passes from one calibration run; {', '.join(planted) or 'no planted class'} judged against it with "
+             f"no counted baseline. One pytest run per class and repetition, gate on, tolerance "
+             f"{tolerance if tolerance is not None else '?'}: the build's exit status decides.", "",
+             "| run | class | build (exit) | timed verdict | drift | timed passes [95% CI] |",
+             "|---|---|---|---|---|---|"]
+    for r in runs:
+        lines.append(f"| {r['repetition']} | {r['cache']} | {build(r.get('exit'))} | "
+                     f"{timed_status(r['kv'], r['cache'])} | {drift_cell(r['kv'])} | "
+                     f"{passes_cell(r['kv'], r['cache'])} |")
+    lines.append("")
+    for cache in [CLEAN, *planted]:
+        mine = [r for r in runs if r["cache"] == cache]
+        label = "clean" if cache == CLEAN else f"planted ({cache})" if len(planted) > 1 else "planted"
+        lines.append(f"- {label}: {tally([r.get('exit') for r in mine], [timed_status(r['kv'], cache) for r in mine])}")
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--runs", type=int, default=5, help="repetitions (one run per class each)")
+    ap.add_argument("--planted", default="twin-planted", help="planted classes, comma-separated")
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--contexts", default="512,1024,2048,4096,8192,16384")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--tolerances", default="0.25,0.10")
+    ap.add_argument("--tolerance", type=float, default=0.10, help="--kv-tolerance of the measured runs")
     ap.add_argument("--out", default=".gate-power")
-    ap.add_argument("--skip-ascending", action="store_true", help="leave out the single-round ascending runs")
     ap.add_argument("--summarize-only", action="store_true", help="re-read the runs under --out")
-    opts = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = parser().parse_args(argv)
     out = (ROOT / opts.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     if not opts.summarize_only:
         measure(opts, out)
-    text = summarize(out, [float(t) for t in opts.tolerances.split(",")])
+    text = summarize(out)
     if not opts.summarize_only:
-        text += f"\nwall time {time.time() - started:.0f} s\n"
+        text += f"\n\nwall time {time.time() - started:.0f} s\n"
     (out / "gate-power.md").write_text(text + "\n")
     print(text)
     return 0

@@ -46,7 +46,8 @@ def garbage_runs():
     fit = good["fit"]["dynamic"]
     yield "negative passes", kv(fit={**good["fit"], "dynamic": {**fit, "passes": -23.78}}), "slope is not positive"
     yield "poor fit", kv(fit={**good["fit"], "dynamic": {**fit, "r2": 0.23}}), "poor fit"
-    yield "two contexts", kv(fit={**good["fit"], "dynamic": {**fit, "contexts": [512, 1024]}}), "at least 3 distinct contexts"
+    two = {**fit, "contexts": [512, 1024]}
+    yield "two contexts", kv(fit={**good["fit"], "dynamic": two}), "at least 3 distinct contexts"
     yield "fit error", kv(fit={**good["fit"], "dynamic": {"error": "slope is not positive"}}), "slope is not positive"
     yield "drift", kv(drift={**good["drift"], "fraction": 14.2, "ok": False}), "drift +1420.0%"
     yield "drift unchecked", kv(drift={"reason": "deselected"}), "drift not checked"
