@@ -140,12 +140,14 @@ class KVState:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    from kvcache import preflight
     from kvcache.devices import DeviceError, resolve
     from kvcache.models import ModelError, load_config
 
     try:
         settings = settings_from(config)
         resolve(settings.device)
+        preflight.check(config, settings)  # paths the run writes, copy tensor against free memory
         load_config(settings.model)
         baseline = baselines.load(settings.baseline)
         problem = xdist_problem(config)
