@@ -104,13 +104,14 @@ def judge_timed(fit: dict[str, Any] | None, *, allowed: float | None, rules: Rul
     """Judge a class's timed passes (``kv.fit.<cache>``) by their interval; see the module docstring."""
     if not fit:
         return Verdict("not-measured", "timed passes were not measured")
+    drifted = drift_problem(drift)
     if fit.get("error") or fit.get("passes") is None:
-        return Verdict("inconclusive", f"no timed passes figure: {fit.get('error') or 'no fit'}", allowed=allowed)
+        reason = f"no timed passes figure: {fit.get('error') or 'no fit'}" + (f"; {drifted}" if drifted else "")
+        return Verdict("inconclusive", reason, allowed=allowed)
     passes, r2 = float(fit["passes"]), fit.get("r2")
     ci = fit.get("passes_ci") or (None, None)
     interval = (ci[0], ci[1]) if None not in ci else None
     verdict = Verdict("inconclusive", "", value=passes, allowed=allowed, interval=interval)
-    drifted = drift_problem(drift)
     if allowed is None:
         verdict.status, verdict.reason = "no-baseline", no_baseline_reason(key)
         if drifted:
