@@ -8,8 +8,8 @@ import argparse
 import datetime
 import sys
 
-from kvcache import baseline as baselines
-from kvcache.records import RecordError, load_run
+from kvcache.analysing import baseline as baselines
+from kvcache.analysing.records import RecordError, load_run
 
 
 def main(argv: list[str]) -> int:

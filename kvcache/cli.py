@@ -8,8 +8,8 @@ import sys
 
 COMMANDS = {
     "traffic": ("kvcache.traffic_cli", "count the bytes one decode step moves, per op, and probe attention"),
-    "compare": ("kvcache.compare", "compare benchmark JSON runs; exit 1 on a regression"),
-    "report": ("kvcache.report", "write latency.png, traffic.png, report.md and report.html"),
+    "compare": ("kvcache.analysing.compare", "compare benchmark JSON runs; exit 1 on a regression"),
+    "report": ("kvcache.analysing.report", "write latency.png, traffic.png, report.md and report.html"),
     "baseline": ("kvcache.baseline_cli", "record a finished run's passes in the baseline file"),
 }
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from kvcache import analysis, gate, summary
-from kvcache import baseline as baselines
+from kvcache.analysing import analysis, gate, summary
+from kvcache.analysing import baseline as baselines
 from kvcache.settings import FILLS, ORDERS, Settings, SettingsError, check_choice, number, parse_ints
 
 STATE = pytest.StashKey["KVState"]()
@@ -63,7 +63,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def settings_from(config: pytest.Config) -> Settings:
     """Validated settings; any bad value is a one-line SettingsError."""
-    from kvcache import caches, models
+    from kvcache.measuring import caches, models
 
     opt = config.getoption
     try:
@@ -121,8 +121,8 @@ class KVState:
     @property
     def session(self) -> Any:
         if self._session is None:
-            from kvcache.devices import Device
-            from kvcache.session import KVSession
+            from kvcache.measuring.devices import Device
+            from kvcache.measuring.session import KVSession
 
             self._session = KVSession(self.settings, Device.from_choice(self.settings.device))
         return self._session
@@ -140,9 +140,9 @@ class KVState:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from kvcache import preflight
-    from kvcache.devices import DeviceError, resolve
-    from kvcache.models import ModelError, load_config
+    from kvcache.measuring import preflight
+    from kvcache.measuring.devices import DeviceError, resolve
+    from kvcache.measuring.models import ModelError, load_config
 
     try:
         settings = settings_from(config)
@@ -198,7 +198,7 @@ def _state(config: pytest.Config) -> KVState:
 
 def timed_points(settings: Settings) -> list[Any]:
     """Every (cache, context, round), in the order they are measured."""
-    from kvcache.session import PointId
+    from kvcache.measuring.session import PointId
 
     out = []
     for r in range(settings.rounds):
@@ -290,7 +290,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 @pytest.fixture(scope="session")
 def kv(request: pytest.FixtureRequest) -> Any:
-    """The measuring session (:class:`kvcache.session.KVSession`)."""
+    """The measuring session (:class:`kvcache.measuring.session.KVSession`)."""
     return _state(request.config).session
 
 

@@ -21,9 +21,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print the traffic and probe as JSON")
     args = parser.parse_args(argv)
 
-    from kvcache import caches, models
-    from kvcache.devices import Device, DeviceError
-    from kvcache.session import KVSession, Skip
+    from kvcache.measuring import caches, models
+    from kvcache.measuring.devices import Device, DeviceError
+    from kvcache.measuring.session import KVSession, Skip
     from kvcache.settings import Settings
 
     try:
@@ -61,7 +61,7 @@ def main(argv: list[str]) -> int:
 
 
 def print_one(name: str, result: dict, probe: dict) -> None:
-    from kvcache.traffic import describe_by_op
+    from kvcache.measuring.traffic import describe_by_op
 
     lo, hi = result["contexts"]
     step = result["step_bytes"][str(hi)]

@@ -1,14 +1,3 @@
-"""Fixtures shared by the project's tests."""
-
-import pytest
-import torch
-
-
-@pytest.fixture(scope="module")
-def one_torch_thread():
-    """One torch thread for a module: on a busy machine OpenMP threads spin-wait for a core (a step runs
-    10x slower with 2 threads than with 1). Counts and comparisons do not depend on it."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+"""The project's tests, by wing: ``analysing/`` (no torch: CI also runs them where torch is not installed),
+``measuring/`` (torch and transformers) and ``suite/`` (``pytest benchmarks`` end to end, the faces).
+Importing this file puts ``tests/`` on the path, so ``fakerun`` and ``kvrun`` import from any of them."""

@@ -146,7 +146,7 @@ def without(run: dict[str, Any], *keys: str) -> dict[str, Any]:
 def analysed(run: dict[str, Any], *, resamples: int = 200) -> dict[str, Any]:
     """``run`` with its ``kv`` section computed afresh from its benchmarks by the session-end analysis (as the
     plugin would write it): fits, verdicts and points from the data, not the made-up ``kv.fit``."""
-    from kvcache.analysis import analyse
+    from kvcache.analysing.analysis import analyse
     from kvcache.settings import Settings
 
     kv = run["kv"]

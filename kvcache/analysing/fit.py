@@ -1,0 +1,309 @@
+"""Passes from timed points: the line of step latency against KV-cache bytes, and its bootstrap interval.
+
+A decode step that moves its KV cache ``passes`` times through memory costs
+``passes * kv_bytes / copy_bandwidth`` seconds more than a step with an empty cache, so the slope of
+latency (s) against logical KV bytes (bytes) is seconds per byte, its inverse is the effective
+bandwidth (bytes/s) and ``passes = slope * copy_bandwidth``. Bandwidths are in GB/s (1e9 bytes/s) and
+count bytes read plus bytes written, like the copy they are compared with. numpy and stdlib only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from kvcache.analysing.records import Point, jsonable
+
+GB = 1e9
+MS_PER_S = 1e3
+# Two points always lie on a line (R² 1.000 whatever they are): a third context is what lets the fit be judged.
+MIN_CONTEXTS = 3
+NO_FIGURE = "no passes figure"
+
+
+class FitError(ValueError):
+    """The points cannot be fitted (too few distinct contexts, no copy bandwidth, ...); one-line message."""
+
+
+@dataclass(frozen=True)
+class LineFit:
+    """Ordinary least squares ``y = intercept + slope * x`` over ``n`` points, with its R²."""
+
+    intercept: float
+    slope: float
+    r2: float
+    n: int
+
+
+def least_squares(x: Sequence[float], y: Sequence[float]) -> LineFit:
+    """Least-squares line through (x, y); FitError when x has fewer than two distinct values."""
+    xs = np.asarray(x, dtype=np.float64)
+    ys = np.asarray(y, dtype=np.float64)
+    if xs.shape != ys.shape or xs.ndim != 1:
+        raise FitError(f"x and y must be equal-length sequences, got {xs.shape} and {ys.shape}")
+    distinct = len(np.unique(xs))
+    if distinct < 2:
+        raise FitError(f"needs at least two distinct contexts, got {distinct}")
+    dx = xs - xs.mean()
+    dy = ys - ys.mean()
+    slope = float(np.dot(dx, dy) / np.dot(dx, dx))
+    intercept = float(ys.mean() - slope * xs.mean())
+    ss_res = float(np.sum((dy - slope * dx) ** 2))
+    ss_tot = float(np.sum(dy**2))
+    if ss_tot == 0:
+        r2 = 1.0 if ss_res == 0 else 0.0
+    else:
+        r2 = 1.0 - ss_res / ss_tot
+    return LineFit(intercept=intercept, slope=slope, r2=r2, n=len(xs))
+
+
+@dataclass
+class PassesFit:
+    """The latency-vs-KV-bytes line of one cache class, read as passes of the KV cache per decode step.
+
+    ``intercept_ms``: step time with an empty cache (ms). ``slope_ms_per_gb``: extra ms per GB of logical
+    KV cache. ``effective_gbps``: 1 / slope in GB/s. ``passes``: slope (s/byte) × copy bandwidth
+    (bytes/s). :func:`fit_passes` only makes a fit whose slope, and so whose passes, effective bandwidth
+    and crossover, are positive and finite. ``*_ci``: bootstrap percentile intervals at ``confidence``
+    over ``resamples`` resamples; a resampled line may still fall, so the passes interval's lower bound
+    can be <= 0 (the data cannot rule out no growth) and ``effective_gbps_ci`` bounds are None where
+    the slope bound is <= 0. ``weight_read_ms``: time to move the weights once at the copy bandwidth.
+    ``crossover_tokens``: context (tokens) at which per-step cache traffic (passes × bytes_per_token ×
+    context) equals ``weight_bytes``.
+    """
+
+    cache: str
+    intercept_ms: float
+    slope_ms_per_gb: float
+    effective_gbps: float | None
+    passes: float
+    r2: float
+    n_points: int
+    contexts: list[int]
+    copy_gbps: float
+    passes_ci: tuple[float, float]
+    intercept_ci: tuple[float, float]
+    effective_gbps_ci: tuple[float | None, float | None]
+    confidence: float
+    resamples: int
+    weight_read_ms: float
+    crossover_tokens: float | None
+
+    @property
+    def ci_relative_width(self) -> float:
+        """Width of the passes interval as a fraction of passes (inf when passes is 0)."""
+        lo, hi = self.passes_ci
+        return (hi - lo) / abs(self.passes) if self.passes else math.inf
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict of every field plus ``ci_relative_width`` (lists for tuples, None for NaN/inf)."""
+        out = asdict(self)
+        out["ci_relative_width"] = self.ci_relative_width
+        return jsonable(out)
+
+
+def fit_passes(
+    points: Sequence[Point],
+    copy_samples_gbps: Sequence[float],
+    *,
+    bytes_per_token: int,
+    weight_bytes: int,
+    confidence: float = 0.95,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> PassesFit:
+    """Fit the passes of one cache class from its timed points and the session's copy bandwidth samples.
+
+    The point estimate fits every (context, round) point's median step time (s) against its
+    ``kv_bytes``; the copy bandwidth is the median of ``copy_samples_gbps``. The intervals come from a
+    seeded hierarchical bootstrap (rounds within each context, then steps within each round, plus the
+    copy samples), see :func:`bootstrap_lines`.
+
+    No passes figure (FitError, one line saying why) from fewer than ``MIN_CONTEXTS`` distinct contexts,
+    from step times that are not finite, or from a slope that is not positive and finite.
+    """
+    if not 0 < confidence < 1:
+        raise FitError(f"confidence must be between 0 and 1, got {confidence}")
+    if resamples < 1:
+        raise FitError(f"resamples must be at least 1, got {resamples}")
+    caches = sorted({p.cache for p in points})
+    if len(caches) > 1:
+        raise FitError(f"points of one cache class expected, got {', '.join(caches)}")
+    contexts = sorted({p.context for p in points})
+    if len(contexts) < MIN_CONTEXTS:
+        raise FitError(too_few_contexts(len(contexts)))
+    copy_samples = np.asarray(copy_samples_gbps, dtype=np.float64) * GB
+    if copy_samples.size == 0 or not np.all(np.isfinite(copy_samples)) or np.median(copy_samples) <= 0:
+        raise FitError("needs positive, finite copy bandwidth samples")
+    check_finite(points)
+
+    line = least_squares([p.kv_bytes for p in points], [p.median_s for p in points])
+    copy_bps = float(np.median(copy_samples))
+    check_slope(line.slope)
+    passes = line.slope * copy_bps
+    if not (math.isfinite(passes) and passes > 0):  # a positive slope too small or large for floats
+        raise FitError(f"passes {passes} is not positive and finite; {NO_FIGURE}")
+
+    rng = np.random.default_rng(seed)
+    slopes, intercepts = bootstrap_lines(points, resamples, rng)
+    copies = bootstrap_medians(copy_samples, resamples, rng)
+    lower, upper = 50 * (1 - confidence), 50 * (1 + confidence)
+    passes_ci = percentile_interval(slopes * copies, lower, upper)
+    slope_lo, slope_hi = percentile_interval(slopes, lower, upper)
+
+    return PassesFit(
+        cache=caches[0],
+        intercept_ms=line.intercept * MS_PER_S,
+        slope_ms_per_gb=line.slope * MS_PER_S * GB,
+        effective_gbps=gbps_from_slope(line.slope),
+        passes=passes,
+        r2=line.r2,
+        n_points=len(points),
+        contexts=contexts,
+        copy_gbps=copy_bps / GB,
+        passes_ci=passes_ci,
+        intercept_ci=tuple(v * MS_PER_S for v in percentile_interval(intercepts, lower, upper)),
+        effective_gbps_ci=(gbps_from_slope(slope_hi), gbps_from_slope(slope_lo)),
+        confidence=confidence,
+        resamples=resamples,
+        weight_read_ms=weight_bytes / copy_bps * MS_PER_S,
+        crossover_tokens=weight_bytes / (passes * bytes_per_token),
+    )
+
+
+def too_few_contexts(count: int) -> str:
+    """Why ``count`` distinct contexts (fewer than MIN_CONTEXTS) give no passes figure."""
+    return f"needs at least {MIN_CONTEXTS} distinct contexts for a line that can be judged, got {count}"
+
+
+def check_finite(points: Sequence[Point]) -> None:
+    """FitError naming the contexts whose step times or KV bytes are NaN or infinite."""
+    bad = sorted({p.context for p in points
+                  if not (math.isfinite(p.kv_bytes) and all(math.isfinite(s) for s in p.samples_s))})
+    if bad:
+        where = ", ".join(str(c) for c in bad)
+        raise FitError(f"step times are not finite (NaN or inf) at context {where}; {NO_FIGURE}")
+
+
+def check_slope(slope_s_per_byte: float) -> None:
+    """FitError unless the slope (s/byte) is positive and finite: latency must grow with context."""
+    if not math.isfinite(slope_s_per_byte):
+        raise FitError(f"slope is not finite ({slope_s_per_byte}); {NO_FIGURE}")
+    if slope_s_per_byte <= 0:
+        as_bandwidth = f"{1 / slope_s_per_byte / GB:.2f} GB/s" if slope_s_per_byte else "0 ms per GB"
+        raise FitError(f"slope is not positive ({as_bandwidth}): latency did not grow with context; {NO_FIGURE}")
+
+
+def record_problem(fit: dict[str, Any]) -> str | None:
+    """Why a ``kv.fit.<cache>`` record gives no passes figure, or None when it gives one.
+
+    Its ``error`` where the analysis recorded one; for runs written before fits were checked, the same
+    rules applied to what the record holds (passes not positive and finite, fewer than MIN_CONTEXTS
+    distinct contexts)."""
+    if fit.get("error"):
+        return str(fit["error"])
+    passes = fit.get("passes")
+    if passes is None:  # a record with only the bandwidth: passes = copy bandwidth / effective bandwidth
+        passes = fit.get("effective_gbps")
+    if isinstance(passes, bool) or not isinstance(passes, (int, float)) or not math.isfinite(passes):
+        return f"passes are not a finite number; {NO_FIGURE}"
+    if passes <= 0:
+        return f"slope is not positive: latency did not grow with context; {NO_FIGURE}"
+    contexts = fit.get("contexts")
+    if isinstance(contexts, list) and len(set(contexts)) < MIN_CONTEXTS:
+        return too_few_contexts(len(set(contexts)))
+    return None
+
+
+def gbps_from_slope(slope_s_per_byte: float) -> float | None:
+    """Effective bandwidth in GB/s of a slope in s/byte; None when the slope is not positive."""
+    return 1 / slope_s_per_byte / GB if slope_s_per_byte > 0 else None
+
+
+def percentile_interval(values: np.ndarray, lower: float, upper: float) -> tuple[float, float]:
+    """(lower, upper) percentiles of the finite values; (nan, nan) when there are none."""
+    finite = values[np.isfinite(values)]
+    if finite.size == 0:
+        return (math.nan, math.nan)
+    lo, hi = np.percentile(finite, [lower, upper])
+    return (float(lo), float(hi))
+
+
+def bootstrap_medians(samples: np.ndarray, count: int, rng: np.random.Generator) -> np.ndarray:
+    """``count`` medians of ``samples`` resampled with replacement (same size as ``samples``)."""
+    picks = rng.integers(0, samples.size, size=(count, samples.size))
+    return np.median(samples[picks], axis=1)
+
+
+def bootstrap_lines(points: Sequence[Point], resamples: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Slopes (s/byte) and intercepts (s) of ``resamples`` hierarchical bootstrap refits.
+
+    Per resample and per context, that context's rounds are drawn with replacement; each drawn round
+    contributes the median of its per-step samples drawn with replacement (drawn afresh for every draw
+    of the round) at its ``kv_bytes``. All resamples are fitted at once.
+    """
+    by_context: dict[int, list[Point]] = {}
+    for point in points:
+        by_context.setdefault(point.context, []).append(point)
+    xs, ys = [], []
+    for rounds in by_context.values():
+        picks = rng.integers(0, len(rounds), size=(resamples, len(rounds)))
+        x = np.empty(picks.shape)
+        y = np.empty(picks.shape)
+        for index, point in enumerate(rounds):
+            chosen = picks == index
+            x[chosen] = point.kv_bytes
+            y[chosen] = bootstrap_medians(np.asarray(point.samples_s, dtype=np.float64), int(chosen.sum()), rng)
+        xs.append(x)
+        ys.append(y)
+    x = np.concatenate(xs, axis=1)
+    y = np.concatenate(ys, axis=1)
+    dx = x - x.mean(axis=1, keepdims=True)
+    dy = y - y.mean(axis=1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        slopes = np.sum(dx * dy, axis=1) / np.sum(dx * dx, axis=1)
+    intercepts = y.mean(axis=1) - slopes * x.mean(axis=1)
+    return slopes, intercepts
+
+
+@dataclass
+class Drift:
+    """Median step time (ms) of the first timed point re-measured at the end of the session.
+
+    ``fraction`` = last / first - 1; ``ok`` when ``abs(fraction) <= max_fraction``.
+    """
+
+    cache: str
+    context: int
+    first_ms: float
+    last_ms: float
+    fraction: float
+    max_fraction: float
+    ok: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict of the fields (None for a non-finite fraction)."""
+        return jsonable(asdict(self))
+
+
+def measure_drift(first: Point, last: Point, max_fraction: float) -> Drift:
+    """Relative change of the median step time between two measurements of the same point."""
+    if (first.cache, first.context) != (last.cache, last.context):
+        raise ValueError(
+            f"drift compares one point twice, got {first.cache}@{first.context} and {last.cache}@{last.context}"
+        )
+    first_s, last_s = first.median_s, last.median_s
+    fraction = last_s / first_s - 1 if first_s > 0 else math.inf
+    return Drift(
+        cache=first.cache,
+        context=first.context,
+        first_ms=first_s * MS_PER_S,
+        last_ms=last_s * MS_PER_S,
+        fraction=fraction,
+        max_fraction=max_fraction,
+        ok=abs(fraction) <= max_fraction,
+    )

@@ -1,0 +1,107 @@
+"""The terminal summary of a run's ``kv`` section: plain-text tables (analysing wing, no torch)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvcache.analysing.gate import status_of
+from kvcache.analysing.records import median
+
+
+def _num(value: Any, spec: str = ".2f", missing: str = "-") -> str:
+    return missing if value is None else format(value, spec)
+
+
+def table(rows: list[list[str]], header: list[str]) -> list[str]:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    line = "  ".join(h.ljust(w) for h, w in zip(header, widths))
+    out = [line, "  ".join("-" * w for w in widths)]
+    out += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in rows]
+    return out
+
+
+def measured_verdicts(kv: dict[str, Any]) -> dict[str, Any]:
+    """Verdicts of the classes that were measured at all (skipped classes are listed as skips)."""
+    return {c: v for c, v in kv.get("verdict", {}).items() if status_of(v) != "not-measured"}
+
+
+def fit_rows(kv: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    measured = measured_verdicts(kv)
+    failed = [c for c, f in (kv.get("fit") or {}).items() if (f or {}).get("error") and c not in measured]
+    for cache in [*measured, *failed]:  # a class whose fit failed is listed with why, whatever its verdict
+        verdict = measured.get(cache) or {}
+        fit = kv.get("fit", {}).get(cache) or {}
+        counted = (kv.get("traffic", {}).get(cache) or {}).get("passes")
+        timed = fit.get("passes")
+        ci = fit.get("passes_ci")
+        timed_text = "-" if timed is None else f"{timed:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+        if fit.get("error"):
+            timed_text = f"- ({fit['error']})"
+        rows.append([
+            cache, _num(fit.get("intercept_ms")), _num(fit.get("effective_gbps"), ".1f"), timed_text,
+            _num(fit.get("r2"), ".3f"), _num(counted), _num(timed / counted if timed and counted else None),
+            _num(fit.get("crossover_tokens"), ",.0f"), (verdict.get("timed") or {}).get("status", "-"),
+            (verdict.get("counted") or {}).get("status", "-"),
+        ])
+    return rows
+
+
+def point_rows(kv: dict[str, Any]) -> list[list[str]]:
+    """Per (cache, context): median over rounds of the median step and of the achieved bandwidth."""
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for p in kv.get("points", []):
+        groups.setdefault((p["cache"], p["context"]), []).append(p)
+    rows = []
+    for (cache, context), pts in sorted(groups.items()):
+        achieved = [p["achieved_gbps"] for p in pts if p.get("achieved_gbps")]
+        fraction = [p["achieved_fraction"] for p in pts if p.get("achieved_fraction")]
+        flag = " (beyond trained context)" if pts[0].get("beyond_trained_context") else ""
+        rows.append([cache, f"{context}{flag}", str(len(pts)), _num(median([p["median_ms"] for p in pts])),
+                     _num(median(achieved) if achieved else None, ".1f"),
+                     _num(100 * median(fraction), ".0f") + "%" if fraction else "-"])
+    return rows
+
+
+def lines(kv: dict[str, Any]) -> list[str]:
+    """The summary printed at the end of a session."""
+    env, model, copy = kv.get("environment", {}), kv.get("model") or {}, kv.get("copy", {})
+    out = [f"device {env.get('device_name')}; transformers {env.get('transformers')}, torch {env.get('torch')}; "
+           f"model {model.get('name')} ({model.get('dtype')}, {model.get('bytes_per_token')} B/token of KV, "
+           f"{model.get('weight_bytes')} B of weights)"]
+    out.append(f"copy bandwidth (read + write): start {_num(copy.get('start_gbps'), '.1f')} GB/s, "
+               f"end {_num(copy.get('end_gbps'), '.1f')} GB/s, median of all {_num(kv.get('copy_gbps'), '.1f')} GB/s")
+    if kv.get("verdict"):
+        out.append("")
+        out += table(fit_rows(kv), ["cache", "intercept ms", "eff GB/s", "timed passes [CI]", "R²", "counted",
+                                    "timed/counted", "crossover tok", "timed verdict", "counted verdict"])
+        out.append("  (effective GB/s = KV bytes per extra second of step time; passes = copy GB/s / effective GB/s;"
+                   " counted = bytes read + written per KV byte, logical)")
+    drift = kv.get("drift") or {}
+    if "fraction" in drift:
+        state = "ok" if drift["ok"] else "TOO LARGE: timed verdicts are inconclusive"
+        out.append(f"drift: {drift['cache']} at {drift['context']} tokens {drift['first_ms']:.2f} -> "
+                   f"{drift['last_ms']:.2f} ms ({drift['fraction']:+.1%}, allowed ±{drift['max_fraction']:.0%}): "
+                   f"{state}")
+    elif drift:
+        out.append(f"drift: not checked ({drift.get('reason')})")
+    for cache, t in (kv.get("traffic") or {}).items():
+        by_op = ", ".join(f"{k} {v:.2f}" for k, v in (t.get("by_op") or {}).items()) or "-"
+        out.append(f"counted {cache}: {t.get('passes', 0):.3f} passes = {by_op}")
+    for cache, p in (kv.get("probe") or {}).items():
+        out.append(f"probe {cache}: q {p.get('query')} k {p.get('key')} mask {p.get('mask')}; "
+                   f"{p.get('attention')}; K/V expansions {p.get('expansions')}")
+    rows = point_rows(kv)
+    if rows:
+        out.append("")
+        out += table(rows, ["cache", "context", "rounds", "median ms", "achieved GB/s", "of copy"])
+        out.append("  (achieved = counted bytes of the whole step / median step time; of copy = its share of the copy"
+                   " bandwidth)")
+    for s in kv.get("skipped", []):
+        where = f" at {s['context']}" if s.get("context") else ""
+        out.append(f"skipped {s['cache']}{where}: {s['reason']}")
+    for cache, verdict in measured_verdicts(kv).items():
+        for measure, v in verdict.items():
+            if v.get("status") != "not-measured":
+                out.append(f"verdict {cache} {measure}: {v.get('status')}: {v.get('reason')}")
+    return out

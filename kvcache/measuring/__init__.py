@@ -1,0 +1,3 @@
+"""The measuring wing: imports torch and transformers. Release differences (compat), presets (models),
+devices, copy bandwidth, the cache registry and its fixed classes, the decode step, counted traffic, the
+attention probe and the session that drives them, producing plain records for the analysing wing."""

@@ -1,0 +1,285 @@
+"""The cache registry: every cache class the suite can sweep, count and probe, by name.
+
+Built in: ``dynamic``, ``static``, ``inplace``, ``static-sliced``, ``offloaded``, ``offloaded-static``,
+``quantized-fp8``, ``quantized-quanto``, ``quantized-hqq``, ``sink``. The test-only twins (``twin-clean``,
+``twin-planted``) are registered by the suite's ``benchmarks/conftest.py``, not here. A class the
+installed release or packages cannot provide is skipped with the reason.
+
+Add your own without editing this project (the public names live in :mod:`kvcache.caches`)::
+
+    from kvcache.caches import register_cache
+
+    register_cache("mine", lambda req: MyCache(req.config, max_len=req.max_tokens),
+                   description="my cache")
+
+or, from an installed package, an entry point in the group ``kvcache_passes.caches`` whose object is
+a :class:`CacheSpec` or a function that calls :func:`register_cache`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import Any, Callable
+
+ENTRY_POINT_GROUP = "kvcache_passes.caches"
+
+
+class CacheError(ValueError):
+    """A ``--kv-caches`` value naming no registered class; the message is one line."""
+
+
+@dataclass(frozen=True)
+class CacheRequest:
+    """What a cache factory gets: the model config, the tokens the cache must hold, where, in what dtype."""
+
+    config: Any
+    max_tokens: int
+    device: Any
+    dtype: Any
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """A registered cache class.
+
+    ``build`` returns a fresh, empty cache for a :class:`CacheRequest`; ``prepare`` (optional) runs
+    once before use and may raise ``compat.Unsupported``/``ImportError`` to skip with the reason;
+    ``attention`` is the attention implementation the model runs with for this class;
+    ``memory_factor`` is the cache sizes a step holds at its peak (2 for a class that copies on append).
+    """
+
+    name: str
+    build: Callable[[CacheRequest], Any]
+    description: str = ""
+    attention: str = "sdpa"
+    prepare: Callable[[], None] | None = None
+    devices: tuple[str, ...] | None = None
+    memory_factor: float = 2.0
+    in_all: bool = True
+
+
+_REGISTRY: dict[str, CacheSpec] = {}
+_entry_points_loaded = False
+ENTRY_POINT_PROBLEMS: list[str] = []  # entry points that failed to load, named in unknown-class errors
+_builtins_registered = False
+
+
+def register_cache(name: str, build: Callable[[CacheRequest], Any] | None = None, *, replace: bool = False,
+                   **options: Any) -> CacheSpec:
+    """Register a cache class under ``name`` (see :class:`CacheSpec` for ``options``) and return its spec."""
+    if build is None:
+        raise TypeError("register_cache needs a build function: build(request: CacheRequest) -> cache")
+    _register_builtins()  # first, so that replace=True overrides a built-in and a clash is reported here
+    if name in _REGISTRY and not replace:
+        raise ValueError(f"cache class {name!r} is already registered (pass replace=True to override)")
+    spec = CacheSpec(name=name, build=build, **options)
+    _REGISTRY[name] = spec
+    return spec
+
+
+def load_entry_points() -> list[str]:
+    """Register the classes installed packages offer; return one line per entry point that failed."""
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return []
+    _entry_points_loaded = True
+    from importlib.metadata import entry_points
+
+    problems = []
+    try:
+        found = entry_points(group=ENTRY_POINT_GROUP)
+    except TypeError:  # Python 3.9
+        found = entry_points().get(ENTRY_POINT_GROUP, [])
+    for ep in found:
+        try:
+            obj = ep.load()
+            if isinstance(obj, CacheSpec):
+                _REGISTRY.setdefault(obj.name, obj)
+            else:
+                obj()
+        except Exception as exc:  # noqa: BLE001 - a broken plug-in must not stop the suite
+            problems.append(f"entry point {ep.name!r} ({ep.value}): {type(exc).__name__}: {exc}")
+    ENTRY_POINT_PROBLEMS.extend(problems)
+    return problems
+
+
+def _unknown(prefix: str, name: str, specs: dict) -> CacheError:
+    failed = f" (failed to load: {'; '.join(ENTRY_POINT_PROBLEMS)})" if ENTRY_POINT_PROBLEMS else ""
+    return CacheError(f"{prefix}unknown cache class {name!r}; known: {', '.join(specs)}, or all{failed}")
+
+
+def registry() -> dict[str, CacheSpec]:
+    _register_builtins()
+    load_entry_points()
+    return dict(_REGISTRY)
+
+
+def get(name: str) -> CacheSpec:
+    specs = registry()
+    if name not in specs:
+        raise _unknown("", name, specs)
+    return specs[name]
+
+
+def parse_caches(text: str) -> list[str]:
+    """``"dynamic,static"`` or ``"all"`` -> names; an unknown name is a one-line :class:`CacheError`."""
+    specs = registry()
+    if text.strip() == "all":
+        return [name for name, spec in specs.items() if spec.in_all]
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise CacheError(f"--kv-caches {text!r} names no cache class; known: {', '.join(specs)}, or all")
+    for name in names:
+        if name not in specs:
+            raise _unknown("--kv-caches: ", name, specs)
+    return list(dict.fromkeys(names))
+
+
+def unavailable_reason(spec: CacheSpec, device_type: str) -> str | None:
+    """Why ``spec`` cannot run here (release, package, device), or None if it can."""
+    from kvcache.measuring import compat
+
+    if spec.devices is not None and device_type not in spec.devices:
+        return f"{spec.name} runs on {', '.join(spec.devices)} only, not {device_type}"
+    try:
+        if spec.prepare is not None:
+            spec.prepare()
+    except compat.Unsupported as exc:
+        return str(exc)
+    except ImportError as exc:
+        return f"{spec.name} needs a package that is not installed ({exc})"
+    return None
+
+
+# --- built-in classes ------------------------------------------------------------------------------
+
+def _needs_package(module: str, package: str) -> Callable[[], None]:
+    def check() -> None:
+        if importlib.util.find_spec(module.split(".")[0]) is None or importlib.util.find_spec(module) is None:
+            raise ImportError(f"pip install {package}")
+    return check
+
+
+def _all_of(*checks: Callable[[], None]) -> Callable[[], None]:
+    def run() -> None:
+        for check in checks:
+            check()
+    return run
+
+
+def _dynamic(req: CacheRequest) -> Any:
+    from kvcache.measuring import compat
+
+    return compat.new_dynamic_cache(req.config)
+
+
+def _static(req: CacheRequest) -> Any:
+    from kvcache.measuring import compat
+
+    return compat.new_cache(compat.cache_class("StaticCache"), req.config, req.max_tokens, req.device, req.dtype)
+
+
+def _inplace(req: CacheRequest) -> Any:
+    from kvcache.measuring.fixed import InplaceCache
+
+    return InplaceCache(req.config, capacity=req.max_tokens)
+
+
+def _static_sliced(req: CacheRequest) -> Any:
+    from kvcache.measuring import compat
+    from kvcache.measuring.fixed import StaticSlicedCache
+
+    return compat.new_cache(StaticSlicedCache, req.config, req.max_tokens, req.device, req.dtype)
+
+
+def _prepare_sliced() -> None:
+    from kvcache.measuring.fixed import register_sliced_attention
+
+    register_sliced_attention()
+
+
+def _offloaded(req: CacheRequest) -> Any:
+    from kvcache.measuring import compat
+
+    return compat.offloaded_dynamic(req.config)
+
+
+def _offloaded_static(req: CacheRequest) -> Any:
+    from kvcache.measuring import compat
+
+    return compat.offloaded_static(req.config, req.max_tokens, req.device, req.dtype)
+
+
+def _prepare_offloaded() -> None:
+    from kvcache.measuring import compat
+
+    if not compat.has_offloaded("dynamic"):
+        raise compat.release_lacks("an offloaded dynamic cache (OffloadedCache / DynamicCache(offloading=True))")
+
+
+def _prepare_offloaded_static() -> None:
+    from kvcache.measuring import compat
+
+    if not compat.has_offloaded("static"):
+        raise compat.release_lacks("an offloaded static cache (OffloadedStaticCache / StaticCache(offloading=True))")
+
+
+def _quantized(backend: str) -> Callable[[CacheRequest], Any]:
+    def build(req: CacheRequest) -> Any:
+        from kvcache.measuring import compat
+
+        return compat.new_quantized_cache(backend, req.config, req.device, req.dtype)
+    return build
+
+
+def _prepare_quantized(backend: str) -> Callable[[], None]:
+    def check() -> None:
+        from kvcache.measuring import compat
+
+        compat.check_quantized_backend(backend)
+    return check
+
+
+SINK_TOKENS = 4
+
+
+def _sink(req: CacheRequest) -> Any:
+    from kvcache.measuring import compat
+
+    return compat.new_sink_cache(window_length=req.max_tokens, num_sink_tokens=SINK_TOKENS)
+
+
+def _prepare_sink() -> None:
+    from kvcache.measuring import compat
+
+    compat.new_sink_cache(window_length=2 * SINK_TOKENS, num_sink_tokens=SINK_TOKENS)
+
+
+def _register_builtins() -> None:
+    global _builtins_registered
+    if _builtins_registered:
+        return
+    _builtins_registered = True
+    reg = register_cache
+    reg("dynamic", _dynamic, description="DynamicCache: torch.cat appends, copying the whole cache every step")
+    reg("static", _static, description="StaticCache sized to context + warm-up + steps + margin",
+        memory_factor=1.5)
+    reg("inplace", _inplace, description="dynamic cache written in place into a preallocated buffer (this project)",
+        memory_factor=1.2)
+    reg("static-sliced", _static_sliced, attention="kvcache_sliced_sdpa", prepare=_prepare_sliced,
+        description="static cache; attention sees the filled slots only, native GQA (this project)",
+        memory_factor=1.2)
+    reg("offloaded", _offloaded, prepare=_prepare_offloaded, devices=("cuda",),
+        description="dynamic cache offloaded to CPU between layers (offloading=True)")
+    reg("offloaded-static", _offloaded_static, prepare=_prepare_offloaded_static, devices=("cuda",),
+        description="static cache offloaded to CPU between layers", memory_factor=1.5)
+    reg("quantized-fp8", _quantized("fp8"), prepare=_prepare_quantized("fp8"),
+        description="QuantizedCache, fp8 backend (per-tensor)")
+    reg("quantized-quanto", _quantized("quanto"),
+        prepare=_all_of(_prepare_quantized("quanto"), _needs_package("optimum.quanto", "optimum-quanto")),
+        description="QuantizedCache, quanto backend (int4, residual 128 tokens in full precision)")
+    reg("quantized-hqq", _quantized("hqq"), prepare=_all_of(_prepare_quantized("hqq"), _needs_package("hqq", "hqq")),
+        description="QuantizedCache, hqq backend")
+    reg("sink", _sink, prepare=_prepare_sink,
+        description="SinkCache with a window as large as the sweep needs (4.x only)")

@@ -1,0 +1,151 @@
+"""One decode point: a fresh cache of one class, filled to ``context`` tokens untimed, then single-token
+decode steps. The timed benchmarks, the traffic counter and the attention probe all drive this."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kvcache.measuring import compat
+from kvcache.measuring.caches import CacheRequest, CacheSpec
+from kvcache.measuring.devices import Device
+from kvcache.measuring.models import ModelSpec
+
+MARGIN_TOKENS = 8
+FILL_CHUNK = 8192
+
+
+class PointSkip(Exception):
+    """A point that cannot run here (memory, release, package); the message is the reason."""
+
+
+@dataclass
+class DecodePoint:
+    """A cache of one class on a built model, ready to step.
+
+    ``position`` is the number of tokens in the cache; each :meth:`step` adds one.
+    """
+
+    model: Any
+    spec: ModelSpec
+    cache_spec: CacheSpec
+    device: Device
+    context: int
+    max_tokens: int
+    fill: str = "synthetic"
+    seed: int = 0
+    cache: Any = None
+    position: int = 0
+    next_ids: torch.Tensor | None = None
+    step_start_ns: list[int] = field(default_factory=list)
+    step_seconds: list[float] = field(default_factory=list)
+
+    def build(self) -> DecodePoint:
+        """Make the cache, fill it to ``context`` tokens (untimed) and pick the first input token."""
+        dtype = next(self.model.parameters()).dtype
+        if self.cache_spec.prepare is not None:
+            self.cache_spec.prepare()
+        compat.set_attention(self.model, self.cache_spec.attention)
+        request = CacheRequest(self.model.config, self.max_tokens, self.device.torch_device, dtype)
+        self.cache = self.cache_spec.build(request)
+        gen = torch.Generator(device="cpu").manual_seed(self.seed)
+        with torch.inference_mode():
+            if self.fill == "synthetic":
+                self._fill_synthetic(gen, dtype)
+            else:
+                self._fill_prefill(gen)
+        self.position = self.context
+        token = torch.randint(1, self.spec.vocab, (1, 1), generator=gen)
+        self.next_ids = token.to(self.device.torch_device)
+        self.device.sync()
+        return self
+
+    def _fill_synthetic(self, gen: torch.Generator, dtype: torch.dtype) -> None:
+        """Random non-zero K/V written into every layer, in order from slot 0, in chunks: O(context)."""
+        shape = (1, self.spec.kv_heads, 0, self.spec.head_dim)
+        for start in range(0, self.context, FILL_CHUNK):
+            n = min(FILL_CHUNK, self.context - start)
+            for layer in range(self.spec.layers):
+                k = torch.randn(*shape[:2], n, shape[3], generator=gen).to(self.device.torch_device, dtype)
+                v = torch.randn(*shape[:2], n, shape[3], generator=gen).to(self.device.torch_device, dtype)
+                compat.fill_layer(self.cache, layer, k, v, start)
+
+    def _fill_prefill(self, gen: torch.Generator) -> None:
+        """A real forward over ``context`` random tokens."""
+        ids = torch.randint(1, self.spec.vocab, (1, self.context), generator=gen).to(self.device.torch_device)
+        kwargs = compat.decode_kwargs(self.model, self.cache, 0, self.device.torch_device)
+        kwargs["position_ids"] = torch.arange(self.context, device=self.device.torch_device)[None]
+        if "cache_position" in kwargs:
+            kwargs["cache_position"] = torch.arange(self.context, device=self.device.torch_device)
+        self.model(input_ids=ids, **kwargs)
+
+    def step(self) -> torch.Tensor:
+        """One single-token decode step; the greedy next token stays on the device (no host sync)."""
+        with torch.inference_mode():
+            kwargs = compat.decode_kwargs(self.model, self.cache, self.position, self.device.torch_device)
+            out = self.model(input_ids=self.next_ids, **kwargs)
+            returned = compat.cache_from_output(out)
+            if returned is not None:
+                self.cache = returned
+            self.next_ids = out.logits[:, -1:].argmax(-1)
+        self.position += 1
+        return out.logits
+
+    def before_step(self) -> None:
+        """Untimed: wait for the device, then note the step's start on the monotonic clock."""
+        self.device.sync()
+        self.step_start_ns.append(time.monotonic_ns())
+
+    def timed_step(self) -> None:
+        """The timed region: one step, then wait for the device. Its wall-clock seconds are kept here (the
+        suite's own record, whatever pytest-benchmark keeps), timed inside pytest-benchmark's own bracket."""
+        start = time.perf_counter()
+        self.step()
+        self.device.sync()
+        self.step_seconds.append(time.perf_counter() - start)
+
+    def warm_up(self, steps: int) -> None:
+        for _ in range(steps):
+            self.step()
+        self.device.sync()
+
+    def release(self) -> None:
+        self.cache = None
+        self.next_ids = None
+
+
+def tokens_needed(context: int, warmup: int, steps: int) -> int:
+    """Slots a preallocating cache needs: context + warm-up + timed steps + a small margin."""
+    return context + warmup + steps + MARGIN_TOKENS
+
+
+def check_memory(spec: ModelSpec, cache_spec: CacheSpec, device: Device, max_tokens: int) -> None:
+    """Skip (PointSkip) when the cache would not fit in the device's free memory, naming the numbers."""
+    need = spec.kv_bytes(max_tokens) * cache_spec.memory_factor
+    free = device.free_bytes()
+    if need > 0.9 * free:
+        raise PointSkip(f"{cache_spec.name} at {max_tokens} tokens needs about {need / 2**30:.2f} GiB "
+                        f"({spec.bytes_per_token} B/token x {max_tokens} x {cache_spec.memory_factor}); "
+                        f"{device.type} has {free / 2**30:.2f} GiB free")
+
+
+def open_point(model: Any, spec: ModelSpec, cache_spec: CacheSpec, device: Device, context: int, *,
+               warmup: int, steps: int, fill: str = "synthetic", seed: int = 0) -> DecodePoint:
+    """A built, filled and warmed-up :class:`DecodePoint`, or PointSkip with the reason."""
+    max_tokens = tokens_needed(context, warmup, steps)
+    check_memory(spec, cache_spec, device, max_tokens)
+    point = DecodePoint(model, spec, cache_spec, device, context, max_tokens, fill=fill, seed=seed)
+    try:
+        point.build()
+        point.warm_up(warmup)
+    except compat.Unsupported as exc:
+        raise PointSkip(str(exc)) from None
+    except ImportError as exc:
+        raise PointSkip(f"{cache_spec.name} needs a package that is not installed ({exc})") from None
+    except torch.OutOfMemoryError as exc:
+        point.release()
+        raise PointSkip(f"out of memory on {device.type} at {context} tokens: {str(exc).splitlines()[0]}") from None
+    return point

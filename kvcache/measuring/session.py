@@ -1,0 +1,243 @@
+"""The measuring side of one pytest session (or one xdist worker): the device, the model (built once), and
+the records its items produce: plain dicts (``copy``, ``point``, ``traffic``, ``skip``, ``context``) that
+the plugin attaches to each item's report and :mod:`kvcache.analysing.analysis` turns into the ``kv`` section."""
+
+from __future__ import annotations
+
+import gc
+import json
+import platform
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch
+import transformers
+
+from kvcache.measuring import caches, decode, traffic
+from kvcache.measuring.bandwidth import measure_copy
+from kvcache.measuring.devices import Device
+from kvcache.measuring.models import ModelSpec, build_model, load_config, spec_from_config
+from kvcache.measuring.probe import probe
+from kvcache.analysing.records import median
+from kvcache.settings import Settings
+
+COUNT_WARMUP = 2  # decode steps before a counted one: enough for lazy initialisation; bytes do not change after
+
+
+def plain(record: dict[str, Any]) -> dict[str, Any]:
+    """A record as plain JSON data (str for torch's version objects, lists for tuples), as it must travel
+    between xdist processes and land in the JSON."""
+    return json.loads(json.dumps(record, default=str))
+
+
+@dataclass(frozen=True)
+class PointId:
+    """One timed benchmark: a cache class at a context in a round."""
+
+    cache: str
+    context: int
+    round: int = 0
+
+    def test_id(self, rounds: int) -> str:
+        return f"{self.cache}-{self.context}" + (f"-r{self.round}" if rounds > 1 else "")
+
+
+class Skip(pytest.skip.Exception):
+    """A point or class that cannot run here, with the reason: pytest reports it as a skip."""
+
+
+# Reported like pytest.skip()'s own exception ("Skipped: reason"), as pytest does for its Skipped.
+Skip.__module__, Skip.__qualname__ = "builtins", "Skipped"
+
+
+@dataclass
+class KVSession:
+    settings: Settings
+    device: Device
+    _model: Any = None
+    _spec: ModelSpec | None = None
+    copies: list[dict[str, Any]] = field(default_factory=list)
+    traffic: dict[str, dict[str, Any]] = field(default_factory=dict)
+    probes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+    pending: list[dict[str, Any]] = field(default_factory=list)
+    context_sent: bool = False
+    counted_bytes: dict[tuple[str, int], int] = field(default_factory=dict)
+    first_point: PointId | None = None
+    used: bool = False
+    warmed: bool = False
+    point_medians: dict[tuple[str, int], list[tuple[float, float]]] = field(default_factory=dict)
+    remeasure_order: list[tuple[str, int]] | None = None
+    remeasure_started: float | None = None
+
+    # --- the model ---
+    def model(self) -> tuple[Any, ModelSpec]:
+        if self._model is None:
+            self._model, self._spec = build_model(self.settings.model, self.device.torch_device,
+                                                  self.settings.dtype, seed=self.settings.seed)
+        return self._model, self._spec
+
+    def spec(self) -> ModelSpec:
+        """The model's geometry (from its config: no weights are built for this)."""
+        if self._spec is None:
+            self._spec = spec_from_config(self.settings.model, load_config(self.settings.model)[0],
+                                          self.settings.dtype)
+        return self._spec
+
+    def environment(self) -> dict[str, Any]:
+        return {**self.machine(), "python": platform.python_version(), "platform": platform.platform(),
+                "threads": torch.get_num_threads()}
+
+    def machine(self) -> dict[str, Any]:
+        """What identifies the machine and libraries, nothing that changes between two runs on it (pytest-benchmark's
+        ``machine_info`` already has the Python and OS facts)."""
+        return {**self.device.describe(), "transformers": str(transformers.__version__),
+                "torch": str(torch.__version__)}
+
+    # --- records ---
+    def emit(self, record: dict[str, Any]) -> None:
+        """Queue a record for the current item's report (the plugin drains :attr:`pending`); the first one
+        of a process is preceded by the model and environment."""
+        if not self.context_sent:
+            self.context_sent = True
+            self.pending.append(plain({"type": "context", "model": self.spec().to_dict(),
+                                       "environment": self.environment()}))
+        self.pending.append(plain(record))
+
+    def take_records(self) -> list[dict[str, Any]]:
+        out, self.pending = self.pending, []
+        return out
+
+    # --- measurements ---
+    def measure_copy(self, label: str) -> dict[str, Any]:
+        self.used = True
+        result = measure_copy(self.device, nbytes=self.settings.copy_bytes, repeats=self.settings.copy_repeats,
+                              label=label).to_dict()
+        self.copies.append(result)
+        self.emit({"type": "copy", **result})
+        return result
+
+    def skip(self, cache: str, context: int | None, reason: str) -> Skip:
+        entry = {"cache": cache, "context": context, "reason": reason}
+        if entry not in self.skipped:
+            self.skipped.append(entry)
+            self.emit({"type": "skip", **entry})
+        return Skip(reason)
+
+    def open(self, cache: str, context: int, *, warmup: int, steps: int) -> decode.DecodePoint:
+        """A filled, warmed-up point, or :class:`Skip` with the reason (recorded for the report)."""
+        self.used = True
+        spec = caches.get(cache)
+        reason = caches.unavailable_reason(spec, self.device.type)
+        if reason:
+            raise self.skip(cache, None, reason)
+        model, mspec = self.model()
+        try:
+            return decode.open_point(model, mspec, spec, self.device, context, warmup=warmup, steps=steps,
+                                     fill=self.settings.fill, seed=self.settings.seed)
+        except decode.PointSkip as exc:
+            raise self.skip(cache, context, str(exc)) from None
+
+    def point_info(self, point: PointId, kind: str) -> dict[str, Any]:
+        """``extra_info`` of a timed benchmark (before it runs)."""
+        s, spec = self.settings, self.spec()
+        mean_tokens = point.context + s.warmup + (s.steps + 1) / 2  # tokens attention reads, averaged
+        return {
+            "kind": kind, "cache": point.cache, "context": point.context, "round": point.round,
+            "kv_bytes": spec.kv_bytes(mean_tokens), "bytes_per_token": spec.bytes_per_token,
+            "device": self.device.type, "device_name": self.device.name, "dtype": s.dtype,
+            "model": s.model, "fill": s.fill, "warmup": s.warmup, "steps": s.steps,
+            "transformers": transformers.__version__, "torch": torch.__version__,
+            "beyond_trained_context": point.context + s.warmup + s.steps > spec.max_position_embeddings,
+        }
+
+    def warm_model(self, steps: int = 20) -> None:
+        """Once a session, before the first timed point: decode steps on a small dynamic cache, so one-time
+        costs (allocator growth, kernel selection, page faults) do not land in the first point measured."""
+        if not self.warmed:
+            self.warmed = True
+            dp = self.open("dynamic", 256, warmup=steps, steps=0)
+            dp.release()
+
+    def run_timed(self, point: PointId, benchmark: Any, kind: str = "timed") -> None:
+        """Fill untimed, warm up, then time ``steps`` single steps (each bracketed by a device sync) through
+        pytest-benchmark; then count the bytes of one more step for the achieved bandwidth."""
+        s = self.settings
+        self.warm_model()
+        dp = self.open(point.cache, point.context, warmup=s.warmup, steps=s.steps)
+        try:
+            benchmark.group = f"decode {point.cache}" if kind == "timed" else "drift"
+            benchmark.extra_info.update(self.point_info(point, kind))
+            benchmark.pedantic(dp.timed_step, setup=dp.before_step, rounds=s.steps, iterations=1)
+            benchmark.extra_info["step_start_ns"] = list(dp.step_start_ns)
+            if len(dp.step_seconds) < s.steps:  # --benchmark-disable: the step ran once, untimed
+                return
+            samples = sorted(dp.step_seconds)
+            if kind == "timed":
+                iqr = samples[3 * len(samples) // 4] - samples[len(samples) // 4]
+                self.point_medians.setdefault((point.cache, point.context), []).append((median(samples), iqr))
+                if self.first_point is None:
+                    self.first_point = point
+            self._count_point(dp, point, benchmark)
+            self.emit({"type": "point", **benchmark.extra_info, "samples_s": list(dp.step_seconds),
+                       "name": getattr(benchmark, "name", "")})
+        finally:
+            dp.release()
+            del dp
+            gc.collect()
+
+    def noisiest(self) -> list[tuple[str, int]]:
+        """(cache, context) points, noisiest first: relative spread of their round medians (with one round,
+        the relative interquartile range of its steps)."""
+        def noise(key: tuple[str, int]) -> float:
+            runs = self.point_medians[key]
+            medians = [m for m, _ in runs]
+            if len(runs) > 1:
+                return (max(medians) - min(medians)) / median(medians)
+            return runs[0][1] / runs[0][0] if runs[0][0] else 0.0
+        return sorted(self.point_medians, key=noise, reverse=True)
+
+    def remeasure(self, k: int, benchmark: Any) -> None:
+        """Measure the k-th noisiest point once more, as one more round (within ``--kv-remeasure-seconds``)."""
+        if self.remeasure_order is None:
+            self.remeasure_order, self.remeasure_started = self.noisiest(), time.monotonic()
+        elapsed = time.monotonic() - (self.remeasure_started or 0.0)
+        if elapsed > self.settings.remeasure_seconds:
+            raise Skip(f"re-measure budget of {self.settings.remeasure_seconds:g} s spent ({elapsed:.0f} s)")
+        if k >= len(self.remeasure_order):
+            raise Skip(f"only {len(self.remeasure_order)} points were measured")
+        cache, context = self.remeasure_order[k]
+        self.run_timed(PointId(cache, context, self.settings.rounds + k), benchmark)
+        benchmark.extra_info["remeasured"] = True
+
+    def _count_point(self, dp: decode.DecodePoint, point: PointId, benchmark: Any) -> None:
+        key = (point.cache, point.context)
+        if key not in self.counted_bytes:
+            _, counted = traffic.count(dp.step)
+            self.counted_bytes[key] = counted.total
+        counted_bytes = self.counted_bytes[key]
+        median_s = median(dp.step_seconds) if dp.step_seconds else None
+        achieved = counted_bytes / median_s / 1e9 if median_s else None
+        start = self.copies[0]["gbps"] if self.copies else None
+        benchmark.extra_info.update({
+            "counted_bytes": counted_bytes, "achieved_gbps": achieved,
+            "achieved_fraction": achieved / start if achieved and start else None,
+        })
+
+    def count(self, cache: str) -> dict[str, Any]:
+        """Counted passes of ``cache`` (steps counted at the two counted contexts) and its attention probe."""
+        s = self.settings
+        model, spec = self.model()
+        counts = {}
+        for context in s.counted_contexts:
+            dp = self.open(cache, context, warmup=min(s.warmup, COUNT_WARMUP), steps=1)
+            _, counts[context] = traffic.count(dp.step)
+            if context == max(s.counted_contexts):
+                self.probes[cache] = probe(dp.step, spec.heads, spec.kv_heads).to_dict()
+            dp.release()
+        self.traffic[cache] = traffic.counted_passes(counts, spec.bytes_per_token)
+        self.emit({"type": "traffic", "cache": cache, "traffic": self.traffic[cache], "probe": self.probes.get(cache)})
+        return self.traffic[cache]
+

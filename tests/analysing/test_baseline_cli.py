@@ -1,0 +1,71 @@
+"""``kvcache baseline RUN.json``: a finished run recorded as the baseline, then judged against it."""
+
+from __future__ import annotations
+
+import json
+
+from fakerun import make_run, write_run
+
+from kvcache.analysing import analysis, baseline
+from kvcache.cli import main
+
+
+def test_records_timed_and_counted_passes(tmp_path, capsys):
+    run = write_run(tmp_path / "run.json", make_run({"dynamic": 3.0, "static": 1.0}))
+    baseline = tmp_path / "kv-baseline.json"
+    assert main(["baseline", str(run), "--baseline", str(baseline)]) == 0
+    doc = json.loads(baseline.read_text())
+    assert doc["schema"] == 2
+    by_device = doc["devices"]["cpu: test machine | smollm2-135m | bfloat16"]
+    assert by_device["dynamic"]["timed_passes"] == 3.0
+    assert "counted_passes" not in by_device["dynamic"]  # counted passes belong to the device type
+    by_type = doc["devices"]["cpu | smollm2-135m | bfloat16"]
+    assert by_type["static"] == {**by_type["static"], "counted_passes": 1.0}
+    assert "timed_passes" not in by_type["static"]  # timed passes belong to one machine, not a device type
+    out = capsys.readouterr().out
+    assert "dynamic: timed_passes 3.000" in out and "dynamic: counted_passes 3.000" in out
+
+
+def test_bad_run_file_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert main(["baseline", str(bad), "--baseline", str(tmp_path / "b.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("kvcache baseline: ") and str(bad) in err and "\n" not in err
+
+
+def judged(run: dict, doc: dict) -> dict:
+    """The kv section of a recorded run judged again against the baseline ``doc``."""
+    kv = {**run["kv"], "settings": {**run["kv"]["settings"], "tolerance": 0.1, "counted_tolerance": 0.05}}
+    return {**kv, "verdict": analysis.judge(kv, doc)}
+
+
+def test_counted_gate_against_a_recorded_baseline(tmp_path):
+    """A planted +2 counted passes against the recorded clean run is a regression; the clean run passes."""
+    clean = make_run({"dynamic": 3.0})
+    path = tmp_path / "b.json"
+    baseline.record(str(path), clean["kv"], "2026-11-29T00:00:00")
+    assert judged(clean, baseline.load(path))["verdict"]["dynamic"]["counted"]["status"] == "pass"
+    kv = judged(make_run({"dynamic": 3.0}, counted={"dynamic": 5.0}), baseline.load(path))
+    assert kv["verdict"]["dynamic"]["counted"]["status"] == "regression"
+    assert any("dynamic counted: counted passes 5 is above the allowed 3.05" in line
+               for line in analysis.failures(kv))
+
+
+def garbage_run() -> dict:
+    """The run users recorded from: R² 0.23, drift +1420%."""
+    run = make_run({"dynamic": 3.0})
+    run["kv"]["fit"]["dynamic"].update(passes=957.2, r2=0.23)
+    run["kv"]["drift"].update(fraction=14.2, ok=False)
+    return run
+
+
+def test_garbage_timed_passes_are_not_recorded(tmp_path, capsys):
+    run = write_run(tmp_path / "run.json", garbage_run())
+    path = tmp_path / "kv-baseline.json"
+    assert main(["baseline", str(run), "--baseline", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "dynamic: timed passes not recorded: poor fit" in out
+    doc = json.loads(path.read_text())
+    assert "cpu: test machine | smollm2-135m | bfloat16" not in doc["devices"]
+    assert doc["devices"]["cpu | smollm2-135m | bfloat16"]["dynamic"]["counted_passes"] == 3.0

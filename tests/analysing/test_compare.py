@@ -1,0 +1,236 @@
+"""``kvcache compare`` on recorded runs made with tests/fakerun.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from fakerun import make_run, write_run
+
+from kvcache.cli import main
+from kvcache.analysing.compare import IMPROVED, INCONCLUSIVE, REGRESSED, SAME, compare
+from kvcache.analysing.records import load_run
+
+
+def recorded(tmp_path: Path, name: str, **kwargs) -> str:
+    return str(write_run(tmp_path / name, make_run(**kwargs)))
+
+
+def one_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    assert len(lines) == 1, text
+    return lines[0]
+
+
+def test_planted_counted_regression_exits_1(tmp_path, capsys):
+    base = recorded(tmp_path, "old.json", transformers="4.45.2")
+    new = recorded(tmp_path, "new.json", transformers="5.24.0", counted={"dynamic": 5.0, "static": 1.0})
+    assert main(["compare", base, new]) == 1
+    out = capsys.readouterr().out
+    assert "5.00 ▲ +2.00" in out
+    (line,) = [x for x in out.splitlines() if x.startswith("regression:")]
+    assert "dynamic" in line and "5.24.0" in line and "counted passes 5 is above the allowed 3.05" in line
+    assert "grew: aten.cat +2.00" in line  # the ops that grew, from the per-op breakdown
+
+
+def test_identical_runs_exit_0(tmp_path, capsys):
+    a = recorded(tmp_path, "a.json")
+    b = recorded(tmp_path, "b.json")
+    assert main(["compare", a, b]) == 0
+    out = capsys.readouterr().out
+    assert "No regressions" in out and "regression:" not in out
+    assert "(a.json)" in out and "(b.json)" in out  # same release twice: labels tell the files apart
+
+
+def test_single_run_is_shown(tmp_path, capsys):
+    assert main(["compare", recorded(tmp_path, "a.json")]) == 0
+    out = capsys.readouterr().out
+    assert "dynamic" in out and "static" in out and "nothing to compare" in out
+
+
+def test_device_mismatch_refused_unless_allowed(tmp_path, capsys):
+    a = recorded(tmp_path, "a.json", device_name="cpu: machine one")
+    b = recorded(tmp_path, "b.json", device_name="cpu: machine two")
+    assert main(["compare", a, b]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    line = one_line(captured.err)
+    assert "device_name (a.json: cpu: machine one, b.json: cpu: machine two)" in line and "--allow-mismatch" in line
+    assert main(["compare", a, b, "--allow-device-mismatch"]) == 0  # the old name stays as an alias
+    out = capsys.readouterr().out
+    assert "machine one" in out and "machine two" in out
+    assert main(["compare", a, b, "--allow-mismatch"]) == 0
+
+
+def test_corrupt_file_is_one_line_naming_it(tmp_path, capsys):
+    good = recorded(tmp_path, "good.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"benchmarks": [')
+    assert main(["compare", good, str(bad)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert str(bad) in one_line(captured.err)
+
+
+def test_missing_file_is_one_line_naming_it(tmp_path, capsys):
+    missing = tmp_path / "missing.json"
+    assert main(["compare", str(missing)]) == 2
+    assert str(missing) in one_line(capsys.readouterr().err)
+
+
+def test_foreign_json_is_one_line(tmp_path, capsys):
+    foreign = tmp_path / "foreign.json"
+    foreign.write_text(json.dumps({"machine_info": {}, "benchmarks": []}))
+    assert main(["compare", str(foreign)]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert str(foreign) in line and "kv" in line
+
+
+def test_markdown_header_names_both_releases(tmp_path, capsys):
+    a = recorded(tmp_path, "a.json", transformers="4.45.2")
+    b = recorded(tmp_path, "b.json", transformers="5.24.0")
+    assert main(["compare", a, b, "--markdown"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("| cache |"))
+    assert "4.45.2" in lines[header] and "5.24.0" in lines[header]
+    assert set(lines[header + 1].replace("|", "").split()) <= {":---", "---:"}
+    assert any(line.startswith("| dynamic |") for line in lines)
+
+
+def test_missing_class_shows_skip_reason(tmp_path, capsys):
+    a = recorded(tmp_path, "a.json", caches={"dynamic": 3.0, "quantized": 2.0})
+    run = make_run({"dynamic": 3.0})
+    run["kv"]["skipped"] = [{"cache": "quantized", "context": None, "reason": "needs optimum-quanto"}]
+    b = str(write_run(tmp_path / "b.json", run))
+    assert main(["compare", a, b]) == 0
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("quantized")]
+    assert "skipped: needs optimum-quanto" in row
+
+
+def test_counted_only_runs_show_no_timed_columns(tmp_path, capsys):
+    runs = []
+    for name in ("a.json", "b.json"):
+        run = make_run()
+        run["benchmarks"] = []
+        run["kv"].pop("fit")
+        runs.append(str(write_run(tmp_path / name, run)))
+    assert main(["compare", *runs, "--markdown"]) == 0
+    out = capsys.readouterr().out
+    assert "counted passes" in out and "timed passes" not in out
+
+
+def test_timed_noise_is_not_a_regression(tmp_path):
+    base = make_run()
+    noisy = make_run()
+    # Point 40% above the baseline but the interval reaches back below ×1.25: inconclusive.
+    noisy["kv"]["fit"]["dynamic"].update(passes=4.2, passes_ci=[3.5, 4.9])
+    # Interval entirely above ×1.25: a regression.
+    noisy["kv"]["fit"]["static"].update(passes=1.6, passes_ci=[1.3, 1.9])
+    runs = [load_run(write_run(tmp_path / n, r)) for n, r in (("a.json", base), ("b.json", noisy))]
+    comparison = compare(runs, tolerance=0.25, counted_tolerance=0.05)
+    dynamic, static = comparison.cells["dynamic"][1], comparison.cells["static"][1]
+    assert dynamic.timed_change == INCONCLUSIVE
+    assert static.timed_change == REGRESSED
+    assert [(r.cache, r.measure) for r in comparison.regressions] == [("static", "timed passes")]
+    assert "interval [1.3, 1.9]" in comparison.regressions[0].reason
+
+
+def test_counted_tolerance_and_improvement(tmp_path):
+    runs = [
+        load_run(write_run(tmp_path / "a.json", make_run())),
+        load_run(write_run(tmp_path / "b.json", make_run(counted={"dynamic": 3.04, "static": 0.5}))),
+    ]
+    comparison = compare(runs, counted_tolerance=0.05)
+    assert comparison.cells["dynamic"][1].counted_change == SAME
+    assert comparison.cells["static"][1].counted_change == IMPROVED
+    assert comparison.regressions == []
+
+
+def test_compare_runs_without_torch(tmp_path):
+    import subprocess
+    import sys
+
+    run = recorded(tmp_path, "a.json")
+    code = ("import sys; sys.modules['torch'] = None; from kvcache.cli import main; "
+            f"sys.exit(main(['compare', {run!r}]))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "dynamic" in done.stdout
+
+
+def test_model_or_dtype_mismatch_is_refused_naming_the_fields(tmp_path, capsys):
+    a = make_run()
+    b = make_run()
+    b["kv"]["settings"].update(model="tiny", dtype="float32")
+    paths = [str(write_run(tmp_path / n, r)) for n, r in (("a.json", a), ("b.json", b))]
+    assert main(["compare", *paths]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert "model (a.json: smollm2-135m, b.json: tiny)" in line and "dtype (a.json: bfloat16, b.json: float32)" in line
+    assert main(["compare", *paths, "--allow-mismatch"]) in (0, 1)
+    out = capsys.readouterr().out
+    assert "smollm2-135m, bfloat16" in out and "tiny, float32" in out  # column headers name model and dtype
+
+
+def test_counted_only_runs_ignore_the_machine(tmp_path, capsys):
+    """Counted passes key on the device type: two CPUs compare without --allow-mismatch."""
+    runs = []
+    for name, device in (("a.json", "cpu: machine one"), ("b.json", "cpu: machine two")):
+        run = make_run(device_name=device)
+        run["kv"]["fit"] = {}
+        run["benchmarks"] = []
+        runs.append(str(write_run(tmp_path / name, run)))
+    assert main(["compare", *runs]) == 0
+
+
+@pytest.mark.parametrize("option", ["--counted-tolerance", "--tolerance"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-0.1"])
+def test_tolerances_must_be_finite_and_non_negative(tmp_path, capsys, option, value):
+    a = recorded(tmp_path, "a.json")
+    b = recorded(tmp_path, "b.json", counted={"dynamic": 9.0, "static": 1.0})
+    assert main(["compare", a, b, f"{option}={value}"]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert option in line and value in line
+
+
+def test_poor_fit_and_drift_are_inconclusive(tmp_path):
+    base = make_run()
+    poor = make_run()
+    poor["kv"]["fit"]["static"].update(passes=1.6, passes_ci=[1.3, 1.9], r2=0.3)
+    drifted = make_run()
+    drifted["kv"]["fit"]["static"].update(passes=1.6, passes_ci=[1.3, 1.9])
+    drifted["kv"]["drift"].update(fraction=0.2, ok=False)
+    runs = [load_run(write_run(tmp_path / n, r)) for n, r in (("a.json", base), ("b.json", poor), ("c.json", drifted))]
+    comparison = compare(runs, tolerance=0.25)
+    assert comparison.regressions == []
+    poor_cell, drift_cell = comparison.cells["static"][1], comparison.cells["static"][2]
+    assert poor_cell.timed_change == drift_cell.timed_change == INCONCLUSIVE
+    assert "poor fit" in poor_cell.judged["timed"]["reason"]
+    assert "drift" in drift_cell.judged["timed"]["reason"]
+
+
+def test_gate_and_compare_give_identical_verdicts(tmp_path):
+    """The same recorded runs judged by the session-end gate (first run recorded as the baseline file)
+    and by compare (first run as the baseline) give the same verdict for every class and measure."""
+    from kvcache.analysing import analysis, baseline
+
+    base = make_run(counted={"dynamic": 3.0, "static": 1.0})
+    others = [make_run(counted={"dynamic": 5.0, "static": 1.0}), make_run()]
+    others[1]["kv"]["fit"]["static"].update(passes=1.6, passes_ci=[1.3, 1.9])
+    others[1]["kv"]["fit"]["dynamic"].update(passes=3.5, passes_ci=[2.9, 4.1])
+    path = tmp_path / "baseline.json"
+    base_run = load_run(write_run(tmp_path / "base.json", base))
+    baseline.record(path, base_run.kv, "2026-11-29T00:00:00")
+    doc = baseline.load(path)
+    for i, other in enumerate(others):
+        run = load_run(write_run(tmp_path / f"run{i}.json", other))
+        comparison = compare([base_run, run], tolerance=0.10, counted_tolerance=0.05)
+        at_gate = analysis.judge(run.kv, doc, tolerance=0.10, counted_tolerance=0.05)
+        for cache, measures in at_gate.items():
+            judged = comparison.cells[cache][1].judged
+            for measure, verdict in measures.items():
+                assert judged[measure]["status"] == verdict["status"], (cache, measure)
+                assert judged[measure]["value"] == verdict["value"]
+                assert judged[measure]["allowed"] == verdict["allowed"]
+    assert {c.judged["timed"]["status"] for c in (comparison.cells["static"][1], comparison.cells["dynamic"][1])} \
+        == {"regression", "inconclusive"}

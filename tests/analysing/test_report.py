@@ -1,0 +1,376 @@
+"""kvcache.analysing.report on synthetic runs (tests/fakerun.py): all four outputs, runs missing parts, bad input,
+and report.html in headless Chromium (skipped when no Chromium is installed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fakerun import analysed, make_run, without, write_run
+
+from kvcache.analysing import report
+from kvcache.analysing.records import Run, load_run, points_from_benchmarks
+
+OUTPUTS = ("report.md", "report.html", "latency.png", "traffic.png")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def render_dicts(tmp_path: Path, *runs: dict, out: str = "out") -> Path:
+    paths = [write_run(tmp_path / f"run{i}.json", run) for i, run in enumerate(runs)]
+    written = report.render([load_run(p) for p in paths], tmp_path / out)
+    assert sorted(p.name for p in written) == sorted(OUTPUTS)
+    for name in OUTPUTS:
+        assert (tmp_path / out / name).stat().st_size > 0, name
+    for name in ("latency.png", "traffic.png"):
+        assert (tmp_path / out / name).read_bytes().startswith(PNG_MAGIC)
+    return tmp_path / out
+
+
+def embedded_data(page: str) -> dict:
+    m = re.search(r'<script type="application/json" id="report-data">(.*?)</script>', page, re.S)
+    assert m, "no embedded data"
+    return json.loads(m.group(1))
+
+
+def drop_points(run: dict, cache: str, context: int) -> dict:
+    out = without(run)
+    out["benchmarks"] = [b for b in out["benchmarks"]
+                         if not (b["extra_info"]["cache"] == cache and b["extra_info"]["context"] == context)]
+    return out
+
+
+def test_one_run_all_outputs(tmp_path):
+    out = render_dicts(tmp_path, make_run())
+    md = (out / "report.md").read_text()
+    assert "| cache | intercept ms | effective GB/s |" in md
+    assert "| dynamic | 30.00 | 6.67 | 3.00 [2.85, 3.15]" in md
+    assert "| static | 30.00 | 20.00 | 1.00 [0.95, 1.05]" in md
+    for text in ("transformers 5.24.0", "torch 2.13.0+cpu", "smollm2-135m", "bfloat16", "CPU test cpu",
+                 "start 20.00 GB/s, end 20.00 GB/s", "Drift: dynamic at 512 tokens", "native-gqa", "1×3×1024×64",
+                 "counted no-baseline: no baseline for this device", "aten.cat 2.00"):
+        assert text in md, text
+    assert "no counted traffic" not in md and "no fit" not in md
+    page = (out / "report.html").read_text()
+    for ident in ('id="latency-chart"', 'id="context-slider"', 'id="slider-readout"'):
+        assert page.count(ident) == 1, ident
+    assert "<table>" in page and "aten.cat 2.00" in page
+    # self-contained: no external scripts, styles, images or fonts
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
+    assert "<link" not in page and "@import" not in page
+    data = embedded_data(page)
+    assert data["contexts"] == [512, 1024, 2048, 4096, 8192]
+    assert [s["cache"] for s in data["series"]] == ["dynamic", "static"]
+    assert data["trained"] == [8192]
+    assert 'max="4"' in page
+
+
+def test_two_runs(tmp_path):
+    a = make_run()
+    b = make_run({"dynamic": 2.5, "static": 1.0, "quantized": 0.6}, transformers="5.25.0", rounds=2, seed=1)
+    out = render_dicts(tmp_path, a, b)
+    md = (out / "report.md").read_text()
+    assert "## transformers 5.24.0 on cpu: test machine" in md
+    assert "## transformers 5.25.0 on cpu: test machine" in md
+    assert md.count("| cache | intercept ms |") == 2
+    assert "| quantized | 30.00 | 33.33 |" in md
+    data = embedded_data((out / "report.html").read_text())
+    assert len(data["series"]) == 5
+    assert {s["run"] for s in data["series"]} == {"transformers 5.24.0 on cpu: test machine",
+                                                  "transformers 5.25.0 on cpu: test machine"}
+
+
+def test_same_label_runs_are_told_apart_by_file(tmp_path):
+    out = render_dicts(tmp_path, make_run(), make_run(seed=3))
+    md = (out / "report.md").read_text()
+    assert "## transformers 5.24.0 on cpu: test machine (run0.json)" in md
+    assert "## transformers 5.24.0 on cpu: test machine (run1.json)" in md
+
+
+def test_without_traffic(tmp_path):
+    out = render_dicts(tmp_path, without(make_run(), "traffic"))
+    md = (out / "report.md").read_text()
+    assert "no counted traffic in this run" in md
+    assert "| dynamic | 30.00 | 6.67 | 3.00 [2.85, 3.15] | 0.990 | — | — |" in md
+    assert "no counted traffic in this run" in (out / "report.html").read_text()
+
+
+def test_traffic_for_one_class_only(tmp_path):
+    run = make_run()
+    del run["kv"]["traffic"]["static"]
+    md = (render_dicts(tmp_path, run) / "report.md").read_text()
+    assert "no counted traffic for static in this run" in md
+    assert "| static | no counted traffic |" in md
+
+
+def test_without_fit_refits_the_line(tmp_path):
+    md = (render_dicts(tmp_path, without(make_run(), "fit")) / "report.md").read_text()
+    assert "no fit in this run" in md
+    assert "| dynamic | no fit (chart line refit from points) |" in md
+
+
+def test_refit_recovers_the_line():
+    run_dict = without(make_run(noise=0.0), "fit")
+    run = Run(path="x.json", points=points_from_benchmarks(run_dict["benchmarks"]), kv=run_dict["kv"])
+    pts = report.points_by_cache(run)["dynamic"]
+    line = report.fit_line(run, "dynamic", pts)
+    assert line is not None and line["source"] == "refit from points"
+    assert line["intercept_ms"] == pytest.approx(30.0, rel=1e-6)
+    assert 1 / (line["ms_per_byte"] * 1e6) == pytest.approx(20.0 / 3.0, rel=1e-6)
+
+
+def test_single_cache_class(tmp_path):
+    out = render_dicts(tmp_path, make_run({"dynamic": 3.0}))
+    md = (out / "report.md").read_text()
+    assert "| dynamic |" in md and "| static |" not in md
+    assert len(embedded_data((out / "report.html").read_text())["series"]) == 1
+
+
+def test_class_missing_a_context(tmp_path):
+    skipped = drop_points(make_run(), "static", 8192)
+    skipped["kv"]["skipped"] = [{"cache": "static", "context": 8192, "reason": "out of memory"}]
+    silent = drop_points(make_run(transformers="5.25.0"), "static", 4096)
+    out = render_dicts(tmp_path, skipped, silent)
+    md = (out / "report.md").read_text()
+    assert "| static | 8,192 | out of memory |" in md
+    assert "| static | 4,096 | not measured (no skip reason recorded) |" in md
+    data = embedded_data((out / "report.html").read_text())
+    static = [s for s in data["series"] if s["cache"] == "static"]
+    assert static[0]["skipped"] == {"8192": "out of memory"}
+    assert 8192 not in [m["context"] for m in static[0]["medians"]]
+
+
+def test_whole_class_skipped(tmp_path):
+    run = make_run()
+    run["benchmarks"] = [b for b in run["benchmarks"] if b["extra_info"]["cache"] != "static"]
+    run["kv"]["skipped"] = [{"cache": "static", "context": None, "reason": "not supported on cpu"}]
+    md = (render_dicts(tmp_path, run) / "report.md").read_text()
+    assert "| static | whole class | not supported on cpu |" in md
+
+
+def test_no_points_and_nothing_else(tmp_path):
+    run = without(make_run(), "fit", "traffic", "probe", "drift", "verdict", "copy", "copy_gbps", "model", "skipped")
+    run["benchmarks"] = []
+    out = render_dicts(tmp_path, run)
+    md = (out / "report.md").read_text()
+    for text in ("no timed points in this run", "no fit in this run", "no counted traffic in this run",
+                 "no attention probe in this run", "no drift check in this run", "no verdict in this run",
+                 "no copy bandwidth in this run", "no model description in this run"):
+        assert text in md, text
+    page = (out / "report.html").read_text()
+    assert embedded_data(page)["contexts"] == []
+    assert 'id="context-slider" min="0" max="0" step="1" value="0" disabled' in page
+
+
+def test_drift_not_checked(tmp_path):
+    run = make_run()
+    run["kv"]["drift"] = {"reason": "only one round"}
+    md = (render_dicts(tmp_path, run) / "report.md").read_text()
+    assert "Drift: not checked (only one round)" in md
+
+
+def test_main_writes_into_out(tmp_path, capsys):
+    from kvcache import cli
+
+    path = write_run(tmp_path / "run.json", make_run())
+    assert cli.main(["report", str(path), "--out", str(tmp_path / "rep")]) == 0
+    assert sorted(p.name for p in (tmp_path / "rep").iterdir()) == sorted(OUTPUTS)
+    assert "report.md" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("content", [None, "{not json", '{"benchmarks": []}', "[]"])
+def test_bad_input_exits_2_naming_the_file(tmp_path, capsys, content):
+    good = write_run(tmp_path / "good.json", make_run())
+    bad = tmp_path / "bad.json"
+    if content is not None:
+        bad.write_text(content)
+    assert report.main([str(good), str(bad), "--out", str(tmp_path / "rep")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(bad) in err
+
+
+def test_without_matplotlib_md_and_html_are_still_written(tmp_path, capsys, monkeypatch):
+    path = write_run(tmp_path / "run.json", make_run())
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert report.main([str(path), "--out", str(tmp_path / "rep")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "matplotlib is not installed" in err
+    assert (tmp_path / "rep" / "report.md").exists() and (tmp_path / "rep" / "report.html").exists()
+
+
+def test_report_does_not_import_torch():
+    code = "import sys, kvcache.analysing.report; sys.exit('torch' in sys.modules or 'transformers' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[2]).returncode == 0
+
+
+# ----------------------------------------------------------------------------------------------- no nonsense
+
+NEGATIVE = re.compile(r"(?<![\w.])[-\u2212]\d")  # a minus sign before a digit, not a hyphen inside a word
+
+
+@pytest.fixture
+def legends(monkeypatch):
+    """Every legend text of the PNGs drawn while the test runs."""
+    import matplotlib.axes
+
+    texts: list[str] = []
+    original = matplotlib.axes.Axes.legend
+
+    def spy(self, *args, **kwargs):
+        legend = original(self, *args, **kwargs)
+        texts.extend(t.get_text() for t in legend.get_texts())
+        return legend
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "legend", spy)
+    return texts
+
+
+def fit_row(md: str, cache: str) -> str:
+    rows = [line for line in md.splitlines() if line.startswith(f"| {cache} |") and "passes by op" not in line]
+    return rows[0]
+
+
+def decreasing_run() -> dict:
+    """dynamic's latency falls with context (its fit says why there is no passes figure), static's grows."""
+    return analysed(make_run({"dynamic": -3.0, "static": 1.0}, counted={"dynamic": 3.0, "static": 1.0}))
+
+
+def test_fit_error_gives_no_number_line_or_crossover(tmp_path, legends):
+    run = decreasing_run()
+    error = run["kv"]["fit"]["dynamic"]["error"]
+    assert error.startswith("slope is not positive")
+    out = render_dicts(tmp_path, run)
+    md = (out / "report.md").read_text()
+    row = fit_row(md, "dynamic")
+    assert f"— ({error})" in row and "no passes figure" in row, row
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    # intercept, effective GB/s, R², timed/counted and crossover: none; counted passes stay
+    assert cells[1] == cells[2] == cells[4] == cells[6] == cells[7] == "—", row
+    assert cells[5] == "3.00"
+    static = [c.strip() for c in fit_row(md, "static").strip("|").split("|")]
+    assert float(static[3].split()[0]) == pytest.approx(1.0, rel=0.05) and int(static[7].replace(",", "")) > 0
+    # the reason may quote the slope it refused; nothing else in the report is negative
+    assert not NEGATIVE.search(md.replace(error, "")), [line for line in md.splitlines() if NEGATIVE.search(line)]
+    page = (out / "report.html").read_text()
+    tables = page.split('<div id="slider-readout"', 1)[1].split("<script", 1)[0]
+    assert error in tables and not NEGATIVE.search(tables.replace(error, ""))
+    fits = [t for t in legends if " fit: " in t]
+    assert len(fits) == 1 and re.fullmatch(r"static fit: 30\.\d ms \+ KV/(19|20|21)\.\d\d GB/s", fits[0]), legends
+    assert any(t.startswith("dynamic (median") for t in legends), legends  # its points are still drawn
+
+
+def legacy_run(fit: dict, contexts: tuple[int, ...] = (512, 1024, 2048, 4096, 8192)) -> dict:
+    """A run written before fits were checked: kv.fit holds whatever the line gave."""
+    run = make_run({"dynamic": 3.0, "static": 1.0}, contexts=contexts)
+    run["kv"]["fit"]["dynamic"] = {"n_points": len(contexts), "contexts": list(contexts), **fit}
+    run["kv"]["fit"]["static"].pop("contexts")  # a record that does not name its contexts is judged by its passes
+    return run
+
+
+@pytest.mark.parametrize(("fit", "contexts", "reason"), [
+    ({"intercept_ms": 41.2, "effective_gbps": None, "passes": -1318.49, "passes_ci": [-3327.26, 729.96], "r2": 0.31,
+      "crossover_tokens": None, "slope_ms_per_gb": -1.41}, (512, 1024, 2048), "slope is not positive"),
+    ({"intercept_ms": 40.0, "effective_gbps": -0.71, "passes": -28.2, "passes_ci": [-30.0, -26.0], "r2": 0.9,
+      "crossover_tokens": None}, (512, 1024, 2048), "slope is not positive"),
+    ({"intercept_ms": 12.0, "effective_gbps": 1.4e-05, "passes": 1379849.0, "passes_ci": [1379849.0, 1379849.0],
+      "r2": 1.0, "crossover_tokens": 11.0}, (1, 2), "needs at least 3 distinct contexts"),
+])
+def test_old_run_with_a_nonsense_fit_shows_the_reason(tmp_path, legends, fit, contexts, reason):
+    out = render_dicts(tmp_path, legacy_run(fit, contexts))
+    md = (out / "report.md").read_text()
+    row = fit_row(md, "dynamic")
+    assert reason in row and "no passes figure" in row, row
+    for figure in ("1318", "1,379,849", "1379849", "| 11 |", "28.20", "0.71", "41.20"):
+        assert figure not in row, (figure, row)
+    assert not NEGATIVE.search(md), [line for line in md.splitlines() if NEGATIVE.search(line)]
+    assert not any(t.startswith("dynamic fit") or "/-" in t for t in legends), legends
+    assert any(t.startswith("static fit:") for t in legends), legends
+
+
+def test_refit_is_skipped_when_latency_falls(tmp_path, legends):
+    """No kv.fit at all: the chart's own line from the points is drawn only where fit.py would give passes."""
+    run = without(make_run({"dynamic": -3.0, "static": 1.0}, counted={"dynamic": 3.0, "static": 1.0}), "fit")
+    loaded = Run(path="x.json", points=points_from_benchmarks(run["benchmarks"]), kv=run["kv"])
+    groups = report.points_by_cache(loaded)
+    assert report.fit_line(loaded, "dynamic", groups["dynamic"]) is None
+    assert report.fit_line(loaded, "static", groups["static"]) is not None
+    render_dicts(tmp_path, run)
+    assert not any(t.startswith("dynamic fit") or "/-" in t for t in legends), legends
+    assert any(t.startswith("static fit:") and "refit from points" in t for t in legends), legends
+
+
+def test_refit_needs_three_contexts(tmp_path, legends):
+    run = without(make_run(contexts=(512, 1024)), "fit")
+    loaded = Run(path="x.json", points=points_from_benchmarks(run["benchmarks"]), kv=run["kv"])
+    assert report.fit_line(loaded, "dynamic", report.points_by_cache(loaded)["dynamic"]) is None
+    md = (render_dicts(tmp_path, run) / "report.md").read_text()
+    assert "| dynamic | no fit |" in md
+    assert not any(" fit: " in t for t in legends), legends
+
+
+# ----------------------------------------------------------------------------------------------- browser
+
+CHROMIUM = os.environ.get("CHROMIUM") or next(
+    (p for p in (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")) if p), None)
+
+
+def chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """Headless Chromium, isolated profile, no network features; console messages logged to stderr."""
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
+           "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           "--hide-scrollbars", "--enable-logging=stderr", "--v=0", f"--user-data-dir={tmp_path / 'profile'}", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def console_errors(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if ":CONSOLE" in line and re.search(r"Uncaught|rror", line)]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium (apt-get install chromium); CI installs it")
+def test_html_in_headless_chromium(tmp_path):
+    a = make_run()
+    a["kv"]["skipped"] = [{"cache": "static", "context": 8192, "reason": "out of memory"}]
+    a = drop_points(a, "static", 8192)
+    b = make_run({"dynamic": 2.5, "static": 1.0, "quantized": 0.6}, transformers="5.25.0", rounds=2, seed=1)
+    page = render_dicts(tmp_path, a, b) / "report.html"
+
+    dom = chromium(tmp_path, "--dump-dom", page.as_uri() + "#selftest")
+    m = re.search(r'<pre id="selftest">(.*?)</pre>', dom.stdout, re.S)
+    assert m, f"no self-test result in the DOM (rc {dom.returncode}): {dom.stderr[-2000:]}"
+    result = json.loads(m.group(1).replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&"))
+    assert result["errors"] == [] and console_errors(dom.stderr) == []
+    assert result["chart"] and result["svg"] == 1
+    assert result["points"] == 9 + 30  # run a: 10 points less one skipped; run b: 3 classes x 5 contexts x 2 rounds
+    assert result["lines"] == 5 and result["trained"] == 1 and result["contexts"] == 5
+    assert result["changed"], result
+    assert "context 8,192 tokens" in result["before"] and "skipped: out of memory" in result["before"]
+    assert "context 512 tokens" in result["after"]
+    assert "median" in result["tooltip"] and "KV cache" in result["tooltip"] and "counted" in result["tooltip"]
+
+    shot = tmp_path / "report-screenshot.png"
+    run = chromium(tmp_path, f"--screenshot={shot}", "--window-size=1200,900", page.as_uri())
+    assert shot.exists() and shot.read_bytes().startswith(PNG_MAGIC), run.stderr[-2000:]
+    assert shot.stat().st_size > 20_000  # a drawn chart, not a blank page
+    assert console_errors(run.stderr) == []
+    if os.environ.get("KVCACHE_SCREENSHOT_DIR"):  # CI keeps the screenshot as an artifact
+        Path(os.environ["KVCACHE_SCREENSHOT_DIR"]).mkdir(parents=True, exist_ok=True)
+        shutil.copy(shot, Path(os.environ["KVCACHE_SCREENSHOT_DIR"]) / shot.name)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium (apt-get install chromium); CI installs it")
+def test_html_without_points_in_headless_chromium(tmp_path):
+    run = without(make_run(), "fit", "traffic")
+    run["benchmarks"] = []
+    page = render_dicts(tmp_path, run) / "report.html"
+    dom = chromium(tmp_path, "--dump-dom", page.as_uri() + "#selftest")
+    m = re.search(r'<pre id="selftest">(.*?)</pre>', dom.stdout, re.S)
+    assert m, f"no self-test result in the DOM (rc {dom.returncode}): {dom.stderr[-2000:]}"
+    result = json.loads(m.group(1))
+    assert result["errors"] == [] and console_errors(dom.stderr) == []
+    assert result["chart"] and result["points"] == 0
+    assert result["after"] == "no measured contexts in this run"

@@ -1,0 +1,217 @@
+"""Fail fast: what would only fail after the whole sweep (a path the run cannot write, a copy tensor larger
+than free memory) or in every test (a model directory whose config is unusable), and a hub id that would
+wait half a minute for a network that is not there, stop ``pytest benchmarks`` at start-up: exit 4 and one
+line naming the value. A hub id already in the local Hugging Face cache loads without the network.
+
+The plugin cases are fresh ``pytest.main(["benchmarks", "--co", "-q", ...])`` runs, a batch per environment
+(tests/kvrun.py). The hub batch points the hub at a local port that accepts connections and never answers:
+a machine whose network drops packets, deterministically."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from kvrun import describe, output, run_batch
+
+from kvcache.measuring.models import PRESETS
+
+torch = pytest.importorskip("torch")
+
+USAGE_ERROR = 4
+TINY_LLAMA = {"model_type": "llama", **PRESETS["tiny"]}
+BERT = {"model_type": "bert", "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+        "intermediate_size": 3072, "vocab_size": 30522, "max_position_embeddings": 512}
+T5 = {"model_type": "t5", "d_model": 512, "num_layers": 6, "num_heads": 8, "d_ff": 2048, "vocab_size": 32128,
+      "is_encoder_decoder": True}
+CACHED, CONFIG_ONLY, NOT_CACHED = "kvcache-test/tiny-llama", "kvcache-test/config-only", "kvcache-test/absent"
+HUB_SECONDS = 10  # a hub id with no network fails within this; before, retries took ~27 s
+
+
+def model_dir(tmp: Path, name: str, config: str | dict) -> Path:
+    d = tmp / name
+    d.mkdir()
+    (d / "config.json").write_text(config if isinstance(config, str) else json.dumps(config))
+    return d
+
+
+def fake_hub_cache(hf_home: Path, repo: str, config: dict, *, weights: bool) -> Path:
+    """The layout huggingface_hub keeps under ``HF_HOME/hub``: refs/main naming a snapshot with the files."""
+    repo_dir = hf_hub_cache(hf_home) / f"models--{repo.replace('/', '--')}"
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    (repo_dir / "refs").mkdir(parents=True)
+    (repo_dir / "refs" / "main").write_text(sha)
+    snapshot = repo_dir / "snapshots" / sha
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(json.dumps(config))
+    if weights:
+        (snapshot / "model.safetensors").write_bytes(b"")
+    return snapshot
+
+
+def hf_hub_cache(hf_home: Path) -> Path:
+    return hf_home / "hub"
+
+
+def _cases(tmp: Path) -> dict[str, tuple[list[str], list[str]]]:
+    """case -> (arguments, texts the error line must contain), run with the default (offline) environment."""
+    a_file = tmp / "a-file.txt"
+    a_file.write_text("not a directory\n")
+    a_dir = tmp / "a-dir"
+    a_dir.mkdir()
+    storage = a_file / "storage"
+    cases = {
+        "json-under-file": (["--benchmark-json", str(a_file / "out.json")],
+                            ["--benchmark-json", str(a_file / "out.json"), f"{a_file} is not a directory"]),
+        "json-is-dir": (["--benchmark-json", str(a_dir)], ["--benchmark-json", str(a_dir), "is a directory"]),
+        "baseline-under-file": (["--kv-update-baseline", "--kv-baseline", str(a_file / "sub" / "kv.json")],
+                                ["--kv-baseline", str(a_file / "sub" / "kv.json"), f"{a_file} is not a directory"]),
+        "storage-under-file": (["--benchmark-autosave", "--benchmark-storage", f"file://{storage}"],
+                               ["--benchmark-storage", str(storage), f"{a_file} is not a directory"]),
+        "copy-too-big": (["--kv-copy-mib", "100000000"],
+                         ["--kv-copy-mib 100000000", "195312.50 GiB", "source and destination", "GiB free"]),
+    }
+    if Path("/proc/self").is_dir():  # a directory nobody can create files in, root included
+        cases["baseline-unwritable-dir"] = (["--kv-update-baseline", "--kv-baseline", "/proc/kv-baseline.json"],
+                                            ["--kv-baseline", "/proc/kv-baseline.json", "cannot write in /proc"])
+    if os.geteuid() != 0:  # permissions do not stop root
+        read_only = tmp / "read-only"
+        read_only.mkdir(mode=0o500)
+        cases["baseline-read-only-dir"] = (["--kv-update-baseline", "--kv-baseline", str(read_only / "kv.json")],
+                                           ["--kv-baseline", f"cannot write in {read_only}"])
+    models = {
+        "model-corrupt": ('{"model_type": "llama", "hidden_size": ', ["is not JSON"]),
+        "model-empty": ("", ["is empty"]),
+        "model-list": ("[1, 2]", ["is a list, expected an object"]),
+        "model-no-type": ({k: v for k, v in TINY_LLAMA.items() if k != "model_type"}, ["has no model_type"]),
+        "model-unknown-type": ({**TINY_LLAMA, "model_type": "no-such-model"}, ["model_type 'no-such-model'",
+                                                                                "not known"]),
+        "model-missing-fields": ({"model_type": "llama", "hidden_size": 576},
+                                 ["lacks num_hidden_layers, num_attention_heads", "intermediate_size"]),
+        "model-bad-value": ({**TINY_LLAMA, "num_hidden_layers": 0}, ["num_hidden_layers is 0",
+                                                                     "a positive whole number"]),
+        "model-bert": (BERT, ["model_type 'bert'", "encoder", "not a decoder-only causal LM with a KV cache"]),
+        "model-t5": (T5, ["model_type 't5'", "encoder-decoder", "not a decoder-only causal LM with a KV cache"]),
+    }
+    for name, (config, expected) in models.items():
+        d = model_dir(tmp, name, config)
+        cases[name] = (["--kv-model", str(d)], [f"--kv-model '{d}'", str(d / "config.json"), *expected])
+    cases["hub-offline-not-cached"] = (["--kv-model", NOT_CACHED], [
+        f"--kv-model '{NOT_CACHED}'", "not in the local Hugging Face cache", "HF_HUB_OFFLINE"])
+    return cases
+
+
+def _hub_cases() -> dict[str, tuple[list[str], list[str]]]:
+    """Run with the hub online in name but unreachable: HF_HUB_OFFLINE=0, the endpoint a port that never answers."""
+    return {
+        "hub-cached": (["--kv-model", CACHED], []),
+        "hub-not-cached": (["--kv-model", NOT_CACHED], [f"--kv-model '{NOT_CACHED}'", "not in the local Hugging Face "
+                                                        "cache", "cannot be reached"]),
+        "hub-cached-config-only": (["--kv-model", CONFIG_ONLY], [f"--kv-model '{CONFIG_ONLY}'", "weights",
+                                                                 "cannot be reached"]),
+    }
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("preflight")
+    hf_home = tmp / "hf-home"
+    fake_hub_cache(hf_home, CACHED, TINY_LLAMA, weights=True)
+    fake_hub_cache(hf_home, CONFIG_ONLY, TINY_LLAMA, weights=False)
+    cache_env = {"HF_HOME": str(hf_home), "HF_HUB_CACHE": str(hf_hub_cache(hf_home)), "HF_HUB_OFFLINE": "1"}
+    cases, hub = _cases(tmp), _hub_cases()
+    missing = str(tmp / "no-baseline.json")
+    warm_up = ["--co", "-q", "--kv-model", "tiny", "--kv-baseline", missing]  # pays the imports, timed cases after
+    jobs = {"warm-up": warm_up}
+    for name, (args, _) in cases.items():
+        isolate = [] if "--kv-baseline" in args else ["--kv-baseline", missing]
+        jobs[name] = ["--co", "-q", "--kv-model", "tiny", *isolate, *args]
+    new_dir = tmp / "new-dir" / "sub"
+    jobs["json-new-dir"] = [*warm_up, "--benchmark-json", str(new_dir / "out.json")]
+    hub_jobs = {"warm-up": warm_up, **{name: [*warm_up, *args] for name, (args, _) in hub.items()}}
+    with socket.socket() as silent, ThreadPoolExecutor(max_workers=2) as pool:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)  # the kernel accepts connections; nothing ever answers them
+        silent_hub = {**cache_env, "HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "0",
+                      "HF_ENDPOINT": f"http://127.0.0.1:{silent.getsockname()[1]}"}
+        batch = pool.submit(run_batch, jobs, env=cache_env)
+        hub_batch = pool.submit(run_batch, hub_jobs, env=silent_hub, timeout=120)
+        results = {**batch.result(), **hub_batch.result()}
+    return {**cases, **hub}, results, new_dir
+
+
+def one_error_line(done) -> str:
+    assert done.returncode == USAGE_ERROR, describe(done)
+    text = output(done)
+    assert "Traceback" not in text, describe(done)
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("ERROR: "), describe(done)
+    return lines[0]
+
+
+CASE_NAMES = ["json-under-file", "json-is-dir", "baseline-under-file", "baseline-unwritable-dir",
+              "baseline-read-only-dir", "storage-under-file", "copy-too-big", "model-corrupt", "model-empty",
+              "model-list", "model-no-type", "model-unknown-type", "model-missing-fields", "model-bad-value",
+              "model-bert", "model-t5", "hub-offline-not-cached", "hub-not-cached", "hub-cached-config-only"]
+
+
+@pytest.mark.parametrize("case", CASE_NAMES)
+def test_checked_before_anything_runs(runs, case):
+    specs, results, _ = runs
+    if case not in results:
+        pytest.skip("needs /proc" if case == "baseline-unwritable-dir" else "permissions do not stop root")
+    line = one_error_line(results[case])
+    for part in specs[case][1]:
+        assert part in line, f"{part!r} not in {line!r}"
+
+
+@pytest.mark.parametrize("case", ["hub-not-cached", "hub-cached-config-only"])
+def test_hub_without_network_fails_in_seconds(runs, case):
+    done = runs[1][case]
+    assert done.seconds < HUB_SECONDS, f"took {done.seconds:.1f} s\n{describe(done)}"
+
+
+def test_hub_id_in_local_cache_loads_offline(runs):
+    done = runs[1]["hub-cached"]
+    assert done.returncode == 0, describe(done)
+    assert "tests collected" in output(done), describe(done)
+    assert done.seconds < 5, f"took {done.seconds:.1f} s: it waited for the network\n{describe(done)}"
+
+
+def test_json_directory_is_created_and_nothing_left_behind(runs):
+    done, new_dir = runs[1]["json-new-dir"], runs[2]
+    assert done.returncode == 0, describe(done)
+    assert new_dir.is_dir() and not any(new_dir.iterdir()), describe(done)
+
+
+def test_cached_hub_id_touches_no_network(tmp_path, monkeypatch):
+    """In process: a hub id in the cache is read from its snapshot; the hub is never asked."""
+    from huggingface_hub import constants
+
+    from kvcache.measuring import models
+
+    snapshot = fake_hub_cache(tmp_path, CACHED, TINY_LLAMA, weights=True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hf_hub_cache(tmp_path)))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+
+    def no_network(*_args, **_kwargs):
+        raise AssertionError("the hub was asked")
+
+    monkeypatch.setattr(models, "hub_unreachable", no_network)
+    config, weights = models.load_config(CACHED)
+    assert config.num_hidden_layers == 2 and weights == snapshot
+
+
+@pytest.mark.parametrize("config, expected", [('{"model_type": ', "is not JSON"), (BERT, "model_type 'bert'")])
+def test_traffic_command_gets_the_same_one_line(tmp_path, capsys, config, expected):
+    from kvcache import traffic_cli
+
+    d = model_dir(tmp_path, "model", config)
+    assert traffic_cli.main(["--model", str(d), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"kvcache traffic: --model '{d}': "), err
+    assert expected in err, err

@@ -1,0 +1,94 @@
+"""scripts/versions.py: argument parsing and release lists (no network, no installs)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "versions.py"
+spec = importlib.util.spec_from_file_location("versions_script", SCRIPT)
+versions = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = versions  # dataclasses look the module up while the class is made
+spec.loader.exec_module(versions)
+
+PIP_INDEX = """\
+transformers (5.24.0)
+Available versions: 5.24.0, 5.10.4, 5.10.2, 5.0.0, 5.0.0rc1, 4.57.6, 4.57.5, 4.46.3, 4.46.2, 4.45.2, 4.45.1, \
+4.44.2, 4.9.2, 3.5.1
+  INSTALLED: 5.24.0
+  LATEST:    5.24.0
+"""
+
+
+def test_parse_pip_index_keeps_final_releases():
+    found = versions.parse_pip_index(PIP_INDEX)
+    assert "5.0.0rc1" not in found
+    assert found[:3] == ["5.24.0", "5.10.4", "5.10.2"] and found[-1] == "3.5.1"
+
+
+def test_parse_pip_index_rejects_other_output():
+    with pytest.raises(ValueError):
+        versions.parse_pip_index("ERROR: No matching distribution found for transformers")
+
+
+def test_newest_patch_per_minor_since_4_45_numeric_order():
+    releases = versions.newest_per_minor(versions.parse_pip_index(PIP_INDEX))
+    # 5.10 sorts after 5.0 and 4.9/4.44 are before 4.45, numerically not lexically.
+    assert releases == ["4.45.2", "4.46.3", "4.57.6", "5.0.0", "5.10.4", "5.24.0"]
+    assert versions.newest_per_minor(["4.9.2", "4.45.2"], since="4.9") == ["4.9.2", "4.45.2"]
+
+
+def test_fallback_list_is_newest_per_minor_and_ordered():
+    assert versions.newest_per_minor(versions.FALLBACK) == versions.FALLBACK
+    assert versions.FALLBACK[0] == "4.45.2"
+
+
+def test_releases_option_sorted_deduplicated_validated():
+    args = versions.parse_args(["--releases", "5.10.4, 4.48.3,5.0.0,4.48.3"])
+    assert args.releases == ["4.48.3", "5.0.0", "5.10.4"]
+    with pytest.raises(SystemExit):
+        versions.parse_args(["--releases", "4.48.x"])
+    with pytest.raises(SystemExit):
+        versions.parse_args(["--releases", "5.0.0rc1"])
+
+
+def test_defaults_and_pytest_args_after_double_dash(tmp_path):
+    args = versions.parse_args([])
+    assert args.releases is None and args.jobs == 1 and args.pytest_args == []
+    assert args.out == versions.ROOT / ".versions" / "results"
+    args = versions.parse_args(["--out", str(tmp_path), "--jobs", "3", "--", "--kv-model", "tiny", "-x"])
+    assert args.out == tmp_path and args.jobs == 3
+    assert args.pytest_args == ["--kv-model", "tiny", "-x"]
+    with pytest.raises(SystemExit):
+        versions.parse_args(["--jobs", "0"])
+
+
+def test_constraints_pin_all_but_the_transformers_family(tmp_path):
+    installed = {"numpy": "2.4.6", "transformers": "5.24.0", "huggingface-hub": "2.4.0", "tokenizers": "0.23.3",
+                 "safetensors": "0.8.0", "hf-xet": "1.8.0", "kvcache-passes": "0.1.0", "pyyaml": "6.0.4"}
+    text = versions.write_constraints(tmp_path / "c.txt", installed).read_text()
+    assert text.split() == ["numpy==2.4.6", "pyyaml==6.0.4"]
+
+
+def test_main_compares_ran_releases_oldest_first(tmp_path, monkeypatch, capsys):
+    from fakerun import make_run, write_run
+
+    def fake_run_release(release, args, constraints, installed):
+        if release == "4.46.3":
+            return versions.Outcome(release, "skipped", "pip install failed: no matching distribution")
+        counted = {"dynamic": 5.0, "static": 1.0} if release == "5.10.4" else None
+        path = write_run(args.out / f"counted-{release}.json", make_run(counted=counted, transformers=release))
+        return versions.Outcome(release, "ran", json=path, seconds=1.0)
+
+    monkeypatch.setattr(versions, "run_release", fake_run_release)
+    status = versions.main(["--releases", "5.10.4,4.46.3,5.0.0", "--out", str(tmp_path / "out"),
+                            "--dir", str(tmp_path / "dir")])
+    assert status == 1  # counted 3 -> 5 in 5.10.4
+    out = capsys.readouterr().out
+    compare_md = (tmp_path / "out" / "compare.md").read_text()
+    assert "Baseline: transformers 5.0.0" in compare_md and "5.10.4" in compare_md
+    assert "ran (2): 5.0.0; 5.10.4" in out
+    assert "skipped (1): 4.46.3 (pip install failed: no matching distribution)" in out
