@@ -1,4 +1,4 @@
-"""kvcache.analysing.baseline: what enters a baseline, schema 1 files, atomic locked writes that keep the file's mode."""
+"""kvcache.analysing.baseline: what enters a baseline, schema 1 files, locked atomic writes keeping the mode."""
 
 from __future__ import annotations
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from fakerun import make_run, write_run
 
-from kvcache.cli import main
 from kvcache.analysing.compare import IMPROVED, INCONCLUSIVE, REGRESSED, SAME, compare
 from kvcache.analysing.records import load_run
+from kvcache.cli import main
 
 
 def recorded(tmp_path: Path, name: str, **kwargs) -> str:

@@ -15,8 +15,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from kvcache.measuring import caches
-from kvcache import compat  # noqa: E402
+from kvcache.measuring import (  # noqa: E402
+    caches,
+    compat,  # noqa: E402
+)
 from kvcache.measuring.caches import CacheRequest  # noqa: E402
 from kvcache.measuring.models import build_model, load_config  # noqa: E402
 

@@ -21,8 +21,10 @@ pytest.importorskip("transformers")
 
 import torch.nn.functional as F  # noqa: E402, N812
 
-from kvcache.measuring import caches
-from kvcache import compat  # noqa: E402
+from kvcache.measuring import (  # noqa: E402
+    caches,
+    compat,  # noqa: E402
+)
 from kvcache.measuring.caches import CacheSpec  # noqa: E402
 from kvcache.measuring.decode import DecodePoint  # noqa: E402
 from kvcache.measuring.devices import Device  # noqa: E402
