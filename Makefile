@@ -21,9 +21,12 @@ $(VENV)/.test: $(VENV)/.bench
 	$(PY) -m pip install -q -e ".[test]"
 	touch $@
 
+# results.json is removed first, so a run that writes none never rebuilds report/ from an older one.
 bench: $(VENV)/.bench
+	rm -f results.json
 	$(PY) -m pytest benchmarks -p no:cacheprovider --benchmark-json results.json $(BENCH_ARGS); \
-	status=$$?; $(PY) -m kvcache.cli report results.json --out report || true; exit $$status
+	status=$$?; if [ -f results.json ]; then $(PY) -m kvcache.cli report results.json --out report || true; fi; \
+	exit $$status
 
 test: $(VENV)/.test
 	$(PY) -m ruff check kvcache tests benchmarks scripts conftest.py

@@ -9,10 +9,11 @@ import re
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
-from fakerun import analysed, make_run, without, write_run
+from fakerun import BYTES_PER_TOKEN, WEIGHT_BYTES, analysed, make_run, without, write_run
 
 from kvcache.analysing import report
 from kvcache.analysing.records import Run, load_run, points_from_benchmarks
@@ -313,6 +314,224 @@ def test_refit_needs_three_contexts(tmp_path, legends):
     assert not any(" fit: " in t for t in legends), legends
 
 
+# ----------------------------------------------------------------------------------------------- crossovers
+
+WEIGHTS_HELD_AT = WEIGHT_BYTES / BYTES_PER_TOKEN  # 11,677 tokens: the cache holds as many bytes as the weights
+
+
+def test_crossovers_worked_out_from_the_run():
+    kv = make_run({"dynamic": 3.0, "static": 1.0})["kv"]
+    out = report.crossovers(kv)
+    assert out["cache_holds_weights_tokens"] == pytest.approx(WEIGHTS_HELD_AT) and round(WEIGHTS_HELD_AT) == 11_677
+    assert out["dynamic"]["counted_tokens"] == pytest.approx(WEIGHT_BYTES / (3.0 * BYTES_PER_TOKEN))
+    assert round(out["dynamic"]["counted_tokens"]) == 3_892
+    assert out["dynamic"]["timed_tokens"] == pytest.approx(out["dynamic"]["counted_tokens"])  # timed passes 3.0 too
+    kv["fit"]["dynamic"]["crossover_tokens"] = 1_791.0  # a fit that records its crossover is read, not redone
+    kv["traffic"]["static"]["passes"] = 0.0
+    del kv["model"]["weight_bytes"]
+    out = report.crossovers(kv)
+    assert out["cache_holds_weights_tokens"] is None and out["static"]["counted_tokens"] is None
+    assert out["dynamic"]["timed_tokens"] == 1_791.0
+
+
+def test_recorded_crossovers_are_preferred():
+    kv = make_run()["kv"]
+    kv["crossovers"] = {"cache_holds_weights_tokens": 123.0, "dynamic": {"timed_tokens": 45.0, "counted_tokens": 67.0}}
+    assert report.crossovers(kv) is kv["crossovers"]
+
+
+def test_fit_table_shows_timed_and_counted_crossovers(tmp_path):
+    run = make_run({"dynamic": 6.0, "static": 1.0}, counted={"dynamic": 3.0, "static": 1.0})
+    out = render_dicts(tmp_path, run)
+    md = (out / "report.md").read_text()
+    assert "| timed/counted | crossover tokens (timed) | crossover tokens (counted) | verdict |" in md
+    dynamic = [c.strip() for c in fit_row(md, "dynamic").strip("|").split("|")]
+    assert dynamic[7:9] == [f"{WEIGHT_BYTES / (6 * BYTES_PER_TOKEN):,.0f}", "3,892"], dynamic
+    assert [c.strip() for c in fit_row(md, "static").strip("|").split("|")][7:9] == ["11,677", "11,677"]
+    assert "holds as many bytes as the weights at 11,677 tokens" in md
+    page = (out / "report.html").read_text()
+    assert "<th>crossover tokens (counted)</th>" in page and "<td>3,892</td>" in page
+    assert "holds as many bytes as the weights at 11,677 tokens" in page
+
+
+def test_counted_crossover_stays_when_the_fit_gives_no_figure(tmp_path):
+    md = (render_dicts(tmp_path, decreasing_run()) / "report.md").read_text()
+    cells = [c.strip() for c in fit_row(md, "dynamic").strip("|").split("|")]
+    assert cells[7] == "—" and cells[8] == "3,892", cells
+
+
+# ----------------------------------------------------------------------------------------------- charts
+
+
+def loaded(*runs: dict) -> list[Run]:
+    return [Run(path=f"run{i}.json", points=points_from_benchmarks(r["benchmarks"]), kv=r["kv"])
+            for i, r in enumerate(runs)]
+
+
+def test_chart_titles_name_the_model_and_dtype():
+    from matplotlib import pyplot as plt
+
+    one = loaded(make_run())
+    for fig in (report.latency_figure(one), report.traffic_figure(one)):
+        titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+        assert titles and all("smollm2-135m, bfloat16" in t for t in titles), titles
+        plt.close(fig)
+    fig = report.traffic_figure(loaded(make_run(), make_run(transformers="5.25.0")))
+    labels = [t.get_text() for ax in fig.axes for t in ax.texts if "transformers" in t.get_text()]
+    assert len(labels) == 2 and all("smollm2-135m, bfloat16" in t for t in labels), labels
+    plt.close(fig)
+
+
+def test_latency_legend_lies_outside_the_axes():
+    from matplotlib import pyplot as plt
+
+    fig = report.latency_figure(loaded(make_run(), make_run(transformers="5.25.0")))
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    legends = [(ax, ax.get_legend()) for ax in fig.axes if ax.get_legend() is not None]
+    assert len(legends) == 2
+    for ax, legend in legends:
+        box = legend.get_window_extent(renderer)
+        assert not box.overlaps(ax.get_window_extent(renderer)), (box, ax.get_window_extent(renderer))
+        assert fig.bbox.contains(box.x0, box.y0) and fig.bbox.contains(box.x1, box.y1)
+    plt.close(fig)
+
+
+def test_traffic_png_wraps_24_runs_into_rows(tmp_path):
+    from matplotlib import pyplot as plt
+
+    def bar_panels(fig) -> list:
+        return [ax for ax in fig.axes if ax.patches]
+
+    few = report.traffic_figure(loaded(*(make_run(transformers=f"5.{i}.0") for i in range(4))))
+    many_runs = loaded(*(make_run(transformers=f"5.{i}.0") for i in range(24)))
+    many = report.traffic_figure(many_runs)
+    assert len(bar_panels(few)) == 1 and len(bar_panels(many)) == 6  # 4 runs of 2 classes a row
+    assert max(len(ax.get_xticks()) for ax in bar_panels(many)) <= 12
+    width_few, height_few = few.get_size_inches()
+    width_many, height_many = many.get_size_inches()
+    assert width_many == pytest.approx(width_few) and height_many > 4 * height_few
+    annotated = {t.get_text().split("\n")[0] for ax in many.axes for t in ax.texts}
+    assert annotated >= {f"transformers 5.{i}.0 on cpu: test machine" for i in range(24)}
+    plt.close(few)
+    plt.close(many)
+    path = report.plot_traffic(many_runs, tmp_path / "traffic.png")
+    assert path.read_bytes().startswith(PNG_MAGIC)
+
+
+# ----------------------------------------------------------------------------------------------- the page
+
+
+def css_rule(page: str, selector: str) -> dict[str, str]:
+    m = re.search(r"(?:^|[}\s])" + re.escape(selector) + r"\{([^}]*)\}", page)
+    assert m, selector
+    return dict(decl.split(":", 1) for decl in m.group(1).split(";") if decl.strip())
+
+
+def test_slider_cursor_and_trained_context_look_different(tmp_path):
+    page = (render_dicts(tmp_path, make_run()) / "report.html").read_text()
+    cursor, trained = css_rule(page, ".cursor"), css_rule(page, ".trained")
+    assert cursor["stroke"] != trained["stroke"]
+    assert "stroke-dasharray" in trained and cursor.get("stroke-dasharray", "none") == "none"  # solid against dashed
+    assert float(cursor["stroke-width"]) >= 1.5 * float(trained["stroke-width"])
+    assert "Grey dashed vertical line: the model's trained context" in page
+    assert "Solid blue vertical line: the context picked with the slider" in page
+
+
+def test_page_inlines_its_assets_and_ships_no_test_hook(tmp_path):
+    from kvcache.analysing.report import page as page_module
+
+    page = (render_dicts(tmp_path, make_run()) / "report.html").read_text()
+    for name in page_module.ASSETS:
+        assert page_module.asset(name).strip() in page, name
+    assert "selftest" not in page and "__kvErrors" not in page
+    assert "<h2>Median step time against context — smollm2-135m, bfloat16</h2>" in page
+
+
+def test_wheel_carries_the_report_assets(tmp_path):
+    """The wheel built from pyproject.toml holds report.css and report.js beside the report modules."""
+    pytest.importorskip("setuptools")
+    root = Path(__file__).parents[2]
+    project = tmp_path / "project"
+    shutil.copytree(root / "kvcache", project / "kvcache", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(root / name, project / name)
+    code = "import sys; from setuptools import build_meta; print(build_meta.build_wheel(sys.argv[1]))"
+    built = subprocess.run([sys.executable, "-c", code, str(tmp_path / "dist")], cwd=project, capture_output=True,
+                           text=True)
+    assert built.returncode == 0, built.stderr[-2000:]
+    with zipfile.ZipFile(tmp_path / "dist" / built.stdout.strip().splitlines()[-1]) as wheel:
+        names = set(wheel.namelist())
+    from kvcache.analysing.report import page as page_module
+
+    for name in page_module.ASSETS:
+        assert f"kvcache/analysing/report/{name}" in names, sorted(n for n in names if "report" in n)
+    assert "kvcache/analysing/report/__init__.py" in names
+
+
+def test_report_package_is_not_git_ignored():
+    """`make bench` writes report/ at the root, ignored; the package of the same name must not be."""
+    root = Path(__file__).parents[2]
+    if shutil.which("git") is None or not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    files = [str(p.relative_to(root)) for p in (root / "kvcache" / "analysing" / "report").iterdir() if p.is_file()
+             and p.suffix in (".py", ".css", ".js")]
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", *files], cwd=root, capture_output=True, text=True)
+    assert ignored.stdout == "", ignored.stdout
+    assert subprocess.run(["git", "check-ignore", "-q", "--no-index", "report/report.md"], cwd=root).returncode == 0
+
+
+# ----------------------------------------------------------------------------------------------- make bench
+
+FAKE_PYTHON = """#!/bin/sh
+# Stands in for the venv's python: `-m pytest` writes results.json only when RESULTS=1, then fails;
+# `-m kvcache.cli report` records that the report was rebuilt.
+case "$2" in
+  pytest) [ "$RESULTS" = 1 ] && echo '{}' > results.json; exit 1 ;;
+  kvcache.cli) echo "$@" >> report-calls.log; exit 0 ;;
+esac
+exit 0
+"""
+
+
+@pytest.fixture
+def bench_dir(tmp_path: Path) -> Path:
+    """A directory where ``make bench`` runs the fake python of an already-installed venv."""
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+    (tmp_path / "pyproject.toml").write_text("")
+    python = tmp_path / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
+    stamp = tmp_path / "venv" / ".bench"
+    stamp.write_text("")
+    os.utime(tmp_path / "pyproject.toml", (0, 0))  # the venv is newer than pyproject.toml: nothing to install
+    (tmp_path / "results.json").write_text('{"stale": true}')  # an older run's results
+    os.utime(tmp_path / "results.json", (0, 0))
+    return tmp_path
+
+
+def make_bench(where: Path, **env: str) -> subprocess.CompletedProcess:
+    makefile = Path(__file__).parents[2] / "Makefile"
+    return subprocess.run(["make", "--no-print-directory", "-f", str(makefile), "bench", "VENV=venv"], cwd=where,
+                          capture_output=True, text=True, env={**os.environ, **env})
+
+
+def test_failed_bench_does_not_rebuild_the_report_from_older_results(bench_dir):
+    done = make_bench(bench_dir, RESULTS="0")
+    assert done.returncode != 0, done.stdout + done.stderr
+    assert not (bench_dir / "results.json").exists()
+    assert not (bench_dir / "report-calls.log").exists(), "report rebuilt from the older results.json"
+
+
+def test_bench_with_failures_but_new_results_still_reports(bench_dir):
+    done = make_bench(bench_dir, RESULTS="1")
+    assert done.returncode != 0  # pytest's status is kept
+    assert (bench_dir / "results.json").read_text().strip() == "{}"
+    assert "report results.json --out report" in (bench_dir / "report-calls.log").read_text()
+
+
 # ----------------------------------------------------------------------------------------------- browser
 
 CHROMIUM = os.environ.get("CHROMIUM") or next(
@@ -327,6 +546,24 @@ def chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
+CAPTURE_ERRORS = ("window.__kvErrors=[];window.addEventListener('error',function(e){window.__kvErrors.push(String("
+                  "e.message||e.type));});(function(){var o=console.error;console.error=function(){"
+                  "window.__kvErrors.push(Array.prototype.map.call(arguments,String).join(' '));"
+                  "return o.apply(console,arguments);};})();")
+
+
+def with_selftest(page: Path) -> Path:
+    """A copy of report.html with the test's hooks injected: an error catcher before anything runs and
+    report_selftest.js after the page's own script (the shipped page carries neither)."""
+    text = page.read_text(encoding="utf-8")
+    hook = (Path(__file__).with_name("report_selftest.js")).read_text(encoding="utf-8")
+    text = text.replace("<head>", f"<head>\n<script>{CAPTURE_ERRORS}</script>", 1)
+    text = text.replace("</body>", f"<script>{hook}</script>\n</body>", 1)
+    out = page.with_name("report-selftest.html")
+    out.write_text(text, encoding="utf-8")
+    return out
+
+
 def console_errors(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if ":CONSOLE" in line and re.search(r"Uncaught|rror", line)]
 
@@ -339,7 +576,7 @@ def test_html_in_headless_chromium(tmp_path):
     b = make_run({"dynamic": 2.5, "static": 1.0, "quantized": 0.6}, transformers="5.25.0", rounds=2, seed=1)
     page = render_dicts(tmp_path, a, b) / "report.html"
 
-    dom = chromium(tmp_path, "--dump-dom", page.as_uri() + "#selftest")
+    dom = chromium(tmp_path, "--dump-dom", with_selftest(page).as_uri())
     m = re.search(r'<pre id="selftest">(.*?)</pre>', dom.stdout, re.S)
     assert m, f"no self-test result in the DOM (rc {dom.returncode}): {dom.stderr[-2000:]}"
     result = json.loads(m.group(1).replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&"))
@@ -367,7 +604,7 @@ def test_html_without_points_in_headless_chromium(tmp_path):
     run = without(make_run(), "fit", "traffic")
     run["benchmarks"] = []
     page = render_dicts(tmp_path, run) / "report.html"
-    dom = chromium(tmp_path, "--dump-dom", page.as_uri() + "#selftest")
+    dom = chromium(tmp_path, "--dump-dom", with_selftest(page).as_uri())
     m = re.search(r'<pre id="selftest">(.*?)</pre>', dom.stdout, re.S)
     assert m, f"no self-test result in the DOM (rc {dom.returncode}): {dom.stderr[-2000:]}"
     result = json.loads(m.group(1))

@@ -1,0 +1,78 @@
+"""``kvcache report``: charts and a Markdown/HTML report of one or more benchmark runs.
+
+Writes into ``--out DIR``: ``latency.png`` (median step time in ms against context in tokens, with IQR error
+bars, the fitted line and the model's trained context), ``traffic.png`` (counted passes per cache class, stacked
+by operation), ``report.md`` (headline and tables, ready for a GitHub job summary) and ``report.html`` (one
+self-contained file: interactive chart and the same tables).
+
+Units: times in ms, bandwidths in GB/s (1e9 bytes/s, read + write), sizes in MB (1e6 bytes), context in tokens,
+passes = bytes moved per byte of KV cache. Needs numpy; the PNGs need matplotlib (imported lazily). Never
+imports torch. Missing parts of a run are named in the output, never fatal.
+
+By concern: :mod:`.data` (runs shaped into what is tabled and drawn), :mod:`.sections` (what the report says),
+:mod:`.documents` (the document model, Markdown and HTML renderers), :mod:`.charts` (the PNGs), :mod:`.page`
+(report.html, with report.css and report.js inlined).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from kvcache.analysing.records import RecordError, Run, load_run
+from kvcache.analysing.report.charts import latency_figure, plot_latency, plot_traffic, traffic_figure
+from kvcache.analysing.report.data import (
+    ReportError,
+    chart_data,
+    crossovers,
+    fit_line,
+    fit_problem,
+    points_by_cache,
+    run_names,
+)
+from kvcache.analysing.report.documents import Doc, to_html, to_markdown
+from kvcache.analysing.report.page import render_html
+from kvcache.analysing.report.sections import build_doc
+
+__all__ = ["Doc", "ReportError", "build_doc", "chart_data", "crossovers", "fit_line", "fit_problem",
+           "latency_figure", "main", "plot_latency", "plot_traffic", "points_by_cache", "render", "render_html",
+           "run_names", "to_html", "to_markdown", "traffic_figure"]
+
+
+def render(runs: list[Run], out_dir: Path) -> list[Path]:
+    """Write report.md, report.html, latency.png and traffic.png into ``out_dir``; return their paths.
+
+    The Markdown and HTML are written first, so they exist even when matplotlib is missing (ReportError).
+    """
+    out_dir = Path(out_dir)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        doc = build_doc(runs)
+        md = out_dir / "report.md"
+        md.write_text(to_markdown(doc), encoding="utf-8")
+        page = out_dir / "report.html"
+        page.write_text(render_html(runs, doc), encoding="utf-8")
+        written = [md, page]
+        written.append(plot_latency(runs, out_dir / "latency.png"))
+        written.append(plot_traffic(runs, out_dir / "traffic.png"))
+    except OSError as exc:
+        raise ReportError(f"{exc.filename or out_dir}: cannot write ({exc.strerror or exc})") from None
+    return written
+
+
+def main(argv: list[str]) -> int:
+    """``kvcache report RUN.json [RUN.json ...] --out DIR``; exit 2 on unreadable input or output."""
+    parser = argparse.ArgumentParser(prog="kvcache report", description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", metavar="RUN.json", help="pytest-benchmark JSON written with the kv plugin")
+    parser.add_argument("--out", type=Path, default=Path("report"), help="output directory (default: report)")
+    args = parser.parse_args(argv)
+    try:
+        runs = [load_run(path) for path in args.runs]
+        paths = render(runs, args.out)
+    except (RecordError, ReportError) as exc:
+        print(f"kvcache report: {exc}", file=sys.stderr)
+        return 2
+    for path in paths:
+        print(path)
+    return 0

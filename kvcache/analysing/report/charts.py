@@ -1,0 +1,259 @@
+"""latency.png and traffic.png (matplotlib, imported lazily, Agg backend).
+
+latency.png: median step time (ms) against context (tokens), one panel per run, each point with its IQR, the
+fitted line and the trained context; the legend sits below each panel, off the data. traffic.png: counted
+passes per cache class stacked by op, in rows of at most BARS_PER_ROW bars (RUNS_PER_ROW runs), so 20+ runs
+stay readable. Every title names the run, its model and dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvcache.analysing.records import Run
+from kvcache.analysing.report.data import (
+    PALETTE,
+    TRAINED_REACH,
+    ReportError,
+    cache_colours,
+    finite,
+    fit_line,
+    fit_problem,
+    mapping,
+    missing_points,
+    per_context,
+    point_stats,
+    points_by_cache,
+    run_caches,
+    run_names,
+    run_title,
+    trained_context,
+)
+
+TOP_OPS = 7  # traffic.png shows this many largest ops; the rest are stacked as "other ops"
+BARS_PER_ROW = 12  # traffic.png starts a new row of bars past this many cache classes ...
+RUNS_PER_ROW = 4  # ... or this many runs
+NO_BREAKDOWN = "total (no per-op breakdown)"
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError:
+        raise ReportError("matplotlib is not installed (pip install 'kvcache-passes[report]'); "
+                          "cannot write latency.png and traffic.png") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, path: Path) -> Path:
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    _pyplot().close(fig)
+    return path
+
+
+def plot_latency(runs: list[Run], path: Path) -> Path:
+    """Write latency.png (:func:`latency_figure`)."""
+    return _save(latency_figure(runs), path)
+
+
+def plot_traffic(runs: list[Run], path: Path) -> Path:
+    """Write traffic.png (:func:`traffic_figure`)."""
+    return _save(traffic_figure(runs), path)
+
+
+# ----------------------------------------------------------------------------------------------- latency
+
+
+def latency_figure(runs: list[Run]) -> Any:
+    """Median step time (ms) against context (tokens), one panel per run, three panels a row."""
+    plt = _pyplot()
+    colours = cache_colours(runs)
+    n = max(len(runs), 1)
+    ncols = min(n, 3)
+    nrows = math.ceil(n / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(6.4 * ncols, 6.0 * nrows), squeeze=False, layout="constrained")
+    for ax in axes.flat[len(runs):]:
+        ax.set_axis_off()
+    if not runs:
+        axes[0][0].text(0.5, 0.5, "no runs", ha="center", va="center", transform=axes[0][0].transAxes)
+    for ax, run, name in zip(axes.flat, runs, run_names(runs)):
+        _latency_panel(ax, run, name, colours)
+    return fig
+
+
+def _latency_panel(ax: Any, run: Run, name: str, colours: dict[str, str]) -> None:
+    groups = points_by_cache(run)
+    notes = []
+    for cache in run_caches(run):
+        pts = groups.get(cache, [])
+        if not pts:
+            notes.append(f"{cache}: no timed points")
+            continue
+        stats = [point_stats(p) for p in pts]
+        med = np.array([s["median_ms"] for s in stats])
+        err = np.array([med - [s["q25_ms"] for s in stats], [s["q75_ms"] for s in stats] - med])
+        ax.errorbar([p.context for p in pts], med, yerr=np.clip(err, 0, None), fmt="o", ms=4, capsize=3,
+                    color=colours[cache], label=f"{cache} (median, IQR)")
+        line = fit_line(run, cache, pts)
+        if line is None:
+            problem = fit_problem(run, cache, pts)
+            notes.append(f"{cache}: no fitted line ({problem})" if problem else f"{cache}: no fit")
+            continue
+        per_ctx = per_context(pts)
+        xs = [c["context"] for c in per_ctx]
+        ys = [line["intercept_ms"] + line["ms_per_byte"] * c["kv_bytes"] for c in per_ctx]
+        eff = 1.0 / (line["ms_per_byte"] * 1e6)  # positive: fit_line draws no line that falls
+        src = "" if line["source"] == "kv.fit" else f", {line['source']}"
+        ax.plot(xs, ys, "-", color=colours[cache], lw=1.3, alpha=0.85,
+                label=f"{cache} fit: {line['intercept_ms']:.1f} ms + KV/{eff:.2f} GB/s{src}")
+    for cache, ctx, why in missing_points(run):
+        notes.append(f"{cache} @ {ctx:,}: {why}")
+    if not run.points:
+        ax.text(0.5, 0.5, "no timed points in this run", ha="center", va="center", transform=ax.transAxes)
+    trained = trained_context(run)
+    max_ctx = max((p.context for p in run.points), default=0)
+    if trained and (not max_ctx or trained <= TRAINED_REACH * max_ctx):
+        ax.axvline(trained, color="0.35", ls="--", lw=1, label=f"trained context ({trained:,})")
+    elif trained:
+        notes.append(f"trained context {trained:,} tokens is beyond the chart")
+    if notes:
+        text = "\n".join(notes[:5]) + (f"\n… and {len(notes) - 5} more" if len(notes) > 5 else "")
+        ax.text(0.99, 0.02, text, ha="right", va="bottom", fontsize=7, color="0.3", transform=ax.transAxes)
+    ax.set_title(run_title(run, name), fontsize=10)
+    ax.set_xlabel("context (tokens)")
+    ax.set_ylabel("median step time (ms)")
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    entries = len(ax.get_legend_handles_labels()[0])
+    if entries:  # below the axes, under the x label: it never covers a point or a line
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=1 if entries <= 4 else 2,
+                  frameon=False)
+
+
+# ----------------------------------------------------------------------------------------------- traffic
+
+
+def traffic_rows(runs: list[Run]) -> list[list[int]]:
+    """Indices of the runs drawn in each row of traffic.png: a new row past BARS_PER_ROW bars or RUNS_PER_ROW runs
+    (a run with more classes than BARS_PER_ROW gets a row of its own)."""
+    rows: list[list[int]] = []
+    bars = 0
+    for i, run in enumerate(runs):
+        width = max(len(run_caches(run)), 1)
+        if not rows or len(rows[-1]) >= RUNS_PER_ROW or bars + width > BARS_PER_ROW:
+            rows.append([])
+            bars = 0
+        rows[-1].append(i)
+        bars += width
+    return rows
+
+
+def traffic_figure(runs: list[Run]) -> Any:
+    """Counted passes per cache class, stacked by op; one group of bars per run, runs wrapped into rows."""
+    plt = _pyplot()
+    entries = [[(cache, mapping(mapping(run.kv.get("traffic")).get(cache)) or None) for cache in run_caches(run)]
+               for run in runs]
+    totals: dict[str, float] = {}
+    for run_entries in entries:
+        for _, t in run_entries:
+            for op, v in mapping(t and t.get("by_op")).items():
+                totals[op] = totals.get(op, 0.0) + abs(finite(v) or 0.0)
+    top = sorted(totals, key=lambda op: -totals[op])[:TOP_OPS]
+    ops = top + (["other ops"] if len(totals) > len(top) else [])
+    op_colour = {op: PALETTE[i % len(PALETTE)] for i, op in enumerate(ops)}
+    op_colour[NO_BREAKDOWN] = "#999999"
+
+    if not any(t for run_entries in entries for _, t in run_entries):
+        fig, ax = plt.subplots(figsize=(6.4, 5.2), layout="constrained")
+        what = "this run" if len(runs) == 1 else "these runs"
+        ax.text(0.5, 0.5, f"no counted traffic in {what}", ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return fig
+
+    rows = traffic_rows(runs)
+    widths = [sum(max(len(entries[i]), 1) for i in row) * 1.1 + 2.5 * len(row) for row in rows]
+    fig, axes = plt.subplots(len(rows), 1, figsize=(max(6.4, max(widths)), 4.6 * len(rows) + 0.8), squeeze=False,
+                             sharey=True, layout="constrained")
+    names = run_names(runs)
+    slots = max(sum(max(len(entries[i]), 1) for i in row) + 0.8 * (len(row) - 1) for row in rows)
+    top_height = 0.0
+    for ax, row in zip(axes[:, 0], rows):
+        top_height = max(top_height, _traffic_panel(ax, [(runs[i], names[i], entries[i]) for i in row],
+                                                    single=len(runs) == 1, top=top, ops=ops, op_colour=op_colour))
+        ax.set_xlim(-0.7, slots - 0.3)  # same bar width in every row; short rows are left-aligned
+    axes[0, 0].set_ylim(top=top_height * 1.15 if top_height > 0 else 1)
+    labels: dict[str, Any] = {}
+    for ax in axes[:, 0]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            labels.setdefault(label, handle)
+    fig.legend(list(labels.values()), list(labels), loc="outside lower center", ncol=min(len(labels), 4),
+               fontsize=7, frameon=False)
+    return fig
+
+
+def _traffic_panel(ax: Any, groups: list[tuple[Run, str, list[tuple[str, dict | None]]]], *, single: bool,
+                   top: list[str], ops: list[str], op_colour: dict[str, str]) -> float:
+    """One row of traffic.png: a group of bars per run; returns the tallest bar (passes)."""
+    x, xpos, ticks, used, top_height = 0.0, [], [], set(), 0.0
+    for run, name, run_entries in groups:
+        start = x
+        for cache, t in run_entries:
+            xpos.append(x)
+            ticks.append(cache)
+            top_height = max(top_height, _stacked_bar(ax, x, t, top, ops, op_colour, used))
+            x += 1
+        if not single:
+            has = any(t for _, t in run_entries)
+            label = run_title(run, name) + ("" if has else "\n(no counted traffic in this run)")
+            ax.annotate(label, ((start + x - 1) / 2, 0), xycoords=("data", "axes fraction"), xytext=(0, -28),
+                        textcoords="offset points", ha="center", va="top", fontsize=8)
+        x += 0.8
+    if single:
+        ax.set_title(run_title(*groups[0][:2]), fontsize=10)
+    ax.set_xticks(xpos)
+    ax.set_xticklabels(ticks)
+    ax.set_ylabel("counted passes (bytes moved / KV bytes)")
+    bpts = {finite(mapping(t).get("bytes_per_token")) for _, _, run_entries in groups for _, t in run_entries if t}
+    bpts -= {None}
+    if len(bpts) == 1:
+        bpt = bpts.pop()
+        sec = ax.secondary_yaxis("right", functions=(lambda p: p * bpt, lambda b: b / bpt))
+        sec.set_ylabel("bytes per token per step")
+    ax.grid(axis="y", alpha=0.3)
+    return top_height
+
+
+def _stacked_bar(ax: Any, x: float, t: dict | None, top: list[str], ops: list[str], op_colour: dict[str, str],
+                 used: set[str]) -> float:
+    """One class's counted passes at ``x``, stacked by op (ops past ``top`` merged); returns the bar's height."""
+    if not t:
+        ax.text(x, 0.02, "no counted\ntraffic", ha="center", va="bottom", fontsize=7, color="0.4",
+                transform=ax.get_xaxis_transform())
+        return 0.0
+    segments: dict[str, float] = {}
+    for op, v in mapping(t.get("by_op")).items():
+        key = op if op in top else "other ops"
+        segments[key] = segments.get(key, 0.0) + (finite(v) or 0.0)
+    if not segments:
+        segments = {NO_BREAKDOWN: finite(t.get("passes")) or 0.0}
+    pos = neg = 0.0
+    for op in [o for o in ops if o in segments] + [o for o in segments if o not in ops]:
+        v = segments[op]
+        ax.bar(x, v, 0.7, bottom=pos if v >= 0 else neg, color=op_colour.get(op, "#999999"),
+               label=op if op not in used else None, edgecolor="white", linewidth=0.5)
+        used.add(op)
+        if v >= 0:
+            pos += v
+        else:
+            neg += v
+    total = finite(t.get("passes"))
+    ax.text(x, max(pos, 0), f"{pos + neg if total is None else total:.2f}", ha="center", va="bottom", fontsize=8)
+    return pos

@@ -1,0 +1,304 @@
+"""Runs shaped into what the report tables and draws: names, points per class, per-point quartiles, the line
+of each class, skipped points, crossovers and the HTML chart's data. Numbers only, nothing drawn here.
+
+Units: times in ms, sizes in MB (1e6 bytes) or bytes where a name says so, contexts in tokens, passes =
+bytes moved per byte of KV cache.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvcache.analysing import fit as fitting
+from kvcache.analysing import tables
+from kvcache.analysing.records import Point, Run, jsonable, median
+
+PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+           "#bcbd22", "#17becf"]
+DASHES = ["", "6 4", "2 3", "8 3 2 3"]
+TRAINED_REACH = 1.5  # draw the trained context if it lies within this factor of the largest measured context
+MISSING = "—"  # a table cell with no figure
+
+
+class ReportError(RuntimeError):
+    """A report that cannot be written (no matplotlib, unwritable directory); the message is one line."""
+
+
+# ----------------------------------------------------------------------------------------------- numbers
+
+
+def mapping(value: Any) -> dict[str, Any]:
+    """``value`` if it is a dict, else an empty one (a part of the run that is missing or malformed)."""
+    return value if isinstance(value, dict) else {}
+
+
+def finite(value: Any) -> float | None:
+    """A finite float, or None (missing, NaN, inf, not a number)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def fmt(value: Any, digits: int = 2) -> str:
+    """A number with ``digits`` decimals, or MISSING."""
+    return tables.num(finite(value), f".{digits}f", MISSING)
+
+
+def fmt_count(value: Any) -> str:
+    """A whole number with thousands separators (tokens, bytes), or MISSING."""
+    return tables.num(finite(value), ",.0f", MISSING)
+
+
+def shape_text(value: Any) -> str:
+    """A tensor shape as ``1×3×1024×64``; ``none`` for no tensor."""
+    if value is None:
+        return "none"
+    if isinstance(value, (list, tuple)):
+        return "×".join(str(v) for v in value) if value else "scalar"
+    return str(value)
+
+
+# ----------------------------------------------------------------------------------------------- runs
+
+
+def run_names(runs: list[Run]) -> list[str]:
+    """Display name of each run: its label, plus the file name where labels repeat."""
+    labels = [r.label for r in runs]
+    return [f"{lab} ({Path(r.path).name})" if labels.count(lab) > 1 else lab for lab, r in zip(labels, runs)]
+
+
+def model_name(run: Run) -> str:
+    return str(mapping(run.kv.get("model")).get("name") or mapping(run.kv.get("settings")).get("model") or "?")
+
+
+def dtype(run: Run) -> str:
+    return str(mapping(run.kv.get("settings")).get("dtype") or mapping(run.kv.get("model")).get("dtype") or "?")
+
+
+def run_title(run: Run, name: str) -> str:
+    """A chart title: the run's name over its model and dtype."""
+    return f"{name}\n{model_name(run)}, {dtype(run)}"
+
+
+def run_caches(run: Run) -> list[str]:
+    """Cache classes of a run: those with points or records, then those only named in its settings."""
+    caches = run.caches()
+    for cache in mapping(run.kv.get("settings")).get("caches") or []:
+        if str(cache) not in caches:
+            caches.append(str(cache))
+    return caches
+
+
+def all_caches(runs: list[Run]) -> list[str]:
+    """Cache classes of all runs, in first-seen order (fixes each class's colour)."""
+    seen: dict[str, None] = {}
+    for run in runs:
+        for cache in run_caches(run):
+            seen.setdefault(cache)
+    return list(seen)
+
+
+def cache_colours(runs: list[Run]) -> dict[str, str]:
+    return {c: PALETTE[i % len(PALETTE)] for i, c in enumerate(all_caches(runs))}
+
+
+def points_by_cache(run: Run) -> dict[str, list[Point]]:
+    """Timed points of each cache class, sorted by context then round."""
+    groups: dict[str, list[Point]] = {}
+    for p in run.points:
+        groups.setdefault(p.cache, []).append(p)
+    return {c: sorted(ps, key=lambda p: (p.context, p.round)) for c, ps in groups.items()}
+
+
+def point_stats(p: Point) -> dict[str, float]:
+    """Median and quartiles of a point's per-step times, in ms."""
+    ms = np.asarray(p.samples_s, dtype=float) * 1e3
+    q25, q50, q75 = np.percentile(ms, [25, 50, 75])
+    return {"median_ms": float(q50), "q25_ms": float(q25), "q75_ms": float(q75)}
+
+
+def per_context(points: list[Point]) -> list[dict[str, Any]]:
+    """Per context: median over rounds of the point medians (ms), mean KV bytes (and MB), mean counted MB."""
+    by_ctx: dict[int, list[Point]] = {}
+    for p in points:
+        by_ctx.setdefault(p.context, []).append(p)
+    out = []
+    for ctx in sorted(by_ctx):
+        ps = by_ctx[ctx]
+        counted = [float(p.counted_bytes) for p in ps if finite(p.counted_bytes) is not None]
+        out.append({
+            "context": ctx,
+            "median_ms": median(point_stats(p)["median_ms"] for p in ps),
+            "kv_bytes": sum(p.kv_bytes for p in ps) / len(ps),
+            "kv_mb": sum(p.kv_bytes for p in ps) / len(ps) / 1e6,
+            "counted_mb": sum(counted) / len(counted) / 1e6 if counted else None,
+            "rounds": len(ps),
+        })
+    return out
+
+
+def trained_context(run: Run) -> int | None:
+    """The model's trained context in tokens (kv.model.max_position_embeddings), if known."""
+    x = finite(mapping(run.kv.get("model")).get("max_position_embeddings"))
+    return int(x) if x else None
+
+
+def skip_reasons(run: Run) -> dict[tuple[str, int | None], str]:
+    """kv.skipped as {(cache, context or None for the whole class): reason}."""
+    out: dict[tuple[str, int | None], str] = {}
+    for item in run.kv.get("skipped") or []:
+        item = mapping(item)
+        ctx = finite(item.get("context"))
+        out[(str(item.get("cache", "?")), None if ctx is None else int(ctx))] = str(item.get("reason") or "no reason")
+    return out
+
+
+def missing_points(run: Run) -> list[tuple[str, int, str]]:
+    """(cache, context, why) for each context measured by some class of the run but not by this one."""
+    groups = points_by_cache(run)
+    contexts = sorted({p.context for p in run.points})
+    reasons = skip_reasons(run)
+    out = []
+    for cache in run_caches(run):
+        have = {p.context for p in groups.get(cache, [])}
+        for ctx in contexts:
+            if ctx not in have:
+                why = reasons.get((cache, ctx)) or reasons.get((cache, None))
+                out.append((cache, ctx, f"skipped: {why}" if why else "not measured (no skip reason recorded)"))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- lines
+
+
+def refit(points: list[Point]) -> fitting.LineFit:
+    """The line of a class's point medians, ms against KV bytes, for a run without kv.fit; FitError (one line,
+    why) where :mod:`kvcache.analysing.fit` would give no passes figure from these points."""
+    contexts = {p.context for p in points}
+    if len(contexts) < fitting.MIN_CONTEXTS:
+        raise fitting.FitError(fitting.too_few_contexts(len(contexts)))
+    fitting.check_finite(points)
+    line = fitting.least_squares([p.kv_bytes for p in points], [point_stats(p)["median_ms"] for p in points])
+    fitting.check_slope(line.slope / fitting.MS_PER_S)
+    return line
+
+
+def fit_problem(run: Run, cache: str, points: list[Point]) -> str | None:
+    """Why a class has no passes figure and no fitted line, or None: the reason kv.fit records (runs written
+    before fits were checked are held to the same rules, :func:`kvcache.analysing.fit.record_problem`); with no
+    kv.fit for the class, why its points give no line (:func:`refit`)."""
+    fit = mapping(mapping(run.kv.get("fit")).get(cache))
+    if fit:
+        return fitting.record_problem(fit)
+    try:
+        refit(points)
+    except fitting.FitError as exc:
+        return str(exc)
+    return None
+
+
+def fit_line(run: Run, cache: str, points: list[Point]) -> dict[str, Any] | None:
+    """Intercept (ms) and slope (ms per KV byte) of a class's line: from kv.fit, else refit from its points.
+
+    Slope = 1 / (effective_gbps * 1e6) ms per byte. Returns None when neither is possible or the fit gives no
+    passes figure (:func:`fit_problem`): no line is drawn from a fit that cannot be judged.
+    """
+    fit = mapping(mapping(run.kv.get("fit")).get(cache))
+    if fit:
+        intercept, eff = finite(fit.get("intercept_ms")), finite(fit.get("effective_gbps"))
+        if fitting.record_problem(fit) is None and intercept is not None and eff is not None and eff > 0:
+            return {"intercept_ms": intercept, "ms_per_byte": 1.0 / (eff * 1e6), "source": "kv.fit"}
+        return None
+    try:
+        line = refit(points)
+    except fitting.FitError:
+        return None
+    return {"intercept_ms": line.intercept, "ms_per_byte": line.slope, "source": "refit from points"}
+
+
+def no_figure(reason: str) -> str:
+    """A table cell in place of the timed passes: why there is no figure."""
+    return f"{MISSING} ({reason})" if fitting.NO_FIGURE in reason else f"{MISSING} ({fitting.NO_FIGURE}: {reason})"
+
+
+def crossovers(kv: dict[str, Any]) -> dict[str, Any]:
+    """Contexts (tokens) where the KV cache meets the weights: ``kv["crossovers"]`` when the run records them,
+    else worked out from the run the same way.
+
+    ``cache_holds_weights_tokens``: where the cache holds as many bytes as the weights (weight_bytes /
+    bytes_per_token). Per class, ``timed_tokens`` and ``counted_tokens``: where one step's cache traffic equals
+    reading the weights once, weight_bytes / (passes × bytes_per_token), from the timed passes (kv.fit) and
+    from the counted passes (kv.traffic). None where a figure is missing or not positive.
+    """
+    recorded = kv.get("crossovers")
+    if isinstance(recorded, dict):
+        return recorded
+    model = mapping(kv.get("model"))
+    weights, per_token = finite(model.get("weight_bytes")), finite(model.get("bytes_per_token"))
+
+    def tokens(passes: Any) -> float | None:
+        x = finite(passes)
+        if weights is None or per_token is None or x is None or min(weights, per_token, x) <= 0:
+            return None
+        return weights / (x * per_token)
+
+    out: dict[str, Any] = {"cache_holds_weights_tokens": tokens(1.0)}  # one pass: the bytes the cache holds
+    fits, traffic = mapping(kv.get("fit")), mapping(kv.get("traffic"))
+    for cache in [*fits, *(c for c in traffic if c not in fits)]:
+        fit = mapping(fits.get(cache))
+        timed = finite(fit.get("crossover_tokens"))
+        out[cache] = {"timed_tokens": timed if timed is not None and timed > 0 else tokens(fit.get("passes")),
+                      "counted_tokens": tokens(mapping(traffic.get(cache)).get("passes"))}
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- HTML chart
+
+
+def chart_data(runs: list[Run]) -> dict[str, Any]:
+    """What the HTML chart draws: one series per (run, cache class), contexts in tokens, times in ms, sizes in MB."""
+    colours = cache_colours(runs)
+    names = run_names(runs)
+    series = []
+    contexts: set[int] = set()
+    trained: dict[int, None] = {}
+    for ri, (run, name) in enumerate(zip(runs, names)):
+        groups = points_by_cache(run)
+        reasons = skip_reasons(run)
+        tc = trained_context(run)
+        if tc:
+            trained.setdefault(tc)
+        for cache in run_caches(run):
+            pts = groups.get(cache, [])
+            contexts.update(p.context for p in pts)
+            points = []
+            for p in pts:
+                counted = finite(p.counted_bytes)
+                points.append({"context": p.context, "round": p.round, **point_stats(p), "kv_mb": p.kv_bytes / 1e6,
+                               "counted_mb": None if counted is None else counted / 1e6,
+                               "beyond": p.beyond_trained_context})
+            skipped = {str(ctx): why for (c, ctx), why in reasons.items() if c == cache and ctx is not None}
+            series.append({
+                "id": f"s{len(series)}", "cache": cache, "run": name,
+                "label": cache if len(runs) == 1 else f"{cache} — {name}",
+                "colour": colours[cache], "dash": DASHES[ri % len(DASHES)], "points": points,
+                "medians": [{k: v for k, v in c.items() if k != "kv_bytes"} for c in per_context(pts)],
+                "skipped": skipped, "skipped_class": reasons.get((cache, None)),
+            })
+    max_ctx = max(contexts, default=0)
+    trained_list = [t for t in trained if max_ctx and t <= TRAINED_REACH * max_ctx]
+    ymax = max((p["q75_ms"] for s in series for p in s["points"]), default=0.0)
+    return jsonable({
+        "series": series, "contexts": sorted(contexts), "trained": trained_list,
+        "trained_beyond": [t for t in trained if t not in trained_list],
+        "xmax": max([max_ctx, *trained_list]) * 1.04 if max_ctx else 1.0,
+        "ymax": ymax * 1.08 if ymax > 0 else 1.0,
+    })

@@ -1,0 +1,66 @@
+"""report.html: one self-contained page (no network): the interactive latency chart, the context slider and the
+document's tables, with report.css, report.js (package data files beside this module) and the chart data
+inlined at render time. Nothing for tests ships in it: a test that drives the page injects its own script."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from importlib import resources
+
+from kvcache.analysing.records import Run
+from kvcache.analysing.report.data import chart_data, dtype, model_name
+from kvcache.analysing.report.documents import Doc, to_html
+
+ASSETS = ("report.css", "report.js")
+
+
+@cache
+def asset(name: str) -> str:
+    """The text of a package data file of this package; it must not close the element it is inlined into."""
+    text = resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
+    if "</script" in text.lower() or "</style" in text.lower():
+        raise ValueError(f"{name} closes its <script>/<style> element")
+    return text
+
+
+def render_html(runs: list[Run], doc: Doc) -> str:
+    """report.html: inline CSS, JS and data."""
+    data = chart_data(runs)
+    n = len(data["contexts"])
+    payload = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    beyond = ""
+    if data["trained_beyond"]:
+        beyond = (f'<p class="note">trained context {", ".join(f"{t:,}" for t in data["trained_beyond"])} tokens '
+                  "lies beyond the measured contexts (not drawn)</p>")
+    what = ", ".join(dict.fromkeys(f"{model_name(run)}, {dtype(run)}" for run in runs))
+    disabled = "" if n else " disabled"
+    return f"""<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>KV-cache passes report</title>
+<style>{asset("report.css")}</style>
+</head>
+<body>
+<h1>KV-cache passes report</h1>
+<section class="chart-box">
+<h2>Median step time against context{f" — {what}" if what else ""}</h2>
+<p class="note">Points: median of each (context, round) with its IQR; lines join the per-context medians.
+Grey dashed vertical line: the model's trained context. Solid blue vertical line: the context picked with the slider.
+Hover a point for its values; click a legend entry to hide it.</p>
+<div id="latency-chart" class="chart"></div>
+<div id="chart-legend" class="legend"></div>
+{beyond}
+<div class="slider-row"><label for="context-slider">Context</label>
+<input type="range" id="context-slider" min="0" max="{max(n - 1, 0)}" step="1" value="{max(n - 1, 0)}"{disabled}>
+<span id="slider-value"></span></div>
+<div id="slider-readout" aria-live="polite"></div>
+</section>
+{to_html(doc)}
+<script type="application/json" id="report-data">{payload}</script>
+<script>{asset("report.js")}</script>
+</body>
+</html>
+"""
