@@ -95,9 +95,9 @@ def number(option: str, text: object, *, low: float, high: float | None = None, 
 
 
 def check_number(option: str, value: float, *, low: float, high: float | None = None) -> float:
-    # NaN fails every comparison: without the isnan test it would pass any range check (argparse's
-    # float() accepts "nan") and silently make the gate inconclusive or always failing.
-    if math.isnan(value) or value < low or (high is not None and value > high):
-        bound = f"from {low} to {high}" if high is not None else f"at least {low}"
+    # NaN fails every comparison: without the isfinite test it would pass any range check (argparse's
+    # float() accepts "nan" and "inf") and silently make the gate inconclusive, always failing or never.
+    if not math.isfinite(value) or value < low or (high is not None and value > high):
+        bound = f"from {low} to {high}" if high is not None else f"a finite number, at least {low}"
         raise SettingsError(f"{option} {value} is out of range (accepted: {bound})")
     return value

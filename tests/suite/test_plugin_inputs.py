@@ -19,7 +19,8 @@ CASES = [  # the keys of _cases (they need a directory to write files in)
     "device-nonsense", "device-cuda", "dtype", "caches", "caches-empty", "contexts-12x", "contexts-0",
     "contexts-twice", "contexts-twice-spelled", "contexts-empty-item", "contexts-trailing-comma", "fill",
     "order", "max-passes-abc", "max-passes-zero", "max-passes-unknown", "model-missing", "model-no-config",
-    "counted-contexts", "steps", "min-r2", "min-r2-nan", "tolerance-nan", "max-drift-nan", "baseline-corrupt",
+    "counted-contexts", "steps", "min-r2", "min-r2-nan", "tolerance-nan", "tolerance-inf",
+    "counted-tolerance-inf", "max-drift-nan", "baseline-corrupt",
     "baseline-shape",
 ]
 COMMAND_LINES = ("dtype", "baseline-corrupt")  # also run as real command lines
@@ -65,6 +66,8 @@ def _cases(tmp) -> dict[str, tuple[list[str], list[str]]]:
         "min-r2": (["--kv-min-r2", "1.5"], ["--kv-min-r2 1.5", "from 0 to 1"]),
         "min-r2-nan": (["--kv-min-r2", "nan"], ["--kv-min-r2 nan", "from 0 to 1"]),
         "tolerance-nan": (["--kv-tolerance", "nan"], ["--kv-tolerance nan", "at least 0"]),
+        "tolerance-inf": (["--kv-tolerance", "inf"], ["--kv-tolerance inf", "a finite number, at least 0"]),
+        "counted-tolerance-inf": (["--kv-counted-tolerance", "inf"], ["--kv-counted-tolerance inf", "finite"]),
         "max-drift-nan": (["--kv-max-drift", "nan"], ["--kv-max-drift nan", "at least 0"]),
         "baseline-corrupt": (["--kv-baseline", str(corrupt)], [str(corrupt), "baseline is not JSON"]),
         "baseline-shape": (["--kv-baseline", str(wrong_shape)], [str(wrong_shape), "not a kvcache baseline",
