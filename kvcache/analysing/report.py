@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from kvcache.analysing import fit as fitting
-from kvcache.analysing.records import Point, RecordError, Run, jsonable, load_run, median
+from kvcache.analysing.records import Point, RecordError, Run, jsonable, load_run
+from kvcache.analysing.stats import median
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf"]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from kvcache.measuring.devices import Device
-from kvcache.analysing.records import median
+from kvcache.analysing.stats import median
 
 GIB = 1 << 30
 

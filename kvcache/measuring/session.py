@@ -20,7 +20,8 @@ from kvcache.measuring.bandwidth import measure_copy
 from kvcache.measuring.devices import Device
 from kvcache.measuring.models import ModelSpec, build_model, load_config, spec_from_config
 from kvcache.measuring.probe import probe
-from kvcache.analysing.records import median
+from kvcache.analysing.analysis import achieved_gbps
+from kvcache.analysing.stats import median
 from kvcache.settings import Settings
 
 COUNT_WARMUP = 2  # decode steps before a counted one: enough for lazy initialisation; bytes do not change after
@@ -219,12 +220,9 @@ class KVSession:
             self.counted_bytes[key] = counted.total
         counted_bytes = self.counted_bytes[key]
         median_s = median(dp.step_seconds) if dp.step_seconds else None
-        achieved = counted_bytes / median_s / 1e9 if median_s else None
-        start = self.copies[0]["gbps"] if self.copies else None
-        benchmark.extra_info.update({
-            "counted_bytes": counted_bytes, "achieved_gbps": achieved,
-            "achieved_fraction": achieved / start if achieved and start else None,
-        })
+        # Its share of the copy bandwidth is the analysis's (kv.points, against the session median), not here.
+        benchmark.extra_info.update({"counted_bytes": counted_bytes,
+                                     "achieved_gbps": achieved_gbps(counted_bytes, median_s)})
 
     def count(self, cache: str) -> dict[str, Any]:
         """Counted passes of ``cache`` (steps counted at the two counted contexts) and its attention probe."""
