@@ -27,7 +27,8 @@ def point_of(record: dict[str, Any]) -> Point:
 
 def analyse(records: list[dict[str, Any]], settings: dict[str, Any], baseline: dict[str, Any],
             session: dict[str, Any]) -> dict[str, Any]:
-    """The ``kv`` section (see :mod:`kvcache.analysing.records`) of one run. ``session``: ``{interrupted, exit, failed}``."""
+    """The ``kv`` section (see :mod:`kvcache.analysing.records`) of one run.
+    ``session``: ``{interrupted, exit, failed}``."""
     by_type: dict[str, list[dict[str, Any]]] = {}
     for record in records:
         by_type.setdefault(record["type"], []).append(record)

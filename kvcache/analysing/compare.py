@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from kvcache.analysing import baseline as baselines
-from kvcache.analysing import gate, identity
+from kvcache.analysing import gate, identity, tables
 from kvcache.analysing.records import RecordError, Run, load_run
 from kvcache.analysing.stats import finite
-from kvcache.analysing import tables
 from kvcache.analysing.tables import Table, num
 
 # Changes against the baseline.

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvcache.analysing import tables
 from kvcache.analysing.gate import status_of
 from kvcache.analysing.stats import median
-from kvcache.analysing import tables
 from kvcache.analysing.tables import Table, num
 
 FIT_HEADER = ["cache", "intercept ms", "eff GB/s", "timed passes [CI]", "R²", "counted", "timed/counted",

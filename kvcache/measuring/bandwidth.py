@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kvcache.measuring.devices import Device
 from kvcache.analysing.stats import median
+from kvcache.measuring.devices import Device
 
 GIB = 1 << 30
 

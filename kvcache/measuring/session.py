@@ -15,13 +15,13 @@ import pytest
 import torch
 import transformers
 
+from kvcache.analysing.analysis import achieved_gbps
+from kvcache.analysing.stats import median
 from kvcache.measuring import caches, decode, traffic
 from kvcache.measuring.bandwidth import measure_copy
 from kvcache.measuring.devices import Device
 from kvcache.measuring.models import ModelSpec, build_model, load_config, spec_from_config
 from kvcache.measuring.probe import probe
-from kvcache.analysing.analysis import achieved_gbps
-from kvcache.analysing.stats import median
 from kvcache.settings import Settings
 
 COUNT_WARMUP = 2  # decode steps before a counted one: enough for lazy initialisation; bytes do not change after
