@@ -35,8 +35,10 @@ SINCE = "4.45"
 FAMILY = {"transformers", "huggingface-hub", "tokenizers", "safetensors", "hf-xet"}
 NEVER = {"torch"}  # must come from the venv; transformers does not depend on it
 BINARY_ONLY = "tokenizers,safetensors,hf-xet,numpy"  # no Rust/C builds from source
-# Newest patch of every minor from 4.45 on, as of writing; used when `pip index versions` fails.
-FALLBACK = (
+# The release list: newest patch of every minor from 4.45 on, as of writing. `make versions` uses it when
+# `pip index versions` fails; .github/workflows/versions.yml's matrix lists the same releases (checked by
+# tests/analysing/test_versions_list.py). Add a new release here and there together.
+RELEASES = (
     "4.45.2 4.46.3 4.47.1 4.48.3 4.49.0 4.50.3 4.51.3 4.52.4 4.53.3 4.54.1 4.55.4 4.56.2 4.57.6 "
     "5.0.0 5.1.0 5.2.0 5.3.0 5.4.0 5.5.4 5.6.2 5.7.0 5.8.1 5.9.0 5.10.4 5.11.0 5.12.1 5.13.1 5.14.1 "
     "5.15.1 5.16.1 5.17.0 5.18.0 5.19.0 5.20.2 5.21.1 5.22.2 5.23.0 5.24.0"
@@ -142,7 +144,7 @@ def default_releases(since: str = SINCE) -> tuple[list[str], str]:
             return releases, "pip index versions transformers"
     except (OSError, subprocess.SubprocessError, ValueError):
         pass
-    return newest_per_minor(FALLBACK, since), "built-in list (pip index versions failed)"
+    return newest_per_minor(RELEASES, since), "built-in list (pip index versions failed)"
 
 
 # --- installing and running ----------------------------------------------------------------------------------

@@ -65,7 +65,6 @@ def make_run(
                             "beyond_trained_context": ctx > 8192,
                             "step_start_ns": [1_000_000 * i for i in range(steps)],
                             "counted_bytes": counted.get(cache, 0) * kv_bytes,
-                            "achieved_fraction": None,
                         },
                         "options": {},
                         "stats": {

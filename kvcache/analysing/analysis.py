@@ -13,8 +13,9 @@ from typing import Any
 
 from kvcache.analysing import baseline as baselines
 from kvcache.analysing import gate, identity
-from kvcache.analysing.fit import FitError, fit_passes, measure_drift
-from kvcache.analysing.records import SCHEMA, Point, jsonable, median
+from kvcache.analysing.fit import FitError, crossover_context, fit_passes, measure_drift
+from kvcache.analysing.records import SCHEMA, Point, jsonable
+from kvcache.analysing.stats import finite, median
 
 
 def point_of(record: dict[str, Any]) -> Point:
@@ -26,7 +27,8 @@ def point_of(record: dict[str, Any]) -> Point:
 
 def analyse(records: list[dict[str, Any]], settings: dict[str, Any], baseline: dict[str, Any],
             session: dict[str, Any]) -> dict[str, Any]:
-    """The ``kv`` section (:mod:`kvcache.analysing.records`) of a run; ``session``: ``{interrupted, exit, failed}``."""
+    """The ``kv`` section (see :mod:`kvcache.analysing.records`) of one run.
+    ``session``: ``{interrupted, exit, failed}``."""
     by_type: dict[str, list[dict[str, Any]]] = {}
     for record in records:
         by_type.setdefault(record["type"], []).append(record)
@@ -59,6 +61,7 @@ def analyse(records: list[dict[str, Any]], settings: dict[str, Any], baseline: d
                 confidence=settings["confidence"], resamples=settings["resamples"], seed=settings["seed"]).to_dict()
         except FitError as exc:
             kv["fit"][cache] = {"error": str(exc), "n_points": len(mine)}
+    kv["crossovers"] = crossovers(model, kv["fit"], kv["traffic"])
     drift = [point_of(r) for r in by_type.get("point", []) if r.get("kind") == "drift"]
     kv["drift"] = _drift_section(points, drift, settings["max_drift"])
     kv = jsonable(kv)
@@ -104,17 +107,47 @@ def _copy_section(measurements: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def achieved_gbps(counted_bytes: float | None, median_step_s: float | None) -> float | None:
+    """Achieved bandwidth of a decode step in GB/s (1e9 bytes/s): its counted bytes (read + write) over its
+    median time in seconds; None when either is missing or not positive."""
+    moved, seconds = finite(counted_bytes), finite(median_step_s)
+    return moved / seconds / 1e9 if moved and seconds and moved > 0 and seconds > 0 else None
+
+
+def achieved_fraction(achieved: float | None, copy_gbps: float | None) -> float | None:
+    """The achieved bandwidth's share of the copy bandwidth (both GB/s, read + write): memory-bandwidth
+    utilisation. The analysis sets it against the session's median copy bandwidth (``kv.copy_gbps``), the
+    same one the timed passes are; None when either is missing or not positive."""
+    achieved, copy = finite(achieved), finite(copy_gbps)
+    return achieved / copy if achieved and copy and achieved > 0 and copy > 0 else None
+
+
+def crossovers(model: dict[str, Any], fits: dict[str, Any], traffic: dict[str, Any]) -> dict[str, Any]:
+    """``kv.crossovers``: the context (tokens) at which the cache holds as many bytes as the weights, and per
+    class the contexts at which a step's cache traffic equals one read of the weights, from the timed passes
+    (``kv.fit``) and from the counted ones (``kv.traffic``); None where there is no passes figure. One rule for
+    all three: :func:`kvcache.analysing.fit.crossover_context`."""
+    weights, per_token = model.get("weight_bytes"), model.get("bytes_per_token")
+    out: dict[str, Any] = {"cache_holds_weights_tokens": crossover_context(weights, per_token)}
+    for cache in dict.fromkeys([*fits, *traffic]):
+        timed = (fits.get(cache) or {}).get("passes")
+        counted = (traffic.get(cache) or {}).get("passes")
+        out[cache] = {"timed_tokens": crossover_context(weights, per_token, timed),
+                      "counted_tokens": crossover_context(weights, per_token, counted)}
+    return out
+
+
 def _points_section(records: list[dict[str, Any]], copy_gbps: float | None) -> list[dict[str, Any]]:
-    """Per point: median step, every step (ms), and the achieved bandwidth (counted bytes of the step /
-    median time) against the session's copy bandwidth."""
+    """Per point: median step, every step (ms), and the achieved bandwidth (:func:`achieved_gbps`) with its
+    share of the session's median copy bandwidth (:func:`achieved_fraction`)."""
     out = []
     for r in records:
         p = point_of(r)
-        achieved = p.counted_bytes / p.median_s / 1e9 if p.counted_bytes else None
+        achieved = achieved_gbps(p.counted_bytes, p.median_s)
         out.append({
             "cache": p.cache, "context": p.context, "round": p.round, "median_ms": p.median_s * 1e3,
             "samples_ms": [s * 1e3 for s in p.samples_s], "kv_bytes": p.kv_bytes, "counted_bytes": p.counted_bytes,
-            "achieved_gbps": achieved, "achieved_fraction": achieved / copy_gbps if achieved and copy_gbps else None,
+            "achieved_gbps": achieved, "achieved_fraction": achieved_fraction(achieved, copy_gbps),
             "beyond_trained_context": p.beyond_trained_context, "name": p.name,
         })
     return out

@@ -10,7 +10,6 @@ have the same identity (:mod:`kvcache.analysing.identity`) unless ``--allow-mism
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -18,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from kvcache.analysing import baseline as baselines
-from kvcache.analysing import gate, identity
+from kvcache.analysing import gate, identity, tables
 from kvcache.analysing.records import RecordError, Run, load_run
+from kvcache.analysing.stats import finite
+from kvcache.analysing.tables import Table, num
 
 # Changes against the baseline.
 SAME, REGRESSED, IMPROVED, INCONCLUSIVE = "same", "regressed", "improved", "inconclusive"
@@ -108,16 +109,10 @@ class Comparison:
         return shown or list(MEASURES)
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
 def _interval(value: Any) -> tuple[float, float] | None:
     if not isinstance(value, (list, tuple)) or len(value) != 2:
         return None
-    lo, hi = _number(value[0]), _number(value[1])
+    lo, hi = finite(value[0]), finite(value[1])
     return None if lo is None or hi is None else (lo, hi)
 
 
@@ -147,20 +142,17 @@ def _cell(run: Run, cache: str) -> Cell:
     status = gate.status_of(verdict) if verdict else None
     return Cell(
         present=True,
-        timed=_number(fit.get("passes")),
+        timed=finite(fit.get("passes")),
         timed_ci=_interval(fit.get("passes_ci")),
-        counted=_number(traffic.get("passes")),
-        intercept_ms=_number(fit.get("intercept_ms")),
-        r2=_number(fit.get("r2")),
+        counted=finite(traffic.get("passes")),
+        intercept_ms=finite(fit.get("intercept_ms")),
+        r2=finite(fit.get("r2")),
         verdict=None if status is None else str(status),
     )
 
 
 def _labels(runs: Sequence[Run]) -> list[str]:
-    labels = [run.label for run in runs]
-    return [
-        f"{label} ({Path(run.path).name})" if labels.count(label) > 1 else label for label, run in zip(labels, runs)
-    ]
+    return tables.unique_labels([run.label for run in runs], [run.path for run in runs])
 
 
 def baseline_of(run: Run) -> dict[str, dict[str, Any]]:
@@ -243,10 +235,6 @@ def _against(cell: Cell, base: Cell, cache: str, label: str, verdicts: dict[str,
 # --- rendering -------------------------------------------------------------------------------------------
 
 
-def _fmt(value: float | None, digits: int = 2) -> str:
-    return DASH if value is None else f"{value:.{digits}f}"
-
-
 def _marked(text: str, change: str, delta: float | None) -> str:
     mark = MARKS.get(change, "")
     if not mark or delta is None:
@@ -262,16 +250,16 @@ def cell_texts(cell: Cell, measures: Sequence[str]) -> list[str]:
     texts = []
     for measure in measures:
         if measure == "timed":
-            text = _fmt(cell.timed)
+            timed = num(cell.timed, missing=DASH)
             if cell.timed is not None and cell.timed_ci is not None:
-                text += f" [{cell.timed_ci[0]:.2f}–{cell.timed_ci[1]:.2f}]"
-            texts.append(_marked(text, cell.timed_change, cell.timed_delta))
+                timed += f" [{cell.timed_ci[0]:.2f}–{cell.timed_ci[1]:.2f}]"
+            texts.append(_marked(timed, cell.timed_change, cell.timed_delta))
         elif measure == "counted":
-            texts.append(_marked(_fmt(cell.counted), cell.counted_change, cell.counted_delta))
+            texts.append(_marked(num(cell.counted, missing=DASH), cell.counted_change, cell.counted_delta))
         elif measure == "intercept_ms":
-            texts.append(_fmt(cell.intercept_ms, 1))
+            texts.append(num(cell.intercept_ms, ".1f", DASH))
         elif measure == "r2":
-            texts.append(_fmt(cell.r2, 3))
+            texts.append(num(cell.r2, ".3f", DASH))
         else:
             texts.append(cell.verdict or DASH)
     return texts
@@ -284,10 +272,7 @@ def _group_labels(comparison: Comparison) -> list[str]:
         f"transformers {info.transformers}, {info.setup}" + (f" on {info.device}" if mixed else "")
         for info in comparison.runs
     ]
-    return [
-        label if labels.count(label) == 1 else f"{label} ({Path(info.path).name})"
-        for label, info in zip(labels, comparison.runs)
-    ]
+    return tables.unique_labels(labels, [info.path for info in comparison.runs])
 
 
 def _preamble(comparison: Comparison) -> list[str]:
@@ -323,62 +308,31 @@ def _rows(comparison: Comparison, measures: Sequence[str]) -> list[list[str]]:
     return rows
 
 
+def table(comparison: Comparison) -> Table:
+    """The comparison as a :class:`~kvcache.analysing.tables.Table`: the cache column, then one column group per
+    run (labelled by :func:`_group_labels`), numbers right-aligned in Markdown."""
+    measures = comparison.measures()
+    header = ["cache"] + [HEADERS[m] for _ in comparison.runs for m in measures]
+    groups = [("", 1)] + [(label, len(measures)) for label in _group_labels(comparison)]
+    right = [1 + i * len(measures) + j for i in range(len(comparison.runs))
+             for j, m in enumerate(measures) if m != "verdict"]
+    return Table(header, _rows(comparison, measures), groups, right)
+
+
 def render_text(comparison: Comparison) -> str:
     """An aligned plain-text table with a group header line per run."""
-    measures = comparison.measures()
-    groups = [("", ["cache"])] + [(g, [HEADERS[m] for m in measures]) for g in _group_labels(comparison)]
-    rows = _rows(comparison, measures)
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(_flat(groups))]
-    # Widen a group's last column when its label is longer than the group.
-    col = 0
-    spans = []
-    for label, headers in groups:
-        span = sum(widths[col : col + len(headers)]) + 2 * (len(headers) - 1)
-        if len(label) > span:
-            widths[col + len(headers) - 1] += len(label) - span
-            span = len(label)
-        spans.append(span)
-        col += len(headers)
-
-    def line(cells: Sequence[str]) -> str:
-        out, col = [], 0
-        for _, headers in groups:
-            part = "  ".join(c.ljust(w) for c, w in zip(cells[col : col + len(headers)], widths[col:]))
-            out.append(part)
-            col += len(headers)
-        return " | ".join(out).rstrip()
-
-    group_line = " | ".join(label.ljust(span) for (label, _), span in zip(groups, spans)).rstrip()
-    header = line(_flat(groups))
-    rule = "-+-".join("-" * span for span in spans)
-    body = [line(r) for r in rows]
-    out = _preamble(comparison) + ["", group_line, header, rule, *body, "", LEGEND, _summary(comparison)]
+    out = _preamble(comparison) + ["", *tables.text(table(comparison)), "", LEGEND, _summary(comparison)]
     out += [r.line() for r in comparison.regressions]
     return "\n".join(out)
 
 
-def _flat(groups: Sequence[tuple[str, Sequence[str]]]) -> list[str]:
-    return [h for _, headers in groups for h in headers]
-
-
-def _md(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
 def render_markdown(comparison: Comparison) -> str:
     """A GitHub-flavoured Markdown table (for ``$GITHUB_STEP_SUMMARY``), with the regressions listed below."""
-    measures = comparison.measures()
-    headers = ["cache"] + [f"**{_md(g)}**<br>{HEADERS[m]}" for g in _group_labels(comparison) for m in measures]
-    align = [":---"] + [":---" if m == "verdict" else "---:" for _ in comparison.runs for m in measures]
-    lines = ["### KV-cache passes across runs", "", *_preamble(comparison), ""]
-    lines.append("| " + " | ".join(headers) + " |")
-    lines.append("| " + " | ".join(align) + " |")
-    for row in _rows(comparison, measures):
-        lines.append("| " + " | ".join(_md(c) for c in row) + " |")
+    lines = ["### KV-cache passes across runs", "", *_preamble(comparison), "", *tables.markdown(table(comparison))]
     lines += ["", LEGEND, "", f"**{_summary(comparison)}**"]
     if comparison.regressions:
         lines.append("")
-        lines += [f"- {_md(r.line())}" for r in comparison.regressions]
+        lines += [f"- {tables.escape_markdown(r.line())}" for r in comparison.regressions]
     return "\n".join(lines)
 
 

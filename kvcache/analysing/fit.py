@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from kvcache.analysing.records import Point, jsonable
+from kvcache.analysing.stats import bootstrap_medians, finite, median, percentile_interval
 
 GB = 1e9
 MS_PER_S = 1e3
@@ -137,12 +138,12 @@ def fit_passes(
     if len(contexts) < MIN_CONTEXTS:
         raise FitError(too_few_contexts(len(contexts)))
     copy_samples = np.asarray(copy_samples_gbps, dtype=np.float64) * GB
-    if copy_samples.size == 0 or not np.all(np.isfinite(copy_samples)) or np.median(copy_samples) <= 0:
+    if copy_samples.size == 0 or not np.all(np.isfinite(copy_samples)) or median(copy_samples) <= 0:
         raise FitError("needs positive, finite copy bandwidth samples")
     check_finite(points)
 
     line = least_squares([p.kv_bytes for p in points], [p.median_s for p in points])
-    copy_bps = float(np.median(copy_samples))
+    copy_bps = median(copy_samples)
     check_slope(line.slope)
     passes = line.slope * copy_bps
     if not (math.isfinite(passes) and passes > 0):  # a positive slope too small or large for floats
@@ -171,7 +172,7 @@ def fit_passes(
         confidence=confidence,
         resamples=resamples,
         weight_read_ms=weight_bytes / copy_bps * MS_PER_S,
-        crossover_tokens=weight_bytes / (passes * bytes_per_token),
+        crossover_tokens=crossover_context(weight_bytes, bytes_per_token, passes),
     )
 
 
@@ -224,19 +225,17 @@ def gbps_from_slope(slope_s_per_byte: float) -> float | None:
     return 1 / slope_s_per_byte / GB if slope_s_per_byte > 0 else None
 
 
-def percentile_interval(values: np.ndarray, lower: float, upper: float) -> tuple[float, float]:
-    """(lower, upper) percentiles of the finite values; (nan, nan) when there are none."""
-    finite = values[np.isfinite(values)]
-    if finite.size == 0:
-        return (math.nan, math.nan)
-    lo, hi = np.percentile(finite, [lower, upper])
-    return (float(lo), float(hi))
-
-
-def bootstrap_medians(samples: np.ndarray, count: int, rng: np.random.Generator) -> np.ndarray:
-    """``count`` medians of ``samples`` resampled with replacement (same size as ``samples``)."""
-    picks = rng.integers(0, samples.size, size=(count, samples.size))
-    return np.median(samples[picks], axis=1)
+def crossover_context(weight_bytes: float | None, bytes_per_token: float | None,
+                      passes: float | None = 1.0) -> float | None:
+    """The context (tokens) at which ``passes`` × the cache's bytes equal the weights' bytes:
+    ``weight_bytes / (passes × bytes_per_token)``. With ``passes`` 1, where the cache holds as many bytes as the
+    weights; with a step's passes, where its cache traffic equals one read of the weights. None when an input
+    is missing or not positive."""
+    values = [finite(v) for v in (weight_bytes, bytes_per_token, passes)]
+    if any(v is None or v <= 0 for v in values):
+        return None
+    weights, per_token, times = values
+    return weights / (times * per_token)
 
 
 def bootstrap_lines(points: Sequence[Point], resamples: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:

@@ -20,6 +20,10 @@ written; all times in ms unless a key says ``_s``/``_ns``)::
     kv.fit.<cache>       {intercept_ms, effective_gbps, passes, r2, n_points, passes_ci, intercept_ci,
                           confidence, weight_read_ms, crossover_tokens, contexts}, or {error, n_points}
                           when the points give no passes figure (error: why, one line)
+    kv.crossovers        {cache_holds_weights_tokens, <cache>: {timed_tokens, counted_tokens}}: contexts (tokens)
+                          at which the cache holds as many bytes as the weights (weight_bytes / bytes_per_token),
+                          and at which a step's cache traffic (timed or counted passes) equals one read of the
+                          weights (weight_bytes / (passes × bytes_per_token)); null where there is no figure
     kv.drift             {cache, context, first_ms, last_ms, fraction, max_fraction, ok} or {reason}
     kv.traffic.<cache>   {passes, by_op: {op: passes}, contexts, step_bytes: {context: {read, written}},
                           bytes_per_token, calls}
@@ -27,6 +31,8 @@ written; all times in ms unless a key says ``_s``/``_ns``)::
     kv.verdict.<cache>.<measure>   {status, value, allowed, reason, interval?, grew?}; measures: counted, timed
     kv.points            [{cache, context, round, median_ms, samples_ms, kv_bytes, counted_bytes,
                            achieved_gbps, achieved_fraction, beyond_trained_context, name}]
+                          (achieved_gbps: counted bytes of the step / median step; achieved_fraction: its
+                          share of kv.copy_gbps, the session median)
     kv.session           {interrupted, exit, failed: [cache]}: whether the session ran to its end
     kv.skipped           [{cache, context, reason}]   (context is null for a whole class)
 """
@@ -38,6 +44,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from kvcache.analysing.stats import median
 
 SCHEMA = 2
 READABLE_SCHEMAS = (1, 2)
@@ -105,15 +113,6 @@ class Run:
             for name in self.kv.get(key, {}) or {}:
                 seen.setdefault(name)
         return list(seen)
-
-
-def median(values: Any) -> float:
-    """Median of a non-empty sequence of numbers."""
-    data = sorted(float(v) for v in values)
-    if not data:
-        raise ValueError("median of an empty sequence")
-    mid = len(data) // 2
-    return data[mid] if len(data) % 2 else (data[mid - 1] + data[mid]) / 2
 
 
 def point_from_benchmark(bench: dict[str, Any]) -> Point | None:

@@ -4,20 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvcache.analysing import tables
 from kvcache.analysing.gate import status_of
-from kvcache.analysing.records import median
+from kvcache.analysing.stats import median
+from kvcache.analysing.tables import Table, num
 
-
-def _num(value: Any, spec: str = ".2f", missing: str = "-") -> str:
-    return missing if value is None else format(value, spec)
-
-
-def table(rows: list[list[str]], header: list[str]) -> list[str]:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    line = "  ".join(h.ljust(w) for h, w in zip(header, widths))
-    out = [line, "  ".join("-" * w for w in widths)]
-    out += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in rows]
-    return out
+FIT_HEADER = ["cache", "intercept ms", "eff GB/s", "timed passes [CI]", "R²", "counted", "timed/counted",
+              "crossover tok", "timed verdict", "counted verdict"]
+POINT_HEADER = ["cache", "context", "rounds", "median ms", "achieved GB/s", "of copy"]
 
 
 def measured_verdicts(kv: dict[str, Any]) -> dict[str, Any]:
@@ -39,9 +33,9 @@ def fit_rows(kv: dict[str, Any]) -> list[list[str]]:
         if fit.get("error"):
             timed_text = f"- ({fit['error']})"
         rows.append([
-            cache, _num(fit.get("intercept_ms")), _num(fit.get("effective_gbps"), ".1f"), timed_text,
-            _num(fit.get("r2"), ".3f"), _num(counted), _num(timed / counted if timed and counted else None),
-            _num(fit.get("crossover_tokens"), ",.0f"), (verdict.get("timed") or {}).get("status", "-"),
+            cache, num(fit.get("intercept_ms")), num(fit.get("effective_gbps"), ".1f"), timed_text,
+            num(fit.get("r2"), ".3f"), num(counted), num(timed / counted if timed and counted else None),
+            num(fit.get("crossover_tokens"), ",.0f"), (verdict.get("timed") or {}).get("status", "-"),
             (verdict.get("counted") or {}).get("status", "-"),
         ])
     return rows
@@ -57,10 +51,23 @@ def point_rows(kv: dict[str, Any]) -> list[list[str]]:
         achieved = [p["achieved_gbps"] for p in pts if p.get("achieved_gbps")]
         fraction = [p["achieved_fraction"] for p in pts if p.get("achieved_fraction")]
         flag = " (beyond trained context)" if pts[0].get("beyond_trained_context") else ""
-        rows.append([cache, f"{context}{flag}", str(len(pts)), _num(median([p["median_ms"] for p in pts])),
-                     _num(median(achieved) if achieved else None, ".1f"),
-                     _num(100 * median(fraction), ".0f") + "%" if fraction else "-"])
+        rows.append([cache, f"{context}{flag}", str(len(pts)), num(median([p["median_ms"] for p in pts])),
+                     num(median(achieved) if achieved else None, ".1f"),
+                     num(100 * median(fraction), ".0f") + "%" if fraction else "-"])
     return rows
+
+
+def crossover_lines(crossovers: dict[str, Any]) -> list[str]:
+    """``kv.crossovers`` in words, contexts in tokens: where the cache holds as many bytes as the weights, and
+    per class where a step's cache traffic (from the timed and the counted passes) equals one read of the weights."""
+    if not crossovers:
+        return []
+    out = [f"crossover: the cache holds as many bytes as the weights at "
+           f"{num(crossovers.get('cache_holds_weights_tokens'), ',.0f')} tokens"]
+    out += [f"crossover {cache}: a step's cache traffic equals one read of the weights at "
+            f"{num(c.get('timed_tokens'), ',.0f')} tokens timed, {num(c.get('counted_tokens'), ',.0f')} counted"
+            for cache, c in crossovers.items() if isinstance(c, dict)]
+    return out
 
 
 def lines(kv: dict[str, Any]) -> list[str]:
@@ -69,14 +76,14 @@ def lines(kv: dict[str, Any]) -> list[str]:
     out = [f"device {env.get('device_name')}; transformers {env.get('transformers')}, torch {env.get('torch')}; "
            f"model {model.get('name')} ({model.get('dtype')}, {model.get('bytes_per_token')} B/token of KV, "
            f"{model.get('weight_bytes')} B of weights)"]
-    out.append(f"copy bandwidth (read + write): start {_num(copy.get('start_gbps'), '.1f')} GB/s, "
-               f"end {_num(copy.get('end_gbps'), '.1f')} GB/s, median of all {_num(kv.get('copy_gbps'), '.1f')} GB/s")
+    out.append(f"copy bandwidth (read + write): start {num(copy.get('start_gbps'), '.1f')} GB/s, "
+               f"end {num(copy.get('end_gbps'), '.1f')} GB/s, median of all {num(kv.get('copy_gbps'), '.1f')} GB/s")
     if kv.get("verdict"):
         out.append("")
-        out += table(fit_rows(kv), ["cache", "intercept ms", "eff GB/s", "timed passes [CI]", "R²", "counted",
-                                    "timed/counted", "crossover tok", "timed verdict", "counted verdict"])
+        out += tables.text(Table(FIT_HEADER, fit_rows(kv)))
         out.append("  (effective GB/s = KV bytes per extra second of step time; passes = copy GB/s / effective GB/s;"
                    " counted = bytes read + written per KV byte, logical)")
+    out += crossover_lines(kv.get("crossovers") or {})
     drift = kv.get("drift") or {}
     if "fraction" in drift:
         state = "ok" if drift["ok"] else "TOO LARGE: timed verdicts are inconclusive"
@@ -94,7 +101,7 @@ def lines(kv: dict[str, Any]) -> list[str]:
     rows = point_rows(kv)
     if rows:
         out.append("")
-        out += table(rows, ["cache", "context", "rounds", "median ms", "achieved GB/s", "of copy"])
+        out += tables.text(Table(POINT_HEADER, rows))
         out.append("  (achieved = counted bytes of the whole step / median step time; of copy = its share of the copy"
                    " bandwidth)")
     for s in kv.get("skipped", []):

@@ -1,21 +1,29 @@
 """One table model and its plain renderers, used by the terminal summary, ``kvcache compare`` and the
 report's Markdown: a :class:`Table` is data (cells are already formatted text); :func:`text` and
-:func:`markdown` lay it out. Standard library only."""
+:func:`markdown` lay it out; :func:`num` and :func:`unique_labels` make the cells. Standard library only (and
+:mod:`kvcache.analysing.stats` for what counts as a number)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from kvcache.analysing.stats import finite
 
 MISSING = "-"
 
 
 def num(value: Any, spec: str = ".2f", missing: str = MISSING) -> str:
-    """A number as table text; ``missing`` for None (or anything that is not a number)."""
-    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
-        return missing
-    return format(value, spec)
+    """A number as table text; ``missing`` for None, NaN, infinities or anything that is not a number."""
+    x = finite(value)
+    return missing if x is None else format(x, spec)
+
+
+def unique_labels(labels: Sequence[str], paths: Sequence[str]) -> list[str]:
+    """Column or run labels made unique: a label that repeats gets its file's name, ``label (run.json)``."""
+    return [f"{label} ({Path(path).name})" if labels.count(label) > 1 else label for label, path in zip(labels, paths)]
 
 
 @dataclass
@@ -62,6 +70,11 @@ def text(table: Table) -> list[str]:
             *(grouped(r) for r in table.rows)]
 
 
+def escape_markdown(cell: str) -> str:
+    """Text safe inside a Markdown table row: ``|`` escaped."""
+    return cell.replace("|", "\\|")
+
+
 def markdown(table: Table) -> list[str]:
     """A GitHub-flavoured Markdown table (``|`` in cells escaped); with groups, each header cell names its
     group in bold."""
@@ -75,6 +88,6 @@ def markdown(table: Table) -> list[str]:
     align = ["---:" if i in table.right else ":---" for i in range(len(header))]
 
     def row(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+        return "| " + " | ".join(escape_markdown(str(c)) for c in cells) + " |"
 
     return [row(header), "| " + " | ".join(align) + " |", *(row(r) for r in table.rows)]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvcache.analysing.records import median
+from kvcache.analysing.stats import median
 from kvcache.measuring.devices import Device
 
 GIB = 1 << 30

@@ -137,6 +137,11 @@ def test_extra_info(main_run):
         assert len(starts) == STEPS and all(isinstance(t, int) for t in starts)
         assert all(a < b for a, b in zip(starts, starts[1:])), starts
         assert info["counted_bytes"] > 0
+        # one achieved-bandwidth rule: extra_info has the bandwidth, its share of the copy is kv.points' alone
+        assert info["achieved_gbps"] > 0 and "achieved_fraction" not in info
+    kv = main_run["kv"]
+    for point in kv["points"]:
+        assert point["achieved_fraction"] == pytest.approx(point["achieved_gbps"] / kv["copy_gbps"])
 
 
 def test_points_run_in_the_measuring_order(main_run):

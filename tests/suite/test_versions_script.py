@@ -42,8 +42,8 @@ def test_newest_patch_per_minor_since_4_45_numeric_order():
 
 
 def test_fallback_list_is_newest_per_minor_and_ordered():
-    assert versions.newest_per_minor(versions.FALLBACK) == versions.FALLBACK
-    assert versions.FALLBACK[0] == "4.45.2"
+    assert versions.newest_per_minor(versions.RELEASES) == versions.RELEASES
+    assert versions.RELEASES[0] == "4.45.2"
 
 
 def test_releases_option_sorted_deduplicated_validated():

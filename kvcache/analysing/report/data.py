@@ -7,15 +7,15 @@ bytes moved per byte of KV cache.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from kvcache.analysing import analysis, tables
 from kvcache.analysing import fit as fitting
-from kvcache.analysing import tables
-from kvcache.analysing.records import Point, Run, jsonable, median
+from kvcache.analysing.records import Point, Run, jsonable
+from kvcache.analysing.stats import finite, median
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf"]
@@ -34,17 +34,6 @@ class ReportError(RuntimeError):
 def mapping(value: Any) -> dict[str, Any]:
     """``value`` if it is a dict, else an empty one (a part of the run that is missing or malformed)."""
     return value if isinstance(value, dict) else {}
-
-
-def finite(value: Any) -> float | None:
-    """A finite float, or None (missing, NaN, inf, not a number)."""
-    if isinstance(value, bool):
-        return None
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
 
 
 def fmt(value: Any, digits: int = 2) -> str:
@@ -231,33 +220,11 @@ def no_figure(reason: str) -> str:
 
 def crossovers(kv: dict[str, Any]) -> dict[str, Any]:
     """Contexts (tokens) where the KV cache meets the weights: ``kv["crossovers"]`` when the run records them,
-    else worked out from the run the same way.
-
-    ``cache_holds_weights_tokens``: where the cache holds as many bytes as the weights (weight_bytes /
-    bytes_per_token). Per class, ``timed_tokens`` and ``counted_tokens``: where one step's cache traffic equals
-    reading the weights once, weight_bytes / (passes × bytes_per_token), from the timed passes (kv.fit) and
-    from the counted passes (kv.traffic). None where a figure is missing or not positive.
-    """
+    else worked out from the run by the analysis's own rule (:func:`kvcache.analysing.analysis.crossovers`)."""
     recorded = kv.get("crossovers")
     if isinstance(recorded, dict):
         return recorded
-    model = mapping(kv.get("model"))
-    weights, per_token = finite(model.get("weight_bytes")), finite(model.get("bytes_per_token"))
-
-    def tokens(passes: Any) -> float | None:
-        x = finite(passes)
-        if weights is None or per_token is None or x is None or min(weights, per_token, x) <= 0:
-            return None
-        return weights / (x * per_token)
-
-    out: dict[str, Any] = {"cache_holds_weights_tokens": tokens(1.0)}  # one pass: the bytes the cache holds
-    fits, traffic = mapping(kv.get("fit")), mapping(kv.get("traffic"))
-    for cache in [*fits, *(c for c in traffic if c not in fits)]:
-        fit = mapping(fits.get(cache))
-        timed = finite(fit.get("crossover_tokens"))
-        out[cache] = {"timed_tokens": timed if timed is not None and timed > 0 else tokens(fit.get("passes")),
-                      "counted_tokens": tokens(mapping(traffic.get(cache)).get("passes"))}
-    return out
+    return analysis.crossovers(mapping(kv.get("model")), mapping(kv.get("fit")), mapping(kv.get("traffic")))
 
 
 # ----------------------------------------------------------------------------------------------- HTML chart
