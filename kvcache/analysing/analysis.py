@@ -15,8 +15,22 @@ from kvcache.analysing import baseline as baselines
 from kvcache.analysing import gate, identity
 from kvcache.analysing.fit import FitError, fit_passes, measure_drift
 from kvcache.analysing.records import (
-    KV, Copy, CopyMeasurement, Drift, Fit, FitFailure, Point, PointRecord, Probe, Session, Skip, Traffic,
-    UnmeasuredDrift, Verdict, median)
+    KV,
+    Copy,
+    CopyMeasurement,
+    Drift,
+    Fit,
+    FitFailure,
+    Point,
+    PointRecord,
+    Probe,
+    Session,
+    Skip,
+    Traffic,
+    UnmeasuredDrift,
+    Verdict,
+    median,
+)
 
 
 def point_of(record: dict[str, Any]) -> Point:

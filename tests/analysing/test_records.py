@@ -15,8 +15,25 @@ from fakerun import analysed, make_run, write_run
 
 from kvcache.analysing import gate
 from kvcache.analysing.records import (
-    KV, SCHEMA, Copy, CopyMeasurement, Drift, Fit, FitFailure, PointRecord, Probe, RecordError, Session,
-    Skip, Traffic, UnmeasuredDrift, Verdict, json_schema, load_run, upgrade_kv)
+    KV,
+    SCHEMA,
+    Copy,
+    CopyMeasurement,
+    Drift,
+    Fit,
+    FitFailure,
+    PointRecord,
+    Probe,
+    RecordError,
+    Session,
+    Skip,
+    Traffic,
+    UnmeasuredDrift,
+    Verdict,
+    json_schema,
+    load_run,
+    upgrade_kv,
+)
 
 # The schema's definition of each record type.
 DEFINITIONS = {"kv": KV, "fit": Fit, "fit_failure": FitFailure, "traffic": Traffic, "probe": Probe, "drift": Drift,
