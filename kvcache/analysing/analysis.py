@@ -14,7 +14,22 @@ from typing import Any
 from kvcache.analysing import baseline as baselines
 from kvcache.analysing import gate, identity
 from kvcache.analysing.fit import FitError, crossover_context, fit_passes, measure_drift
-from kvcache.analysing.records import SCHEMA, Point, jsonable
+from kvcache.analysing.records import (
+    KV,
+    Copy,
+    CopyMeasurement,
+    Drift,
+    Fit,
+    FitFailure,
+    Point,
+    PointRecord,
+    Probe,
+    Session,
+    Skip,
+    Traffic,
+    UnmeasuredDrift,
+    Verdict,
+)
 from kvcache.analysing.stats import finite, median
 
 
@@ -27,8 +42,8 @@ def point_of(record: dict[str, Any]) -> Point:
 
 def analyse(records: list[dict[str, Any]], settings: dict[str, Any], baseline: dict[str, Any],
             session: dict[str, Any]) -> dict[str, Any]:
-    """The ``kv`` section (see :mod:`kvcache.analysing.records`) of one run.
-    ``session``: ``{interrupted, exit, failed}``."""
+    """The ``kv`` section (see :mod:`kvcache.analysing.records`) of one run, built as a :class:`KV` and written by
+    its ``to_json``. ``session``: ``{interrupted, exit, failed}``."""
     by_type: dict[str, list[dict[str, Any]]] = {}
     for record in records:
         by_type.setdefault(record["type"], []).append(record)
@@ -40,33 +55,34 @@ def analyse(records: list[dict[str, Any]], settings: dict[str, Any], baseline: d
     samples = [s for m in copies for s in m.get("samples_gbps", [])]
     copy_gbps = median(samples) if samples else None
     failed = sorted({r["cache"] for r in by_type.get("failed", []) if r.get("cache")})
-    kv: dict[str, Any] = {
-        "schema": SCHEMA, "settings": settings, "environment": env, "model": model, "copy_gbps": copy_gbps,
-        "copy": _copy_section(copies), "fit": {}, "drift": None,
-        "traffic": {r["cache"]: r["traffic"] for r in by_type.get("traffic", [])},
-        "probe": {r["cache"]: r["probe"] for r in by_type.get("traffic", []) if r.get("probe")},
-        "verdict": {}, "skipped": _skips(by_type.get("skip", [])),
-        "points": _points_section(timed, copy_gbps),
-        "session": {**session, "failed": sorted({*session.get("failed", []), *failed})},
-    }
-    kv["identity"] = identity.of_run(kv)
+    traffic = by_type.get("traffic", [])
+    kv = KV(
+        settings=settings, environment=env, model=model, copy_gbps=copy_gbps, copy=_copy_section(copies),
+        traffic={r["cache"]: Traffic.from_json(r["traffic"], f"traffic of {r['cache']}") for r in traffic},
+        probe={r["cache"]: Probe.from_json(r["probe"], f"probe of {r['cache']}") for r in traffic if r.get("probe")},
+        skipped=_skips(by_type.get("skip", [])), points=_points_section(points, copy_gbps),
+        session=Session.from_json({**session, "failed": sorted({*session.get("failed", []), *failed})}, "session"),
+        identity=identity.of_run({"environment": env, "settings": settings}),
+    )
     for cache in dict.fromkeys(p.cache for p in points):
         mine = [p for p in points if p.cache == cache]
         try:
             if not samples:
                 raise FitError("no copy bandwidth was measured in this run (its test was deselected, skipped or "
                                "failed), so latency cannot be turned into passes")
-            kv["fit"][cache] = fit_passes(
+            kv.fit[cache] = Fit.from_json(fit_passes(
                 mine, samples, bytes_per_token=model["bytes_per_token"], weight_bytes=model["weight_bytes"],
-                confidence=settings["confidence"], resamples=settings["resamples"], seed=settings["seed"]).to_dict()
+                confidence=settings["confidence"], resamples=settings["resamples"], seed=settings["seed"]).to_dict())
         except FitError as exc:
-            kv["fit"][cache] = {"error": str(exc), "n_points": len(mine)}
-    kv["crossovers"] = crossovers(model, kv["fit"], kv["traffic"])
+            kv.fit[cache] = FitFailure(error=str(exc), n_points=len(mine))
+    kv.extra["crossovers"] = crossovers(model, {c: f.to_json() for c, f in kv.fit.items()},
+                                        {c: t.to_json() for c, t in kv.traffic.items()})
     drift = [point_of(r) for r in by_type.get("point", []) if r.get("kind") == "drift"]
-    kv["drift"] = _drift_section(points, drift, settings["max_drift"])
-    kv = jsonable(kv)
-    kv["verdict"] = judge(kv, baseline)
-    return kv
+    kv.drift = _drift_section(points, drift, settings["max_drift"])
+    kv.verdict = {cache: {measure: Verdict.from_json(verdict, f"verdict of {cache}: {measure}")
+                          for measure, verdict in by_measure.items()}
+                  for cache, by_measure in judge(kv.to_json(), baseline).items()}
+    return kv.to_json()
 
 
 def judge(kv: dict[str, Any], baseline: dict[str, Any], **rules: Any) -> dict[str, Any]:
@@ -90,21 +106,22 @@ def warnings(kv: dict[str, Any]) -> list[str]:
     return []
 
 
-def _skips(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    out = []
+def _skips(records: list[dict[str, Any]]) -> list[Skip]:
+    out: list[Skip] = []
     for r in records:
-        entry = {"cache": r["cache"], "context": r.get("context"), "reason": r["reason"]}
+        entry = Skip(cache=r["cache"], context=r.get("context"), reason=r["reason"])
         if entry not in out:
             out.append(entry)
     return out
 
 
-def _copy_section(measurements: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "start_gbps": measurements[0]["gbps"] if measurements else None,
-        "end_gbps": measurements[-1]["gbps"] if len(measurements) > 1 else None,
-        "measurements": [{k: v for k, v in m.items() if k != "type"} for m in measurements],
-    }
+def _copy_section(measurements: list[dict[str, Any]]) -> Copy:
+    return Copy(
+        start_gbps=measurements[0]["gbps"] if measurements else None,
+        end_gbps=measurements[-1]["gbps"] if len(measurements) > 1 else None,
+        measurements=[CopyMeasurement.from_json({k: v for k, v in m.items() if k != "type"}, "copy")
+                      for m in measurements],
+    )
 
 
 def achieved_gbps(counted_bytes: float | None, median_step_s: float | None) -> float | None:
@@ -137,30 +154,30 @@ def crossovers(model: dict[str, Any], fits: dict[str, Any], traffic: dict[str, A
     return out
 
 
-def _points_section(records: list[dict[str, Any]], copy_gbps: float | None) -> list[dict[str, Any]]:
+def _points_section(points: list[Point], copy_gbps: float | None) -> list[PointRecord]:
     """Per point: median step, every step (ms), and the achieved bandwidth (:func:`achieved_gbps`) with its
     share of the session's median copy bandwidth (:func:`achieved_fraction`)."""
     out = []
-    for r in records:
-        p = point_of(r)
+    for p in points:
         achieved = achieved_gbps(p.counted_bytes, p.median_s)
-        out.append({
-            "cache": p.cache, "context": p.context, "round": p.round, "median_ms": p.median_s * 1e3,
-            "samples_ms": [s * 1e3 for s in p.samples_s], "kv_bytes": p.kv_bytes, "counted_bytes": p.counted_bytes,
-            "achieved_gbps": achieved, "achieved_fraction": achieved_fraction(achieved, copy_gbps),
-            "beyond_trained_context": p.beyond_trained_context, "name": p.name,
-        })
+        out.append(PointRecord(
+            cache=p.cache, context=p.context, round=p.round, median_ms=p.median_s * 1e3,
+            samples_ms=[s * 1e3 for s in p.samples_s], kv_bytes=p.kv_bytes, counted_bytes=p.counted_bytes,
+            achieved_gbps=achieved, achieved_fraction=achieved_fraction(achieved, copy_gbps),
+            beyond_trained_context=p.beyond_trained_context, name=p.name,
+        ))
     return out
 
 
-def _drift_section(points: list[Point], again: list[Point], max_fraction: float) -> dict[str, Any]:
+def _drift_section(points: list[Point], again: list[Point], max_fraction: float) -> Drift | UnmeasuredDrift:
     if not points:
-        return {"reason": "no timed point was measured", "max_fraction": max_fraction}
+        return UnmeasuredDrift(reason="no timed point was measured", max_fraction=max_fraction)
     if not again:
-        return {"reason": "the first point was not measured again (drift test deselected, skipped or failed)",
-                "max_fraction": max_fraction}
+        return UnmeasuredDrift(reason="the first point was not measured again (drift test deselected, skipped or "
+                               "failed)", max_fraction=max_fraction)
     last = again[-1]
     first = next((p for p in points if p.cache == last.cache and p.context == last.context), None)
     if first is None:
-        return {"reason": f"no first measurement of {last.cache} at {last.context}", "max_fraction": max_fraction}
-    return measure_drift(first, last, max_fraction).to_dict()
+        return UnmeasuredDrift(reason=f"no first measurement of {last.cache} at {last.context}",
+                               max_fraction=max_fraction)
+    return Drift.from_json(measure_drift(first, last, max_fraction).to_dict(), "drift")

@@ -35,20 +35,32 @@ written; all times in ms unless a key says ``_s``/``_ns``)::
                           share of kv.copy_gbps, the session median)
     kv.session           {interrupted, exit, failed: [cache]}: whether the session ran to its end
     kv.skipped           [{cache, context, reason}]   (context is null for a whole class)
+
+Each part has a record type (:class:`Fit`, :class:`FitFailure`, :class:`Traffic`, :class:`Probe`,
+:class:`Drift`, :class:`UnmeasuredDrift`, :class:`Verdict`, :class:`PointRecord`, :class:`Copy`,
+:class:`Session`, :class:`Skip`) and :class:`KV` holds them; ``KV.from_json`` / ``KV.to_json`` are the one
+path between the section and the records (a file of schema 1 is upgraded on the way in). Keys a record does
+not know are kept in its ``extra`` and written back, so later sections survive a round trip. ``settings``,
+``environment``, ``identity`` and ``model`` stay plain dicts: their keys belong to the ``--kv-*`` options,
+the device, :mod:`kvcache.analysing.identity` and the model's geometry, each defined once there.
+``kv.schema.json`` beside this module is the JSON Schema (draft 2020-12) of a run file with this section.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, field, fields
+from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kvcache.analysing.stats import median
 
 SCHEMA = 2
 READABLE_SCHEMAS = (1, 2)
+SCHEMA_FILE = "kv.schema.json"
 
 
 class RecordError(ValueError):
@@ -77,6 +89,380 @@ class Point:
         return median(self.samples_s)
 
 
+R = TypeVar("R", bound="Record")
+# Fields every record has besides its JSON keys.
+_BOOKKEEPING = ("extra", "absent")
+
+
+class Record:
+    """One JSON object of the ``kv`` section as a dataclass: its known keys are fields, read by :meth:`from_json`
+    and written by :meth:`to_json`. Keys it does not know stay in ``extra``; a known key the object lacked is
+    named in ``absent`` and left out when written back (unless set since), so a round trip loses nothing.
+    Values are kept as JSON has them (lists, not tuples); checking their types is the JSON Schema's job."""
+
+    extra: dict[str, Any]
+    absent: frozenset[str]
+
+    @classmethod
+    def from_json(cls: type[R], data: Any, where: str = "") -> R:
+        """The record of one JSON object; RecordError (one line, naming ``where``) when it is not an object or
+        lacks a key the record cannot do without."""
+        where = where or cls.__name__
+        if not isinstance(data, dict):
+            raise RecordError(f"{where}: expected an object, got {type(data).__name__}")
+        known = {f.name: f for f in fields(cls) if f.name not in _BOOKKEEPING}
+        values: dict[str, Any] = {}
+        absent = set()
+        for name, spec in known.items():
+            if name in data:
+                values[name] = data[name]
+            elif spec.default is MISSING and spec.default_factory is MISSING:
+                raise RecordError(f"{where}: no {name!r}")
+            else:
+                absent.add(name)
+        values = cls._read(values, where)
+        return cls(**values, extra={k: v for k, v in data.items() if k not in known}, absent=frozenset(absent))
+
+    @classmethod
+    def _read(cls, values: dict[str, Any], where: str) -> dict[str, Any]:
+        """The known keys' values as the fields hold them (records of nested objects); plain by default."""
+        return values
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object: known keys in field order (absent ones left out), then ``extra``."""
+        out = {}
+        for spec in fields(self):
+            if spec.name in _BOOKKEEPING:
+                continue
+            value = getattr(self, spec.name)
+            default = spec.default if spec.default_factory is MISSING else spec.default_factory()
+            if spec.name in self.absent and value == default:
+                continue
+            out[spec.name] = _json_of(value)
+        return {**out, **_json_of(self.extra)}
+
+    def unknown_keys(self, where: str = "") -> list[str]:
+        """Paths (``kv.fit.dynamic.new_figure``) of the keys this record and the records in it do not know."""
+        where = where or type(self).__name__.lower()
+        out = [f"{where}.{key}" for key in self.extra]
+        for spec in fields(self):
+            if spec.name not in _BOOKKEEPING:
+                out += _unknown_keys(getattr(self, spec.name), f"{where}.{spec.name}")
+        return out
+
+
+def _unknown_keys(value: Any, where: str) -> list[str]:
+    if isinstance(value, Record):
+        return value.unknown_keys(where)
+    if isinstance(value, dict):
+        return [path for key, item in value.items() for path in _unknown_keys(item, f"{where}.{key}")]
+    if isinstance(value, list):
+        return [path for i, item in enumerate(value) for path in _unknown_keys(item, f"{where}[{i}]")]
+    return []
+
+
+def _json_of(value: Any) -> Any:
+    if isinstance(value, Record):
+        return value.to_json()
+    if isinstance(value, dict):
+        return {k: _json_of(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_of(v) for v in value]
+    return value
+
+
+def _bookkeeping() -> Any:
+    return field(default_factory=dict)
+
+
+def _absent() -> Any:
+    return field(default=frozenset(), repr=False, compare=False)
+
+
+@dataclass
+class Fit(Record):
+    """``kv.fit.<cache>`` with a passes figure (written by :class:`kvcache.analysing.fit.PassesFit`): passes =
+    slope (s per KV byte) × copy bandwidth; ``*_ms`` in ms, ``*_gbps`` in GB/s (read + write), ``*_ci``
+    [low, high] bootstrap intervals at ``confidence``, ``crossover_tokens`` in tokens."""
+
+    passes: float | None
+    intercept_ms: float | None = None
+    effective_gbps: float | None = None
+    passes_ci: list[float | None] | None = None
+    r2: float | None = None
+    n_points: int | None = None
+    cache: str | None = None
+    slope_ms_per_gb: float | None = None
+    contexts: list[int] | None = None
+    copy_gbps: float | None = None
+    intercept_ci: list[float | None] | None = None
+    effective_gbps_ci: list[float | None] | None = None
+    confidence: float | None = None
+    resamples: int | None = None
+    weight_read_ms: float | None = None
+    crossover_tokens: float | None = None
+    ci_relative_width: float | None = None
+    extra: dict[str, Any] = _bookkeeping()
+    absent: frozenset[str] = _absent()
+
+
+@dataclass
+class FitFailure(Record):
+    """``kv.fit.<cache>`` when the points give no passes figure: ``error`` says why (one line)."""
+
+    error: str
+    n_points: int | None = None
+    extra: dict[str, Any] = _bookkeeping()
+    absent: frozenset[str] = _absent()
+
+
+@dataclass
+class Traffic(Record):
+    """``kv.traffic.<cache>``: counted passes (bytes read + written by one step's ops per logical KV byte), per
+    op, between ``contexts``; ``step_bytes`` {context: {read, written}} in bytes, ``calls`` {op: calls}."""
+
+    passes: float | None
+    by_op: dict[str, float] = field(default_factory=dict)
+    contexts: list[int] | None = None
+    bytes_per_token: int | None = None
+    step_bytes: dict[str, dict[str, int]] | None = None
+    calls: dict[str, int] | None = None
+    extra: dict[str, Any] = _bookkeeping()
+    absent: frozenset[str] = _absent()
+
+
+@dataclass
+class Probe(Record):
+    """``kv.probe.<cache>``: what attention received in one step: shapes of its first call (None: no mask),
+    how grouped-query attention ran, K/V expansions counted (K and V of each layer), calls per mode."""
+
+    attention: str
+    query: list[int] | None = None
+    key: list[int] | None = None
+    value: list[int] | None = None
+    mask: list[int] | None = None
+    enable_gqa: bool | None = None
+    expansions: int | None = None
+    calls: int | None = None
+    modes: dict[str, int] | None = None
+    extra: dict[str, Any] = _bookkeeping()
+    absent: frozenset[str] = _absent()
+
+
+@dataclass
+class Drift(Record):
+    """``kv.drift`` measured: median step (ms) of the first timed point and of its re-measurement at the end;
+    ``fraction`` = last / first - 1 (None when not finite), ``ok`` when within ``max_fraction``."""
+
+    ok: bool
+    cache: str | None = None
+    context: int | None = None
+    first_ms: float | None = None
+    last_ms: float | None = None
+    fraction: float | None = None
+    max_fraction: float | None = None
+    extra: dict[str, Any] = _bookkeeping()
+    absent: frozenset[str] = _absent()
+
+
+@dataclass
+class UnmeasuredDrift(Record):
+    """``kv.drift`` when it could not be measured: ``reason`` says why."""
+
+    reason: str
+    max_fraction: float | None = None
+    extra: dict[str, Any] = _bookkeeping()
+    absent: frozenset[str] = _absent()
+
+
+@dataclass
+class Verdict(Record):
+    """``kv.verdict.<cache>.<measure>``: the judge's status (see :data:`kvcache.analysing.gate.STATUSES`) of the
+    measured passes ``value`` against the ``allowed`` passes; ``interval`` (timed) the passes interval,
+    ``grew`` (counted) {op: rise in passes}."""
+
+    status: str
+    reason: str = ""
+    value: float | None = None
+    allowed: float | None = None
+    interval: list[float] | None = None
+    grew: dict[str, float] | None = None
+    extra: dict[str, Any] = _bookkeeping()
+    absent: frozenset[str] = _absent()
+
+
+@dataclass
+class PointRecord(Record):
+    """One entry of ``kv.points``: a timed (cache, context, round) point, its median and every step in ms,
+    ``kv_bytes`` and ``counted_bytes`` (bytes one step moves) in bytes, ``achieved_gbps`` = counted bytes /
+    median step in GB/s and its ``achieved_fraction`` of the copy bandwidth."""
+
+    cache: str
+    context: int
+    kv_bytes: float
+    round: int = 0
+    median_ms: float | None = None
+    samples_ms: list[float] | None = None
+    counted_bytes: float | None = None
+    achieved_gbps: float | None = None
+    achieved_fraction: float | None = None
+    beyond_trained_context: bool = False
+    name: str = ""
+    extra: dict[str, Any] = _bookkeeping()
+    absent: frozenset[str] = _absent()
+
+    def to_point(self) -> Point:
+        """The timed point (steps in seconds) the fit and the report work with; needs ``samples_ms``."""
+        if self.samples_ms is None:
+            raise RecordError(f"point {self.cache} at {self.context}: no samples_ms")
+        return Point(cache=str(self.cache), context=int(self.context), round=int(self.round),
+                     kv_bytes=float(self.kv_bytes), samples_s=tuple(float(x) / 1e3 for x in self.samples_ms),
+                     beyond_trained_context=bool(self.beyond_trained_context), counted_bytes=self.counted_bytes,
+                     name=str(self.name))
+
+
+@dataclass
+class CopyMeasurement(Record):
+    """One copy-bandwidth measurement (``label``: when in the session): the median ``gbps`` of its copies of a
+    ``nbytes`` tensor, each sample counting bytes read + written, in GB/s."""
+
+    gbps: float | None
+    label: str = ""
+    nbytes: int | None = None
+    samples_gbps: list[float] = field(default_factory=list)
+    extra: dict[str, Any] = _bookkeeping()
+    absent: frozenset[str] = _absent()
+
+
+@dataclass
+class Copy(Record):
+    """``kv.copy``: the copy bandwidth (GB/s, read + write) at the start and end of the session, every measurement."""
+
+    start_gbps: float | None = None
+    end_gbps: float | None = None
+    measurements: list[CopyMeasurement] = field(default_factory=list)
+    extra: dict[str, Any] = _bookkeeping()
+    absent: frozenset[str] = _absent()
+
+    @classmethod
+    def _read(cls, values: dict[str, Any], where: str) -> dict[str, Any]:
+        if "measurements" in values:
+            values["measurements"] = [CopyMeasurement.from_json(m, f"{where}.measurements[{i}]")
+                                      for i, m in enumerate(_list(values["measurements"], f"{where}.measurements"))]
+        return values
+
+
+@dataclass
+class Session(Record):
+    """``kv.session``: whether the session ran to its end (``exit``: pytest's exit status by name; None when
+    unknown) and the classes with a failed point."""
+
+    interrupted: bool | None = None
+    exit: str = ""
+    failed: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = _bookkeeping()
+    absent: frozenset[str] = _absent()
+
+
+@dataclass
+class Skip(Record):
+    """One entry of ``kv.skipped``: a class (``context`` None) or one point of it that did not run, and why."""
+
+    cache: str
+    reason: str
+    context: int | None = None
+    extra: dict[str, Any] = _bookkeeping()
+    absent: frozenset[str] = _absent()
+
+
+@dataclass
+class KV(Record):
+    """The ``kv`` section of a run (see the module docstring), schema :data:`SCHEMA`.
+
+    ``from_json`` reads a section of any readable schema (schema 1 through :func:`upgrade_kv`); ``to_json``
+    writes this schema, non-finite floats as null. Sections a later schema adds stay in ``extra``."""
+
+    schema: int = SCHEMA
+    settings: dict[str, Any] = field(default_factory=dict)
+    environment: dict[str, Any] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict)
+    copy_gbps: float | None = None
+    copy: Copy | None = None
+    fit: dict[str, Fit | FitFailure] = field(default_factory=dict)
+    drift: Drift | UnmeasuredDrift | None = None
+    traffic: dict[str, Traffic] = field(default_factory=dict)
+    probe: dict[str, Probe] = field(default_factory=dict)
+    verdict: dict[str, dict[str, Verdict]] = field(default_factory=dict)
+    skipped: list[Skip] = field(default_factory=list)
+    points: list[PointRecord] = field(default_factory=list)
+    session: Session | None = None
+    identity: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = _bookkeeping()
+    absent: frozenset[str] = _absent()
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "kv") -> KV:
+        """The records of a ``kv`` section; RecordError (one line naming the part) for an unreadable schema or
+        a part that is not what its record needs."""
+        if not isinstance(data, dict):
+            raise RecordError(f"{where}: expected an object, got {type(data).__name__}")
+        if data.get("schema") not in READABLE_SCHEMAS:
+            raise RecordError(f"{where}: schema {data.get('schema')!r} is not one of the supported "
+                              f"{', '.join(map(str, READABLE_SCHEMAS))}")
+        return super().from_json(upgrade_kv(data), where)
+
+    @classmethod
+    def _read(cls, values: dict[str, Any], where: str) -> dict[str, Any]:
+        def each(name: str, read: Callable[[Any, str], Any]) -> None:
+            if values.get(name) is not None:
+                entries = _dict(values[name], f"{where}.{name}")
+                values[name] = {k: read(v, f"{where}.{name}.{k}") for k, v in entries.items()}
+
+        def fit(entry: Any, at: str) -> Fit | FitFailure:
+            return FitFailure.from_json(entry, at) if isinstance(entry, dict) and "error" in entry else \
+                Fit.from_json(entry, at)
+
+        def verdicts(entry: Any, at: str) -> dict[str, Verdict]:
+            return {m: Verdict.from_json(v, f"{at}.{m}") for m, v in _dict(entry, at).items()}
+
+        each("fit", fit)
+        each("traffic", Traffic.from_json)
+        each("probe", Probe.from_json)
+        each("verdict", verdicts)
+        for name, read in (("points", PointRecord.from_json), ("skipped", Skip.from_json)):
+            if values.get(name) is not None:
+                items = _list(values[name], f"{where}.{name}")
+                values[name] = [read(v, f"{where}.{name}[{i}]") for i, v in enumerate(items)]
+        for name, read in (("copy", Copy.from_json), ("session", Session.from_json)):
+            if values.get(name) is not None:
+                values[name] = read(values[name], f"{where}.{name}")
+        drift = values.get("drift")
+        if drift is not None:
+            values["drift"] = (UnmeasuredDrift if isinstance(drift, dict) and "reason" in drift else Drift).from_json(
+                drift, f"{where}.drift")
+        return values
+
+    def to_json(self) -> dict[str, Any]:
+        return jsonable(super().to_json())
+
+
+def _dict(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise RecordError(f"{where}: expected an object, got {type(value).__name__}")
+    return value
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise RecordError(f"{where}: expected a list, got {type(value).__name__}")
+    return value
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of a run file with a ``kv`` section of this schema (package data)."""
+    return json.loads(resources.files("kvcache.analysing").joinpath(SCHEMA_FILE).read_text(encoding="utf-8"))
+
+
 @dataclass
 class Run:
     """One benchmark JSON file: its timed points, its ``kv`` section and where it came from."""
@@ -86,6 +472,11 @@ class Run:
     kv: dict[str, Any] = field(default_factory=dict)
     machine_info: dict[str, Any] = field(default_factory=dict)
     datetime: str = ""
+
+    @property
+    def record(self) -> KV:
+        """The ``kv`` section as records (read afresh from :attr:`kv` on every call)."""
+        return KV.from_json(self.kv, f"{self.path}: kv")
 
     @property
     def environment(self) -> dict[str, Any]:
@@ -146,14 +537,6 @@ def points_from_benchmarks(benchmarks: list[dict[str, Any]]) -> list[Point]:
     return points
 
 
-def points_from_section(entry: dict[str, Any]) -> Point:
-    """A Point from one entry of ``kv.points`` (schema 2: every step's time is kept there)."""
-    return Point(cache=str(entry["cache"]), context=int(entry["context"]), round=int(entry.get("round", 0)),
-                 kv_bytes=float(entry["kv_bytes"]), samples_s=tuple(float(x) / 1e3 for x in entry["samples_ms"]),
-                 beyond_trained_context=bool(entry.get("beyond_trained_context", False)),
-                 counted_bytes=entry.get("counted_bytes"), name=str(entry.get("name", "")))
-
-
 def upgrade_kv(kv: dict[str, Any]) -> dict[str, Any]:
     """A ``kv`` section of schema 1 in the shape of schema 2: verdicts per measure (``value`` for
     ``measured``), the run's identity, and an unknown session state (schema 1 did not record it)."""
@@ -189,16 +572,14 @@ def load_run(path: str | Path) -> Run:
     kv = doc.get("kv")
     if not isinstance(kv, dict):
         raise RecordError(f"{p}: no 'kv' section; was it written by `pytest benchmarks --benchmark-json`?")
-    if kv.get("schema") not in READABLE_SCHEMAS:
-        raise RecordError(f"{p}: kv schema {kv.get('schema')!r} is not one of the supported "
-                          f"{', '.join(map(str, READABLE_SCHEMAS))}")
+    record = KV.from_json(kv, f"{p}: kv")  # RecordError names the file and the part
     kv = upgrade_kv(kv)
     try:
-        if any("samples_ms" in p for p in kv.get("points") or []):
-            points = [points_from_section(point) for point in kv["points"]]
+        if any(point.samples_ms is not None for point in record.points):
+            points = [point.to_point() for point in record.points]
         else:
             points = points_from_benchmarks(doc["benchmarks"])
-    except (KeyError, TypeError, ValueError) as exc:
+    except (RecordError, KeyError, TypeError, ValueError) as exc:
         raise RecordError(f"{p}: malformed benchmark entry ({exc})") from None
     return Run(
         path=str(p),

@@ -1,0 +1,197 @@
+"""The ``kv`` section as records: one path to and from JSON (``KV.from_json`` / ``KV.to_json``) that loses
+nothing, carries the schema version and keeps keys it does not know; the JSON Schema in the package says the
+same as the records. Runs made with tests/fakerun.py (schema 1 as written, schema 2 as the analysis writes)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import re
+from typing import Any
+
+import pytest
+from fakerun import analysed, make_run, write_run
+
+from kvcache.analysing import gate
+from kvcache.analysing.records import (
+    KV,
+    SCHEMA,
+    Copy,
+    CopyMeasurement,
+    Drift,
+    Fit,
+    FitFailure,
+    PointRecord,
+    Probe,
+    RecordError,
+    Session,
+    Skip,
+    Traffic,
+    UnmeasuredDrift,
+    Verdict,
+    json_schema,
+    load_run,
+    upgrade_kv,
+)
+
+# The schema's definition of each record type.
+DEFINITIONS = {"kv": KV, "fit": Fit, "fit_failure": FitFailure, "traffic": Traffic, "probe": Probe, "drift": Drift,
+               "unmeasured_drift": UnmeasuredDrift, "verdict": Verdict, "point": PointRecord, "copy": Copy,
+               "copy_measurement": CopyMeasurement, "session": Session, "skip": Skip}
+
+
+def as_text(value: Any) -> str:
+    """JSON text with sorted keys: equal texts mean nothing was lost, not even an int turned float."""
+    return json.dumps(value, sort_keys=True)
+
+
+def unknown_below_the_top(record: KV) -> list[str]:
+    """Keys that no record type knows, except whole sections beside the known ones (``kv.extra``)."""
+    sections = {f"kv.{key}" for key in record.extra}
+    return [path for path in record.unknown_keys("kv") if path not in sections]
+
+
+@pytest.fixture(scope="module")
+def written() -> dict[str, Any]:
+    """A run with its ``kv`` section as the session-end analysis writes it (schema 2)."""
+    return analysed(make_run(rounds=2, contexts=(512, 1024, 2048), steps=5), resamples=50)
+
+
+def test_schema_1_run_round_trips_losslessly():
+    kv = make_run()["kv"]
+    assert kv["schema"] == 1
+    back = KV.from_json(kv).to_json()
+    assert as_text(back) == as_text(upgrade_kv(kv))
+    # keys a schema 1 file never had stay absent: none is made up on the way through
+    assert "cache" not in back["fit"]["dynamic"] and "nbytes" not in back["copy"]["measurements"][0]
+    assert "points" not in back
+
+
+def test_analysed_run_round_trips_losslessly(written):
+    assert as_text(KV.from_json(written["kv"]).to_json()) == as_text(written["kv"])
+
+
+def test_the_records_know_every_key_the_analysis_writes(written):
+    assert unknown_below_the_top(KV.from_json(written["kv"])) == []
+
+
+def test_analysis_builds_typed_parts(written):
+    record = KV.from_json(written["kv"])
+    assert isinstance(record.fit["dynamic"], Fit) and record.fit["dynamic"].passes == pytest.approx(3.0, rel=0.1)
+    assert isinstance(record.traffic["static"], Traffic) and isinstance(record.probe["static"], Probe)
+    assert isinstance(record.verdict["dynamic"]["counted"], Verdict)
+    assert record.verdict["dynamic"]["counted"].status == "no-baseline"
+    assert isinstance(record.copy, Copy) and isinstance(record.copy.measurements[0], CopyMeasurement)
+    assert isinstance(record.session, Session) and record.session.exit == "ok"
+    assert {(p.cache, p.context) for p in record.points} == {(c, n) for c in ("dynamic", "static")
+                                                             for n in (512, 1024, 2048)}
+    point = record.points[0].to_point()
+    assert point.median_s * 1e3 == pytest.approx(record.points[0].median_ms)
+    assert isinstance(record.drift, UnmeasuredDrift) and "not measured again" in record.drift.reason
+
+
+def test_fit_failure_drift_and_skip_records_are_chosen_by_their_keys():
+    kv = make_run()["kv"]
+    kv["fit"]["dynamic"] = {"error": "needs at least 3 distinct contexts, got 2", "n_points": 2}
+    kv["skipped"] = [{"cache": "offloaded", "context": None, "reason": "needs a GPU"}]
+    record = KV.from_json(kv)
+    assert isinstance(record.fit["dynamic"], FitFailure) and record.fit["dynamic"].n_points == 2
+    assert isinstance(record.fit["static"], Fit)
+    assert isinstance(record.drift, Drift) and record.drift.ok is True
+    assert record.skipped == [Skip(cache="offloaded", context=None, reason="needs a GPU")]
+    kv["drift"] = {"reason": "only one round"}
+    assert isinstance(KV.from_json(kv).drift, UnmeasuredDrift)
+
+
+def test_unknown_keys_survive_a_round_trip(written):
+    kv = copy.deepcopy(written["kv"])
+    kv["crossovers"] = {"dynamic": {"tokens": 1791}}  # a section a later issue adds
+    kv["fit"]["dynamic"]["new_figure"] = 1.5
+    kv["verdict"]["dynamic"]["compiled"] = {"status": "pass", "reason": "", "value": 1.0, "allowed": 2.0,
+                                            "margin": 0.5}
+    kv["points"][0]["device_time_ms"] = [1.0, 2.0]
+    record = KV.from_json(kv)
+    assert record.extra == {"crossovers": {"dynamic": {"tokens": 1791}}}
+    assert record.fit["dynamic"].extra == {"new_figure": 1.5}
+    assert record.verdict["dynamic"]["compiled"].extra == {"margin": 0.5}
+    assert sorted(record.unknown_keys("kv")) == ["kv.crossovers", "kv.fit.dynamic.new_figure",
+                                                 "kv.points[0].device_time_ms", "kv.verdict.dynamic.compiled.margin"]
+    assert as_text(record.to_json()) == as_text(kv)
+
+
+def test_a_field_set_after_reading_is_written_even_where_the_key_was_absent():
+    record = KV.from_json(make_run()["kv"])
+    record.fit["dynamic"].cache = "dynamic"
+    assert record.to_json()["fit"]["dynamic"]["cache"] == "dynamic"
+
+
+def test_schema_version_is_carried():
+    assert KV().to_json()["schema"] == SCHEMA
+    upgraded = KV.from_json(make_run()["kv"])  # schema 1 in, this schema out
+    assert upgraded.schema == SCHEMA and upgraded.to_json()["schema"] == SCHEMA
+    assert json_schema()["$defs"]["kv"]["properties"]["schema"] == {"const": SCHEMA}
+    for schema in (3, None, "2"):
+        with pytest.raises(RecordError, match=f"kv: schema {schema!r} is not one of the supported 1, 2"):
+            KV.from_json({**make_run()["kv"], "schema": schema})
+
+
+def test_non_finite_numbers_are_written_as_null():
+    record = KV(copy_gbps=float("nan"), fit={"dynamic": Fit(passes=3.0, r2=float("inf"))})
+    out = record.to_json()
+    assert out["copy_gbps"] is None and out["fit"]["dynamic"]["r2"] is None
+    json.dumps(out, allow_nan=False)
+
+
+@pytest.mark.parametrize(("part", "value", "where"), [
+    ("fit", {"dynamic": [3.0]}, "kv.fit.dynamic: expected an object, got list"),
+    ("verdict", {"dynamic": {"timed": {"reason": "no status"}}}, "kv.verdict.dynamic.timed: no 'status'"),
+    ("points", {"cache": "dynamic"}, "kv.points: expected a list, got dict"),
+    ("points", [{"cache": "dynamic", "context": 512}], "kv.points[0]: no 'kv_bytes'"),
+    ("traffic", {"dynamic": {"by_op": {}}}, "kv.traffic.dynamic: no 'passes'"),
+])
+def test_a_malformed_part_is_a_one_line_error_naming_it(tmp_path, part, value, where):
+    run = analysed(make_run(contexts=(512, 1024, 2048), steps=3), resamples=20)
+    run["kv"][part] = value
+    with pytest.raises(RecordError) as raised:
+        KV.from_json(run["kv"])
+    assert str(raised.value) == where
+    path = write_run(tmp_path / "bad.json", run)
+    with pytest.raises(RecordError, match=f"^{re.escape(f'{path}: {where}')}$"):
+        load_run(path)
+
+
+def test_load_run_keeps_the_dict_and_gives_the_records(tmp_path, written):
+    run = load_run(write_run(tmp_path / "run.json", written))
+    assert isinstance(run.kv, dict) and run.kv == written["kv"]
+    assert isinstance(run.record, KV) and run.record.to_json() == run.kv
+    assert [p.median_s for p in run.points] == [p.to_point().median_s for p in run.record.points]
+
+
+def test_the_schema_describes_the_records():
+    defs = json_schema()["$defs"]
+    for name, record in DEFINITIONS.items():
+        known = [f.name for f in dataclasses.fields(record) if f.name not in ("extra", "absent")]
+        assert sorted(defs[name]["properties"]) == sorted(known), name
+    assert defs["verdict"]["properties"]["status"]["enum"] == list(gate.STATUSES)
+    assert defs["kv"]["additionalProperties"] is True  # later sections
+    closed = [name for name in DEFINITIONS if name != "kv"]
+    assert all(defs[name]["additionalProperties"] is False for name in closed)
+
+
+def test_the_schema_validates_an_analysed_run_and_rejects_a_broken_one(written):
+    jsonschema = pytest.importorskip("jsonschema")
+    validator = jsonschema.Draft202012Validator(json_schema())
+    validator.check_schema(validator.schema)
+    validator.validate(written)
+    later = copy.deepcopy(written)
+    later["kv"]["crossovers"] = {"dynamic": 1791}  # a later section is allowed beside the known ones
+    validator.validate(later)
+    broken = copy.deepcopy(written)
+    broken["kv"]["verdict"]["dynamic"]["timed"]["status"] = "maybe"
+    with pytest.raises(jsonschema.ValidationError, match="'maybe' is not one of"):
+        validator.validate(broken)
+    for part, change in (("schema", 1), ("fit", {"dynamic": {"passes": "3"}}), ("points", [{"cache": "x"}])):
+        wrong = copy.deepcopy(written)
+        wrong["kv"][part] = change
+        assert not validator.is_valid(wrong), part
