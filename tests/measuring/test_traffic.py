@@ -9,8 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from kvcache.analysing import gate
-from kvcache import traffic  # noqa: E402
+from kvcache.analysing import gate  # noqa: E402
+from kvcache.measuring import traffic  # noqa: E402
 from kvcache.measuring.devices import Device  # noqa: E402
 from kvcache.measuring.session import KVSession  # noqa: E402
 from kvcache.settings import Settings  # noqa: E402
