@@ -1,7 +1,15 @@
-"""Synthetic benchmark JSON in the exact shape the plugin writes, for tests of the analysing wing.
+"""Benchmark JSON for tests of the analysing wing: a real recorded run, and synthetic runs whose truth is known.
 
-Latencies come from a known line: step = intercept + passes * kv_bytes / copy_bandwidth (+ noise),
-so the true passes of every cache class is known by construction.
+- :func:`recorded_run`: a real ``pytest benchmarks`` run on ``tiny`` (``tests/data/tiny-run.json``; how it was
+  made is in ``tests/data/README.md``), its ``kv`` section computed afresh by the real session-end analysis from
+  the run's own records. Use it wherever a test is about what the plugin writes (report, compare).
+- :func:`make_run`: a synthetic run in the plugin's layout (schema 2) whose step times come from a known line,
+  step = intercept + passes * kv_bytes / copy_bandwidth (+ noise), so the true passes of every class is known by
+  construction. Its ``kv.fit`` is that known line, written down, not computed; :func:`analysed` computes it.
+  ``kv.points`` is left out unless asked for (``points=True``): when present it, not ``benchmarks``, is what a
+  run's points are read from, and tests drop points by editing ``benchmarks``.
+
+Nothing here imports torch: the analysing wing's tests run where torch is not installed.
 """
 
 from __future__ import annotations
@@ -10,10 +18,15 @@ import copy
 import json
 import random
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 BYTES_PER_TOKEN = 23_040
 WEIGHT_BYTES = 269_030_016
+DATA = Path(__file__).resolve().parent / "data"
+RECORDED_RUN = DATA / "tiny-run.json"
+NATIVE_GQA = "native gqa (enable_gqa)"  # the probe's word for attention reading 3 KV heads for 9 query heads
+PLANTED_OP = "clone"  # the op a planted extra copy shows as (what the twin-planted class counts)
 
 
 def make_run(
@@ -30,8 +43,12 @@ def make_run(
     device_name: str = "cpu: test machine",
     device_type: str = "cpu",
     seed: int = 0,
+    points: bool = False,
 ) -> dict[str, Any]:
     """A run dict; ``caches`` maps class -> true timed passes, ``counted`` class -> counted passes."""
+    from kvcache.analysing import analysis, identity
+    from kvcache.settings import Settings
+
     caches = {"dynamic": 3.0, "static": 1.0} if caches is None else caches
     counted = dict(caches) if counted is None else counted
     rng = random.Random(seed)
@@ -42,41 +59,9 @@ def make_run(
                 kv_bytes = BYTES_PER_TOKEN * ctx
                 true_s = intercept_ms / 1e3 + passes * kv_bytes / (copy_gbps * 1e9)
                 data = [true_s * (1 + rng.gauss(0, noise)) for _ in range(steps)]
-                data_sorted = sorted(data)
-                med = data_sorted[len(data) // 2]
-                benchmarks.append(
-                    {
-                        "group": f"decode {cache}",
-                        "name": f"test_decode[{cache}-{ctx}-r{r}]",
-                        "fullname": f"benchmarks/test_decode.py::test_decode[{cache}-{ctx}-r{r}]",
-                        "params": {"cache": cache, "context": ctx, "round": r},
-                        "param": f"{cache}-{ctx}-r{r}",
-                        "extra_info": {
-                            "kind": "timed",
-                            "cache": cache,
-                            "context": ctx,
-                            "round": r,
-                            "kv_bytes": kv_bytes,
-                            "bytes_per_token": BYTES_PER_TOKEN,
-                            "device": device_type,
-                            "dtype": "bfloat16",
-                            "transformers": transformers,
-                            "torch": "2.13.0+cpu",
-                            "beyond_trained_context": ctx > 8192,
-                            "step_start_ns": [1_000_000 * i for i in range(steps)],
-                            "counted_bytes": counted.get(cache, 0) * kv_bytes,
-                        },
-                        "options": {},
-                        "stats": {
-                            "min": data_sorted[0],
-                            "max": data_sorted[-1],
-                            "mean": sum(data) / len(data),
-                            "median": med,
-                            "rounds": steps,
-                            "data": data,
-                        },
-                    }
-                )
+                benchmarks.append(_benchmark(cache, ctx, r, data, kv_bytes, counted.get(cache, 0) * kv_bytes, copy_gbps,
+                                             transformers=transformers, device_type=device_type,
+                                             device_name=device_name, steps=steps))
     fit = {
         cache: {
             "intercept_ms": intercept_ms,
@@ -89,44 +74,84 @@ def make_run(
         }
         for cache, passes in caches.items()
     }
-    traffic = {
-        cache: {
-            "passes": passes,
-            "by_op": {"aten.cat": passes - 1, "aten._scaled_dot_product_flash_attention_for_cpu": 1.0}
-            if passes > 1
-            else {"aten._scaled_dot_product_flash_attention_for_cpu": passes},
-            "contexts": [256, 512],
-            "bytes_per_token": BYTES_PER_TOKEN,
-        }
-        for cache, passes in counted.items()
-    }
+    traffic = {cache: _traffic(passes) for cache, passes in counted.items()}
+    settings = Settings(model="smollm2-135m", device=device_type, caches=tuple(caches), contexts=tuple(contexts),
+                        rounds=rounds, steps=steps).to_dict()
+    environment = {"device_type": device_type, "device_name": device_name, "transformers": transformers,
+                   "torch": "2.13.0+cpu", "python": "3.11.7", "platform": "Linux", "threads": 2}
     kv = {
-        "schema": 1,
-        "settings": {"model": "smollm2-135m", "device": device_type, "dtype": "bfloat16", "rounds": rounds,
-                     "steps": steps, "contexts": list(contexts), "caches": list(caches), "min_r2": 0.9},
-        "environment": {"device_name": device_name, "device_type": device_type, "transformers": transformers,
-                        "torch": "2.13.0+cpu", "python": "3.11.7", "platform": "Linux"},
+        "schema": 2,
+        "settings": settings,
+        "environment": environment,
         "model": {"name": "smollm2-135m", "layers": 30, "heads": 9, "kv_heads": 3, "head_dim": 64,
-                  "dtype": "bfloat16", "bytes_per_token": BYTES_PER_TOKEN, "weight_bytes": WEIGHT_BYTES,
-                  "max_position_embeddings": 8192},
+                  "hidden": 576, "vocab": 49152, "max_position_embeddings": 8192, "dtype": "bfloat16",
+                  "bytes_per_token": BYTES_PER_TOKEN, "weight_bytes": WEIGHT_BYTES, "parameters": WEIGHT_BYTES // 2},
         "copy_gbps": copy_gbps,
         "copy": {"start_gbps": copy_gbps, "end_gbps": copy_gbps,
-                 "measurements": [{"label": "start", "gbps": copy_gbps, "samples_gbps": [copy_gbps] * 5}]},
+                 "measurements": [{"label": label, "gbps": copy_gbps, "nbytes": 1 << 30,
+                                   "samples_gbps": [copy_gbps] * 5} for label in ("start", "end")]},
         "fit": fit,
         "drift": {"cache": next(iter(caches), None), "context": contexts[0], "first_ms": intercept_ms,
                   "last_ms": intercept_ms, "fraction": 0.0, "max_fraction": 0.1, "ok": True},
         "traffic": traffic,
         "probe": {cache: {"query": [1, 9, 1, 64], "key": [1, 3, 1024, 64], "value": [1, 3, 1024, 64],
-                          "mask": None, "attention": "native-gqa", "expansions": 0, "enable_gqa": True, "calls": 30}
+                          "mask": None, "enable_gqa": True, "attention": NATIVE_GQA, "expansions": 0, "calls": 30,
+                          "modes": {NATIVE_GQA: 30}}
                   for cache in caches},
-        "verdict": {cache: {"status": "no-baseline", "reason": "no baseline for this device",
-                            "timed": {"status": "no-baseline", "reason": "no baseline for this device"},
-                            "counted": {"status": "no-baseline", "reason": "no baseline for this device"}}
-                    for cache in caches},
         "skipped": [],
+        "session": {"interrupted": False, "exit": "ok", "failed": []},
     }
+    kv["identity"] = identity.of_run(kv)
+    kv["verdict"] = analysis.judge(kv, {})  # the real judge of this fit and traffic, against no baseline
+    if points:
+        kv["points"] = [points_entry(b) for b in benchmarks]
     return {"machine_info": {"node": "test", "cpu": {"brand_raw": "test cpu"}}, "commit_info": {},
             "benchmarks": benchmarks, "datetime": "2026-11-29T00:00:00", "version": "5.3.1", "kv": kv}
+
+
+def _benchmark(cache: str, ctx: int, r: int, data: list[float], kv_bytes: float, counted_bytes: float,
+               copy_gbps: float, *, transformers: str, device_type: str, device_name: str, steps: int) -> dict:
+    """One timed benchmark entry as pytest-benchmark writes it, with the plugin's ``extra_info``."""
+    data_sorted = sorted(data)
+    med = data_sorted[len(data) // 2]
+    achieved = counted_bytes / med / 1e9 if counted_bytes else None
+    return {
+        "group": f"decode {cache}",
+        "name": f"test_decode[{cache}-{ctx}-r{r}]",
+        "fullname": f"benchmarks/test_decode.py::test_decode[{cache}-{ctx}-r{r}]",
+        "params": {"point": f"{cache}-{ctx}-r{r}"},
+        "param": f"{cache}-{ctx}-r{r}",
+        "extra_info": {
+            "kind": "timed", "cache": cache, "context": ctx, "round": r, "kv_bytes": kv_bytes,
+            "bytes_per_token": BYTES_PER_TOKEN, "device": device_type, "device_name": device_name,
+            "dtype": "bfloat16", "model": "smollm2-135m", "fill": "synthetic", "warmup": 5, "steps": steps,
+            "transformers": transformers, "torch": "2.13.0+cpu", "beyond_trained_context": ctx > 8192,
+            "step_start_ns": [1_000_000 * i for i in range(steps)], "counted_bytes": counted_bytes,
+            "achieved_gbps": achieved, "achieved_fraction": achieved / copy_gbps if achieved else None,
+        },
+        "options": {},
+        "stats": {"min": data_sorted[0], "max": data_sorted[-1], "mean": sum(data) / len(data), "median": med,
+                  "rounds": steps, "data": data},
+    }
+
+
+def _traffic(passes: float) -> dict[str, Any]:
+    """``kv.traffic.<cache>`` of a class counting ``passes``: attention reads the cache once, ``cat`` the rest."""
+    by_op = {"cat": passes - 1, "scaled_dot_product_attention": 1.0} if passes > 1 else \
+        {"scaled_dot_product_attention": passes}
+    per_token = {256: 256 * BYTES_PER_TOKEN * passes, 512: 512 * BYTES_PER_TOKEN * passes}
+    return {"passes": passes, "by_op": by_op, "contexts": [256, 512], "bytes_per_token": BYTES_PER_TOKEN,
+            "step_bytes": {str(c): {"read": int(b / 2), "written": int(b / 2)} for c, b in per_token.items()},
+            "calls": {op: 30 for op in by_op}}
+
+
+def points_entry(bench: dict[str, Any]) -> dict[str, Any]:
+    """``kv.points`` entry of a timed benchmark (what the plugin writes there from the same step times)."""
+    info, data = bench["extra_info"], bench["stats"]["data"]
+    return {"cache": info["cache"], "context": info["context"], "round": info["round"], "median_ms": median(data) * 1e3,
+            "samples_ms": [s * 1e3 for s in data], "kv_bytes": info["kv_bytes"], "counted_bytes": info["counted_bytes"],
+            "achieved_gbps": info["achieved_gbps"], "achieved_fraction": info["achieved_fraction"],
+            "beyond_trained_context": info["beyond_trained_context"], "name": bench["name"]}
 
 
 def write_run(path: Path, run: dict[str, Any]) -> Path:
@@ -142,20 +167,87 @@ def without(run: dict[str, Any], *keys: str) -> dict[str, Any]:
     return out
 
 
-def analysed(run: dict[str, Any], *, resamples: int = 200) -> dict[str, Any]:
-    """``run`` with its ``kv`` section computed afresh from its benchmarks by the session-end analysis (as the
-    plugin would write it): fits, verdicts and points from the data, not the made-up ``kv.fit``."""
+# --- the real analysis of a run's own records ----------------------------------------------------------------
+
+def records_of(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """The records a session would have produced for ``run`` (what :func:`kvcache.analysing.analysis.analyse`
+    reads): its context, copy measurements, timed and drift points (every step's seconds: from ``kv.points``
+    where the run has them, the suite's own timing, else from pytest-benchmark's ``stats.data``), traffic,
+    skips and failed classes."""
+    kv = run["kv"]
+    records: list[dict[str, Any]] = [{"type": "context", "model": kv.get("model") or {},
+                                      "environment": kv.get("environment") or {}}]
+    records += [{"type": "copy", **m} for m in (kv.get("copy") or {}).get("measurements", [])]
+    own = {(p["cache"], p["context"], p["round"]): p["samples_ms"] for p in kv.get("points") or []}
+    for bench in run["benchmarks"]:
+        info = bench["extra_info"]
+        if info.get("kind") not in ("timed", "drift"):
+            continue
+        samples_ms = own.get((info["cache"], info["context"], info["round"])) if info["kind"] == "timed" else None
+        samples_s = [s / 1e3 for s in samples_ms] if samples_ms else list(bench["stats"]["data"])
+        records.append({"type": "point", **info, "samples_s": samples_s, "name": bench["name"]})
+    probes = kv.get("probe") or {}
+    records += [{"type": "traffic", "cache": c, "traffic": t, "probe": probes.get(c)}
+                for c, t in (kv.get("traffic") or {}).items()]
+    records += [{"type": "skip", **s} for s in kv.get("skipped") or []]
+    records += [{"type": "failed", "cache": c} for c in (kv.get("session") or {}).get("failed", [])]
+    return records
+
+
+def analysed(run: dict[str, Any], *, resamples: int | None = 200, baseline: dict[str, Any] | None = None) -> \
+        dict[str, Any]:
+    """``run`` with its ``kv`` section computed afresh from its records (:func:`records_of`) by the session-end
+    analysis, as the plugin would write it: fits, drift, verdicts and points from the data, not a made-up
+    ``kv.fit``. ``resamples`` (bootstrap resamples; None keeps the run's own setting) and ``baseline`` (a
+    baseline file's contents; none by default) are the analysis's."""
     from kvcache.analysing.analysis import analyse
     from kvcache.settings import Settings
 
     kv = run["kv"]
-    records = [{"type": "context", "model": kv["model"], "environment": kv["environment"]}]
-    records += [{"type": "copy", **m} for m in kv["copy"]["measurements"]]
-    records += [{"type": "point", **b["extra_info"], "samples_s": b["stats"]["data"], "name": b["name"]}
-                for b in run["benchmarks"]]
-    records += [{"type": "traffic", "cache": c, "traffic": t, "probe": kv["probe"].get(c)}
-                for c, t in kv["traffic"].items()]
-    settings = Settings(caches=tuple(kv["settings"]["caches"]), resamples=resamples).to_dict()
+    settings = {**Settings().to_dict(), **(kv.get("settings") or {})}
+    if resamples is not None:
+        settings["resamples"] = resamples
+    session = {k: v for k, v in (kv.get("session") or {"interrupted": False, "exit": "ok"}).items() if k != "failed"}
     out = copy.deepcopy(run)
-    out["kv"] = analyse(records, settings, {}, {"interrupted": False, "exit": "ok"})
+    out["kv"] = analyse(records_of(run), settings, baseline or {}, session)
+    return out
+
+
+def recorded_run(*, transformers: str | None = None, device_name: str | None = None,
+                 counted: dict[str, float] | None = None, resamples: int | None = None,
+                 baseline: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The recorded real run (``tests/data/tiny-run.json``: classes dynamic and static, contexts 512, 2048 and
+    8192, 2 rounds of 5 steps) re-analysed by the real analysis (:func:`analysed`; ``resamples`` None: the run's
+    own 2000).
+
+    To make a second run that differs in one known way: ``transformers`` and ``device_name`` relabel the run;
+    ``counted`` (class -> counted passes) plants a change in counted traffic, a rise as an extra ``clone`` op
+    (what a planted copy counts as), a fall as every op scaled down.
+    """
+    run = json.loads(RECORDED_RUN.read_text())
+    kv = run["kv"]
+    if transformers is not None:
+        kv["environment"]["transformers"] = transformers
+        for bench in run["benchmarks"]:
+            bench["extra_info"]["transformers"] = transformers
+    if device_name is not None:
+        kv["environment"]["device_name"] = device_name
+        for bench in run["benchmarks"]:
+            bench["extra_info"]["device_name"] = device_name
+        run["machine_info"].setdefault("kv_environment", {})["device_name"] = device_name
+    for cache, passes in (counted or {}).items():
+        kv["traffic"][cache] = planted(kv["traffic"][cache], passes)
+    return analysed(run, resamples=resamples, baseline=baseline)
+
+
+def planted(traffic: dict[str, Any], passes: float) -> dict[str, Any]:
+    """``kv.traffic.<cache>`` changed to count ``passes``: a rise shows as an extra ``clone`` op, a fall as every
+    op scaled down."""
+    out = copy.deepcopy(traffic)
+    rise = passes - traffic["passes"]
+    if rise > 0:
+        out["by_op"][PLANTED_OP] = round(out["by_op"].get(PLANTED_OP, 0.0) + rise, 4)
+    else:
+        out["by_op"] = {op: round(value * passes / traffic["passes"], 4) for op, value in out["by_op"].items()}
+    out["passes"] = passes
     return out

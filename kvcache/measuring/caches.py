@@ -44,7 +44,7 @@ class CacheSpec:
     """A registered cache class.
 
     ``build`` returns a fresh, empty cache for a :class:`CacheRequest`; ``prepare`` (optional) runs
-    once before use and may raise ``compat.Unsupported``/``ImportError`` to skip with the reason;
+    before use, and anything it raises skips the class with the reason (:func:`unavailable_reason`);
     ``attention`` is the attention implementation the model runs with for this class;
     ``memory_factor`` is the cache sizes a step holds at its peak (2 for a class that copies on append).
     """
@@ -137,18 +137,26 @@ def parse_caches(text: str) -> list[str]:
 
 
 def unavailable_reason(spec: CacheSpec, device_type: str) -> str | None:
-    """Why ``spec`` cannot run here (release, package, device), or None if it can."""
+    """Why ``spec`` cannot run here (device, release, package), or None if it can.
+
+    Runs the class's ``prepare``: whatever it raises is a skip with the reason, never an error of the
+    session (:class:`compat.Unsupported` is the reason itself; a missing package is named; any other
+    exception is named with its type).
+    """
     from kvcache.measuring import compat
 
     if spec.devices is not None and device_type not in spec.devices:
         return f"{spec.name} runs on {', '.join(spec.devices)} only, not {device_type}"
+    if spec.prepare is None:
+        return None
     try:
-        if spec.prepare is not None:
-            spec.prepare()
+        spec.prepare()
     except compat.Unsupported as exc:
         return str(exc)
     except ImportError as exc:
         return f"{spec.name} needs a package that is not installed ({exc})"
+    except Exception as exc:  # noqa: BLE001 - a class that cannot be prepared is skipped, not a crash
+        return f"{spec.name} could not be prepared: {compat.described(exc)}"
     return None
 
 
@@ -277,9 +285,9 @@ def _register_builtins() -> None:
     reg("quantized-fp8", _quantized("fp8"), prepare=_prepare_quantized("fp8"),
         description="QuantizedCache, fp8 backend (per-tensor)")
     reg("quantized-quanto", _quantized("quanto"),
-        prepare=_all_of(_prepare_quantized("quanto"), _needs_package("optimum.quanto", "optimum-quanto")),
+        prepare=_all_of(_needs_package("optimum.quanto", "optimum-quanto"), _prepare_quantized("quanto")),
         description="QuantizedCache, quanto backend (int4, residual 128 tokens in full precision)")
-    reg("quantized-hqq", _quantized("hqq"), prepare=_all_of(_prepare_quantized("hqq"), _needs_package("hqq", "hqq")),
+    reg("quantized-hqq", _quantized("hqq"), prepare=_all_of(_needs_package("hqq", "hqq"), _prepare_quantized("hqq")),
         description="QuantizedCache, hqq backend")
     reg("sink", _sink, prepare=_prepare_sink,
         description="SinkCache with a window as large as the sweep needs (4.x only)")

@@ -34,6 +34,11 @@ def release_lacks(what: str) -> Unsupported:
     return Unsupported(f"{what} is not available in transformers {TRANSFORMERS}")
 
 
+def described(exc: BaseException) -> str:
+    """``"RuntimeError: first line of its message"``: an exception as one line of a skip reason."""
+    return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+
+
 def cache_class(name: str) -> type:
     """A class from ``transformers.cache_utils`` by name, or :class:`Unsupported`."""
     cls = getattr(cache_utils, name, None)
@@ -121,32 +126,43 @@ def new_cache(cls: type, config: Any, max_cache_len: int | None = None, device: 
 def new_quantized_cache(backend: str, config: Any, device: Any, dtype: Any) -> Any:
     """A quantized dynamic cache: ``QuantizedCache(backend, config)`` (4.56+), ``QuantizedCache(backend,
     compute_dtype=, device=)`` (4.54-4.55, no config: see :func:`dynamic_init_kwargs`), or
-    ``QuantoQuantizedCache``/``HQQQuantizedCache(cache_config=QuantizedCacheConfig(...))`` (to 4.53)."""
-    check_quantized_backend(backend)
-    params = own_params(cache_utils.QuantizedCache)
-    if "backend" in params and "config" in params:
-        return cache_utils.QuantizedCache(backend, config)
-    if "backend" in params:
-        return cache_utils.QuantizedCache(backend, compute_dtype=dtype, device=str(device))
-    legacy = {"quanto": "QuantoQuantizedCache", "hqq": "HQQQuantizedCache"}[backend]
-    cache_config = cache_utils.QuantizedCacheConfig(backend=backend, compute_dtype=dtype, device=str(device))
-    return getattr(cache_utils, legacy)(cache_config=cache_config)
-
-
-def check_quantized_backend(backend: str) -> None:
-    """:class:`Unsupported` unless this release has a quantized cache with ``backend``
-    (quanto/hqq: 4.45+; fp8: 5.21+). Whether the backend's package is installed is not checked here."""
+    ``QuantoQuantizedCache``/``HQQQuantizedCache(cache_config=QuantizedCacheConfig(...))`` (to 4.53).
+    Whether this release offers ``backend`` at all is :func:`check_quantized_backend`'s question."""
     cls = getattr(cache_utils, "QuantizedCache", None)
     if cls is None:
         raise release_lacks("QuantizedCache")
-    if "backend" in own_params(cls):
-        if f'"{backend}"' not in inspect.getsource(cls.__init__):
-            raise release_lacks(f"the {backend} backend of QuantizedCache")
-        return
+    params = own_params(cls)
+    if "backend" in params and "config" in params:
+        return cls(backend, config)
+    if "backend" in params:
+        return cls(backend, compute_dtype=dtype, device=str(device))
     legacy = {"quanto": "QuantoQuantizedCache", "hqq": "HQQQuantizedCache"}.get(backend)
-    if legacy is None:
+    if legacy is None:  # up to 4.53 each backend is a class of its own, and there is none for this one
         raise release_lacks(f"the {backend} backend of QuantizedCache")
-    cache_class(legacy)
+    cache_config = cache_utils.QuantizedCacheConfig(backend=backend, compute_dtype=dtype, device=str(device))
+    return cache_class(legacy)(cache_config=cache_config)
+
+
+def tiny_config() -> Any:
+    """A one-layer Llama config (8 dims, one head), enough to construct any cache class to see if it builds."""
+    return transformers.LlamaConfig(num_hidden_layers=1, hidden_size=8, intermediate_size=16, num_attention_heads=1,
+                                    num_key_value_heads=1, vocab_size=16, max_position_embeddings=64)
+
+
+def check_quantized_backend(backend: str) -> None:
+    """:class:`Unsupported`, with the reason, unless this release builds a quantized cache with ``backend``.
+
+    Asked by constructing one for :func:`tiny_config` on the CPU: any exception is the answer (unknown
+    backend, a class or keyword this release lacks, a package the backend imports), whatever the release
+    spells its check. Call it after checking the backend's package, so that a missing package is named as such.
+    """
+    try:
+        new_quantized_cache(backend, tiny_config(), torch.device("cpu"), torch.float32)
+    except Unsupported:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever the release raises, the backend cannot be used here
+        raise Unsupported(f"the {backend} backend of QuantizedCache is not available in transformers {TRANSFORMERS} "
+                          f"(building one raised {described(exc)})") from None
 
 
 def new_sink_cache(window_length: int, num_sink_tokens: int) -> Any:
@@ -185,21 +201,47 @@ def has_offloaded(kind: str) -> bool:
     return "offloading" in own_params(cls) or hasattr(cache_utils, legacy)
 
 
-# --- reading and filling caches --------------------------------------------------------------------
+# --- a layer's K/V inside a cache: one function per release range ----------------------------------------
+# Every read or write of a cache's per-layer storage (``layers[i].keys``, ``key_cache[i]``) is here, nowhere else.
+
+def has_layer_objects(cache: Any) -> bool:
+    """Whether ``cache`` keeps one layer object per layer (``cache.layers``, 4.54+) rather than the lists
+    ``key_cache``/``value_cache`` (4.45-4.53)."""
+    return hasattr(cache, "layers")
+
 
 def layer_kv(cache: Any, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The K and V tensors a cache holds for one layer (``layers[i].keys`` from 4.54, ``key_cache[i]`` before)."""
-    if hasattr(cache, "layers"):
-        layer = cache.layers[layer_idx]
-        return layer.keys, layer.values
+    """The K and V tensors a cache holds for one layer, in any release."""
+    if has_layer_objects(cache):
+        return layer_kv_from_layers(cache, layer_idx)
+    return layer_kv_from_lists(cache, layer_idx)
+
+
+def store_layer_kv(cache: Any, layer_idx: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+    """Make ``keys``/``values`` what the release's cache reports for ``layer_idx`` (its length, its masks),
+    without copying them: how :class:`kvcache.measuring.fixed.InplaceCache` hands over views of its buffer."""
+    if has_layer_objects(cache):
+        store_layer_kv_in_layers(cache, layer_idx, keys, values)
+    else:
+        store_layer_kv_in_lists(cache, layer_idx, keys, values)
+
+
+def layer_kv_from_layers(cache: Any, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """4.54+: ``cache.layers[i].keys`` / ``.values``."""
+    layer = cache.layers[layer_idx]
+    return layer.keys, layer.values
+
+
+def layer_kv_from_lists(cache: Any, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """4.45-4.53: ``cache.key_cache[i]`` / ``cache.value_cache[i]``."""
     return cache.key_cache[layer_idx], cache.value_cache[layer_idx]
 
 
-def ensure_layer(cache: Any, layer_idx: int) -> None:
-    """Make sure a layered cache (4.54+) has a layer object at ``layer_idx``: 4.56+ caches built without a
-    config replicate ``layer_class_to_replicate`` lazily in ``Cache.update``; 4.54-4.55 ``append_new_layers``."""
-    layers = getattr(cache, "layers", None)
-    if layers is None or len(layers) > layer_idx:
+def add_layers(cache: Any, layer_idx: int) -> None:
+    """4.54+: give a layered cache layer objects up to ``layer_idx``. 4.56+ caches built without a config
+    replicate ``layer_class_to_replicate`` (what ``Cache.update`` does lazily); 4.54-4.55 ``append_new_layers``."""
+    layers = cache.layers
+    if len(layers) > layer_idx:
         return
     replicate = getattr(cache, "layer_class_to_replicate", None)
     if replicate is not None:
@@ -209,17 +251,20 @@ def ensure_layer(cache: Any, layer_idx: int) -> None:
         cache.append_new_layers(layer_idx)
 
 
-def store_layer_kv(cache: Any, layer_idx: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-    """Make ``keys``/``values`` what the release's cache reports for ``layer_idx`` (lengths, masks):
-    ``layers[i].keys``/``.values`` from 4.54, ``key_cache``/``value_cache`` lists (and ``_seen_tokens``) before."""
-    if hasattr(cache, "layers"):
-        ensure_layer(cache, layer_idx)
-        layer = cache.layers[layer_idx]
-        layer.keys, layer.values = keys, values
-        if not getattr(layer, "is_initialized", True):
-            layer.device = keys.device
-        layer.is_initialized = True
-        return
+def store_layer_kv_in_layers(cache: Any, layer_idx: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+    """4.54+: set ``layers[i].keys``/``.values`` and mark the layer initialised (5.x layers allocate lazily and
+    take their device from the first update)."""
+    add_layers(cache, layer_idx)
+    layer = cache.layers[layer_idx]
+    layer.keys, layer.values = keys, values
+    if not getattr(layer, "is_initialized", True):
+        layer.device = keys.device
+    layer.is_initialized = True
+
+
+def store_layer_kv_in_lists(cache: Any, layer_idx: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+    """4.45-4.53: set ``key_cache[i]``/``value_cache[i]`` (empty tensors stand in for layers not yet seen) and,
+    for layer 0, ``_seen_tokens``, which those releases read as the cache's length."""
     while len(cache.key_cache) <= layer_idx:
         cache.key_cache.append(torch.tensor([], dtype=keys.dtype, device=keys.device))
         cache.value_cache.append(torch.tensor([], dtype=values.dtype, device=values.device))
@@ -227,6 +272,8 @@ def store_layer_kv(cache: Any, layer_idx: int, keys: torch.Tensor, values: torch
     if hasattr(cache, "_seen_tokens") and layer_idx == 0:
         cache._seen_tokens = keys.shape[-2]
 
+
+# --- filling and measuring caches through their public methods -------------------------------------------
 
 def seq_length(cache: Any) -> int:
     """Tokens held (5.4+ returns a 0-dim tensor; up to 5.3 StaticCache counts non-zero rows)."""

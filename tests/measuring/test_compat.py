@@ -1,5 +1,9 @@
-"""kvcache.measuring.compat on the installed Transformers release (fast), and optionally the counted suite on another
-release installed with ``pip install --target DIR transformers==X`` (set KVCACHE_OTHER_TRANSFORMERS=DIR)."""
+"""kvcache.measuring.compat on the installed Transformers release: every class builds and fills, each per-release
+function that applies here works on a real cache, the forward keywords drive a real step, the fp8 backend is
+found by building one, and every class moves exactly the counted passes this release is known for (README,
+"Across Transformers releases"). With KVCACHE_OTHER_TRANSFORMERS=DIR (a release installed with ``pip install
+--target DIR transformers==X``, as ``.ci/run`` does for 4.45.2) this module and the counted suite run again
+under that release and must give its own known figures."""
 
 from __future__ import annotations
 
@@ -15,17 +19,106 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from kvcache.measuring import (  # noqa: E402
-    caches,
-    compat,  # noqa: E402
-)
+from kvcache.measuring import caches, compat  # noqa: E402
 from kvcache.measuring.caches import CacheRequest  # noqa: E402
+from kvcache.measuring.devices import Device  # noqa: E402
 from kvcache.measuring.models import build_model, load_config  # noqa: E402
+from kvcache.measuring.session import KVSession, Skip  # noqa: E402
+from kvcache.settings import Settings  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 DTYPE = torch.bfloat16
 CPU = torch.device("cpu")
+OTHER = os.environ.get("KVCACHE_OTHER_TRANSFORMERS", "")
 
+# --- what each release is known to count -----------------------------------------------------------------
+# Counted passes per class on the default model (SmolLM2-135M geometry, bf16, CPU), by release range
+# (first release, first release after), from the README table "Across Transformers releases" (measured by
+# `make versions`). A number is the counted passes (to the table's 2 decimals, so within 0.005); a string is
+# what the reason of the class's skip says. Ranges are drawn around the releases that were measured.
+TOLERANCE = 0.005
+CLASSES = ("dynamic", "static", "inplace", "static-sliced", "sink", "quantized-fp8")
+NO_REGISTRY = "no attention registry"
+NO_SINK = "SinkCache is not available"
+NO_FP8 = "fp8 backend of QuantizedCache is not available"
+COUNTED_BY_RELEASE: dict[tuple[tuple[int, int], tuple[int, int]], dict[str, float | str]] = {
+    ((4, 45), (4, 48)): {"dynamic": 9.00, "static": 7.01, "inplace": 7.00, "static-sliced": NO_REGISTRY,
+                         "sink": 9.00, "quantized-fp8": NO_FP8},
+    ((4, 48), (4, 52)): {"dynamic": 9.00, "static": 7.01, "inplace": 7.00, "static-sliced": 1.01,
+                         "sink": 9.00, "quantized-fp8": NO_FP8},
+    ((4, 53), (4, 54)): {"dynamic": 9.00, "static": 7.00, "inplace": 7.00, "static-sliced": 1.00,
+                         "sink": NO_SINK, "quantized-fp8": NO_FP8},
+    ((4, 54), (4, 56)): {"dynamic": 3.00, "static": 7.00, "inplace": 3.00, "static-sliced": 1.00,
+                         "sink": NO_SINK, "quantized-fp8": NO_FP8},
+    ((4, 56), (5, 21)): {"dynamic": 3.00, "static": 7.00, "inplace": 1.00, "static-sliced": 1.00,
+                         "sink": NO_SINK, "quantized-fp8": NO_FP8},
+    ((5, 21), (5, 23)): {"dynamic": 3.00, "static": 7.00, "inplace": 1.00, "static-sliced": 1.00,
+                         "sink": NO_SINK, "quantized-fp8": 11.50},
+    ((5, 23), (5, 25)): {"dynamic": 3.000, "static": 1.003, "inplace": 1.000, "static-sliced": 1.003,
+                         "sink": NO_SINK, "quantized-fp8": 11.500},
+}
+
+
+def expected_counts(version: tuple[int, ...]) -> dict[str, float | str] | None:
+    """The known counted passes (or skip reasons) of the release ``version``, or None if it was never measured."""
+    for (first, after), expected in COUNTED_BY_RELEASE.items():
+        if first <= version[:2] < after:
+            return expected
+    return None
+
+
+def check_counts(counted: dict[str, float], skipped: dict[str, str], expected: dict[str, float | str]) -> list[str]:
+    """One line per class whose counted passes (``counted``) or skip reason (``skipped``) is not the expected one."""
+    wrong = []
+    for cache, want in expected.items():
+        if isinstance(want, str):
+            if want not in skipped.get(cache, ""):
+                wrong.append(f"{cache}: expected a skip saying {want!r}, got "
+                             f"{skipped.get(cache) or f'{counted.get(cache)} passes'}")
+        elif cache not in counted or abs(counted[cache] - want) > TOLERANCE:
+            wrong.append(f"{cache}: expected {want:.3f} passes, got {counted.get(cache, skipped.get(cache))}")
+    return wrong
+
+
+def test_expected_counts_cover_the_measured_releases():
+    """The table's ranges do not overlap, and every release in the README table falls in one."""
+    measured = ["4.45.2", "4.47.1", "4.48.3", "4.50.3", "4.51.3", "4.53.3", "4.54.1", "4.55.4", "4.56.2", "4.57.6",
+                "5.0.0", "5.3.0", "5.4.0", "5.10.4", "5.17.0", "5.21.1", "5.22.2", "5.23.0", "5.24.0"]
+    for release in measured:
+        version = compat.parse_version(release)
+        assert sum(first <= version[:2] < after for first, after in COUNTED_BY_RELEASE) == 1, release
+    assert expected_counts((4, 52, 0)) is None and expected_counts((5, 25, 0)) is None  # never measured
+    assert check_counts({"dynamic": 3.004}, {}, {"dynamic": 3.0}) == []
+    assert check_counts({"dynamic": 3.006}, {}, {"dynamic": 3.0}) == ["dynamic: expected 3.000 passes, got 3.006"]
+    assert check_counts({"sink": 9.0}, {}, {"sink": NO_SINK}) == [
+        f"sink: expected a skip saying {NO_SINK!r}, got 9.0 passes"]
+
+
+@pytest.fixture(scope="module")
+def default_model_counts(one_torch_thread):
+    """Counted passes of every class in CLASSES on the default model (skip reasons for those this release lacks)."""
+    settings = Settings(model="smollm2-135m", device="cpu", dtype="bfloat16", warmup=2, counted_contexts=(256, 512))
+    session = KVSession(settings, Device.from_choice("cpu"))
+    counted, skipped = {}, {}
+    for name in CLASSES:
+        try:
+            counted[name] = session.count(name)["passes"]
+        except Skip:
+            skipped[name] = next(s["reason"] for s in session.skipped if s["cache"] == name)
+    return counted, skipped
+
+
+def test_counted_passes_are_this_releases(default_model_counts):
+    """Every class counts exactly what the README table says for the installed release."""
+    expected = expected_counts(compat.VERSION)
+    if expected is None:
+        pytest.skip(f"transformers {compat.TRANSFORMERS} was never measured: run `make versions` and add its row "
+                    "to COUNTED_BY_RELEASE and the README table")
+    counted, skipped = default_model_counts
+    assert check_counts(counted, skipped, expected) == [], (compat.TRANSFORMERS, counted, skipped)
+
+
+# --- building, filling and reading caches -------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def config():
@@ -71,6 +164,71 @@ def test_static_cache_holds_the_model_dtype(config):
     assert keys.dtype == DTYPE and keys.shape[-2] == 32
 
 
+LAYERED = (4, 54)  # from this release caches keep one layer object per layer; before, key_cache/value_cache lists
+
+
+def test_this_release_keeps_the_layout_compat_expects(config):
+    """``has_layer_objects`` picks the function of this release's range for every kind of cache."""
+    for cache in (compat.new_dynamic_cache(config), compat.new_cache(compat.cache_class("StaticCache"), config, 16,
+                                                                      CPU, DTYPE)):
+        assert compat.has_layer_objects(cache) == (compat.VERSION >= LAYERED), type(cache).__name__
+
+
+def _step_logits(model, cache, position: int, token: int) -> torch.Tensor:
+    with torch.inference_mode():
+        out = model(input_ids=torch.tensor([[token]]), **compat.decode_kwargs(model, cache, position, CPU))
+    return out.logits[0, -1]
+
+
+def _store_then_step(model, store) -> tuple[torch.Tensor, torch.Tensor]:
+    """A dynamic cache given 12 tokens of K/V per layer by ``store`` and by ``fill_layer`` (through the cache's own
+    update): the logits of one decode step on each."""
+    stored, filled = compat.new_dynamic_cache(model.config), compat.new_dynamic_cache(model.config)
+    for layer in range(model.config.num_hidden_layers):
+        keys, values = _kv(12, layer)
+        store(stored, layer, keys, values)
+        compat.fill_layer(filled, layer, keys.clone(), values.clone(), start=0)
+        got = compat.layer_kv(stored, layer)
+        assert got[0] is keys and got[1] is values  # stored as given: no copy
+    assert compat.seq_length(stored) == 12
+    return _step_logits(model, stored, 12, 7), _step_logits(model, filled, 12, 7)
+
+
+@pytest.mark.skipif(compat.VERSION < LAYERED, reason="layer objects: transformers 4.54+")
+def test_store_layer_kv_in_layers_is_what_the_model_reads(model):
+    """4.54+: K/V set on the layer objects make the same next step as K/V the cache appended itself."""
+    stored, filled = _store_then_step(model, compat.store_layer_kv_in_layers)
+    assert torch.equal(stored, filled)
+
+
+@pytest.mark.skipif(compat.VERSION >= LAYERED, reason="key_cache/value_cache lists: transformers 4.45-4.53")
+def test_store_layer_kv_in_lists_is_what_the_model_reads(model):
+    """4.45-4.53: K/V set in the key/value lists make the same next step as K/V the cache appended itself."""
+    stored, filled = _store_then_step(model, compat.store_layer_kv_in_lists)
+    assert torch.equal(stored, filled)
+
+
+@pytest.mark.skipif(compat.VERSION < LAYERED, reason="layer objects: transformers 4.54+")
+def test_layer_kv_from_layers_reads_what_update_wrote(config):
+    cache = compat.new_dynamic_cache(config)
+    keys, values = _kv(5, 1)
+    cache.update(keys, values, 1, {"cache_position": torch.arange(5)})
+    got = compat.layer_kv_from_layers(cache, 1)
+    assert torch.equal(got[0], keys) and torch.equal(got[1], values)
+
+
+@pytest.mark.skipif(compat.VERSION >= LAYERED, reason="key_cache/value_cache lists: transformers 4.45-4.53")
+def test_layer_kv_from_lists_reads_what_update_wrote(config):
+    cache = compat.new_dynamic_cache(config)
+    keys, values = _kv(5, 1)
+    for layer in range(2):
+        cache.update(keys, values, layer, {"cache_position": torch.arange(5)})
+    got = compat.layer_kv_from_lists(cache, 1)
+    assert torch.equal(got[0], keys) and torch.equal(got[1], values)
+
+
+# --- forward keywords and quantized backends ------------------------------------------------------------------
+
 def test_decode_kwargs_picks_this_releases_keywords(model):
     params = inspect.signature(type(model.model).forward).parameters
     cache = compat.new_dynamic_cache(model.config)
@@ -95,34 +253,92 @@ def test_unsupported_keyword_is_a_skip_reason(config):
         compat.dynamic_init_kwargs(config, no_such_keyword=True)
 
 
+FP8_FROM = (5, 21)
+
+
+def test_fp8_backend_is_found_by_building_one(config):
+    """The fp8 backend is there exactly from 5.21; where it is, a real cache of the model's config builds."""
+    if compat.VERSION >= FP8_FROM:
+        compat.check_quantized_backend("fp8")
+        cache = compat.new_quantized_cache("fp8", config, CPU, DTYPE)
+        compat.fill_layer(cache, 0, *_kv(4, 0), start=0)
+        assert compat.seq_length(cache) == 4
+    else:
+        with pytest.raises(compat.Unsupported, match=NO_FP8):
+            compat.check_quantized_backend("fp8")
+
+
+def test_an_unknown_backend_is_a_skip_naming_what_building_raised():
+    with pytest.raises(compat.Unsupported) as info:
+        compat.check_quantized_backend("no-such-backend")
+    message = str(info.value)
+    assert message.startswith(f"the no-such-backend backend of QuantizedCache is not available in transformers "
+                              f"{compat.TRANSFORMERS}") and "\n" not in message
+
+
+def test_a_backend_whose_construction_fails_is_a_skip(monkeypatch):
+    """Whatever building raises (here a RuntimeError from a backend's kernels) is a skip with the reason."""
+    def broken(*args, **kwargs):
+        raise RuntimeError("fp8 kernels need a newer torch\nsecond line")
+
+    monkeypatch.setattr(compat, "new_quantized_cache", broken)
+    with pytest.raises(compat.Unsupported, match=r"\(building one raised RuntimeError: fp8 kernels need a newer "
+                                                 r"torch\)$"):
+        compat.check_quantized_backend("fp8")
+    reason = caches.unavailable_reason(caches.get("quantized-fp8"), "cpu")
+    assert reason is not None and reason.endswith("(building one raised RuntimeError: fp8 kernels need a newer torch)")
+
+
 # --- another release, through PYTHONPATH ----------------------------------------------------------------
 
-OTHER = os.environ.get("KVCACHE_OTHER_TRANSFORMERS", "")
-
-
-@pytest.mark.skipif(not OTHER, reason="set KVCACHE_OTHER_TRANSFORMERS to a pip --target dir with another release")
-def test_counted_suite_on_another_release(tmp_path):
+def other_release_env() -> dict[str, str]:
     target = Path(OTHER).resolve()
     assert (target / "transformers").is_dir(), f"{target} holds no transformers package"
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k not in ("KVCACHE_OTHER_TRANSFORMERS", "PYTEST_ADDOPTS")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(target), env.get("PYTHONPATH", "")) if p)
-    release = subprocess.run([sys.executable, "-c", "import transformers; print(transformers.__version__)"],
-                             capture_output=True, text=True, env=env, cwd=ROOT, check=True).stdout.strip()
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    return env
+
+
+def other_release(env: dict[str, str]) -> str:
+    return subprocess.run([sys.executable, "-c", "import transformers; print(transformers.__version__)"],
+                          capture_output=True, text=True, env=env, cwd=ROOT, check=True).stdout.strip()
+
+
+needs_other = pytest.mark.skipif(not OTHER, reason="set KVCACHE_OTHER_TRANSFORMERS to a pip --target dir with "
+                                                   "another release")
+
+
+@needs_other
+def test_this_module_on_another_release():
+    """Every test above, under the other release: its own known counts and its own per-release functions."""
+    env = other_release_env()
+    release = other_release(env)
+    assert release != compat.TRANSFORMERS, "KVCACHE_OTHER_TRANSFORMERS holds the installed release"
+    cmd = [sys.executable, "-m", "pytest", str(Path(__file__).relative_to(ROOT)), "-p", "no:cacheprovider", "-q",
+           "-rA"]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
+    tail = done.stdout[-4000:] + done.stderr[-2000:]
+    assert done.returncode == 0, tail
+    assert "PASSED tests/measuring/test_compat.py::test_counted_passes_are_this_releases" in done.stdout, \
+        f"transformers {release} has no row in COUNTED_BY_RELEASE?\n{tail}"
+
+
+@needs_other
+def test_counted_suite_on_another_release(tmp_path):
+    """``pytest benchmarks -m counted`` under the other release writes that release's known counts and skips."""
+    env = other_release_env()
+    release = other_release(env)
+    expected = expected_counts(compat.parse_version(release))
+    assert expected is not None, f"transformers {release} has no row in COUNTED_BY_RELEASE"
     out = tmp_path / "counted.json"
-    cmd = [sys.executable, "-m", "pytest", "benchmarks", "-m", "counted", "--kv-model", "tiny",
-           "--kv-caches", "dynamic,static", "--kv-no-gate", "--kv-warmup", "1", "-p", "no:cacheprovider", "-q",
-           "--benchmark-json", str(out)]
+    cmd = [sys.executable, "-m", "pytest", "benchmarks", "-m", "counted", "--kv-caches", ",".join(CLASSES),
+           "--kv-no-gate", "--kv-warmup", "2", "--kv-baseline", str(tmp_path / "none.json"), "-p", "no:cacheprovider",
+           "-q", "--benchmark-json", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     kv = json.loads(out.read_text())["kv"]
     assert kv["environment"]["transformers"] == release
-    traffic = kv["traffic"]
-    assert set(traffic) == {"dynamic", "static"}, kv["skipped"]
-    dynamic, static = traffic["dynamic"], traffic["static"]
-    # DynamicCache: torch.cat reads and writes the cache (2 passes) in every release; attention reads it
-    # once with native GQA (4.54+ on CPU) or, where K/V are expanded with repeat_kv, 4 + 3 passes more.
-    assert dynamic["by_op"]["cat"] == pytest.approx(2.0, abs=0.01)
-    assert dynamic["passes"] == pytest.approx(3.0, abs=0.05) or dynamic["passes"] == pytest.approx(9.0, abs=0.05)
-    # StaticCache: no cat; attention over the whole buffer, K/V expanded 3 -> 9 heads (about 7) or not (about 1)
-    assert "cat" not in static["by_op"]
-    assert 0.95 <= static["passes"] <= 7.3
+    counted = {cache: t["passes"] for cache, t in kv["traffic"].items()}
+    skipped = {s["cache"]: s["reason"] for s in kv["skipped"]}
+    assert check_counts(counted, skipped, expected) == [], (release, counted, skipped)

@@ -1,6 +1,8 @@
 """Token identity of the fixed caches: greedy generation with ``inplace`` gives the tokens and the bitwise
 logits of ``dynamic``, ``static-sliced`` the tokens (and close logits) of ``static``; an InplaceCache that
-has to grow still matches; and a deliberately broken attention function is caught by the same check.
+has to grow still matches; and deliberately broken variants are caught by the same check: an attention function
+without causality in prefill, and in the decode path an ``inplace`` writing one slot off, a ``static-sliced``
+handing attention views one slot short, and one grouping query heads onto the wrong KV heads.
 
 Random weights as the suite builds them (std 0.02, tied embeddings) make greedy decoding repeat its input
 token forever, whatever attention computes, so a token comparison would prove nothing. The models here
@@ -21,14 +23,11 @@ pytest.importorskip("transformers")
 
 import torch.nn.functional as F  # noqa: E402, N812
 
-from kvcache.measuring import (  # noqa: E402
-    caches,
-    compat,  # noqa: E402
-)
+from kvcache.measuring import caches, compat  # noqa: E402
 from kvcache.measuring.caches import CacheSpec  # noqa: E402
 from kvcache.measuring.decode import DecodePoint  # noqa: E402
 from kvcache.measuring.devices import Device  # noqa: E402
-from kvcache.measuring.fixed import InplaceCache, sliced_sdpa  # noqa: E402
+from kvcache.measuring.fixed import InplaceCache, StaticSlicedCache, sliced_sdpa  # noqa: E402
 from kvcache.measuring.models import ModelSpec, build_model  # noqa: E402
 
 CPU = Device.from_choice("cpu")
@@ -189,6 +188,93 @@ def test_noncausal_prefill_is_caught(tiny, tiny_runs, seed, prompt):
     mismatch = token_mismatch(got, want)
     assert mismatch is not None and mismatch.startswith("token ")
     assert not torch.allclose(got.logits.float(), want.logits.float(), atol=0.1)
+
+
+# --- broken decode paths: each must fail the identity check -------------------------------------------------
+# Each bug below touches only single-token steps (the prefill is right), so only the decode path can give it away.
+
+class OneSlotAheadInplace(InplaceCache):
+    """``inplace`` with an off-by-one: a decoded token is written one slot past the filled part, so attention reads
+    the slot before it (the previous token, or on the first step a zeroed slot) in its place."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.zeroed: set[int] = set()  # layers whose unfilled slots were zeroed: no torch.empty garbage is read
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               cache_kwargs: Any = None, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if key_states.shape[-2] != 1 or layer_idx not in self._buffers:
+            return super().update(key_states, value_states, layer_idx, cache_kwargs, *args, **kwargs)
+        n, (buffer_k, buffer_v) = self._lengths[layer_idx], self._buffers[layer_idx]
+        if layer_idx not in self.zeroed:
+            buffer_k[..., n:, :].zero_()
+            buffer_v[..., n:, :].zero_()
+            self.zeroed.add(layer_idx)
+        buffer_k[..., n + 1:n + 2, :].copy_(key_states)
+        buffer_v[..., n + 1:n + 2, :].copy_(value_states)
+        self._lengths[layer_idx] = n + 1
+        keys, values = buffer_k[..., :n + 1, :], buffer_v[..., :n + 1, :]
+        compat.store_layer_kv(self, layer_idx, keys, values)
+        return keys, values
+
+
+class OneShortSliced(StaticSlicedCache):
+    """``static-sliced`` whose update hands attention views one slot short in decode: the new token is stored but
+    attention never sees it."""
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               cache_kwargs: Any = None, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = super().update(key_states, value_states, layer_idx, cache_kwargs, *args, **kwargs)
+        if key_states.shape[-2] == 1:
+            return keys[:, :, :-1], values[:, :, :-1]
+        return keys, values
+
+
+def round_robin_gqa_sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                         attention_mask: torch.Tensor | None, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """sliced_sdpa with a packing bug in single-token decode: query head h is grouped onto KV head h % kv_heads
+    (round robin, as ``repeat`` would lay them out) instead of h // groups (as ``repeat_interleave`` does)."""
+    heads, kv_heads = query.shape[1], key.shape[1]
+    if query.shape[-2] != 1 or heads == kv_heads:
+        return sliced_sdpa(module, query, key, value, attention_mask, *args, **kwargs)
+    groups = heads // kv_heads
+    order = torch.tensor([k + g * kv_heads for k in range(kv_heads) for g in range(groups)])
+    out, weights = sliced_sdpa(module, query[:, order], key, value, attention_mask, *args, **kwargs)
+    restore = torch.argsort(order)
+    return out[:, :, restore], weights  # out is [batch, q_len, heads, head_dim]: each head's output back in place
+
+
+ROUND_ROBIN_ATTENTION = "kvcache_test_round_robin_gqa"
+# broken variant -> (reference class, how to break the fixed class's spec, the fixed class)
+BROKEN_DECODE = {
+    "inplace-one-slot-ahead": ("dynamic", lambda spec: dataclasses.replace(
+        spec, build=lambda req: OneSlotAheadInplace(req.config, capacity=req.max_tokens)), "inplace"),
+    "static-sliced-one-short": ("static", lambda spec: dataclasses.replace(
+        spec, build=lambda req: compat.new_cache(OneShortSliced, req.config, req.max_tokens, req.device, req.dtype)),
+        "static-sliced"),
+    "static-sliced-round-robin-gqa": ("static", lambda spec: dataclasses.replace(
+        spec, attention=ROUND_ROBIN_ATTENTION), "static-sliced"),
+}
+
+
+@pytest.mark.parametrize(("seed", "prompt"), PROMPTS)
+@pytest.mark.parametrize("broken", list(BROKEN_DECODE))
+def test_broken_decode_path_is_caught(tiny, tiny_runs, broken, seed, prompt):
+    """The identity check catches a fixed cache whose decode path is wrong, while its prefill is right."""
+    reference, make, fixed = BROKEN_DECODE[broken]
+    base = caches.get(fixed)
+    reason = caches.unavailable_reason(base, "cpu")  # runs its prepare (static-sliced: registers its attention)
+    if reason is not None:
+        pytest.skip(reason)
+    compat.register_attention(ROUND_ROBIN_ATTENTION, round_robin_gqa_sdpa, with_sdpa_mask=True)
+    spec = dataclasses.replace(make(base), name=broken)
+    model, model_spec = tiny
+    got = generate(model, model_spec, spec, prompt=prompt, seed=seed)
+    want = tiny_runs(reference, seed, prompt)
+    assert_varied(want)
+    assert token_mismatch(tiny_runs(fixed, seed, prompt), want) is None  # the unbroken class passes the check
+    mismatch = token_mismatch(got, want)
+    assert mismatch is not None and mismatch.startswith("token "), broken
 
 
 def test_token_mismatch_helper():

@@ -14,10 +14,7 @@ pytest.importorskip("transformers")
 
 from transformers.cache_utils import DynamicCache  # noqa: E402
 
-from kvcache.measuring import (  # noqa: E402
-    caches,
-    compat,  # noqa: E402
-)
+from kvcache.measuring import caches, compat  # noqa: E402
 from kvcache.measuring.caches import CacheError, CacheRequest, CacheSpec, register_cache  # noqa: E402
 from kvcache.measuring.models import load_config  # noqa: E402
 
@@ -74,6 +71,16 @@ def test_unavailable_reasons(registered):
         "mine-pkg needs a package that is not installed (pip install my-kernels)"
 
 
+def test_any_exception_from_prepare_is_a_skip_reason(registered):
+    """A prepare that fails in a way nobody planned for (not Unsupported, not ImportError) skips its class."""
+    def corrupt() -> None:
+        raise RuntimeError("kernel table is corrupt\nat line 3")
+
+    broken = registered("mine-broken", lambda req: None, prepare=corrupt)
+    assert caches.unavailable_reason(broken, "cpu") == \
+        "mine-broken could not be prepared: RuntimeError: kernel table is corrupt"
+
+
 def test_registration_rules(registered):
     registered("mine", lambda req: None)
     with pytest.raises(ValueError, match="already registered"):
@@ -104,7 +111,7 @@ def test_replace_of_a_builtin_before_first_use():
     """)
     done = run_python(code)
     assert done.returncode == 0, describe(done)
-    assert done.stdout.split() == ["mine", "True", "False"]  # the twins are the suite's conftest's, not built in
+    assert done.stdout.split() == ["mine", "True", "False"]  # the test twins are never in the production registry
 
 
 def test_unknown_names_are_one_line_cache_errors():
@@ -143,20 +150,32 @@ class MyCache(DynamicCache):
 
 
 register_cache("mine", lambda req: compat.new_cache(MyCache, req.config), description="my cache")
+
+
+def _corrupt():
+    raise RuntimeError("kernel table is corrupt")
+
+
+register_cache("mine-broken", lambda req: compat.new_cache(MyCache, req.config), prepare=_corrupt)
 '''
 
 
 def test_own_cache_class_in_a_suite_run(tmp_path):
+    """A user's class is counted; a user's class whose prepare raises is skipped with the reason, and the run
+    goes on."""
     (tmp_path / "my_kv_plugin.py").write_text(PLUGIN)
     out = tmp_path / "run.json"
-    done = run_suite("-m", "counted", "--kv-model", "tiny", "--kv-caches", "mine", "-p", "my_kv_plugin",
+    done = run_suite("-m", "counted", "--kv-model", "tiny", "--kv-caches", "mine,mine-broken", "-p", "my_kv_plugin",
                      "--kv-baseline", str(tmp_path / "baseline.json"), "--benchmark-json", str(out), "-q",
                      pythonpath=[tmp_path])
     assert done.returncode == 0, describe(done)
-    assert "test_traffic[mine] PASSED" in output(done) or "1 passed" in output(done), describe(done)
+    assert "1 passed, 1 skipped" in output(done), describe(done)
     assert "counted mine: 3.000 passes = cat 2.00, scaled_dot_product_attention 1.00" in output(done)
     kv = load_json(out)["kv"]
-    assert kv["settings"]["caches"] == ["mine"]
+    assert kv["settings"]["caches"] == ["mine", "mine-broken"]
+    assert kv["skipped"] == [{"cache": "mine-broken", "context": None,
+                              "reason": "mine-broken could not be prepared: RuntimeError: kernel table is corrupt"}]
+    assert "mine-broken" not in kv["traffic"]
     assert kv["traffic"]["mine"]["passes"] == pytest.approx(3.0, abs=0.05)
     assert kv["verdict"]["mine"]["counted"]["status"] == "no-baseline"
 

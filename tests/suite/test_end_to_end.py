@@ -110,8 +110,16 @@ def test_kv_section(main_run):
         else:
             assert {"intercept_ms", "effective_gbps", "passes", "r2"} <= set(fit), fit
             assert fit["passes"] > 0 and fit["effective_gbps"] > 0 and fit["crossover_tokens"] > 0, fit
+        # no baseline (the file does not exist): counted has nothing to be judged against; timed either, unless
+        # the fit gave no figure, which is inconclusive whatever a baseline says
         assert kv["verdict"][cache]["counted"]["status"] == "no-baseline"
-        assert kv["verdict"][cache]["timed"]["status"] in ("inconclusive", "no-baseline")
+        timed_verdict = kv["verdict"][cache]["timed"]
+        if "error" in fit:
+            assert timed_verdict["status"] == "inconclusive", timed_verdict
+            assert timed_verdict["reason"].startswith(f"no timed passes figure: {fit['error']}"), timed_verdict
+        else:
+            assert timed_verdict["status"] == "no-baseline", timed_verdict
+            assert timed_verdict["value"] == fit["passes"] and timed_verdict["allowed"] is None, timed_verdict
         assert kv["traffic"][cache]["passes"] > 0 and kv["traffic"][cache]["by_op"]
         probe = kv["probe"][cache]
         assert probe["calls"] == 2 and probe["attention"]  # one attention call per layer of tiny
