@@ -21,6 +21,8 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+from kvcache.analysing import analysis
+
 BYTES_PER_TOKEN = 23_040
 WEIGHT_BYTES = 269_030_016
 DATA = Path(__file__).resolve().parent / "data"
@@ -102,9 +104,10 @@ def make_run(
         "session": {"interrupted": False, "exit": "ok", "failed": []},
     }
     kv["identity"] = identity.of_run(kv)
+    kv["crossovers"] = analysis.crossovers(kv["model"], kv["fit"], kv["traffic"])
     kv["verdict"] = analysis.judge(kv, {})  # the real judge of this fit and traffic, against no baseline
     if points:
-        kv["points"] = [points_entry(b) for b in benchmarks]
+        kv["points"] = [points_entry(b, copy_gbps) for b in benchmarks]
     return {"machine_info": {"node": "test", "cpu": {"brand_raw": "test cpu"}}, "commit_info": {},
             "benchmarks": benchmarks, "datetime": "2026-11-29T00:00:00", "version": "5.3.1", "kv": kv}
 
@@ -127,7 +130,7 @@ def _benchmark(cache: str, ctx: int, r: int, data: list[float], kv_bytes: float,
             "dtype": "bfloat16", "model": "smollm2-135m", "fill": "synthetic", "warmup": 5, "steps": steps,
             "transformers": transformers, "torch": "2.13.0+cpu", "beyond_trained_context": ctx > 8192,
             "step_start_ns": [1_000_000 * i for i in range(steps)], "counted_bytes": counted_bytes,
-            "achieved_gbps": achieved, "achieved_fraction": achieved / copy_gbps if achieved else None,
+            "achieved_gbps": achieved,
         },
         "options": {},
         "stats": {"min": data_sorted[0], "max": data_sorted[-1], "mean": sum(data) / len(data), "median": med,
@@ -145,12 +148,13 @@ def _traffic(passes: float) -> dict[str, Any]:
             "calls": {op: 30 for op in by_op}}
 
 
-def points_entry(bench: dict[str, Any]) -> dict[str, Any]:
+def points_entry(bench: dict[str, Any], copy_gbps: float) -> dict[str, Any]:
     """``kv.points`` entry of a timed benchmark (what the plugin writes there from the same step times)."""
     info, data = bench["extra_info"], bench["stats"]["data"]
     return {"cache": info["cache"], "context": info["context"], "round": info["round"], "median_ms": median(data) * 1e3,
             "samples_ms": [s * 1e3 for s in data], "kv_bytes": info["kv_bytes"], "counted_bytes": info["counted_bytes"],
-            "achieved_gbps": info["achieved_gbps"], "achieved_fraction": info["achieved_fraction"],
+            "achieved_gbps": info["achieved_gbps"],
+            "achieved_fraction": analysis.achieved_fraction(info["achieved_gbps"], copy_gbps),
             "beyond_trained_context": info["beyond_trained_context"], "name": bench["name"]}
 
 
@@ -250,4 +254,20 @@ def planted(traffic: dict[str, Any], passes: float) -> dict[str, Any]:
     else:
         out["by_op"] = {op: round(value * passes / traffic["passes"], 4) for op, value in out["by_op"].items()}
     out["passes"] = passes
+    return out
+
+
+def schema_1(run: dict[str, Any]) -> dict[str, Any]:
+    """``run`` as a file written by the plugin of schema 1: one combined verdict per class with its measures
+    (``measured`` for ``value``), and none of the sections schema 2 added."""
+    out = copy.deepcopy(run)
+    kv = out["kv"]
+    for key in ("identity", "session", "points", "crossovers"):
+        kv.pop(key, None)
+    kv["schema"] = 1
+    for cache, measures in kv["verdict"].items():
+        old = {m: {"status": v["status"], "reason": v["reason"], "measured": v.get("value"),
+                   "allowed": v.get("allowed")} for m, v in measures.items()}
+        status = max((v["status"] for v in old.values()), key=lambda s: analysis.gate.PRIORITY[s])
+        kv["verdict"][cache] = {"status": status, "reason": "; ".join(v["reason"] for v in old.values()), **old}
     return out

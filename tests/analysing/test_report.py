@@ -53,14 +53,14 @@ def test_one_run_all_outputs(tmp_path):
     assert "| dynamic | 30.00 | 6.67 | 3.00 [2.85, 3.15]" in md
     assert "| static | 30.00 | 20.00 | 1.00 [0.95, 1.05]" in md
     for text in ("transformers 5.24.0", "torch 2.13.0+cpu", "smollm2-135m", "bfloat16", "CPU test cpu",
-                 "start 20.00 GB/s, end 20.00 GB/s", "Drift: dynamic at 512 tokens", "native-gqa", "1×3×1024×64",
-                 "counted no-baseline: no baseline for this device", "aten.cat 2.00"):
+                 "start 20.00 GB/s, end 20.00 GB/s", "Drift: dynamic at 512 tokens", "native gqa (enable_gqa)",
+                 "1×3×1024×64", "counted no-baseline: no baseline for", "cat 2.00"):
         assert text in md, text
     assert "no counted traffic" not in md and "no fit" not in md
     page = (out / "report.html").read_text()
     for ident in ('id="latency-chart"', 'id="context-slider"', 'id="slider-readout"'):
         assert page.count(ident) == 1, ident
-    assert "<table>" in page and "aten.cat 2.00" in page
+    assert "<table>" in page and "cat 2.00" in page
     # self-contained: no external scripts, styles, images or fonts
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
     assert "<link" not in page and "@import" not in page
@@ -321,6 +321,7 @@ WEIGHTS_HELD_AT = WEIGHT_BYTES / BYTES_PER_TOKEN  # 11,677 tokens: the cache hol
 
 def test_crossovers_worked_out_from_the_run():
     kv = make_run({"dynamic": 3.0, "static": 1.0})["kv"]
+    del kv["crossovers"]  # a run written before the analysis recorded them
     out = report.crossovers(kv)
     assert out["cache_holds_weights_tokens"] == pytest.approx(WEIGHTS_HELD_AT) and round(WEIGHTS_HELD_AT) == 11_677
     assert out["dynamic"]["counted_tokens"] == pytest.approx(WEIGHT_BYTES / (3.0 * BYTES_PER_TOKEN))
