@@ -17,7 +17,15 @@ COMMANDS = {
 def usage() -> str:
     lines = ["usage: kvcache COMMAND [ARGS...]", "", "commands:"]
     lines += [f"  {name:<8} {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", "kvcache COMMAND --help describes a command's arguments. The benchmark suite itself runs under",
+              "pytest: pytest benchmarks in this repository, pytest --pyargs kvcache.benchmarks anywhere else",
+              "(options --kv-*, listed by pytest --help)."]
     return "\n".join(lines)
+
+
+def description(doc: str) -> str:
+    """A command's ``--help`` description: its module docstring, every paragraph, without reST markup."""
+    return " ".join(doc.replace("``", "").split())
 
 
 def main(argv: list[str] | None = None) -> int:

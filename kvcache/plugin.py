@@ -1,5 +1,12 @@
-"""The pytest plugin (loaded by the root ``conftest.py``): ``--kv-*`` options, parametrization and order
-of the benchmarks, fixtures, and the session-end analysis, report and gate.
+"""The pytest plugin, installed as the ``pytest11`` entry point ``kvcache.plugin``: ``--kv-*`` options,
+parametrization and order of the benchmarks, fixtures, and the session-end analysis, report and gate.
+
+Installed, it loads in every pytest run of the environment, so it costs nothing and checks nothing unless the
+run is the suite's (:func:`pytest_configure`): options and markers are declared, nothing else is imported.
+With a ``--kv-*`` option given, the options are checked at start-up; when the run's arguments reach the
+suite (``pytest benchmarks`` here, ``pytest --pyargs kvcache.benchmarks`` anywhere), so are the device, the
+paths the run writes, the copy tensor, the model's config and the baseline. Every bad input is a one-line
+usage error (exit 4) before anything runs.
 
 Order of a session: counted traffic of every class (deterministic), then the copy bandwidth, then
 ``--kv-rounds`` rounds of timed points (interleaved across classes and contexts, the copy bandwidth
@@ -13,6 +20,8 @@ analysis sees every item, from xdist workers too, whatever pytest-benchmark keep
 from __future__ import annotations
 
 import datetime
+import fnmatch
+import importlib.util
 import json
 import random
 from pathlib import Path
@@ -20,49 +29,73 @@ from typing import Any
 
 import pytest
 
-from kvcache.analysing import analysis, gate, summary
-from kvcache.analysing import baseline as baselines
 from kvcache.settings import FILLS, ORDERS, Settings, SettingsError, check_choice, number, parse_ints
 
 STATE = pytest.StashKey["KVState"]()
+SUITE_DIRS = pytest.StashKey["tuple[Path, ...]"]()
+PROBLEM = pytest.StashKey[str]()  # a bad option found when the suite turned up during collection
 RECORD = "kv_record"  # the user_properties name of a measurement record
+SUITE_PACKAGE = "kvcache.benchmarks"  # the suite, shipped in the package (benchmarks/ in a checkout)
+MARKERS = ("timed: a timed decode point of the kvcache-passes suite (pytest-benchmark)",
+           "counted: counted traffic of one decode step, kvcache-passes suite (deterministic)")
+
+# option -> (default, help); flags (store_true) have no default. The README's Options table lists every one.
+OPTIONS: dict[str, tuple[Any, str]] = {
+    "--kv-model": ("smollm2-135m", "smollm2-135m (default), smollm2-135m-mha, tiny, a local directory with "
+                                   "config.json, or a hub id"),
+    "--kv-device": ("auto", "auto (cuda, then mps, then cpu), cpu, cuda or mps"),
+    "--kv-dtype": ("bfloat16", "bfloat16 (default), float16 or float32"),
+    "--kv-caches": ("dynamic,static", "cache classes, comma-separated, or 'all'"),
+    "--kv-contexts": ("512,1024,2048,4096,8192,16384,32768", "context lengths in tokens"),
+    "--kv-counted-contexts": ("256,512", "the two contexts counted traffic is taken at"),
+    "--kv-fill": ("synthetic", "synthetic (random K/V written into every layer) or prefill"),
+    "--kv-warmup": (5, "untimed decode steps before the timed ones (default 5)"),
+    "--kv-steps": (50, "timed decode steps per point (default 50)"),
+    "--kv-rounds": (5, "rounds over all points (default 5)"),
+    "--kv-order": ("interleaved", "interleaved (default: seeded order per round) or ascending"),
+    "--kv-seed": (0, "seed for weights, fills and the interleaved order (default 0)"),
+    "--kv-copy-mib": (1024, "size of the copy-bandwidth tensor in MiB (default 1024)"),
+    "--kv-max-drift": (0.10, "largest change of the re-measured first point before timed verdicts are "
+                             "inconclusive (the build fails on it only with --kv-strict)"),
+    "--kv-baseline": ("kv-baseline.json", "baseline file of passes per device (default kv-baseline.json in the "
+                                          "root directory)"),
+    "--kv-tolerance": (0.10, "allowed relative rise of timed passes (default 0.10)"),
+    "--kv-counted-tolerance": (0.05, "allowed rise of counted passes (default 0.05)"),
+    "--kv-max-passes": ("", "absolute bounds, e.g. dynamic=3.5,static=7"),
+    "--kv-min-r2": (0.90, "fits below this R² are inconclusive (default 0.90)"),
+    "--kv-remeasure": (0, "after the rounds, measure the N noisiest points once more (default 0)"),
+    "--kv-remeasure-seconds": (120, "time bound of those re-measurements (default 120 s)"),
+}
+FLAGS: dict[str, str] = {
+    "--kv-update-baseline": "write this run's passes into the baseline file",
+    "--kv-no-gate": "report everything without failing the build",
+    "--kv-strict": "inconclusive timed verdicts (drift beyond --kv-max-drift included) fail the build too",
+}
+
+
+def _dest(option: str) -> str:
+    return option[2:].replace("-", "_")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    g = parser.getgroup("kvcache-passes", "KV-cache passes per decode step")
-    add = g.addoption
-    add("--kv-model", default="smollm2-135m",
-        help="smollm2-135m (default), smollm2-135m-mha, tiny, a local directory with config.json, or a hub id")
-    add("--kv-device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda or mps")
-    add("--kv-dtype", default="bfloat16", help="bfloat16 (default), float16 or float32")
-    add("--kv-caches", default="dynamic,static", help="cache classes, comma-separated, or 'all'")
-    add("--kv-contexts", default="512,1024,2048,4096,8192,16384,32768", help="context lengths in tokens")
-    add("--kv-counted-contexts", default="256,512", help="the two contexts counted traffic is taken at")
-    add("--kv-fill", default="synthetic", help="synthetic (random K/V written into every layer) or prefill")
-    add("--kv-warmup", default=5, help="untimed decode steps before the timed ones (default 5)")
-    add("--kv-steps", default=50, help="timed decode steps per point (default 50)")
-    add("--kv-rounds", default=5, help="rounds over all points (default 5)")
-    add("--kv-order", default="interleaved", help="interleaved (default: seeded order per round) or ascending")
-    add("--kv-seed", default=0, help="seed for weights, fills and the interleaved order")
-    add("--kv-copy-mib", default=1024, help="size of the copy-bandwidth tensor in MiB (default 1024)")
-    add("--kv-max-drift", default=0.10, help="largest change of the re-measured first point before timed verdicts "
-                                              "are inconclusive (the build fails on it only with --kv-strict)")
-    add("--kv-baseline", default="kv-baseline.json", help="baseline file of passes per device (default "
-                                                           "kv-baseline.json in the root directory)")
-    add("--kv-update-baseline", action="store_true", help="write this run's passes into the baseline file")
-    add("--kv-tolerance", default=0.10, help="allowed relative rise of timed passes (default 0.10)")
-    add("--kv-counted-tolerance", default=0.05, help="allowed rise of counted passes (default 0.05)")
-    add("--kv-max-passes", default="", help="absolute bounds, e.g. dynamic=3.5,static=7")
-    add("--kv-min-r2", default=0.90, help="fits below this R² are inconclusive (default 0.90)")
-    add("--kv-no-gate", action="store_true", help="report everything without failing the build")
-    add("--kv-strict", action="store_true", help="inconclusive timed verdicts (drift beyond --kv-max-drift "
-                                                  "included) fail the build too")
-    add("--kv-remeasure", default=0, help="after the rounds, measure the N noisiest points once more (default 0)")
-    add("--kv-remeasure-seconds", default=120, help="time bound of those re-measurements (default 120 s)")
+    group = parser.getgroup("kvcache-passes", "KV-cache passes per decode step")
+    for option, (default, help_) in OPTIONS.items():
+        group.addoption(option, default=default, help=help_)
+    for option, help_ in FLAGS.items():
+        group.addoption(option, action="store_true", help=help_)
+
+
+def given_options(config: pytest.Config) -> list[str]:
+    """The ``--kv-*`` options set to something other than their default (command line, addopts or
+    PYTEST_ADDOPTS)."""
+    changed = [o for o, (default, _) in OPTIONS.items() if str(config.getoption(_dest(o))) != str(default)]
+    return changed + [o for o in FLAGS if config.getoption(_dest(o))]
 
 
 def settings_from(config: pytest.Config) -> Settings:
-    """Validated settings; any bad value is a one-line SettingsError."""
+    """Validated settings; any bad value is a one-line SettingsError. Imports no torch: the registry and the
+    model presets are plain Python until something is built."""
+    from kvcache.analysing import gate
     from kvcache.measuring import caches, models
 
     opt = config.getoption
@@ -81,7 +114,7 @@ def settings_from(config: pytest.Config) -> Settings:
     counted = parse_ints("--kv-counted-contexts", opt("kv_counted_contexts"))
     if len(counted) != 2:
         raise SettingsError(f"--kv-counted-contexts {opt('kv_counted_contexts')!r}: give two different contexts")
-    models.torch_dtype(opt("kv_dtype"))
+    check_choice("--kv-dtype", opt("kv_dtype"), models.DTYPES)  # the same words as models.torch_dtype, no torch
     return Settings(
         model=opt("kv_model"), device=opt("kv_device"), dtype=opt("kv_dtype"), caches=caches_,
         contexts=parse_ints("--kv-contexts", opt("kv_contexts")), counted_contexts=tuple(sorted(counted)),
@@ -106,9 +139,10 @@ def settings_from(config: pytest.Config) -> Settings:
 class KVState:
     """Per-session state: settings, the measuring session (built on first use), the analysis."""
 
-    def __init__(self, settings: Settings, baseline: dict[str, Any], worker: bool = False) -> None:
+    def __init__(self, settings: Settings, worker: bool = False) -> None:
         self.settings = settings
-        self.baseline = baseline
+        self.baseline: dict[str, Any] = {}  # loaded by check_before_running
+        self.checked = False  # check_before_running passed: the suite runs in this session
         self.worker = worker  # an xdist worker: measures and reports records, never analyses
         self._session: Any = None
         self.records: list[dict[str, Any]] = []
@@ -133,6 +167,8 @@ class KVState:
         return not self.worker and bool(self.records)
 
     def analyse(self) -> dict[str, Any]:
+        from kvcache.analysing import analysis
+
         if self.kv is None:
             session = {**self.exit, "failed": sorted(set(self.failed))}
             self.kv = analysis.analyse(self.records, self.settings.to_dict(), self.baseline, session)
@@ -140,33 +176,59 @@ class KVState:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    """Declare the suite's markers; then nothing more unless a ``--kv-*`` option is given (its values are
+    checked) or the arguments reach the suite (then everything the run needs is checked too)."""
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
+    if config.getoption("help", False):
+        return
+    suite = collects_suite(config)
+    if not suite and not given_options(config):
+        return  # not the suite's run: nothing imported, nothing checked
+    try:
+        state = _new_state(config, settings_from(config))
+    except SettingsError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if suite:
+        check_before_running(config, state)
+
+
+def _new_state(config: pytest.Config, settings: Settings) -> KVState:
+    state = KVState(settings, worker=hasattr(config, "workerinput"))
+    config.stash[STATE] = state
+    if not state.worker:
+        config.pluginmanager.register(RecordGatherer(state), "kvcache-records")
+    return state
+
+
+def check_before_running(config: pytest.Config, state: KVState) -> None:
+    """What would otherwise fail part-way or after the sweep: the device, the paths the run writes, the copy
+    tensor against free memory, the model's config, the baseline, timed points under xdist. A problem is a
+    one-line ``pytest.UsageError``."""
+    from kvcache.analysing import baseline as baselines
     from kvcache.measuring import preflight
     from kvcache.measuring.devices import DeviceError, resolve
     from kvcache.measuring.models import ModelError, load_config
 
+    settings = state.settings
     try:
-        settings = settings_from(config)
         resolve(settings.device)
         preflight.check(config, settings)  # paths the run writes, copy tensor against free memory
         load_config(settings.model)
-        baseline = baselines.load(settings.baseline)
+        state.baseline = baselines.load(settings.baseline)
         problem = xdist_problem(config)
         if problem:
             raise SettingsError(problem)
     except (SettingsError, DeviceError, ModelError, baselines.BaselineError) as exc:
         raise pytest.UsageError(str(exc)) from None
-    state = KVState(settings, baseline, worker=hasattr(config, "workerinput"))
-    config.stash[STATE] = state
-    if not state.worker:
-        config.pluginmanager.register(RecordGatherer(state), "kvcache-records")
+    state.checked = True
+    config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning:transformers.*")
 
 
 def xdist_problem(config: pytest.Config) -> str | None:
     """Timed points under pytest-xdist are refused: workers timing on the same cores measure each other.
     A counted-only run (``-m`` deselecting timed items) works: every worker's records reach one analysis."""
     if hasattr(config, "workerinput") or config.getoption("dist", "no") == "no" or not config.getoption("tx", None):
-        return None
-    if not _collects_suite(config):
         return None
     markexpr = config.getoption("markexpr", "") or ""
     if markexpr:
@@ -182,18 +244,90 @@ def xdist_problem(config: pytest.Config) -> str | None:
             "each other); run them without -n, or select the counted suite alone with -m counted")
 
 
-def _collects_suite(config: pytest.Config) -> bool:
-    """Whether the run's arguments reach the suite's benchmarks (this plugin's items)."""
-    suite = (config.rootpath / "benchmarks").resolve()
-    for arg in config.args or ["."]:
-        path = Path(config.invocation_params.dir, str(arg).split("::")[0]).resolve()
-        if path == suite or suite in path.parents or path in suite.parents:
-            return True
+# --- where the suite is -------------------------------------------------------------------------------
+
+def suite_dirs(config: pytest.Config) -> tuple[Path, ...]:
+    """The directories of the suite's test files: the ``kvcache.benchmarks`` package (installed, or mapped
+    by an editable install) and, in a source checkout, ``benchmarks/`` beside the ``kvcache`` package.
+    Found once per session, each as given and resolved."""
+    dirs = config.stash.get(SUITE_DIRS, None)
+    if dirs is None:
+        import kvcache
+
+        found = [Path(p) for p in _package_locations(SUITE_PACKAGE)]
+        checkout = Path(kvcache.__file__).resolve().parent.parent
+        if (checkout / "pyproject.toml").is_file() and (checkout / "benchmarks" / "conftest.py").is_file():
+            found.append(checkout / "benchmarks")
+        dirs = config.stash[SUITE_DIRS] = tuple(dict.fromkeys([*found, *(p.resolve() for p in found)]))
+    return dirs
+
+
+def _package_locations(name: str) -> list[str]:
+    """A module's file or a package's directories, without running it (its parent packages are imported)."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return []
+    if spec is None:
+        return []
+    if spec.submodule_search_locations:
+        return list(spec.submodule_search_locations)
+    return [spec.origin] if spec.origin and spec.origin not in ("built-in", "frozen") else []
+
+
+def in_suite(config: pytest.Config, path: Path) -> bool:
+    """Whether ``path`` (a test file or directory) is part of the suite."""
+    path = Path(path)
+    return any(path == d or d in path.parents for d in suite_dirs(config))
+
+
+def collects_suite(config: pytest.Config) -> bool:
+    """Whether the run's arguments reach the suite: a path in it (``pytest benchmarks``, a node id), a
+    ``--pyargs`` module name in it (``pytest --pyargs kvcache.benchmarks``), or a directory above it from
+    which pytest would recurse into it (the repository's root, but not a project whose virtual environment
+    holds the installed suite). No arguments: pytest's own choice (``testpaths`` or the current directory)."""
+    dirs = suite_dirs(config)
+    if not dirs:
+        return False
+    base = config.invocation_params.dir
+    ignored = [Path(base, p).resolve() for p in (config.getoption("ignore", None) or [])]
+    skip = config.getini("norecursedirs")
+    for arg in config.args:
+        target = str(arg).split("::")[0]
+        located = _package_locations(target) if config.option.pyargs else []
+        path = Path(base, located[0] if located else target).resolve()
+        for suite in dirs:
+            if path == suite or suite in path.parents:
+                return True
+            if path in suite.parents and not any(p == suite or p in suite.parents for p in ignored):
+                between = [suite, *suite.parents[:len(suite.parents) - len(path.parents) - 1]]
+                if not any(any(fnmatch.fnmatch(d.name, pattern) for pattern in skip) or (d / "pyvenv.cfg").exists()
+                           for d in between):
+                    return True
     return False
 
 
 def _state(config: pytest.Config) -> KVState:
-    return config.stash[STATE]
+    state = config.stash.get(STATE, None)
+    if state is None:
+        raise pytest.UsageError("the kvcache-passes fixtures belong to its suite (pytest benchmarks, or "
+                                "pytest --pyargs kvcache.benchmarks)")
+    return state
+
+
+def _state_for_suite(config: pytest.Config) -> KVState | None:
+    """The state, made on first need when the suite turns up though the arguments did not show it (its
+    checks then run once its items are collected); None when an option is bad (that problem is raised as a
+    usage error once collection ends)."""
+    if STATE in config.stash:
+        return config.stash[STATE]
+    if PROBLEM in config.stash:
+        return None
+    try:
+        return _new_state(config, settings_from(config))
+    except SettingsError as exc:
+        config.stash[PROBLEM] = str(exc)
+        return None
 
 
 def timed_points(settings: Settings) -> list[Any]:
@@ -219,13 +353,18 @@ def copy_labels(settings: Settings) -> list[str]:
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
     """Without ``--kv-remeasure`` there is nothing to re-measure: its test file is not collected."""
-    if collection_path.name == "test_remeasure.py" and STATE in config.stash:
-        return True if _state(config).settings.remeasure == 0 else None
-    return None
+    if collection_path.name != "test_remeasure.py" or not in_suite(config, collection_path):
+        return None
+    state = _state_for_suite(config)
+    return True if state is not None and state.settings.remeasure == 0 else None
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    state = _state(metafunc.config)
+    if not in_suite(metafunc.config, metafunc.definition.path):
+        return  # a fixture of the same name elsewhere is not the suite's
+    state = _state_for_suite(metafunc.config)
+    if state is None:
+        return
     s = state.settings
     if "kv_point" in metafunc.fixturenames:
         points = timed_points(s)
@@ -240,6 +379,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def _role(item: pytest.Item) -> tuple[str, Any]:
+    """What a suite item measures (``other`` for anything else)."""
+    if not in_suite(item.config, item.path):
+        return "other", None
     params = getattr(getattr(item, "callspec", None), "params", {})
     if "kv_cache" in params:
         return "counted", params["kv_cache"]
@@ -256,8 +398,18 @@ def _role(item: pytest.Item) -> tuple[str, Any]:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Put the suite's items in measuring order (after any deselection by -k/-m)."""
-    s = _state(config).settings
+    """When the suite's items are collected: the checks, if the arguments did not show the suite at start-up,
+    then the items in measuring order (after any deselection by -k/-m)."""
+    if STATE not in config.stash and PROBLEM not in config.stash:
+        return  # every suite item passed pytest_generate_tests, which makes one of them
+    if not any(in_suite(config, item.path) for item in items):
+        return
+    if PROBLEM in config.stash:
+        raise pytest.UsageError(config.stash[PROBLEM])
+    state = _state(config)
+    if not state.checked:
+        check_before_running(config, state)
+    s = state.settings
     roles = [(_role(item), item) for item in items]
     others = [item for (role, _), item in roles if role == "other"]
     counted = [item for (role, _), item in roles if role == "counted"]
@@ -308,14 +460,16 @@ def kv_drift(kv: Any) -> Any:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
     """Attach the records the item produced (and a failed point's class) to its report."""
     outcome = yield
-    report = outcome.get_result()
     state = item.config.stash.get(STATE, None)
     if state is None or state._session is None:
         return
+    report = outcome.get_result()
     for record in state.session.take_records():
         report.user_properties.append((RECORD, record))
+    if not report.failed:
+        return
     role, key = _role(item)
-    if report.failed and role in ("point", "counted", "copy", "remeasure", "drift"):
+    if role in ("point", "counted", "copy", "remeasure", "drift"):
         cache = getattr(key, "cache", key if role == "counted" else None)
         report.user_properties.append((RECORD, {"type": "failed", "role": role, "cache": cache,
                                                 "nodeid": item.nodeid}))
@@ -323,7 +477,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
 
 class RecordGatherer:
     """Gathers the records of every report (this process's items, or each xdist worker's on the
-    controller) into the session's state; registered by :func:`pytest_configure`."""
+    controller) into the session's state; registered with the state."""
 
     def __init__(self, state: KVState) -> None:
         self.state = state
@@ -351,11 +505,20 @@ class RecordGatherer:
 
 # --- session end ------------------------------------------------------------------------------------
 
+def _used_state(config: pytest.Config) -> KVState | None:
+    """The state when the suite measured something in this session (here or on xdist workers), else None."""
+    state = config.stash.get(STATE, None)
+    return state if state is not None and state.used else None
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Analyse, record the baseline when asked, judge, and set the exit status (before the terminal summary)."""
-    state = session.config.stash.get(STATE, None)
-    if state is None or not state.used:
+    state = _used_state(session.config)
+    if state is None:
         return
+    from kvcache.analysing import analysis
+    from kvcache.analysing import baseline as baselines
+
     config = session.config
     kv = state.analyse()
     _write_json_if_missing(config, kv)
@@ -376,21 +539,26 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+# pytest-benchmark's hooks: optional, so that the plugin loads where pytest-benchmark is not installed.
+
+@pytest.hookimpl(optionalhook=True)
 def pytest_benchmark_update_json(config: pytest.Config, benchmarks: Any, output_json: dict[str, Any]) -> None:
-    state = _state(config)
-    if state.used:
+    state = _used_state(config)
+    if state is not None:
         output_json["kv"] = state.analyse()
 
 
+@pytest.hookimpl(optionalhook=True)
 def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict[str, Any]) -> None:
     """The device and library facts, the same whenever asked: pytest-benchmark asks once at configure time to
     compare with a saved run (``--benchmark-compare``, before anything is measured) and once at the end to
     save, and warns when the two dicts differ. Run-dependent values belong in the ``kv`` section."""
-    if STATE in config.stash:
-        machine_info["kv_environment"] = _state(config).session.machine()
+    state = config.stash.get(STATE, None)
+    if state is not None and state.checked:
+        machine_info["kv_environment"] = state.session.machine()
 
 
-@pytest.hookimpl(wrapper=True)
+@pytest.hookimpl(wrapper=True, optionalhook=True)
 def pytest_benchmark_compare_machine_info(config: pytest.Config, benchmarksession: Any, machine_info: Any,
                                           compared_benchmark: Any) -> Any:
     """pytest-benchmark 5.3.1 words its "machine_info is different" warning with the storage path relative to
@@ -419,9 +587,11 @@ def _write_json_if_missing(config: pytest.Config, kv: dict[str, Any]) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    state = _state(config)
-    if not state.used or state.kv is None:
+    state = _used_state(config)
+    if state is None or state.kv is None:
         return
+    from kvcache.analysing import analysis, summary
+
     tr = terminalreporter
     tr.section("kvcache-passes")
     for line in summary.lines(state.kv):

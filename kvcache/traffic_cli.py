@@ -1,17 +1,22 @@
 """``kvcache traffic --cache dynamic --model tiny``: counted passes, the per-op breakdown and the attention
-probe of one decode step per cache class, without running the timed sweep."""
+probe of one decode step per cache class, without running the timed sweep.
+
+Printed first: the model, dtype and device, with the Transformers and torch versions the counts hold for.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from typing import Any
 
+from kvcache.cli import description
 from kvcache.settings import SettingsError, parse_ints
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="kvcache traffic", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="kvcache traffic", description=description(__doc__))
     parser.add_argument("--cache", default="dynamic", help="cache classes, comma-separated, or all")
     parser.add_argument("--model", default="smollm2-135m", help="smollm2-135m, smollm2-135m-mha, tiny, or a dir")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
@@ -43,6 +48,8 @@ def main(argv: list[str]) -> int:
     settings = Settings(model=args.model, device=args.device, dtype=args.dtype, caches=tuple(names),
                         counted_contexts=tuple(sorted(contexts)), warmup=args.warmup)
     session = KVSession(settings, device)
+    if not args.json:
+        print(header(session))
     out = {}
     for name in names:
         try:
@@ -58,6 +65,14 @@ def main(argv: list[str]) -> int:
     if args.json:
         print(json.dumps(out, indent=2))
     return 0
+
+
+def header(session: Any) -> str:
+    """What the counts hold for: model and its KV bytes per token, dtype, device, library versions."""
+    spec, machine = session.spec(), session.machine()
+    return (f"model {session.settings.model} ({spec.layers} layers, {spec.kv_heads} KV heads, head_dim "
+            f"{spec.head_dim}: {spec.bytes_per_token:,} KV bytes per token), dtype {spec.dtype}, device "
+            f"{machine['device_name']}; transformers {machine['transformers']}, torch {machine['torch']}")
 
 
 def print_one(name: str, result: dict, probe: dict) -> None:
