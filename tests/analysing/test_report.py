@@ -454,7 +454,8 @@ def test_wheel_carries_the_report_assets(tmp_path):
     pytest.importorskip("setuptools")
     root = Path(__file__).parents[2]
     project = tmp_path / "project"
-    shutil.copytree(root / "kvcache", project / "kvcache", ignore=shutil.ignore_patterns("__pycache__"))
+    for folder in ("kvcache", "benchmarks"):
+        shutil.copytree(root / folder, project / folder, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(root / name, project / name)
     code = "import sys; from setuptools import build_meta; print(build_meta.build_wheel(sys.argv[1]))"
