@@ -273,7 +273,8 @@ def bootstrap_lines(points: Sequence[Point], resamples: int, rng: np.random.Gene
 class Drift:
     """Median step time (ms) of the first timed point re-measured at the end of the session.
 
-    ``fraction`` = last / first - 1; ``ok`` when ``abs(fraction) <= max_fraction``.
+    ``fraction`` = last / first - 1; ``ok`` when ``abs(fraction) <= max_fraction``; ``effect``: what a drift
+    beyond the limit does (it invalidates timed verdicts; it fails the build only under ``--kv-strict``).
     """
 
     cache: str
@@ -283,6 +284,7 @@ class Drift:
     fraction: float
     max_fraction: float
     ok: bool
+    effect: str = "none: within the limit"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict of the fields (None for a non-finite fraction)."""
@@ -305,4 +307,6 @@ def measure_drift(first: Point, last: Point, max_fraction: float) -> Drift:
         fraction=fraction,
         max_fraction=max_fraction,
         ok=abs(fraction) <= max_fraction,
+        effect=("none: within the limit" if abs(fraction) <= max_fraction else
+                "timed verdicts are inconclusive; the build fails on drift only with --kv-strict"),
     )

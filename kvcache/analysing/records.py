@@ -261,6 +261,7 @@ class Drift(Record):
     last_ms: float | None = None
     fraction: float | None = None
     max_fraction: float | None = None
+    effect: str | None = None
     extra: dict[str, Any] = _bookkeeping()
     absent: frozenset[str] = _absent()
 
