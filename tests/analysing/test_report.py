@@ -613,3 +613,20 @@ def test_html_without_points_in_headless_chromium(tmp_path):
     assert result["errors"] == [] and console_errors(dom.stderr) == []
     assert result["chart"] and result["points"] == 0
     assert result["after"] == "no measured contexts in this run"
+
+
+def test_recorded_run_report(tmp_path):
+    """The report of a real run as the analysis writes it (tests/data/tiny-run.json): every section present,
+    the counted breakdown under the real op names, the crossovers from the run's own geometry."""
+    from fakerun import recorded_run
+
+    run = recorded_run(resamples=300)
+    kv = run["kv"]
+    out = render_dicts(tmp_path, run)
+    md = (out / "report.md").read_text()
+    assert "tiny" in md and "cat 2.00" in md and "scaled_dot_product_attention 1.00" in md
+    held = kv["model"]["weight_bytes"] / kv["model"]["bytes_per_token"]
+    assert kv["crossovers"]["cache_holds_weights_tokens"] == pytest.approx(held)
+    assert f"{held:,.0f}" in md
+    for name in ("latency.png", "traffic.png", "report.html"):
+        assert (out / name).stat().st_size > 0
