@@ -1,5 +1,5 @@
 // Injected by tests/analysing/test_report.py into a copy of report.html, after the page's own script: drives the
-// chart (slider, hover) and writes what it found as JSON into <pre id="selftest">. Never shipped in the report.
+// chart (slider, hover) and writes what it found as JSON into a pre element (id "selftest"). Never shipped in the report.
 (function () {
   "use strict";
   var chart = document.getElementById("latency-chart");
