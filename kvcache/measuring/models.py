@@ -267,7 +267,8 @@ def hub_unreachable(timeout: float = HUB_TIMEOUT_S) -> str | None:
     if not outcome:
         return f"the hub at {constants.ENDPOINT} cannot be reached (no answer within {timeout:g} s)"
     if outcome[0] is not None:
-        return f"the hub at {constants.ENDPOINT} cannot be reached ({_one_line(outcome[0])})"
+        return (f"the hub at {constants.ENDPOINT} cannot be reached ({_one_line(outcome[0])}; asked once, "
+                f"no answer within {timeout:g} s)")
     return None
 
 
