@@ -56,20 +56,18 @@ def run_many(jobs: dict[Any, tuple], workers: int = 3) -> dict[Any, subprocess.C
 # transformers are imported once), each a fresh pytest.main with its own stdout/stderr; prints JSON.
 MARKER = "@@kvrun-results@@"
 BATCH_DRIVER = """
-import contextlib, io, json, sys, time, traceback
+import contextlib, io, json, sys, traceback
 import pytest
 results = {}
 for name, args in json.load(sys.stdin).items():
     out, err = io.StringIO(), io.StringIO()
-    start = time.monotonic()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             code = int(pytest.main(["benchmarks", "-p", "no:cacheprovider", *args]))
         except BaseException:  # anything escaping pytest.main is a crash: keep its traceback
             code = None
             traceback.print_exc()
-    results[name] = {"returncode": code, "stdout": out.getvalue(), "stderr": err.getvalue(),
-                     "seconds": time.monotonic() - start}
+    results[name] = {"returncode": code, "stdout": out.getvalue(), "stderr": err.getvalue()}
 sys.__stdout__.write("\\n" + sys.argv[1] + json.dumps(results))
 """
 
@@ -79,19 +77,15 @@ def run_batch(cases: dict[str, list[str]], *, timeout: float = TIMEOUT_S,
               pythonpath: Iterable[Path | str] = ()) -> dict[str, subprocess.CompletedProcess]:
     """``{case: args}`` -> ``{case: CompletedProcess-like result}``, every case a ``pytest.main`` of its own in
     one subprocess (``env`` added to its environment), in order: for cheap runs (start-up errors, ``--co``)
-    whose cost would be the imports. Each result's ``seconds`` is that case's own wall time."""
+    whose cost would be the imports."""
     done = subprocess.run([sys.executable, "-c", BATCH_DRIVER, MARKER], cwd=ROOT,
                           env=environment(pythonpath, **(env or {})), capture_output=True, text=True,
                           timeout=timeout, input=json.dumps(cases))
     if done.returncode != 0:
         raise RuntimeError(f"batch driver failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
     results = json.loads(done.stdout.rpartition(MARKER)[2])
-    out = {}
-    for name, r in results.items():
-        out[name] = subprocess.CompletedProcess(["pytest.main", "benchmarks", *cases[name]], r["returncode"],
-                                                r["stdout"], r["stderr"])
-        out[name].seconds = r["seconds"]
-    return out
+    return {name: subprocess.CompletedProcess(["pytest.main", "benchmarks", *cases[name]], r["returncode"],
+                                              r["stdout"], r["stderr"]) for name, r in results.items()}
 
 
 def output(done: subprocess.CompletedProcess) -> str:
