@@ -37,6 +37,8 @@ def runs(tmp_path_factory):
         "drift": [*TIMED, *LOOSE, *none, "--kv-rounds", "1", "--kv-max-drift", "0",
                   "--benchmark-json", str(tmp / "drift.json")],
         "strict": [*TIMED, *LOOSE, *none, "--kv-rounds", "1", "--kv-max-drift", "0", "--kv-strict"],
+        "update-regression": ["-m", "counted", "--kv-model", "tiny", "--kv-caches", "dynamic", "--kv-max-passes",
+                              "dynamic=1", "--kv-update-baseline", "--kv-baseline", str(tmp / "updated.json")],
     }
     results = run_batch(cases, pythonpath=[PLUGINS])
     results["xdist-timed"] = run_suite("-p", "xdist", "-n", "2", "--kv-model", "tiny", *none)
@@ -102,3 +104,12 @@ def test_strict_fails_the_build_on_drift(runs):
     done = runs[2]["strict"]
     assert done.returncode == 1, describe(done)
     assert "kv-cache inconclusive: dynamic timed:" in output(done), describe(done)
+
+
+def test_updating_the_baseline_does_not_turn_a_regression_green(runs):
+    tmp, _, results = runs
+    done = results["update-regression"]
+    assert done.returncode == 1, describe(done)
+    assert "kv-cache regression: dynamic counted" in output(done), describe(done)
+    recorded = load_json(tmp / "updated.json")["devices"]["cpu | tiny | bfloat16"]["dynamic"]
+    assert recorded["counted_passes"] == pytest.approx(3.0, abs=0.01)  # the new value is recorded all the same
