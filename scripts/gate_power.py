@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kvcache.analysing import tables
+
 ROOT = Path(__file__).resolve().parent.parent
 CLEAN = "twin-clean"
 MANIFEST = "runs.json"
@@ -175,13 +177,11 @@ def summarize(out: Path) -> str:
              f"{env.get('transformers', '?')}, torch {env.get('torch', '?')}. Baseline: {CLEAN} {base_text} timed "
              f"passes from one calibration run; {', '.join(planted) or 'no planted class'} judged against it with "
              f"no counted baseline. One pytest run per class and repetition, gate on, tolerance "
-             f"{tolerance if tolerance is not None else '?'}: the build's exit status decides.", "",
-             "| run | class | build (exit) | timed verdict | drift | timed passes [95% CI] |",
-             "|---|---|---|---|---|---|"]
-    for r in runs:
-        lines.append(f"| {r['repetition']} | {r['cache']} | {build(r.get('exit'))} | "
-                     f"{timed_status(r['kv'], r['cache'])} | {drift_cell(r['kv'])} | "
-                     f"{passes_cell(r['kv'], r['cache'])} |")
+             f"{tolerance if tolerance is not None else '?'}: the build's exit status decides.", ""]
+    rows = [[str(r["repetition"]), r["cache"], build(r.get("exit")), timed_status(r["kv"], r["cache"]),
+             drift_cell(r["kv"]), passes_cell(r["kv"], r["cache"])] for r in runs]
+    lines += tables.markdown(tables.Table(["run", "class", "build (exit)", "timed verdict", "drift",
+                                           "timed passes [95% CI]"], rows))
     lines.append("")
     for cache in [CLEAN, *planted]:
         mine = [r for r in runs if r["cache"] == cache]
