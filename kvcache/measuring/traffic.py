@@ -11,8 +11,15 @@ rules, which count *logical* traffic:
    only the elements it stores, not the whole destination, and does not read the destination.
 3. A broadcast input (stride 0 along a dimension) is read once: an input costs the bytes of the
    distinct memory it spans, ``itemsize × Π size[d] over dims with stride[d] != 0``.
-4. Any other op reads each distinct tensor input once and writes each output (an in-place op writes
+4. A lookup (``embedding``, ``index_select``) reads its indices and the rows it selects, not the whole
+   table: a decode step's embedding reads one row of the vocabulary matrix.
+5. Any other op reads each distinct tensor input once and writes each output (an in-place op writes
    the tensor it mutates); allocation without initialisation (``empty``) writes nothing.
+
+Scopes: a counter given modules (``scopes={module: label}``) also charges each op to the label of every
+module whose ``forward`` is running when the op is dispatched (``"forward"`` for the model's own call,
+``"layer.3"`` for a decoder layer), so that one count answers both "the whole step" and "inside the
+model's forward" or "inside layer 3".
 
 Logical traffic is what the operations ask for, not what the hardware does: a fused kernel that
 re-reads data internally (attention tiles, cache misses) is counted once, and data served from caches
@@ -158,13 +165,19 @@ def _partial_write(name: str, args: tuple, kwargs: dict) -> tuple[int, int]:
     return read, min(biggest, dst.numel()) * es
 
 
+# Lookups: the position of the indices argument (rule 4).
+LOOKUPS = {"embedding": 1, "index_select": 2}
+
+
 @dataclass
 class OpTraffic:
-    """Bytes one op name read and wrote over a counted region, and how many calls."""
+    """Bytes one op name read and wrote over a counted region, how many calls, and how many of those calls
+    moved data (read or wrote a byte: not views, not allocations)."""
 
     calls: int = 0
     read: int = 0
     written: int = 0
+    data_calls: int = 0
 
     @property
     def total(self) -> int:
@@ -176,6 +189,7 @@ class TrafficCount:
     """Per-op traffic of one counted region (bytes; read + written)."""
 
     ops: dict[str, OpTraffic] = field(default_factory=lambda: defaultdict(OpTraffic))
+    scopes: dict[str, TrafficCount] = field(default_factory=dict)
 
     @property
     def read(self) -> int:
@@ -189,27 +203,67 @@ class TrafficCount:
     def total(self) -> int:
         return self.read + self.written
 
+    @property
+    def calls(self) -> int:
+        """ATen ops dispatched."""
+        return sum(o.calls for o in self.ops.values())
+
+    @property
+    def data_calls(self) -> int:
+        """ATen ops dispatched that moved data (not views or allocations)."""
+        return sum(o.data_calls for o in self.ops.values())
+
     def add(self, name: str, read: int, written: int) -> None:
         entry = self.ops[name]
         entry.calls += 1
+        entry.data_calls += 1 if read or written else 0
         entry.read += read
         entry.written += written
 
+    def scope(self, label: str) -> TrafficCount:
+        """The ops charged while the module labelled ``label`` ran (an empty count when it never ran)."""
+        return self.scopes.get(label) or TrafficCount()
+
 
 class TrafficCounter(TorchDispatchMode):
-    """Counts the bytes every dispatched ATen op reads and writes, by the rules in this module's docstring."""
+    """Counts the bytes every dispatched ATen op reads and writes, by the rules in this module's docstring;
+    with ``scopes``, also per label of the modules running (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, scopes: dict[Any, str] | None = None) -> None:
         super().__init__()
         self.count = TrafficCount()
+        self.scopes = dict(scopes or {})
+        self.active: list[str] = []
+        self.hooks: list[Any] = []
+
+    def __enter__(self) -> TrafficCounter:
+        for module, label in self.scopes.items():
+            self.hooks.append(module.register_forward_pre_hook(lambda *_, label=label: self.active.append(label)))
+            self.hooks.append(module.register_forward_hook(lambda *_, label=label: self._leave(label),
+                                                           always_call=True))
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        for hook in self.hooks:
+            hook.remove()
+        self.hooks.clear()
+        return super().__exit__(*exc)
+
+    def _leave(self, label: str) -> None:
+        if label in self.active:
+            del self.active[len(self.active) - 1 - self.active[::-1].index(label)]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        name = op_name(func)
         try:
-            self.count.add(op_name(func), *self.charge(func, args, kwargs, out))
+            read, written = self.charge(func, args, kwargs, out)
         except Exception:  # noqa: BLE001 - never let counting break the model; charge plainly
-            self.count.add(op_name(func), _distinct_read(_tensors((args, kwargs))), 0)
+            read, written = _distinct_read(_tensors((args, kwargs))), 0
+        self.count.add(name, read, written)
+        for label in dict.fromkeys(self.active):
+            self.count.scopes.setdefault(label, TrafficCount()).add(name, read, written)
         return out
 
     @staticmethod
@@ -218,6 +272,9 @@ class TrafficCounter(TorchDispatchMode):
         name = func.overloadpacket.__name__
         if name in NO_TRAFFIC:
             return 0, 0
+        if name in LOOKUPS:
+            selected = sum(t.numel() * t.element_size() for t in _tensors(out))
+            return selected + span_bytes(args[LOOKUPS[name]]), selected
         inputs = _tensors((args, kwargs))
         outputs = _tensors(out)
         mutated = _mutated_args(func, args, kwargs)
@@ -233,9 +290,10 @@ class TrafficCounter(TorchDispatchMode):
         return _distinct_read(inputs), sum(t.numel() * t.element_size() for t in outputs)
 
 
-def count(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, TrafficCount]:
-    """Run ``fn(*args, **kwargs)`` under a :class:`TrafficCounter`; return its result and the count."""
-    counter = TrafficCounter()
+def count(fn: Any, *args: Any, scopes: dict[Any, str] | None = None, **kwargs: Any) -> tuple[Any, TrafficCount]:
+    """Run ``fn(*args, **kwargs)`` under a :class:`TrafficCounter` (with ``scopes``); return its result and
+    the count."""
+    counter = TrafficCounter(scopes)
     with counter:
         result = fn(*args, **kwargs)
     return result, counter.count
