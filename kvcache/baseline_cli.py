@@ -31,7 +31,8 @@ def main(argv: list[str]) -> int:
         return 2
     for key, by_cache in entries.items():
         for cache, entry in by_cache.items():
-            values = ", ".join(f"{k} {entry[k]:.3f}" for k in baselines.PASSES_KEYS if entry.get(k) is not None)
+            values = ", ".join(f"{k} {entry[k]}" if isinstance(entry[k], int) else f"{k} {entry[k]:.3f}"
+                               for k in baselines.NUMBER_KEYS if entry.get(k) is not None)
             print(f"{args.baseline}: {key}: {cache}: {values}")
     for line in refused:
         print(f"{args.baseline}: {line}")

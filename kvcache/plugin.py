@@ -61,6 +61,9 @@ OPTIONS: dict[str, tuple[Any, str]] = {
                                           "root directory)"),
     "--kv-tolerance": (0.10, "allowed relative rise of timed passes (default 0.10)"),
     "--kv-counted-tolerance": (0.05, "allowed rise of counted passes (default 0.05)"),
+    "--kv-ops-tolerance": (0.5, "allowed rise of ATen ops per step, per layer (default 0.5: +1 op in every "
+                                "layer fails)"),
+    "--kv-weight-passes-tolerance": (0.05, "allowed rise of weight passes per step (default 0.05)"),
     "--kv-max-passes": ("", "absolute bounds, e.g. dynamic=3.5,static=7"),
     "--kv-min-r2": (0.90, "fits below this R² are inconclusive (default 0.90)"),
     "--kv-remeasure": (0, "after the rounds, measure the N noisiest points once more (default 0)"),
@@ -129,6 +132,8 @@ def settings_from(config: pytest.Config) -> Settings:
         baseline=str(Path(config.rootpath, opt("kv_baseline"))), update_baseline=opt("kv_update_baseline"),
         tolerance=number("--kv-tolerance", opt("kv_tolerance"), low=0),
         counted_tolerance=number("--kv-counted-tolerance", opt("kv_counted_tolerance"), low=0),
+        ops_tolerance=number("--kv-ops-tolerance", opt("kv_ops_tolerance"), low=0),
+        weight_passes_tolerance=number("--kv-weight-passes-tolerance", opt("kv_weight_passes_tolerance"), low=0),
         max_passes=max_passes, min_r2=number("--kv-min-r2", opt("kv_min_r2"), low=0, high=1),
         gate=not opt("kv_no_gate"), strict=bool(opt("kv_strict")),
         remeasure=int(number("--kv-remeasure", opt("kv_remeasure"), low=0, whole=True)),

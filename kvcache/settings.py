@@ -37,6 +37,8 @@ class Settings:
     update_baseline: bool = False
     tolerance: float = 0.10
     counted_tolerance: float = 0.05
+    ops_tolerance: float = 0.5
+    weight_passes_tolerance: float = 0.05
     max_passes: dict[str, float] = field(default_factory=dict)
     min_r2: float = 0.90
     confidence: float = 0.95

@@ -94,7 +94,8 @@ def make_run(
                                    "samples_gbps": [copy_gbps] * 5} for label in ("start", "end")]},
         "fit": fit,
         "drift": {"cache": next(iter(caches), None), "context": contexts[0], "first_ms": intercept_ms,
-                  "last_ms": intercept_ms, "fraction": 0.0, "max_fraction": 0.1, "ok": True},
+                  "last_ms": intercept_ms, "fraction": 0.0, "max_fraction": 0.1, "ok": True,
+                  "effect": "none: within the limit"},
         "traffic": traffic,
         "probe": {cache: {"query": [1, 9, 1, 64], "key": [1, 3, 1024, 64], "value": [1, 3, 1024, 64],
                           "mask": None, "enable_gqa": True, "attention": NATIVE_GQA, "expansions": 0, "calls": 30,
@@ -143,9 +144,11 @@ def _traffic(passes: float) -> dict[str, Any]:
     by_op = {"cat": passes - 1, "scaled_dot_product_attention": 1.0} if passes > 1 else \
         {"scaled_dot_product_attention": passes}
     per_token = {256: 256 * BYTES_PER_TOKEN * passes, 512: 512 * BYTES_PER_TOKEN * passes}
+    fixed = int(WEIGHT_BYTES * 1.01)
     return {"passes": passes, "by_op": by_op, "contexts": [256, 512], "bytes_per_token": BYTES_PER_TOKEN,
-            "step_bytes": {str(c): {"read": int(b / 2), "written": int(b / 2)} for c, b in per_token.items()},
-            "calls": {op: 30 for op in by_op}}
+            "step_bytes": {str(c): {"read": int(b / 2) + fixed, "written": int(b / 2)} for c, b in per_token.items()},
+            "calls": {op: 30 for op in by_op}, "ops_per_step": 1680, "data_ops_per_step": 1290,
+            "fixed_bytes": fixed, "weight_bytes": WEIGHT_BYTES, "weight_passes": fixed / WEIGHT_BYTES, "layers": 30}
 
 
 def points_entry(bench: dict[str, Any], copy_gbps: float) -> dict[str, Any]:

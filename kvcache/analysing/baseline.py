@@ -4,13 +4,16 @@ Analysing wing: stdlib only.
 File (JSON, schema 2)::
 
     {"schema": 2, "devices": {"<identity key>": {"<cache>": {
-        "timed_passes": float, "timed_r2": float,                 (under a timed key)
-        "counted_passes": float, "counted_by_op": {op: passes},  (under a counted key)
+        "timed_passes": float, "timed_r2": float, "timed_intercept_ms": float,     (under a timed key)
+        "counted_passes": float, "counted_by_op": {op: passes},                   (under a counted key)
+        "ops_per_step": int, "data_ops_per_step": int, "weight_passes": float,    (under an overhead key)
+        "fixed_bytes": int, "layers": int, "op_calls": {op: calls},
         "recorded": iso-datetime, "transformers": str, "torch": str, "model": str, "dtype": str}}}}
 
 Keys come from :mod:`kvcache.analysing.identity`: ``"cpu | tiny | bfloat16"`` holds counted passes (any CPU),
-``"cpu: AMD EPYC (2 threads) | tiny | bfloat16"`` timed passes (that machine). Schema 1 files (counted
-passes also under machine keys) still load; they are upgraded in memory and written back as schema 2.
+``"cpu: AMD EPYC (2 threads) | tiny | bfloat16"`` timed passes (that machine), ``"cpu | tiny | bfloat16 |
+torch 2.13.0+cpu"`` counted overhead (that torch release). Schema 1 files (counted passes also under machine
+keys) still load; they are upgraded in memory and written back as schema 2.
 
 Nothing unjudgeable is recorded: timed passes only from a fit that would itself be judged (positive
 finite passes, R² at least ``min_r2``, at least 3 distinct contexts, drift checked and within its limit,
@@ -37,6 +40,9 @@ from kvcache.analysing.records import jsonable
 SCHEMA = 2
 READABLE_SCHEMAS = (1, 2)
 PASSES_KEYS = ("timed_passes", "counted_passes")
+NUMBER_KEYS = (*PASSES_KEYS, "timed_intercept_ms", "ops_per_step", "data_ops_per_step", "weight_passes")
+#: The field whose presence makes an entry a baseline of each measure.
+PRESENT = {"counted": "counted_passes", "timed": "timed_passes", "overhead": "ops_per_step"}
 
 
 class BaselineError(ValueError):
@@ -82,7 +88,7 @@ def problem_of(doc: Any) -> str | None:
         for cache, entry in caches.items():
             if not isinstance(entry, dict):
                 return f"devices[{key!r}][{cache!r}] is not an object"
-            for name in PASSES_KEYS:
+            for name in NUMBER_KEYS:
                 value = entry.get(name)
                 if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
                     return f"devices[{key!r}][{cache!r}].{name} is {value!r}, expected a number or null"
@@ -118,7 +124,7 @@ def for_run(doc: dict[str, Any], ident: dict[str, Any]) -> tuple[dict[str, dict[
     """What a run of identity ``ident`` is judged against: ``({measure: {cache: entry}}, {measure: key})``."""
     keys = {m: identity.key(ident, m) for m in identity.MEASURE_FIELDS}
     devices = doc.get("devices") or {}
-    entries = {m: {c: e for c, e in (devices.get(k) or {}).items() if e.get(f"{m}_passes") is not None}
+    entries = {m: {c: e for c, e in (devices.get(k) or {}).items() if e.get(PRESENT[m]) is not None}
                for m, k in keys.items()}
     return entries, keys
 
@@ -156,22 +162,30 @@ def entries_of_run(kv: dict[str, Any], recorded: str) -> tuple[dict[str, dict[st
               "model": settings.get("model"), "dtype": settings.get("dtype")}
     timed: dict[str, Any] = {}
     counted: dict[str, Any] = {}
+    overhead: dict[str, Any] = {}
     refused = []
     for cache, fit in (kv.get("fit") or {}).items():
         problem = timed_problem(kv, cache)
         if problem:
             refused.append(f"{cache}: timed passes not recorded: {problem}; the recorded entry, if any, stays")
         else:
-            timed[cache] = {**common, "timed_passes": fit["passes"], "timed_r2": fit.get("r2")}
+            timed[cache] = {**common, "timed_passes": fit["passes"], "timed_r2": fit.get("r2"),
+                            "timed_intercept_ms": fit.get("intercept_ms")}
     for cache, traffic in (kv.get("traffic") or {}).items():
         passes = traffic.get("passes")
         if isinstance(passes, (int, float)) and math.isfinite(passes) and passes > 0:
             counted[cache] = {**common, "counted_passes": passes, "counted_by_op": dict(traffic.get("by_op") or {})}
         else:
             refused.append(f"{cache}: counted passes {passes!r} not recorded")
+        if isinstance(traffic.get("ops_per_step"), int) and traffic["ops_per_step"] > 0:
+            overhead[cache] = {**common, "op_calls": dict(traffic.get("calls") or {}), **{
+                name: traffic.get(name)
+                for name in ("ops_per_step", "data_ops_per_step", "weight_passes", "fixed_bytes", "layers")}}
     out = {}
     if counted:
         out[identity.key(ident, "counted")] = counted
+    if overhead:
+        out[identity.key(ident, "overhead")] = overhead
     if timed:
         out[identity.key(ident, "timed")] = timed
     return out, refused

@@ -3,8 +3,10 @@
 One row per cache class, one column group per run. Every later run is judged against the first by the
 session-end gate's own judge (:mod:`kvcache.analysing.gate`), as if the first run had been recorded as the baseline
 (:mod:`kvcache.analysing.baseline`'s rules: a first run whose timed fit could not be recorded is no timed baseline):
-counted passes exactly, timed passes by their interval, inconclusive on a poor fit or drift. Runs must
-have the same identity (:mod:`kvcache.analysing.identity`) unless ``--allow-mismatch``. No torch here.
+counted passes and counted overhead (ATen ops per step, weight passes) exactly, timed passes and the timed
+intercept by their interval, inconclusive on a poor fit or drift. Runs must have the same identity
+(:mod:`kvcache.analysing.identity`) unless ``--allow-mismatch``; op counts are compared only between runs on the
+same torch release (another release is shown, not judged). No torch here.
 """
 
 from __future__ import annotations
@@ -30,14 +32,18 @@ LEGEND = (
     "? inconclusive (interval straddles the allowed value, poor fit, drift, or no passes figure): not a regression"
 )
 
-MEASURES = ("timed", "counted", "intercept_ms", "r2", "verdict")
+MEASURES = ("timed", "counted", "intercept_ms", "r2", "ops", "weight_passes", "verdict")
 HEADERS = {
     "timed": "timed passes",
     "counted": "counted passes",
     "intercept_ms": "intercept ms",
     "r2": "R²",
+    "ops": "ops/step",
+    "weight_passes": "weight passes",
     "verdict": "verdict",
 }
+# What each verdict judges, as a regression line names it.
+JUDGED = {"counted": "counted passes", "timed": "timed passes", "overhead": "overhead", "intercept": "intercept"}
 DASH = "—"
 
 
@@ -66,12 +72,17 @@ class Cell:
     counted: float | None = None
     intercept_ms: float | None = None
     r2: float | None = None
+    ops: int | None = None
+    weight_passes: float | None = None
     verdict: str | None = None
     reason: str | None = None
     timed_change: str = ""
     timed_delta: float | None = None
     counted_change: str = ""
     counted_delta: float | None = None
+    ops_change: str = ""
+    ops_delta: float | None = None
+    intercept_change: str = ""
     judged: dict[str, Any] | None = None  # {measure: verdict dict} against the first run
 
 
@@ -98,6 +109,8 @@ class Comparison:
     regressions: list[Regression] = field(default_factory=list)
     tolerance: float = 0.10
     counted_tolerance: float = 0.05
+    ops_tolerance: float = 0.5
+    weight_passes_tolerance: float = 0.05
 
     @property
     def devices(self) -> list[str]:
@@ -147,6 +160,8 @@ def _cell(run: Run, cache: str) -> Cell:
         counted=finite(traffic.get("passes")),
         intercept_ms=finite(fit.get("intercept_ms")),
         r2=finite(fit.get("r2")),
+        ops=traffic.get("ops_per_step") if isinstance(traffic.get("ops_per_step"), int) else None,
+        weight_passes=finite(traffic.get("weight_passes")),
         verdict=None if status is None else str(status),
     )
 
@@ -167,7 +182,13 @@ def judge_against(run: Run, base: Run, rules: gate.Rules) -> dict[str, dict[str,
     keys = {m: f"the first run ({Path(base.path).name})" for m in identity.MEASURE_FIELDS}
     min_r2 = (run.kv.get("settings") or {}).get("min_r2")
     rules = replace(rules, min_r2=min_r2) if isinstance(min_r2, (int, float)) else rules
-    verdicts = gate.judge_run(run.kv, baseline_of(base), rules, keys)
+    base_entries = baseline_of(base)
+    torches = [identity.of_run(r.kv).get("torch") for r in (base, run)]
+    if torches[0] != torches[1]:
+        base_entries["overhead"] = {}
+        keys["overhead"] = (f"the first run ({Path(base.path).name}) on torch {torches[0]}: op counts are compared "
+                            f"on one torch release only, this run has {torches[1]}")
+    verdicts = gate.judge_run(run.kv, base_entries, rules, keys)
     for cache, measures in verdicts.items():
         problem = baselines.timed_problem(base.kv, cache) if cache in (base.kv.get("fit") or {}) else None
         if problem and measures["timed"]["status"] == "no-baseline":
@@ -175,11 +196,13 @@ def judge_against(run: Run, base: Run, rules: gate.Rules) -> dict[str, dict[str,
     return verdicts
 
 
-def compare(runs: Sequence[Run], tolerance: float = 0.10, counted_tolerance: float = 0.05) -> Comparison:
+def compare(runs: Sequence[Run], tolerance: float = 0.10, counted_tolerance: float = 0.05, *,
+            ops_tolerance: float = 0.5, weight_passes_tolerance: float = 0.05) -> Comparison:
     """Compare every run against ``runs[0]`` with the gate's judge (see the module docstring)."""
     if not runs:
         raise ValueError("compare needs at least one run")
-    rules = gate.Rules(tolerance=tolerance, counted_tolerance=counted_tolerance)
+    rules = gate.Rules(tolerance=tolerance, counted_tolerance=counted_tolerance, ops_tolerance=ops_tolerance,
+                       weight_passes_tolerance=weight_passes_tolerance)
     infos = [RunInfo(r.path, r.transformers, r.device, label, _setup(r)) for r, label in zip(runs, _labels(runs))]
     seen: dict[str, None] = {}
     for run in runs:
@@ -189,7 +212,8 @@ def compare(runs: Sequence[Run], tolerance: float = 0.10, counted_tolerance: flo
             if entry.get("context") is None:
                 seen.setdefault(str(entry["cache"]))
     caches = list(seen)
-    comparison = Comparison(infos, caches, {}, [], tolerance, counted_tolerance)
+    comparison = Comparison(infos, caches, {}, [], tolerance, counted_tolerance, ops_tolerance,
+                            weight_passes_tolerance)
     judged = [judge_against(run, runs[0], rules) for run in runs[1:]]
     for cache in caches:
         base = _cell(runs[0], cache)
@@ -216,7 +240,7 @@ def _against(cell: Cell, base: Cell, cache: str, label: str, verdicts: dict[str,
     judged) and the regressions they make."""
     if not cell.present or not verdicts:
         return cell, []
-    regressions = [Regression(cache, label, f"{m} passes", v.get("reason", "")) for m, v in verdicts.items()
+    regressions = [Regression(cache, label, JUDGED.get(m, m), v.get("reason", "")) for m, v in verdicts.items()
                    if v.get("status") == "regression"]
     changes: dict[str, Any] = {"judged": verdicts}
     if cell.counted is not None and base.counted is not None:
@@ -229,17 +253,22 @@ def _against(cell: Cell, base: Cell, cache: str, label: str, verdicts: dict[str,
         hi = (cell.timed_ci or (cell.timed, cell.timed))[1]
         change = CHANGE_OF.get(status) or (IMPROVED if hi < base.timed / (1 + rules.tolerance) else SAME)
         changes.update(timed_change=change, timed_delta=cell.timed - base.timed)
+    if cell.ops is not None and base.ops is not None:
+        status = verdicts.get("overhead", {}).get("status")
+        change = CHANGE_OF.get(status) or (IMPROVED if cell.ops < base.ops else SAME)
+        changes.update(ops_change=change if status != "no-baseline" else "", ops_delta=cell.ops - base.ops)
+    changes["intercept_change"] = CHANGE_OF.get(verdicts.get("intercept", {}).get("status"), "")
     return replace(cell, **changes), regressions
 
 
 # --- rendering -------------------------------------------------------------------------------------------
 
 
-def _marked(text: str, change: str, delta: float | None) -> str:
+def _marked(text: str, change: str, delta: float | None, spec: str = "+.2f") -> str:
     mark = MARKS.get(change, "")
     if not mark or delta is None:
         return text
-    return f"{text} {mark} {delta:+.2f}"
+    return f"{text} {mark} {delta:{spec}}"
 
 
 def cell_texts(cell: Cell, measures: Sequence[str]) -> list[str]:
@@ -257,7 +286,12 @@ def cell_texts(cell: Cell, measures: Sequence[str]) -> list[str]:
         elif measure == "counted":
             texts.append(_marked(num(cell.counted, missing=DASH), cell.counted_change, cell.counted_delta))
         elif measure == "intercept_ms":
-            texts.append(num(cell.intercept_ms, ".1f", DASH))
+            texts.append(num(cell.intercept_ms, ".1f", DASH) + (f" {MARKS[cell.intercept_change]}"
+                                                                 if MARKS.get(cell.intercept_change) else ""))
+        elif measure == "ops":
+            texts.append(_marked(num(cell.ops, ".0f", DASH), cell.ops_change, cell.ops_delta, "+.0f"))
+        elif measure == "weight_passes":
+            texts.append(num(cell.weight_passes, ".3f", DASH))
         elif measure == "r2":
             texts.append(num(cell.r2, ".3f", DASH))
         else:
@@ -284,7 +318,8 @@ def _preamble(comparison: Comparison) -> list[str]:
         lines.append("Runs come from different devices: timed changes may be the machine's, not the release's.")
     lines.append(
         f"Tolerance: timed ×{1 + comparison.tolerance:.2f} (interval lower bound), "
-        f"counted +{comparison.counted_tolerance:.2f} passes."
+        f"counted +{comparison.counted_tolerance:.2f} passes; ops per step +{comparison.ops_tolerance:g} per layer, "
+        f"weight passes +{comparison.weight_passes_tolerance:g}; intercept ×{1 + comparison.tolerance:.2f}."
     )
     return lines
 
@@ -354,6 +389,14 @@ def _parser() -> argparse.ArgumentParser:
         "--counted-tolerance", type=float, default=0.05, help="counted: allowed absolute increase (default 0.05)"
     )
     parser.add_argument(
+        "--ops-tolerance", type=float, default=0.5,
+        help="ATen ops per step: allowed increase per layer (default 0.5)"
+    )
+    parser.add_argument(
+        "--weight-passes-tolerance", type=float, default=0.05,
+        help="weight passes per step: allowed absolute increase (default 0.05)"
+    )
+    parser.add_argument(
         "--allow-mismatch", "--allow-device-mismatch", dest="allow_mismatch", action="store_true",
         help="compare runs whose identity differs (device, model, dtype, threads) anyway",
     )
@@ -366,7 +409,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
         return exc.code if isinstance(exc.code, int) else 2
     try:
-        gate.Rules(tolerance=args.tolerance, counted_tolerance=args.counted_tolerance)
+        gate.Rules(tolerance=args.tolerance, counted_tolerance=args.counted_tolerance,
+                   ops_tolerance=args.ops_tolerance, weight_passes_tolerance=args.weight_passes_tolerance)
     except ValueError as exc:
         print(f"kvcache compare: --{str(exc).replace('_', '-')}", file=sys.stderr)
         return 2
@@ -382,7 +426,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kvcache compare: refusing to compare runs that differ in {problem}; pass --allow-mismatch to "
               "compare anyway", file=sys.stderr)
         return 2
-    comparison = compare(runs, args.tolerance, args.counted_tolerance)
+    comparison = compare(runs, args.tolerance, args.counted_tolerance, ops_tolerance=args.ops_tolerance,
+                         weight_passes_tolerance=args.weight_passes_tolerance)
     print(render_markdown(comparison) if args.markdown else render_text(comparison), flush=True)
     if args.markdown:  # stdout goes to the step summary; say it in the log too
         for regression in comparison.regressions:

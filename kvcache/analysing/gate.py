@@ -1,10 +1,10 @@
 """The one judge: every rule that turns measured passes and a baseline into verdicts, used by the
 session-end gate and by ``kvcache compare`` alike. Analysing wing: stdlib only.
 
-Verdicts are kept as ``kv.verdict.<cache>.<measure>`` (measures: ``counted``, ``timed``; later issues add
-more under the same scheme), each ``{status, value, allowed, reason}`` plus ``interval`` (timed) and
-``grew`` (counted: the ops whose passes rose). The build's exit status and its failure lines come from
-walking that tree (:func:`failures`).
+Verdicts are kept as ``kv.verdict.<cache>.<measure>`` (measures: :data:`MEASURES`), each
+``{status, value, allowed, reason}`` plus ``interval`` (timed, intercept), ``grew`` (counted: the ops whose
+passes rose) and ``parts`` (overhead). The build's exit status and its failure lines come from walking that
+tree (:func:`failures`).
 
 - Counted passes (bytes read + written by one decode step's ops per logical KV byte) are exact:
   *regression* when above the baseline + ``counted_tolerance`` passes (or ``max_passes``).
@@ -12,6 +12,11 @@ walking that tree (:func:`failures`).
   only when all of it is above baseline × (1 + ``tolerance``), *pass* only when all of it is within;
   a poor fit, drift, a fit that gives no figure or a straddling interval is *inconclusive*, never a
   pass and never red (unless ``strict``).
+- Counted overhead (exact, like counted passes): *regression* when ATen ops per step rise by more than
+  ``ops_tolerance`` per layer, or weight passes (bytes that do not grow with context / weight bytes) by more
+  than ``weight_passes_tolerance``. Its baseline is keyed by the torch release as well.
+- The timed intercept (ms per step with an empty cache) is judged like timed passes, by its interval
+  against baseline × (1 + ``tolerance``), inconclusive on a poor fit or drift.
 - Drift invalidates, it does not accuse: beyond ``max_drift`` the timed verdicts are inconclusive and
   the build does not fail on it unless ``strict``.
 """
@@ -24,7 +29,9 @@ from typing import Any
 
 from kvcache.analysing.records import jsonable
 
-MEASURES = ("counted", "timed")
+MEASURES = ("counted", "timed", "overhead", "intercept")
+# Measures that are counted, not timed: never inconclusive for noise, so --kv-strict leaves them alone.
+EXACT = ("counted", "overhead")
 STATUSES = ("pass", "regression", "inconclusive", "no-baseline", "not-measured")
 # Higher wins when the measures of a class are shown as one status.
 PRIORITY = {"not-measured": 0, "no-baseline": 1, "pass": 2, "inconclusive": 3, "regression": 4}
@@ -43,16 +50,19 @@ class Rules:
     min_r2: float = 0.90
     max_passes: dict[str, float] = field(default_factory=dict)
     strict: bool = False
+    ops_tolerance: float = 0.5  # ATen ops per layer per step: +1 op in every layer is a regression
+    weight_passes_tolerance: float = 0.05
 
     def __post_init__(self) -> None:
-        for name in ("tolerance", "counted_tolerance", "min_r2"):
+        for name in ("tolerance", "counted_tolerance", "min_r2", "ops_tolerance", "weight_passes_tolerance"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} {value!r} must be a finite number, at least 0")
 
     @classmethod
     def from_settings(cls, settings: dict[str, Any], **override: Any) -> Rules:
-        keys = ("tolerance", "counted_tolerance", "min_r2", "max_passes", "strict")
+        keys = ("tolerance", "counted_tolerance", "min_r2", "max_passes", "strict", "ops_tolerance",
+                "weight_passes_tolerance")
         return cls(**{**{k: settings[k] for k in keys if settings.get(k) is not None}, **override})
 
 
@@ -66,6 +76,7 @@ class Verdict:
     allowed: float | None = None
     interval: tuple[float, float] | None = None
     grew: dict[str, float] | None = None
+    parts: dict[str, dict[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return jsonable({k: v for k, v in asdict(self).items() if v is not None or k in ("value", "allowed")})
@@ -86,8 +97,10 @@ def allowed_passes(baseline_passes: float | None, tolerance: float, max_passes: 
     return min(limits) if limits else None
 
 
-def no_baseline_reason(key: str) -> str:
-    return f"no baseline for {key!r}; record one with --kv-update-baseline or pass --kv-max-passes cache=number"
+def no_baseline_reason(key: str, *, bounded: bool = True) -> str:
+    """Why there is nothing to judge against; ``bounded``: the measure also takes ``--kv-max-passes``."""
+    bound = " or pass --kv-max-passes cache=number" if bounded else ""
+    return f"no baseline for {key!r}; record one with --kv-update-baseline{bound}"
 
 
 def drift_problem(drift: dict[str, Any] | None) -> str | None:
@@ -102,39 +115,55 @@ def drift_problem(drift: dict[str, Any] | None) -> str | None:
 def judge_timed(fit: dict[str, Any] | None, *, allowed: float | None, rules: Rules, drift: dict[str, Any] | None,
                 key: str) -> Verdict:
     """Judge a class's timed passes (``kv.fit.<cache>``) by their interval; see the module docstring."""
+    return judge_interval(fit, "passes", "passes_ci", "timed passes", allowed=allowed, rules=rules, drift=drift,
+                          key=key)
+
+
+def judge_intercept(fit: dict[str, Any] | None, *, allowed: float | None, rules: Rules,
+                    drift: dict[str, Any] | None, key: str) -> Verdict:
+    """Judge a class's timed intercept (``kv.fit.<cache>.intercept_ms``, ms per step with an empty cache) by
+    its interval, the rules of timed passes."""
+    return judge_interval(fit, "intercept_ms", "intercept_ci", "intercept ms", allowed=allowed, rules=rules,
+                          drift=drift, key=key)
+
+
+def judge_interval(fit: dict[str, Any] | None, value_key: str, interval_key: str, label: str, *,
+                   allowed: float | None, rules: Rules, drift: dict[str, Any] | None, key: str) -> Verdict:
+    """Judge one figure of a timed fit by its bootstrap interval: regression only when all of it is above
+    ``allowed``, pass only when all of it is within; otherwise (poor fit, drift, no interval) inconclusive."""
     if not fit:
-        return Verdict("not-measured", "timed passes were not measured")
+        return Verdict("not-measured", f"{label} was not measured")
     drifted = drift_problem(drift)
-    if fit.get("error") or fit.get("passes") is None:
-        reason = f"no timed passes figure: {fit.get('error') or 'no fit'}" + (f"; {drifted}" if drifted else "")
+    if fit.get("error") or fit.get(value_key) is None:
+        reason = f"no {label} figure: {fit.get('error') or 'no fit'}" + (f"; {drifted}" if drifted else "")
         return Verdict("inconclusive", reason, allowed=allowed)
-    passes, r2 = float(fit["passes"]), fit.get("r2")
-    ci = fit.get("passes_ci") or (None, None)
+    value, r2 = float(fit[value_key]), fit.get("r2")
+    ci = fit.get(interval_key) or (None, None)
     interval = (ci[0], ci[1]) if None not in ci else None
-    verdict = Verdict("inconclusive", "", value=passes, allowed=allowed, interval=interval)
+    verdict = Verdict("inconclusive", "", value=value, allowed=allowed, interval=interval)
     if allowed is None:
-        verdict.status, verdict.reason = "no-baseline", no_baseline_reason(key)
+        verdict.status, verdict.reason = "no-baseline", no_baseline_reason(key, bounded=value_key == "passes")
         if drifted:
             verdict.reason += f" ({drifted})"
         return verdict
     problems = [p for p in (
         None if r2 is not None and r2 >= rules.min_r2 else f"poor fit: R² {fmt(r2)} < {rules.min_r2:.2f} (--kv-min-r2)",
         drifted,
-        None if interval and all(math.isfinite(v) for v in interval) else "no bootstrap interval for timed passes",
+        None if interval and all(math.isfinite(v) for v in interval) else f"no bootstrap interval for {label}",
     ) if p]
     if problems:
         verdict.reason = "; ".join(problems)
     else:
         lo, hi = interval
-        described = f"timed passes {fmt(passes)} (interval [{fmt(lo)}, {fmt(hi)}])"
+        described = f"{label} {fmt(value)} (interval [{fmt(lo)}, {fmt(hi)}])"
         if lo > allowed:
             verdict.status, verdict.reason = "regression", f"{described} is above the allowed {fmt(allowed)}"
         elif hi <= allowed:
             verdict.status, verdict.reason = "pass", f"{described} is within the allowed {fmt(allowed)}"
         else:
-            width = (hi - lo) / abs(passes) if passes else math.inf
+            width = (hi - lo) / abs(value) if value else math.inf
             verdict.reason = (f"interval [{fmt(lo)}, {fmt(hi)}] straddles the allowed {fmt(allowed)} (wide interval: "
-                              f"{width:.0%} of passes); more rounds or steps would narrow it")
+                              f"{width:.0%} of the value); more rounds or steps would narrow it")
     return verdict
 
 
@@ -173,12 +202,62 @@ def judge_counted(traffic: dict[str, Any] | None, *, allowed: float | None, base
     return verdict
 
 
+def judge_overhead(traffic: dict[str, Any] | None, base: dict[str, Any] | None, *, rules: Rules,
+                   key: str) -> Verdict:
+    """Judge a class's counted overhead (``kv.traffic.<cache>``: ops per step, weight passes) against its
+    baseline entry (``ops_per_step``, ``weight_passes``, ``op_calls``): regression when ops per step rise by
+    more than ``ops_tolerance`` × layers or weight passes by more than ``weight_passes_tolerance``; the
+    reason names the ops whose calls grew. ``value``/``allowed`` are ops per step; ``parts`` has both."""
+    traffic = traffic or {}
+    ops, weight = traffic.get("ops_per_step"), traffic.get("weight_passes")
+    if ops is None:
+        return Verdict("not-measured", "counted overhead was not measured")
+    if not base or base.get("ops_per_step") is None:
+        return Verdict("no-baseline", f"no baseline for {key!r} (op counts are kept per torch release); record "
+                       "one with --kv-update-baseline", value=ops)
+    layers = traffic.get("layers") or base.get("layers") or 1
+    allowed_ops = base["ops_per_step"] + rules.ops_tolerance * layers
+    parts = {"ops_per_step": {"value": ops, "allowed": allowed_ops}}
+    if weight is not None and base.get("weight_passes") is not None:
+        parts["weight_passes"] = {"value": weight, "allowed": base["weight_passes"] + rules.weight_passes_tolerance}
+    problems = []
+    for name, part in parts.items():
+        over = part["value"] > part["allowed"] * (1 + COUNTED_RELATIVE_SLACK)
+        part["status"] = "regression" if over else "pass"
+        if over:
+            problems.append(f"{name.replace('_', ' ')} {fmt_figure(part['value'])} is above the allowed "
+                            f"{fmt_figure(part['allowed'])}")
+    verdict = Verdict("regression" if problems else "pass", "", value=ops, allowed=allowed_ops, parts=parts)
+    if problems:
+        grew = calls_that_grew(traffic.get("calls"), base.get("op_calls"))
+        verdict.reason = "; ".join(problems) + (f"; calls grew: {grew}" if grew else "")
+    else:
+        verdict.reason = (f"ops per step {ops} (allowed {fmt_figure(allowed_ops)}: {rules.ops_tolerance:g} per layer "
+                          f"over {layers} layers)" + (f", weight passes {weight:.3f}" if weight is not None else "")
+                          + " within the baseline")
+    return verdict
+
+
+def calls_that_grew(calls: dict[str, int] | None, base_calls: dict[str, int] | None) -> str:
+    """``"add +2, mul +1"``: the ops called more often than in the baseline ("" when unknown or none)."""
+    if not calls or base_calls is None:
+        return ""
+    grew = {op: n - base_calls.get(op, 0) for op, n in calls.items() if n > base_calls.get(op, 0)}
+    return ", ".join(f"{op} +{d}" for op, d in sorted(grew.items(), key=lambda kv: -kv[1]))
+
+
+def fmt_figure(value: float) -> str:
+    """A whole number as such (ops), otherwise three decimals (weight passes)."""
+    return f"{value:g}" if float(value).is_integer() else f"{value:.3f}"
+
+
 def judge_run(kv: dict[str, Any], baseline: dict[str, dict[str, dict[str, Any]]], rules: Rules,
               keys: dict[str, str]) -> dict[str, dict[str, Any]]:
     """Verdicts of every class of a run: ``{cache: {measure: verdict dict}}``.
 
     ``baseline`` is ``{measure: {cache: entry}}`` (entries as recorded: ``timed_passes``,
-    ``counted_passes``, ``counted_by_op``), ``keys`` the baseline key of each measure (for messages).
+    ``counted_passes``, ``counted_by_op``; ``timed_intercept_ms``; overhead: ``ops_per_step``, ...), ``keys`` the
+    baseline key of each measure (for messages).
     """
     fits, traffic = kv.get("fit") or {}, kv.get("traffic") or {}
     caches = dict.fromkeys([*(kv.get("settings") or {}).get("caches", []), *fits, *traffic])
@@ -187,13 +266,20 @@ def judge_run(kv: dict[str, Any], baseline: dict[str, dict[str, dict[str, Any]]]
         bound = rules.max_passes.get(cache)
         counted_base = baseline.get("counted", {}).get(cache) or {}
         timed_base = baseline.get("timed", {}).get(cache) or {}
+        overhead_base = baseline.get("overhead", {}).get(cache)
         counted = judge_counted(
             traffic.get(cache), key=keys["counted"], base_by_op=counted_base.get("counted_by_op"),
             allowed=allowed_passes(counted_base.get("counted_passes"), rules.counted_tolerance, bound, relative=False))
         timed = judge_timed(
             fits.get(cache), rules=rules, drift=kv.get("drift"), key=keys["timed"],
             allowed=allowed_passes(timed_base.get("timed_passes"), rules.tolerance, bound, relative=True))
-        out[cache] = {"counted": counted.to_dict(), "timed": timed.to_dict()}
+        overhead = judge_overhead(traffic.get(cache), overhead_base, rules=rules, key=keys["overhead"])
+        intercept_base = timed_base.get("timed_intercept_ms")
+        intercept = judge_intercept(
+            fits.get(cache), rules=rules, drift=kv.get("drift"), key=keys["timed"],
+            allowed=None if intercept_base is None else intercept_base * (1 + rules.tolerance))
+        out[cache] = {"counted": counted.to_dict(), "timed": timed.to_dict(), "overhead": overhead.to_dict(),
+                      "intercept": intercept.to_dict()}
     return out
 
 
@@ -213,7 +299,7 @@ def failures(verdicts: dict[str, dict[str, Any]], *, drift: dict[str, Any] | Non
             if not isinstance(v, dict):
                 continue
             status = v.get("status")
-            if status == "regression" or (strict and measure != "counted" and status == "inconclusive"):
+            if status == "regression" or (strict and measure not in EXACT and status == "inconclusive"):
                 lines.append(f"kv-cache {v['status']}: {cache} {measure}: {v.get('reason')}")
     problem = drift_problem(drift)
     if strict and problem and not any("drift" in line for line in lines):

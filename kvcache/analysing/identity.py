@@ -7,7 +7,10 @@ keys on the fields that change it:
   device (``cpu``, ``cuda``: kernels differ in what they are asked to move), not on which CPU or GPU
   model of that kind ran them, nor on the thread count;
 - timed passes depend on the machine: the device's name (on a CPU it names the processor and the
-  thread count, ``cpu: Intel Xeon (2 threads)``), the model and the dtype.
+  thread count, ``cpu: Intel Xeon (2 threads)``), the model and the dtype;
+- counted overhead (ATen ops per step, weight passes) depends on what counted passes depend on and on the
+  torch release, whose operator decompositions change op counts: a run on another torch release finds no
+  baseline for it rather than a regression.
 
 Fields that later measures add (compile mode, driver, batch, ...) go in :data:`EXTRA_FIELDS` with
 their default: a run at the default keeps its key, so baselines recorded before the field existed
@@ -19,14 +22,17 @@ from __future__ import annotations
 from typing import Any
 
 #: Every field of a run's identity, in display order.
-FIELDS = ("device_name", "device_type", "model", "dtype", "threads")
+FIELDS = ("device_name", "device_type", "model", "dtype", "threads", "torch")
 #: Fields added to the identity after schema 1, with the value a run that predates them had.
 EXTRA_FIELDS: dict[str, Any] = {}
 #: The fields each measure's baseline key and comparability depend on.
 MEASURE_FIELDS = {
     "counted": ("device_type", "model", "dtype"),
     "timed": ("device_name", "model", "dtype"),  # a CPU's device name carries its thread count
+    "overhead": ("device_type", "model", "dtype", "torch"),
 }
+#: How a field is spelled in a key, when not by its bare value.
+KEY_FORMS = {"torch": "torch {}"}
 
 
 def of_run(kv: dict[str, Any]) -> dict[str, Any]:
@@ -35,6 +41,7 @@ def of_run(kv: dict[str, Any]) -> dict[str, Any]:
     ident = {
         "device_name": env.get("device_name"), "device_type": env.get("device_type"),
         "model": settings.get("model"), "dtype": settings.get("dtype"), "threads": env.get("threads"),
+        "torch": env.get("torch"),
     }
     for name, default in EXTRA_FIELDS.items():
         ident[name] = settings.get(name, default)
@@ -43,8 +50,9 @@ def of_run(kv: dict[str, Any]) -> dict[str, Any]:
 
 def key(ident: dict[str, Any], measure: str) -> str:
     """The baseline key of ``measure`` for a run of this identity: ``"cpu | tiny | bfloat16"`` (counted),
-    ``"cpu: AMD EPYC (2 threads) | tiny | bfloat16"`` (timed). Extra fields appear only when not default."""
-    parts = [str(ident.get(name)) for name in MEASURE_FIELDS[measure]]
+    ``"cpu: AMD EPYC (2 threads) | tiny | bfloat16"`` (timed), ``"cpu | tiny | bfloat16 | torch 2.13.0+cpu"``
+    (overhead). Extra fields appear only when not default."""
+    parts = [KEY_FORMS.get(name, "{}").format(ident.get(name)) for name in MEASURE_FIELDS[measure]]
     parts += [f"{name}={ident.get(name)}" for name, default in EXTRA_FIELDS.items()
               if ident.get(name, default) != default]
     return " | ".join(parts)

@@ -12,7 +12,7 @@ written; all times in ms unless a key says ``_s``/``_ns``)::
     kv.schema            2 (files of schema 1 still load: :func:`upgrade_kv`)
     kv.settings          the ``--kv-*`` settings of the run (:class:`kvcache.settings.Settings`)
     kv.environment       {device_name, device_type, transformers, torch, python, platform, threads}
-    kv.identity          {device_name, device_type, model, dtype, threads}: what makes runs comparable
+    kv.identity          {device_name, device_type, model, dtype, threads, torch}: what makes runs comparable
     kv.model             {name, layers, heads, kv_heads, head_dim, dtype, bytes_per_token, weight_bytes,
                           max_position_embeddings}
     kv.copy_gbps         median copy bandwidth of the session (read + write of a 1 GiB copy)
@@ -26,9 +26,12 @@ written; all times in ms unless a key says ``_s``/``_ns``)::
                           weights (weight_bytes / (passes × bytes_per_token)); null where there is no figure
     kv.drift             {cache, context, first_ms, last_ms, fraction, max_fraction, ok} or {reason}
     kv.traffic.<cache>   {passes, by_op: {op: passes}, contexts, step_bytes: {context: {read, written}},
-                          bytes_per_token, calls}
+                          bytes_per_token, calls, ops_per_step, data_ops_per_step, fixed_bytes, weight_bytes,
+                          weight_passes, layers}
     kv.probe.<cache>     {query, key, value, mask, attention, expansions, enable_gqa, calls}
-    kv.verdict.<cache>.<measure>   {status, value, allowed, reason, interval?, grew?}; measures: counted, timed
+    kv.verdict.<cache>.<measure>   {status, value, allowed, reason, interval?, grew?, parts?}; measures:
+                          counted, timed (passes), overhead (ops per step; parts: ops_per_step, weight_passes),
+                          intercept (ms)
     kv.points            [{cache, context, round, median_ms, samples_ms, kv_bytes, counted_bytes,
                            achieved_gbps, achieved_fraction, beyond_trained_context, name}]
                           (achieved_gbps: counted bytes of the step / median step; achieved_fraction: its
@@ -219,7 +222,11 @@ class FitFailure(Record):
 @dataclass
 class Traffic(Record):
     """``kv.traffic.<cache>``: counted passes (bytes read + written by one step's ops per logical KV byte), per
-    op, between ``contexts``; ``step_bytes`` {context: {read, written}} in bytes, ``calls`` {op: calls}."""
+    op, between ``contexts``; ``step_bytes`` {context: {read, written}} in bytes, ``calls`` {op: calls}.
+
+    Counted overhead of one step: ``ops_per_step`` (ATen ops from the model's forward call to its return) and
+    ``data_ops_per_step`` (those that moved data); ``fixed_bytes`` (bytes that do not grow with context, the
+    counted intercept), ``weight_passes`` = fixed bytes / ``weight_bytes``; ``layers`` of the model."""
 
     passes: float | None
     by_op: dict[str, float] = field(default_factory=dict)
@@ -227,6 +234,12 @@ class Traffic(Record):
     bytes_per_token: int | None = None
     step_bytes: dict[str, dict[str, int]] | None = None
     calls: dict[str, int] | None = None
+    ops_per_step: int | None = None
+    data_ops_per_step: int | None = None
+    fixed_bytes: int | None = None
+    weight_bytes: int | None = None
+    weight_passes: float | None = None
+    layers: int | None = None
     extra: dict[str, Any] = _bookkeeping()
     absent: frozenset[str] = _absent()
 
@@ -279,8 +292,9 @@ class UnmeasuredDrift(Record):
 @dataclass
 class Verdict(Record):
     """``kv.verdict.<cache>.<measure>``: the judge's status (see :data:`kvcache.analysing.gate.STATUSES`) of the
-    measured passes ``value`` against the ``allowed`` passes; ``interval`` (timed) the passes interval,
-    ``grew`` (counted) {op: rise in passes}."""
+    measured ``value`` against the ``allowed`` one (passes; ``intercept``: ms; ``overhead``: ops per step);
+    ``interval`` (timed, intercept) its interval, ``grew`` (counted) {op: rise in passes}, ``parts``
+    (overhead) {figure: {status, value, allowed}}."""
 
     status: str
     reason: str = ""
@@ -288,6 +302,7 @@ class Verdict(Record):
     allowed: float | None = None
     interval: list[float] | None = None
     grew: dict[str, float] | None = None
+    parts: dict[str, dict[str, Any]] | None = None
     extra: dict[str, Any] = _bookkeeping()
     absent: frozenset[str] = _absent()
 

@@ -9,8 +9,9 @@ from kvcache.analysing.gate import status_of
 from kvcache.analysing.stats import median
 from kvcache.analysing.tables import Table, num
 
-FIT_HEADER = ["cache", "intercept ms", "eff GB/s", "timed passes [CI]", "R²", "counted", "timed/counted",
-              "crossover tok", "timed verdict", "counted verdict"]
+FIT_HEADER = ["cache", "intercept ms [CI]", "eff GB/s", "timed passes [CI]", "R²", "counted", "timed/counted",
+              "crossover tok", "timed verdict", "intercept verdict", "counted verdict"]
+OVERHEAD_HEADER = ["cache", "ops/step", "data ops/step", "ops/layer", "fixed MB", "weight passes", "overhead verdict"]
 POINT_HEADER = ["cache", "context", "rounds", "median ms", "achieved GB/s", "of copy"]
 
 
@@ -32,12 +33,32 @@ def fit_rows(kv: dict[str, Any]) -> list[list[str]]:
         timed_text = "-" if timed is None else f"{timed:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
         if fit.get("error"):
             timed_text = f"- ({fit['error']})"
+        intercept, ici = fit.get("intercept_ms"), fit.get("intercept_ci")
+        intercept_text = num(intercept) + (f" [{ici[0]:.2f}, {ici[1]:.2f}]" if intercept is not None and ici
+                                            and None not in ici else "")
         rows.append([
-            cache, num(fit.get("intercept_ms")), num(fit.get("effective_gbps"), ".1f"), timed_text,
+            cache, intercept_text, num(fit.get("effective_gbps"), ".1f"), timed_text,
             num(fit.get("r2"), ".3f"), num(counted), num(timed / counted if timed and counted else None),
-            num(fit.get("crossover_tokens"), ",.0f"), (verdict.get("timed") or {}).get("status", "-"),
-            (verdict.get("counted") or {}).get("status", "-"),
+            num(fit.get("crossover_tokens"), ",.0f"), *(
+                (verdict.get(m) or {}).get("status", "-") for m in ("timed", "intercept", "counted")),
         ])
+    return rows
+
+
+def overhead_rows(kv: dict[str, Any]) -> list[list[str]]:
+    """Counted overhead per class: ATen ops per step (all, and those moving data), per layer, fixed bytes (MB =
+    1e6 bytes, read + written, not growing with context) and weight passes, with the overhead verdict."""
+    rows = []
+    for cache, t in (kv.get("traffic") or {}).items():
+        ops, layers = t.get("ops_per_step"), t.get("layers")
+        if ops is None:
+            continue
+        fixed = t.get("fixed_bytes")
+        fixed_mb = fixed / 1e6 if fixed is not None else None
+        rows.append([cache, str(ops), num(t.get("data_ops_per_step"), ".0f"),
+                     num(ops / layers if layers else None, ".1f"), num(fixed_mb, ".1f"),
+                     num(t.get("weight_passes"), ".3f"),
+                     ((kv.get("verdict") or {}).get(cache, {}).get("overhead") or {}).get("status", "-")])
     return rows
 
 
@@ -95,6 +116,12 @@ def lines(kv: dict[str, Any]) -> list[str]:
     for cache, t in (kv.get("traffic") or {}).items():
         by_op = ", ".join(f"{k} {v:.2f}" for k, v in (t.get("by_op") or {}).items()) or "-"
         out.append(f"counted {cache}: {t.get('passes', 0):.3f} passes = {by_op}")
+    rows = overhead_rows(kv)
+    if rows:
+        out.append("")
+        out += tables.text(Table(OVERHEAD_HEADER, rows))
+        out.append("  (ops: ATen ops from the model's forward call to its return, one step; fixed: bytes a step moves "
+                   "that do not grow with context; weight passes = fixed / weight bytes, 1 = each weight read once)")
     for cache, p in (kv.get("probe") or {}).items():
         out.append(f"probe {cache}: q {p.get('query')} k {p.get('key')} mask {p.get('mask')}; "
                    f"{p.get('attention')}; K/V expansions {p.get('expansions')}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -295,4 +295,11 @@ def build_model(name: str, device: Any, dtype: str, seed: int = 0) -> tuple[Any,
         model = compat.from_config(config)
     model = model.to(device=device, dtype=tdtype).eval()
     model.requires_grad_(False)
-    return model, spec_from_config(name, model.config, dtype)
+    spec = spec_from_config(name, model.config, dtype)
+    return model, replace(spec, parameters=distinct_parameters(model))
+
+
+def distinct_parameters(model: Any) -> int:
+    """Parameters the model holds, each storage once (tied embeddings are one matrix): what one read of
+    every weight moves is this × the dtype's bytes."""
+    return sum({p.untyped_storage().data_ptr(): p.numel() for p in model.parameters()}.values())

@@ -231,11 +231,12 @@ class KVSession:
         counts = {}
         for context in s.counted_contexts:
             dp = self.open(cache, context, warmup=min(s.warmup, COUNT_WARMUP), steps=1)
-            _, counts[context] = traffic.count(dp.step)
+            _, counts[context] = traffic.count(dp.step, scopes={model: traffic.FORWARD})
             if context == max(s.counted_contexts):
                 self.probes[cache] = probe(dp.step, spec.heads, spec.kv_heads).to_dict()
             dp.release()
-        self.traffic[cache] = traffic.counted_passes(counts, spec.bytes_per_token)
+        self.traffic[cache] = traffic.counted_passes(counts, spec.bytes_per_token, layers=spec.layers,
+                                                     weight_bytes=spec.weight_bytes)
         self.emit({"type": "traffic", "cache": cache, "traffic": self.traffic[cache], "probe": self.probes.get(cache)})
         return self.traffic[cache]
 

@@ -1,7 +1,9 @@
-"""Test-only cache classes for checking the gates: a clean dynamic cache and its twin with one planted
-extra full copy of K and V per step (+2 passes: the copy reads the cache and writes it again).
-Registered as ``twin-clean`` and ``twin-planted`` by the suite's ``benchmarks/conftest.py`` (never by the
-production registry); not part of ``--kv-caches all``."""
+"""Test-only cache classes and hooks for checking the gates: a clean dynamic cache and its twins, one with a
+planted extra full copy of K and V per step (+2 passes: the copy reads the cache and writes it again), one with
+three tiny extra ops per layer and no cache traffic (+3 ops per layer per step, passes unchanged); and a model
+hook that reads the embedding matrix once more per step (+its share of the weight bytes in weight passes).
+Registered as ``twin-clean``, ``twin-planted`` and ``twin-extra-ops`` by the suite's ``benchmarks/conftest.py``
+(never by the production registry); not part of ``--kv-caches all``."""
 
 from __future__ import annotations
 
@@ -18,6 +20,28 @@ class PlantedCopyCache(cache_utils.DynamicCache):
         return keys.clone(), values.clone()
 
 
+class ExtraOpsCache(cache_utils.DynamicCache):
+    """DynamicCache that runs three tiny ATen ops (sum, add, mul over the new token's keys) per layer update:
+    +3 ops per layer per step, a few bytes each, no cache traffic."""
+
+    EXTRA_OPS = 3
+
+    def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
+        key_states.sum().add(1).mul(2)
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+
+def read_embeddings_each_step(model: Any) -> Any:
+    """A forward pre-hook that reads the whole embedding matrix once more per step (a reduction over it);
+    returns the hook's handle (``.remove()`` undoes it)."""
+    table = model.get_input_embeddings().weight
+
+    def read(*_: Any) -> None:
+        table.sum()
+
+    return model.register_forward_pre_hook(read)
+
+
 def register() -> None:
     """Register the twins (again: idempotent)."""
     from kvcache.measuring.caches import _dynamic, register_cache
@@ -27,6 +51,14 @@ def register() -> None:
 
         return compat.new_cache(PlantedCopyCache, req.config)
 
+    def extra_ops(req: Any) -> Any:
+        from kvcache.measuring import compat
+
+        return compat.new_cache(ExtraOpsCache, req.config)
+
+    register_cache("twin-extra-ops", extra_ops, in_all=False, replace=True,
+                   description="test-only: DynamicCache plus three tiny ops per layer per step (+3 ops/layer, "
+                               "no cache traffic)")
     register_cache("twin-clean", _dynamic, in_all=False, replace=True,
                    description="test-only: DynamicCache, the clean twin of twin-planted")
     register_cache("twin-planted", planted, in_all=False, memory_factor=3.0, replace=True,

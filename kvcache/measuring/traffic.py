@@ -299,32 +299,51 @@ def count(fn: Any, *args: Any, scopes: dict[Any, str] | None = None, **kwargs: A
     return result, counter.count
 
 
-def counted_passes(counts: dict[int, TrafficCount], bytes_per_token: int, *, min_op_passes: float = 0.005) -> dict:
-    """Counted passes from steps counted at two or more contexts.
+FORWARD = "forward"  # the scope label of the model's own forward call (ops_per_step's boundary)
+
+
+def counted_passes(counts: dict[int, TrafficCount], bytes_per_token: int, *, min_op_passes: float = 0.005,
+                   layers: int | None = None, weight_bytes: int | None = None) -> dict:
+    """Counted passes and counted overhead from steps counted at two or more contexts.
 
     passes = Δ(bytes read + written by the step) / Δ(KV-cache bytes), between the smallest and largest
     context; per op the same slope ("cat 2.00, scaled_dot_product_attention 1.00"). Ops whose slope is
     below ``min_op_passes`` (per-step constants such as weights) are left out of ``by_op``.
+
+    Overhead, from the same counts: ``fixed_bytes`` is the line's intercept (bytes the step moves that do
+    not grow with context: step bytes at the smallest context minus passes × its KV bytes),
+    ``weight_passes`` = fixed bytes / ``weight_bytes``; ``ops_per_step`` / ``data_ops_per_step`` are the
+    ATen ops dispatched between the model's forward call and its return (scope :data:`FORWARD`) at the
+    largest context, all of them / the ones that moved data. ``layers`` lets the gate allow a rise per layer.
     """
     contexts = sorted(counts)
     if len(contexts) < 2:
         raise ValueError("counted passes need steps counted at two contexts")
     lo, hi = counts[contexts[0]], counts[contexts[-1]]
-    kv_delta = (contexts[-1] - contexts[0]) * bytes_per_token
+    kv_lo, kv_hi = contexts[0] * bytes_per_token, contexts[-1] * bytes_per_token
     by_op = {}
     for name in set(lo.ops) | set(hi.ops):
         delta = hi.ops[name].total - lo.ops[name].total if name in hi.ops and name in lo.ops else (
             hi.ops[name].total if name in hi.ops else -lo.ops[name].total)
-        passes = delta / kv_delta
+        passes = delta / (kv_hi - kv_lo)
         if abs(passes) >= min_op_passes:
             by_op[name] = round(passes, 4)
+    passes = (hi.total - lo.total) / (kv_hi - kv_lo)
+    fixed = round(lo.total - passes * kv_lo)
+    forward = hi.scopes.get(FORWARD)
     return {
-        "passes": (hi.total - lo.total) / kv_delta,
+        "passes": passes,
         "by_op": dict(sorted(by_op.items(), key=lambda kv: -abs(kv[1]))),
         "contexts": contexts,
         "bytes_per_token": bytes_per_token,
         "step_bytes": {str(c): {"read": counts[c].read, "written": counts[c].written} for c in contexts},
         "calls": {name: op.calls for name, op in sorted(hi.ops.items())},
+        "ops_per_step": forward.calls if forward else None,
+        "data_ops_per_step": forward.data_calls if forward else None,
+        "fixed_bytes": fixed,
+        "weight_bytes": weight_bytes,
+        "weight_passes": fixed / weight_bytes if weight_bytes else None,
+        "layers": layers,
     }
 
 

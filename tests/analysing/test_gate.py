@@ -190,13 +190,14 @@ DYNAMIC_OPS = {"cat": 2.0, "scaled_dot_product_attention": 1.0}
 BASE = {"timed": {"dynamic": {"timed_passes": 3.0}},
         "counted": {"dynamic": {"counted_passes": 3.0, "counted_by_op": DYNAMIC_OPS},
                     "static": {"counted_passes": 1.0}}}
-KEYS = {"timed": KEY, "counted": "cpu | smollm2-135m | bfloat16"}
+KEYS = {"timed": KEY, "counted": "cpu | smollm2-135m | bfloat16",
+        "overhead": "cpu | smollm2-135m | bfloat16 | torch 2.13.0"}
 
 
 def test_verdicts_are_kept_per_cache_and_measure():
     verdicts = judge_run(run_kv(), BASE, RULES, KEYS)
     assert set(verdicts) == {"dynamic", "static"}
-    assert set(verdicts["dynamic"]) == {"counted", "timed"}
+    assert set(verdicts["dynamic"]) == {"counted", "timed", "overhead", "intercept"}
     for v in (verdicts["dynamic"]["counted"], verdicts["dynamic"]["timed"]):
         assert {"status", "value", "allowed", "reason"} <= set(v)
     assert verdicts["static"]["timed"]["status"] == "not-measured"
@@ -228,5 +229,5 @@ def test_drift_alone_never_fails_the_build_unless_strict():
 def test_drift_without_a_baseline_does_not_fail_the_build():
     kv = run_kv(drift=DRIFT_BAD, timed=3.0, counted_passes=3.0)
     verdicts = judge_run(kv, {"timed": {}, "counted": {}}, RULES, KEYS)
-    assert {v["status"] for v in verdicts["dynamic"].values()} == {"no-baseline"}
+    assert {verdicts["dynamic"][m]["status"] for m in ("counted", "timed", "intercept")} == {"no-baseline"}
     assert failures(verdicts, drift=kv["drift"]) == []

@@ -45,6 +45,7 @@ def build_doc(runs: list[Run]) -> Doc:
         fit_section(doc, run, caches, points_by_cache(run))
         doc.para(f"Drift: {drift_text(run)}")
         traffic_section(doc, run, caches)
+        overhead_section(doc, run, caches)
         probe_section(doc, run, caches)
         skipped_section(doc, run)
     return doc
@@ -204,6 +205,31 @@ def traffic_section(doc: Doc, run: Run, caches: list[str]) -> None:
         ops_text = "; ".join(f"{op} {fmt(v)}" for op, v in ops) or "no per-op breakdown"
         rows.append([cache, fmt(passes), fmt_count(per_token), ops_text])
     doc.table(["cache", "counted passes", "bytes per token per step", "passes by op"], rows)
+
+
+def overhead_section(doc: Doc, run: Run, caches: list[str]) -> None:
+    """Counted overhead per class: ATen ops per step (all, moving data, per layer), the bytes a step moves that
+    do not grow with context, weight passes, and the overhead and intercept verdicts."""
+    traffic, verdicts = mapping(run.kv.get("traffic")), mapping(run.kv.get("verdict"))
+    rows = []
+    for cache in caches:
+        t, v = mapping(traffic.get(cache)), mapping(verdicts.get(cache))
+        ops, layers, fixed = finite(t.get("ops_per_step")), finite(t.get("layers")), finite(t.get("fixed_bytes"))
+        if ops is None:
+            continue
+        rows.append([cache, fmt_count(ops), fmt_count(finite(t.get("data_ops_per_step"))),
+                     fmt(ops / layers if layers else None), fmt(fixed / 1e6 if fixed is not None else None),
+                     fmt(finite(t.get("weight_passes")), 3),
+                     *(str(mapping(v.get(m)).get("status", MISSING)) for m in ("overhead", "intercept"))])
+    if not rows:
+        return
+    doc.heading(3, "Per-step overhead")
+    doc.para("ATen ops dispatched from the model's forward call to its return in one decode step (all of them, and "
+             "those that move data); fixed MB: bytes a step reads + writes that do not grow with context (the counted "
+             "line's intercept); weight passes: fixed bytes / weight bytes (1 = each weight read once per step). The "
+             "intercept verdict judges the timed intercept (ms per step with an empty cache) by its interval.")
+    doc.table(["cache", "ops/step", "data ops/step", "ops/layer", "fixed MB", "weight passes", "overhead verdict",
+               "intercept verdict"], rows)
 
 
 def probe_section(doc: Doc, run: Run, caches: list[str]) -> None:
