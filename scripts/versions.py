@@ -8,8 +8,9 @@ package (numpy included) so nothing there shadows the venv with something differ
 the venv's are then removed, and torch never lands there. The counted suite then runs with that directory
 first on PYTHONPATH, writing ``<out>/counted-<release>.json`` and ``<out>/<release>.log``; a release that
 does not install or import is recorded as skipped with the reason. Finally ``kvcache compare`` (oldest
-release = baseline) writes ``<out>/compare.md``. Exit status: compare's (1 on a regression), or 1 when a
-release's suite failed without writing its JSON or no release ran.
+release = baseline) writes ``<out>/compare.md``, and ``<out>/counted.md`` tabulates per release and class
+the counted passes, ATen ops per step and weight passes (releases with identical rows grouped). Exit status:
+compare's (1 on a regression), or 1 when a release's suite failed without writing its JSON or no release ran.
 """
 
 from __future__ import annotations
@@ -291,6 +292,40 @@ def _duration(seconds: float) -> str:
     return f"{minutes}m {secs:02d}s" if minutes else f"{seconds:.1f}s"
 
 
+def counted_cells(path: Path) -> tuple[str, dict[str, str]]:
+    """(release, {class: "passes · ops/step · weight passes" or "skipped: reason"}) of one run JSON."""
+    kv = json.loads(path.read_text(encoding="utf-8"))["kv"]
+    cells = {}
+    for entry in kv.get("skipped") or []:
+        if entry.get("context") is None:
+            cells[entry["cache"]] = "skipped: " + str(entry.get("reason", ""))[:60]
+    for cache, t in (kv.get("traffic") or {}).items():
+        passes, ops, weight = t.get("passes"), t.get("ops_per_step"), t.get("weight_passes")
+        parts = [f"{passes:.2f}" if isinstance(passes, (int, float)) else "?"]
+        if isinstance(ops, int):
+            parts.append(f"{ops} ops")
+        if isinstance(weight, (int, float)):
+            parts.append(f"{weight:.3f} w")
+        cells[cache] = " · ".join(parts)
+    return str(kv["environment"]["transformers"]), cells
+
+
+def counted_table(paths: list[Path]) -> str:
+    """Markdown: one row per group of consecutive releases with identical cells, one column per class."""
+    rows = [counted_cells(p) for p in paths]
+    caches = list(dict.fromkeys(c for _, cells in rows for c in cells))
+    groups: list[tuple[list[str], dict[str, str]]] = []
+    for release, cells in rows:
+        if groups and groups[-1][1] == cells:
+            groups[-1][0].append(release)
+        else:
+            groups.append(([release], cells))
+    lines = ["| releases | " + " | ".join(caches) + " |", "|---" * (len(caches) + 1) + "|"]
+    lines += ["| " + ", ".join(releases) + " | " + " | ".join(cells.get(c, "—") for c in caches) + " |"
+              for releases, cells in groups]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.releases:
@@ -325,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd = [sys.executable, "-m", "kvcache.cli", "compare", *map(str, jsons), "--markdown"]
         done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         (args.out / "compare.md").write_text(done.stdout, encoding="utf-8")
+        (args.out / "counted.md").write_text(counted_table(jsons), encoding="utf-8")
         print()
         print(done.stdout, end="")
         print(done.stderr, end="", file=sys.stderr)
@@ -336,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{kind} ({len(chosen)}): " + "; ".join(o.release + (f" ({o.reason})" if o.reason else "")
                                                        for o in chosen))
     print(f"{len(releases)} releases in {_duration(time.monotonic() - started)}; "
-          f"results in {args.out}" + (" (compare.md)" if jsons else " (nothing to compare)"))
+          f"results in {args.out}" + (" (compare.md, counted.md)" if jsons else " (nothing to compare)"))
     return status
 
 

@@ -92,3 +92,7 @@ def test_main_compares_ran_releases_oldest_first(tmp_path, monkeypatch, capsys):
     assert "Baseline: transformers 5.0.0" in compare_md and "5.10.4" in compare_md
     assert "ran (2): 5.0.0; 5.10.4" in out
     assert "skipped (1): 4.46.3 (pip install failed: no matching distribution)" in out
+    counted_md = (tmp_path / "out" / "counted.md").read_text()
+    assert counted_md.splitlines()[0] == "| releases | dynamic | static |"
+    assert "| 5.0.0 | 3.00 · 1680 ops · 1.010 w | 1.00 · 1680 ops · 1.010 w |" in counted_md
+    assert "| 5.10.4 | 5.00 · 1680 ops · 1.010 w |" in counted_md
