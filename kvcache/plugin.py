@@ -64,10 +64,14 @@ OPTIONS: dict[str, tuple[Any, str]] = {
     "--kv-ops-tolerance": (0.5, "allowed rise of ATen ops per step, per layer (default 0.5: +1 op in every "
                                 "layer fails)"),
     "--kv-weight-passes-tolerance": (0.05, "allowed rise of weight passes per step (default 0.05)"),
+    "--kv-ledger-tolerance": (0.5, "timed passes an op of the ledger may rise by besides --kv-tolerance "
+                                   "(default 0.5; a new op is judged against it)"),
     "--kv-max-passes": ("", "absolute bounds, e.g. dynamic=3.5,static=7"),
     "--kv-min-r2": (0.90, "fits below this R² are inconclusive (default 0.90)"),
     "--kv-remeasure": (0, "after the rounds, measure the N noisiest points once more (default 0)"),
     "--kv-remeasure-seconds": (120, "time bound of those re-measurements (default 120 s)"),
+    "--kv-ledger-steps": (10, "profiled steps per (class, context) for the per-op timed ledger, after the timed "
+                              "rounds (default 10; 0: no ledger)"),
 }
 FLAGS: dict[str, str] = {
     "--kv-update-baseline": "write this run's passes into the baseline file",
@@ -134,10 +138,12 @@ def settings_from(config: pytest.Config) -> Settings:
         counted_tolerance=number("--kv-counted-tolerance", opt("kv_counted_tolerance"), low=0),
         ops_tolerance=number("--kv-ops-tolerance", opt("kv_ops_tolerance"), low=0),
         weight_passes_tolerance=number("--kv-weight-passes-tolerance", opt("kv_weight_passes_tolerance"), low=0),
+        ledger_tolerance=number("--kv-ledger-tolerance", opt("kv_ledger_tolerance"), low=0),
         max_passes=max_passes, min_r2=number("--kv-min-r2", opt("kv_min_r2"), low=0, high=1),
         gate=not opt("kv_no_gate"), strict=bool(opt("kv_strict")),
         remeasure=int(number("--kv-remeasure", opt("kv_remeasure"), low=0, whole=True)),
         remeasure_seconds=number("--kv-remeasure-seconds", opt("kv_remeasure_seconds"), low=0),
+        ledger_steps=int(number("--kv-ledger-steps", opt("kv_ledger_steps"), low=0, whole=True)),
     )
 
 
@@ -352,16 +358,27 @@ def timed_points(settings: Settings) -> list[Any]:
     return out
 
 
+def ledger_points(settings: Settings) -> list[Any]:
+    """One profiled (cache, context) per class and context, contexts ascending (none with --kv-ledger-steps 0)."""
+    from kvcache.measuring.session import PointId
+
+    if settings.ledger_steps == 0:
+        return []
+    return [PointId(c, n, 0) for c in settings.caches for n in sorted(settings.contexts)]
+
+
 def copy_labels(settings: Settings) -> list[str]:
     return ["start", *(f"round-{r}" for r in range(1, settings.rounds)), "end"]
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    """Without ``--kv-remeasure`` there is nothing to re-measure: its test file is not collected."""
-    if collection_path.name != "test_remeasure.py" or not in_suite(config, collection_path):
+    """Without ``--kv-remeasure`` there is nothing to re-measure, with ``--kv-ledger-steps 0`` no ledger: their
+    test files are not collected."""
+    off = {"test_remeasure.py": lambda s: s.remeasure == 0, "test_ledger.py": lambda s: s.ledger_steps == 0}
+    if collection_path.name not in off or not in_suite(config, collection_path):
         return None
     state = _state_for_suite(config)
-    return True if state is not None and state.settings.remeasure == 0 else None
+    return True if state is not None and off[collection_path.name](state.settings) else None
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -378,6 +395,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("kv_cache", list(s.caches))
     if "kv_copy_label" in metafunc.fixturenames:
         metafunc.parametrize("kv_copy_label", copy_labels(s))
+    if "kv_ledger" in metafunc.fixturenames:
+        points = ledger_points(s)
+        metafunc.parametrize("kv_ledger", points, ids=[f"{p.cache}-{p.context}" for p in points])
     if "kv_remeasure" in metafunc.fixturenames:
         metafunc.parametrize("kv_remeasure", list(range(s.remeasure)), ids=[f"noisiest-{k + 1}"
                                                                           for k in range(s.remeasure)])
@@ -394,6 +414,8 @@ def _role(item: pytest.Item) -> tuple[str, Any]:
         return "copy", params["kv_copy_label"]
     if "kv_point" in params:
         return "point", params["kv_point"]
+    if "kv_ledger" in params:
+        return "ledger", params["kv_ledger"]
     if "kv_remeasure" in getattr(item, "fixturenames", ()):
         return "remeasure", params.get("kv_remeasure")
     if "kv_drift" in getattr(item, "fixturenames", ()):
@@ -422,6 +444,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     points = {key: item for (role, key), item in roles if role == "point"}
     drift = [item for (role, _), item in roles if role == "drift"]
     remeasure = [item for (role, _), item in roles if role == "remeasure"]
+    ledgers = [item for (role, _), item in roles if role == "ledger"]
     ordered = others + counted
     if points:
         if "start" in copies:
@@ -434,12 +457,12 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
                     ordered.append(copies.pop(f"round-{current_round}"))
             if point in points:
                 ordered.append(points[point])
-        ordered += remeasure
+        ordered += remeasure + ledgers
         if "end" in copies:
             ordered.append(copies.pop("end"))
         ordered += drift
     else:
-        ordered += remeasure + drift
+        ordered += remeasure + ledgers + drift
     items[:] = ordered + list(copies.values())  # anything selected is kept, in order or not
 
 

@@ -39,6 +39,7 @@ class Settings:
     counted_tolerance: float = 0.05
     ops_tolerance: float = 0.5
     weight_passes_tolerance: float = 0.05
+    ledger_tolerance: float = 0.5
     max_passes: dict[str, float] = field(default_factory=dict)
     min_r2: float = 0.90
     confidence: float = 0.95
@@ -47,6 +48,7 @@ class Settings:
     strict: bool = False
     remeasure: int = 0
     remeasure_seconds: float = 120.0
+    ledger_steps: int = 10
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -103,6 +103,7 @@ def make_run(
                   for cache in caches},
         "skipped": [],
         "session": {"interrupted": False, "exit": "ok", "failed": []},
+        "ledger": {}, "ledger_points": [], "ledger_errors": {},
     }
     kv["identity"] = identity.of_run(kv)
     kv["crossovers"] = analysis.crossovers(kv["model"], kv["fit"], kv["traffic"])
@@ -180,7 +181,7 @@ def records_of(run: dict[str, Any]) -> list[dict[str, Any]]:
     """The records a session would have produced for ``run`` (what :func:`kvcache.analysing.analysis.analyse`
     reads): its context, copy measurements, timed and drift points (every step's seconds: from ``kv.points``
     where the run has them, the suite's own timing, else from pytest-benchmark's ``stats.data``), traffic,
-    skips and failed classes."""
+    skips, the ledger's profiled steps and failed classes."""
     kv = run["kv"]
     records: list[dict[str, Any]] = [{"type": "context", "model": kv.get("model") or {},
                                       "environment": kv.get("environment") or {}}]
@@ -197,6 +198,7 @@ def records_of(run: dict[str, Any]) -> list[dict[str, Any]]:
     records += [{"type": "traffic", "cache": c, "traffic": t, "probe": probes.get(c)}
                 for c, t in (kv.get("traffic") or {}).items()]
     records += [{"type": "skip", **s} for s in kv.get("skipped") or []]
+    records += [{"type": "ledger", **p} for p in kv.get("ledger_points") or []]
     records += [{"type": "failed", "cache": c} for c in (kv.get("session") or {}).get("failed", [])]
     return records
 

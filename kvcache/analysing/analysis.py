@@ -13,6 +13,7 @@ from typing import Any
 
 from kvcache.analysing import baseline as baselines
 from kvcache.analysing import gate, identity
+from kvcache.analysing import ledger as ledgers
 from kvcache.analysing.fit import FitError, crossover_context, fit_passes, measure_drift
 from kvcache.analysing.records import (
     KV,
@@ -21,6 +22,8 @@ from kvcache.analysing.records import (
     Drift,
     Fit,
     FitFailure,
+    LedgerPoint,
+    LedgerRow,
     Point,
     PointRecord,
     Probe,
@@ -77,6 +80,13 @@ def analyse(records: list[dict[str, Any]], settings: dict[str, Any], baseline: d
             kv.fit[cache] = FitFailure(error=str(exc), n_points=len(mine))
     kv.extra["crossovers"] = crossovers(model, {c: f.to_json() for c, f in kv.fit.items()},
                                         {c: t.to_json() for c, t in kv.traffic.items()})
+    profiled = [{k: v for k, v in r.items() if k != "type"} for r in by_type.get("ledger", [])]
+    if profiled:
+        kv.ledger_points = [LedgerPoint.from_json(r, "ledger record") for r in profiled]
+        found, kv.ledger_errors = ledgers.analyse(profiled, samples, {c: t.to_json() for c, t in kv.traffic.items()},
+                                                  settings)
+        kv.ledger = {c: {op: LedgerRow.from_json(row, f"ledger of {c}") for op, row in rows.items()}
+                     for c, rows in found.items()}
     drift = [point_of(r) for r in by_type.get("point", []) if r.get("kind") == "drift"]
     kv.drift = _drift_section(points, drift, settings["max_drift"])
     kv.verdict = {cache: {measure: Verdict.from_json(verdict, f"verdict of {cache}: {measure}")

@@ -176,6 +176,28 @@ def fit_passes(
     )
 
 
+def slope_passes(points: Sequence[Point], copy_samples_gbps: Sequence[float], *, confidence: float = 0.95,
+                 resamples: int = 2000, seed: int = 0) -> tuple[float, tuple[float, float], float]:
+    """(passes, interval, R²) of any series of per-step times against KV bytes: the slope × the median copy
+    bandwidth, the interval from the same hierarchical bootstrap as :func:`fit_passes`. Unlike a whole
+    step's passes, the figure may be zero or negative (an op whose time does not grow with context).
+    FitError on fewer than MIN_CONTEXTS contexts, no copy bandwidth, or times that are not finite."""
+    contexts = sorted({p.context for p in points})
+    if len(contexts) < MIN_CONTEXTS:
+        raise FitError(too_few_contexts(len(contexts)))
+    copy_samples = np.asarray(copy_samples_gbps, dtype=np.float64) * GB
+    if copy_samples.size == 0 or not np.all(np.isfinite(copy_samples)) or median(copy_samples) <= 0:
+        raise FitError("needs positive, finite copy bandwidth samples")
+    check_finite(points)
+    line = least_squares([p.kv_bytes for p in points], [p.median_s for p in points])
+    rng = np.random.default_rng(seed)
+    slopes, _ = bootstrap_lines(points, resamples, rng)
+    copies = bootstrap_medians(copy_samples, resamples, rng)
+    lower, upper = 50 * (1 - confidence), 50 * (1 + confidence)
+    lo, hi = percentile_interval(slopes * copies, lower, upper)
+    return line.slope * median(copy_samples), (lo, hi), line.r2
+
+
 def too_few_contexts(count: int) -> str:
     """Why ``count`` distinct contexts (fewer than MIN_CONTEXTS) give no passes figure."""
     return f"needs at least {MIN_CONTEXTS} distinct contexts for a line that can be judged, got {count}"

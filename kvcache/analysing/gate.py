@@ -17,6 +17,11 @@ tree (:func:`failures`).
   than ``weight_passes_tolerance``. Its baseline is keyed by the torch release as well.
 - The timed intercept (ms per step with an empty cache) is judged like timed passes, by its interval
   against baseline × (1 + ``tolerance``), inconclusive on a poor fit or drift.
+- The per-op ledger (timed passes per op, ``kv.ledger``): each op by its interval against the baseline's
+  figure for that op, allowed max(baseline × (1 + ``tolerance``), baseline + ``ledger_tolerance``); an op
+  absent from the baseline is matched to a vanished baseline op with the same counted passes (renamed
+  between releases), else judged against 0 + ``ledger_tolerance`` (a new op with clearly positive timed
+  passes is a regression).
 - Drift invalidates, it does not accuse: beyond ``max_drift`` the timed verdicts are inconclusive and
   the build does not fail on it unless ``strict``.
 """
@@ -29,7 +34,7 @@ from typing import Any
 
 from kvcache.analysing.records import jsonable
 
-MEASURES = ("counted", "timed", "overhead", "intercept")
+MEASURES = ("counted", "timed", "overhead", "intercept", "ledger")
 # Measures that are counted, not timed: never inconclusive for noise, so --kv-strict leaves them alone.
 EXACT = ("counted", "overhead")
 STATUSES = ("pass", "regression", "inconclusive", "no-baseline", "not-measured")
@@ -52,9 +57,11 @@ class Rules:
     strict: bool = False
     ops_tolerance: float = 0.5  # ATen ops per layer per step: +1 op in every layer is a regression
     weight_passes_tolerance: float = 0.05
+    ledger_tolerance: float = 0.5  # timed passes an op may rise by besides the relative tolerance
 
     def __post_init__(self) -> None:
-        for name in ("tolerance", "counted_tolerance", "min_r2", "ops_tolerance", "weight_passes_tolerance"):
+        for name in ("tolerance", "counted_tolerance", "min_r2", "ops_tolerance", "weight_passes_tolerance",
+                     "ledger_tolerance"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} {value!r} must be a finite number, at least 0")
@@ -62,7 +69,7 @@ class Rules:
     @classmethod
     def from_settings(cls, settings: dict[str, Any], **override: Any) -> Rules:
         keys = ("tolerance", "counted_tolerance", "min_r2", "max_passes", "strict", "ops_tolerance",
-                "weight_passes_tolerance")
+                "weight_passes_tolerance", "ledger_tolerance")
         return cls(**{**{k: settings[k] for k in keys if settings.get(k) is not None}, **override})
 
 
@@ -238,6 +245,69 @@ def judge_overhead(traffic: dict[str, Any] | None, base: dict[str, Any] | None, 
     return verdict
 
 
+LEDGER_UNJUDGED = ("(profiled step)",)  # the whole step is judged as timed passes already
+COUNTED_MATCH = 0.01  # counted passes within this make a renamed op the same op
+
+
+def judge_ledger(ledger: dict[str, Any] | None, base: dict[str, float] | None, *, rules: Rules,
+                 drift: dict[str, Any] | None, key: str, counted_by_op: dict[str, float] | None = None,
+                 base_counted_by_op: dict[str, float] | None = None) -> Verdict:
+    """Judge a class's per-op ledger (``kv.ledger.<cache>``: {op: {timed, timed_ci}}) against the baseline's
+    {op: timed passes}, op by op (see the module docstring); ``parts`` has each op's verdict."""
+    if not ledger:
+        return Verdict("not-measured", "the per-op ledger was not measured")
+    if base is None:
+        return Verdict("no-baseline", f"no ledger in the baseline for {key!r}; record one with --kv-update-baseline")
+    drifted = drift_problem(drift)
+    counted_by_op, base_counted_by_op = counted_by_op or {}, base_counted_by_op or {}
+    vanished = [op for op in base if op not in ledger]
+    parts, notes = {}, []
+    for op, row in ledger.items():
+        if op in LEDGER_UNJUDGED or not isinstance(row, dict) or row.get("timed") is None:
+            continue
+        reference, label = base.get(op), op
+        if reference is None:
+            renamed = [old for old in vanished if counted_by_op.get(op) and base_counted_by_op.get(old) and
+                       abs(counted_by_op[op] - base_counted_by_op[old]) <= COUNTED_MATCH]
+            if renamed:
+                reference, label = base[renamed[0]], f"{op} (was {renamed[0]})"
+                vanished.remove(renamed[0])
+                notes.append(f"{renamed[0]} is now {op} (same counted passes)")
+            else:
+                reference, label = 0.0, f"{op} (new)"
+        floor = max(reference, 0.0)
+        allowed = max(floor * (1 + rules.tolerance), floor + rules.ledger_tolerance)
+        ci = row.get("timed_ci") or (None, None)
+        part = {"value": row["timed"], "allowed": allowed, "interval": list(ci), "status": "inconclusive"}
+        if drifted:
+            part["reason"] = "drift"
+        elif None in ci or not all(math.isfinite(v) for v in ci):
+            part["reason"] = "no interval"
+        elif ci[0] > allowed:
+            part["status"] = "regression"
+        elif ci[1] <= allowed:
+            part["status"] = "pass"
+        else:
+            part["reason"] = "straddles"
+        parts[label] = part
+    if vanished:
+        notes.append(f"gone since the baseline: {', '.join(vanished)}")
+    worst = max((p["status"] for p in parts.values()), key=lambda st: PRIORITY.get(st, 0), default="pass")
+    regressed = {op: p for op, p in parts.items() if p["status"] == "regression"}
+    if regressed:
+        reason = "; ".join(f"{op}: timed passes {fmt(p['value'])} (interval [{fmt(p['interval'][0])}, "
+                           f"{fmt(p['interval'][1])}]) is above the allowed {fmt(p['allowed'])}"
+                           for op, p in regressed.items())
+    elif worst == "inconclusive":
+        unsure = [op for op, p in parts.items() if p["status"] == "inconclusive"]
+        reason = (drifted or "") or f"intervals straddle the allowed values or are missing: {', '.join(unsure)}"
+    else:
+        reason = f"every op's timed passes within the allowed ({len(parts)} ops)"
+    if notes:
+        reason += "; " + "; ".join(notes)
+    return Verdict(worst, reason, parts=parts)
+
+
 def calls_that_grew(calls: dict[str, int] | None, base_calls: dict[str, int] | None) -> str:
     """``"add +2, mul +1"``: the ops called more often than in the baseline ("" when unknown or none)."""
     if not calls or base_calls is None:
@@ -278,8 +348,12 @@ def judge_run(kv: dict[str, Any], baseline: dict[str, dict[str, dict[str, Any]]]
         intercept = judge_intercept(
             fits.get(cache), rules=rules, drift=kv.get("drift"), key=keys["timed"],
             allowed=None if intercept_base is None else intercept_base * (1 + rules.tolerance))
+        ledger = judge_ledger(
+            (kv.get("ledger") or {}).get(cache), timed_base.get("timed_ledger"), rules=rules, drift=kv.get("drift"),
+            key=keys["timed"], counted_by_op=(traffic.get(cache) or {}).get("by_op"),
+            base_counted_by_op=counted_base.get("counted_by_op"))
         out[cache] = {"counted": counted.to_dict(), "timed": timed.to_dict(), "overhead": overhead.to_dict(),
-                      "intercept": intercept.to_dict()}
+                      "intercept": intercept.to_dict(), "ledger": ledger.to_dict()}
     return out
 
 

@@ -36,6 +36,10 @@ written; all times in ms unless a key says ``_s``/``_ns``)::
                            achieved_gbps, achieved_fraction, beyond_trained_context, name}]
                           (achieved_gbps: counted bytes of the step / median step; achieved_fraction: its
                           share of kv.copy_gbps, the session median)
+    kv.ledger.<cache>.<op>   {timed, timed_ci, ms}: the per-op timed ledger (kvcache.analysing.ledger), rows
+                          ``(other ops)``, ``(unattributed)``, ``(profiled step)`` besides the ops
+    kv.ledger_points     [{cache, context, kv_bytes, step_s, ops_s: {op: [s]}}]: the profiled steps
+    kv.ledger_errors     {cache: why it has no ledger}
     kv.session           {interrupted, exit, failed: [cache]}: whether the session ran to its end
     kv.skipped           [{cache, context, reason}]   (context is null for a whole class)
 
@@ -245,6 +249,33 @@ class Traffic(Record):
 
 
 @dataclass
+class LedgerRow(Record):
+    """``kv.ledger.<cache>.<op>``: timed passes of one op (or of ``(other ops)``, ``(unattributed)``,
+    ``(profiled step)``): the slope of its seconds per profiled step against KV bytes × the copy bandwidth (any
+    sign), its interval, and ``ms``, its median milliseconds per step at the largest profiled context."""
+
+    timed: float | None
+    timed_ci: list[float | None] | None = None
+    ms: float | None = None
+    extra: dict[str, Any] = _bookkeeping()
+    absent: frozenset[str] = _absent()
+
+
+@dataclass
+class LedgerPoint(Record):
+    """``kv.ledger_points[]``: one profiled (cache, context): ``kv_bytes`` (bytes), seconds of each profiled
+    step (``step_s``) and of each op in it (``ops_s``: {op: [seconds per step]})."""
+
+    cache: str
+    context: int
+    kv_bytes: float
+    step_s: list[float] = field(default_factory=list)
+    ops_s: dict[str, list[float]] = field(default_factory=dict)
+    extra: dict[str, Any] = _bookkeeping()
+    absent: frozenset[str] = _absent()
+
+
+@dataclass
 class Probe(Record):
     """``kv.probe.<cache>``: what attention received in one step: shapes of its first call (None: no mask),
     how grouped-query attention ran, K/V expansions counted (K and V of each layer), calls per mode."""
@@ -413,6 +444,9 @@ class KV(Record):
     points: list[PointRecord] = field(default_factory=list)
     session: Session | None = None
     identity: dict[str, Any] = field(default_factory=dict)
+    ledger: dict[str, dict[str, LedgerRow]] = field(default_factory=dict)
+    ledger_points: list[LedgerPoint] = field(default_factory=list)
+    ledger_errors: dict[str, str] = field(default_factory=dict)
     extra: dict[str, Any] = _bookkeeping()
     absent: frozenset[str] = _absent()
 
@@ -441,11 +475,16 @@ class KV(Record):
         def verdicts(entry: Any, at: str) -> dict[str, Verdict]:
             return {m: Verdict.from_json(v, f"{at}.{m}") for m, v in _dict(entry, at).items()}
 
+        def ledger(entry: Any, at: str) -> dict[str, LedgerRow]:
+            return {op: LedgerRow.from_json(v, f"{at}.{op}") for op, v in _dict(entry, at).items()}
+
         each("fit", fit)
         each("traffic", Traffic.from_json)
         each("probe", Probe.from_json)
         each("verdict", verdicts)
-        for name, read in (("points", PointRecord.from_json), ("skipped", Skip.from_json)):
+        each("ledger", ledger)
+        for name, read in (("points", PointRecord.from_json), ("skipped", Skip.from_json),
+                           ("ledger_points", LedgerPoint.from_json)):
             if values.get(name) is not None:
                 items = _list(values[name], f"{where}.{name}")
                 values[name] = [read(v, f"{where}.{name}[{i}]") for i, v in enumerate(items)]

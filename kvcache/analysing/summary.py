@@ -13,6 +13,7 @@ FIT_HEADER = ["cache", "intercept ms [CI]", "eff GB/s", "timed passes [CI]", "RÂ
               "crossover tok", "timed verdict", "intercept verdict", "counted verdict"]
 OVERHEAD_HEADER = ["cache", "ops/step", "data ops/step", "ops/layer", "fixed MB", "weight passes", "overhead verdict"]
 POINT_HEADER = ["cache", "context", "rounds", "median ms", "achieved GB/s", "of copy"]
+LEDGER_HEADER = ["cache", "op", "counted", "timed [CI]", "ms/step at largest context", "ledger verdict"]
 
 
 def measured_verdicts(kv: dict[str, Any]) -> dict[str, Any]:
@@ -59,6 +60,21 @@ def overhead_rows(kv: dict[str, Any]) -> list[list[str]]:
                      num(ops / layers if layers else None, ".1f"), num(fixed_mb, ".1f"),
                      num(t.get("weight_passes"), ".3f"),
                      ((kv.get("verdict") or {}).get(cache, {}).get("overhead") or {}).get("status", "-")])
+    return rows
+
+
+def ledger_rows(kv: dict[str, Any]) -> list[list[str]]:
+    """Per class and op of the ledger: counted passes (from ``kv.traffic``), timed passes with their interval,
+    ms per step at the largest profiled context, and the op's part of the ledger verdict."""
+    rows = []
+    for cache, ops in (kv.get("ledger") or {}).items():
+        by_op = (kv.get("traffic", {}).get(cache) or {}).get("by_op") or {}
+        parts = (((kv.get("verdict") or {}).get(cache) or {}).get("ledger") or {}).get("parts") or {}
+        for op, row in ops.items():
+            ci = row.get("timed_ci") or [None, None]
+            timed = num(row.get("timed")) + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if None not in ci else "")
+            part = next((p for label, p in parts.items() if label.split(" (")[0] == op), {})
+            rows.append([cache, op, num(by_op.get(op)), timed, num(row.get("ms")), part.get("status", "-")])
     return rows
 
 
@@ -122,6 +138,14 @@ def lines(kv: dict[str, Any]) -> list[str]:
         out += tables.text(Table(OVERHEAD_HEADER, rows))
         out.append("  (ops: ATen ops from the model's forward call to its return, one step; fixed: bytes a step moves "
                    "that do not grow with context; weight passes = fixed / weight bytes, 1 = each weight read once)")
+    rows = ledger_rows(kv)
+    if rows:
+        out.append("")
+        out += tables.text(Table(LEDGER_HEADER, rows))
+        out.append("  (ledger: each op's time per profiled step against KV bytes, as passes; unattributed = the step's "
+                   "time outside ATen ops; the profiled step runs under torch.profiler, apart from the timed rounds)")
+    for cache, error in (kv.get("ledger_errors") or {}).items():
+        out.append(f"ledger {cache}: {error}")
     for cache, p in (kv.get("probe") or {}).items():
         out.append(f"probe {cache}: q {p.get('query')} k {p.get('key')} mask {p.get('mask')}; "
                    f"{p.get('attention')}; K/V expansions {p.get('expansions')}")

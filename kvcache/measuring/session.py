@@ -17,7 +17,7 @@ import transformers
 
 from kvcache.analysing.analysis import achieved_gbps
 from kvcache.analysing.stats import median
-from kvcache.measuring import caches, decode, traffic
+from kvcache.measuring import caches, decode, ledger, traffic
 from kvcache.measuring.bandwidth import measure_copy
 from kvcache.measuring.devices import Device
 from kvcache.measuring.models import ModelSpec, build_model, load_config, spec_from_config
@@ -188,6 +188,28 @@ class KVSession:
             dp.release()
             del dp
             gc.collect()
+
+    def run_ledger(self, point: PointId) -> dict[str, Any]:
+        """Profile ``--kv-ledger-steps`` steps of one (cache, context) after a fill and warm-up (never inside a
+        timed round); emit a ``ledger`` record: seconds per step, per op (see :mod:`kvcache.measuring.ledger`)."""
+        s = self.settings
+        problem = ledger.profiler_available()
+        if problem:
+            raise self.skip(point.cache, None, f"ledger: {problem}")
+        self.warm_model()
+        dp = self.open(point.cache, point.context, warmup=s.warmup, steps=s.ledger_steps)
+        try:
+            profiled = ledger.profile_steps(dp.step, self.device.sync, s.ledger_steps,
+                                            cuda=self.device.type == "cuda")
+        finally:
+            dp.release()
+            del dp
+            gc.collect()
+        mean_tokens = point.context + s.warmup + (s.ledger_steps + 1) / 2
+        record = {"type": "ledger", "cache": point.cache, "context": point.context,
+                  "kv_bytes": self.spec().kv_bytes(mean_tokens), **profiled}
+        self.emit(record)
+        return record
 
     def noisiest(self) -> list[tuple[str, int]]:
         """(cache, context) points, noisiest first: relative spread of their round medians (with one round,

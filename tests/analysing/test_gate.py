@@ -197,7 +197,7 @@ KEYS = {"timed": KEY, "counted": "cpu | smollm2-135m | bfloat16",
 def test_verdicts_are_kept_per_cache_and_measure():
     verdicts = judge_run(run_kv(), BASE, RULES, KEYS)
     assert set(verdicts) == {"dynamic", "static"}
-    assert set(verdicts["dynamic"]) == {"counted", "timed", "overhead", "intercept"}
+    assert set(verdicts["dynamic"]) == {"counted", "timed", "overhead", "intercept", "ledger"}
     for v in (verdicts["dynamic"]["counted"], verdicts["dynamic"]["timed"]):
         assert {"status", "value", "allowed", "reason"} <= set(v)
     assert verdicts["static"]["timed"]["status"] == "not-measured"

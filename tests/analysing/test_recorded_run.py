@@ -63,7 +63,7 @@ def test_synthetic_runs_have_the_recorded_layout(written):
     assert set(fake_kv["traffic"]["dynamic"]["by_op"]) == set(real_kv["traffic"]["dynamic"]["by_op"])
     assert set(fake_kv["probe"]["dynamic"]) == set(real_kv["probe"]["dynamic"])
     assert fake_kv["probe"]["dynamic"]["attention"] == real_kv["probe"]["dynamic"]["attention"]
-    measures = {"counted", "timed", "overhead", "intercept"}
+    measures = {"counted", "timed", "overhead", "intercept", "ledger"}
     assert set(fake_kv["verdict"]["dynamic"]) == set(real_kv["verdict"]["dynamic"]) == measures
     assert set(fake_kv["verdict"]["dynamic"]["counted"]) == set(real_kv["verdict"]["dynamic"]["counted"])
     assert set(fake_kv["points"][0]) == set(real_kv["points"][0])

@@ -2,8 +2,9 @@
 
 Writes into ``--out DIR``: ``latency.png`` (median step time in ms against context in tokens, with IQR error
 bars, the fitted line and the model's trained context), ``traffic.png`` (counted passes per cache class, stacked
-by operation), ``report.md`` (headline and tables, ready for a GitHub job summary) and ``report.html`` (one
-self-contained file: interactive chart and the same tables).
+by operation), ``ledger.png`` (per op, counted beside timed passes; runs with a per-op ledger), ``report.md``
+(headline and tables, ready for a GitHub job summary) and ``report.html`` (one self-contained file: interactive
+chart and the same tables).
 
 Units: times in ms, bandwidths in GB/s (1e9 bytes/s, read + write), sizes in MB (1e6 bytes), context in tokens,
 passes = bytes moved per byte of KV cache. Needs numpy; the PNGs need matplotlib (imported lazily). Never
@@ -21,7 +22,14 @@ import sys
 from pathlib import Path
 
 from kvcache.analysing.records import RecordError, Run, load_run
-from kvcache.analysing.report.charts import latency_figure, plot_latency, plot_traffic, traffic_figure
+from kvcache.analysing.report.charts import (
+    latency_figure,
+    ledger_figure,
+    plot_latency,
+    plot_ledger,
+    plot_traffic,
+    traffic_figure,
+)
 from kvcache.analysing.report.data import (
     ReportError,
     chart_data,
@@ -36,12 +44,13 @@ from kvcache.analysing.report.page import render_html
 from kvcache.analysing.report.sections import build_doc
 
 __all__ = ["Doc", "ReportError", "build_doc", "chart_data", "crossovers", "fit_line", "fit_problem",
-           "latency_figure", "main", "plot_latency", "plot_traffic", "points_by_cache", "render", "render_html",
-           "run_names", "to_html", "to_markdown", "traffic_figure"]
+           "latency_figure", "ledger_figure", "main", "plot_latency", "plot_ledger", "plot_traffic",
+           "points_by_cache", "render", "render_html", "run_names", "to_html", "to_markdown", "traffic_figure"]
 
 
 def render(runs: list[Run], out_dir: Path) -> list[Path]:
-    """Write report.md, report.html, latency.png and traffic.png into ``out_dir``; return their paths.
+    """Write report.md, report.html, latency.png, traffic.png (and ledger.png when a run has a per-op ledger)
+    into ``out_dir``; return their paths.
 
     The Markdown and HTML are written first, so they exist even when matplotlib is missing (ReportError).
     """
@@ -56,6 +65,9 @@ def render(runs: list[Run], out_dir: Path) -> list[Path]:
         written = [md, page]
         written.append(plot_latency(runs, out_dir / "latency.png"))
         written.append(plot_traffic(runs, out_dir / "traffic.png"))
+        ledger = plot_ledger(runs, out_dir / "ledger.png")
+        if ledger is not None:
+            written.append(ledger)
     except OSError as exc:
         raise ReportError(f"{exc.filename or out_dir}: cannot write ({exc.strerror or exc})") from None
     return written

@@ -1,9 +1,11 @@
-"""latency.png and traffic.png (matplotlib, imported lazily, Agg backend).
+"""latency.png, traffic.png and ledger.png (matplotlib, imported lazily, Agg backend).
 
 latency.png: median step time (ms) against context (tokens), one panel per run, each point with its IQR, the
 fitted line and the trained context; the legend sits below each panel, off the data. traffic.png: counted
 passes per cache class stacked by op, in rows of at most BARS_PER_ROW bars (RUNS_PER_ROW runs), so 20+ runs
-stay readable. Every title names the run, its model and dtype.
+stay readable. ledger.png (runs with a per-op ledger only): per class, each op's counted passes beside its timed
+passes (with the interval), so where the time goes lines up with what is moved. Every title names the run, its
+model and dtype.
 """
 
 from __future__ import annotations
@@ -66,6 +68,49 @@ def plot_latency(runs: list[Run], path: Path) -> Path:
 def plot_traffic(runs: list[Run], path: Path) -> Path:
     """Write traffic.png (:func:`traffic_figure`)."""
     return _save(traffic_figure(runs), path)
+
+
+def plot_ledger(runs: list[Run], path: Path) -> Path | None:
+    """Write ledger.png (:func:`ledger_figure`) when some run has a ledger; None otherwise."""
+    figure = ledger_figure(runs)
+    return None if figure is None else _save(figure, path)
+
+
+def ledger_figure(runs: list[Run]) -> Any:
+    """One panel per run with a ledger: horizontal bars per (class, op), counted passes and timed passes (with
+    their interval) side by side; None when no run has a ledger."""
+    with_ledger = [(run, name) for run, name in zip(runs, run_names(runs)) if mapping(run.kv.get("ledger"))]
+    if not with_ledger:
+        return None
+    plt = _pyplot()
+    heights = [sum(len(mapping(rows)) for rows in mapping(run.kv.get("ledger")).values()) for run, _ in with_ledger]
+    fig, axes = plt.subplots(len(with_ledger), 1, figsize=(9, 1.5 + 0.32 * sum(heights)),
+                             gridspec_kw={"height_ratios": [max(h, 1) for h in heights]}, squeeze=False)
+    for ax, (run, name) in zip(axes[:, 0], with_ledger):
+        labels, counted, timed, low, high = [], [], [], [], []
+        traffic = mapping(run.kv.get("traffic"))
+        for cache, rows in mapping(run.kv.get("ledger")).items():
+            by_op = mapping(mapping(traffic.get(cache)).get("by_op"))
+            for op, row in mapping(rows).items():
+                value = finite(mapping(row).get("timed"))
+                ci = mapping(row).get("timed_ci") or [None, None]
+                labels.append(f"{cache}: {op}")
+                counted.append(finite(by_op.get(op)) or 0.0)
+                timed.append(value or 0.0)
+                low.append(max((value or 0.0) - (finite(ci[0]) if finite(ci[0]) is not None else value or 0.0), 0.0))
+                high.append(max((finite(ci[1]) if finite(ci[1]) is not None else value or 0.0) - (value or 0.0), 0.0))
+        y = np.arange(len(labels))[::-1]
+        ax.barh(y + 0.2, counted, height=0.4, color=PALETTE[0], label="counted passes")
+        ax.barh(y - 0.2, timed, height=0.4, color=PALETTE[1], xerr=[low, high], ecolor="#444", capsize=2,
+                label="timed passes (interval)")
+        ax.set_yticks(y)
+        ax.set_yticklabels(labels, fontsize=8)
+        ax.axvline(0, color="#888", linewidth=0.8)
+        ax.set_xlabel("passes over the KV cache per decode step")
+        ax.set_title(f"{run_title(run, name)}: per-op ledger", fontsize=10)
+        ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    return fig
 
 
 # ----------------------------------------------------------------------------------------------- latency

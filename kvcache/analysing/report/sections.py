@@ -46,6 +46,7 @@ def build_doc(runs: list[Run]) -> Doc:
         doc.para(f"Drift: {drift_text(run)}")
         traffic_section(doc, run, caches)
         overhead_section(doc, run, caches)
+        ledger_section(doc, run, caches)
         probe_section(doc, run, caches)
         skipped_section(doc, run)
     return doc
@@ -230,6 +231,30 @@ def overhead_section(doc: Doc, run: Run, caches: list[str]) -> None:
              "intercept verdict judges the timed intercept (ms per step with an empty cache) by its interval.")
     doc.table(["cache", "ops/step", "data ops/step", "ops/layer", "fixed MB", "weight passes", "overhead verdict",
                "intercept verdict"], rows)
+
+
+def ledger_section(doc: Doc, run: Run, caches: list[str]) -> None:
+    """The per-op timed ledger: per class and op, counted passes beside timed passes and their interval."""
+    ledger, traffic = mapping(run.kv.get("ledger")), mapping(run.kv.get("traffic"))
+    errors = mapping(run.kv.get("ledger_errors"))
+    if not ledger and not errors:
+        return
+    doc.heading(3, "Per-op timed ledger")
+    doc.para("Each op's time per profiled step (profiler rounds of their own, after the timed rounds), fitted "
+             "against KV bytes like the whole step and read as passes; counted passes of the same op beside it. "
+             "(unattributed): the step's time outside ATen ops; (profiled step): the whole step under the profiler.")
+    rows = []
+    for cache in caches:
+        by_op = mapping(mapping(traffic.get(cache)).get("by_op"))
+        for op, row in mapping(ledger.get(cache)).items():
+            row = mapping(row)
+            ci = row.get("timed_ci") or [None, None]
+            interval = (f"[{fmt(finite(ci[0]))}, {fmt(finite(ci[1]))}]" if None not in ci else MISSING)
+            rows.append([cache, op, fmt(finite(by_op.get(op))) if op in by_op else MISSING,
+                         fmt(finite(row.get("timed"))), interval, fmt(finite(row.get("ms")))])
+        if cache in errors:
+            rows.append([cache, str(errors[cache]), MISSING, MISSING, MISSING, MISSING])
+    doc.table(["cache", "op", "counted passes", "timed passes", "interval", "ms per step (largest context)"], rows)
 
 
 def probe_section(doc: Doc, run: Run, caches: list[str]) -> None:
