@@ -29,7 +29,16 @@ from typing import Any
 
 import pytest
 
-from kvcache.settings import FILLS, ORDERS, Settings, SettingsError, check_choice, number, parse_ints
+from kvcache.settings import (
+    FILLS,
+    ORDERS,
+    Settings,
+    SettingsError,
+    check_choice,
+    number,
+    parse_ints,
+    parse_threads,
+)
 
 STATE = pytest.StashKey["KVState"]()
 SUITE_DIRS = pytest.StashKey["tuple[Path, ...]"]()
@@ -70,6 +79,8 @@ OPTIONS: dict[str, tuple[Any, str]] = {
     "--kv-min-r2": (0.90, "fits below this R² are inconclusive (default 0.90)"),
     "--kv-remeasure": (0, "after the rounds, measure the N noisiest points once more (default 0)"),
     "--kv-remeasure-seconds": (120, "time bound of those re-measurements (default 120 s)"),
+    "--kv-threads": ("auto", "torch CPU threads for the whole session, copy bandwidth included: auto (torch's "
+                             "default) or a number; part of the timed run identity"),
     "--kv-ledger-steps": (10, "profiled steps per (class, context) for the per-op timed ledger, after the timed "
                               "rounds (default 10; 0: no ledger)"),
 }
@@ -144,6 +155,7 @@ def settings_from(config: pytest.Config) -> Settings:
         remeasure=int(number("--kv-remeasure", opt("kv_remeasure"), low=0, whole=True)),
         remeasure_seconds=number("--kv-remeasure-seconds", opt("kv_remeasure_seconds"), low=0),
         ledger_steps=int(number("--kv-ledger-steps", opt("kv_ledger_steps"), low=0, whole=True)),
+        threads=parse_threads(opt("kv_threads")),
     )
 
 

@@ -49,6 +49,7 @@ class Settings:
     remeasure: int = 0
     remeasure_seconds: float = 120.0
     ledger_steps: int = 10
+    threads: int | None = None  # torch's CPU threads for the whole session; None: torch's default
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -80,6 +81,19 @@ def parse_ints(option: str, text: str, *, minimum: int = 1) -> tuple[int, ...]:
             raise SettingsError(f"{option} {text!r}: {value} is given twice{spelled} ({expected})")
         values[value] = part
     return tuple(values)
+
+
+def parse_threads(text: object) -> int | None:
+    """``--kv-threads``: ``auto`` (torch's default, None) or a whole number of threads, at least 1."""
+    if str(text).strip().lower() == "auto":
+        return None
+    try:
+        value = int(str(text))
+    except ValueError:
+        raise SettingsError(f"--kv-threads {text!r} is not auto nor a whole number of threads (at least 1)") from None
+    if value < 1:
+        raise SettingsError(f"--kv-threads {value} is out of range (accepted: auto, or a whole number at least 1)")
+    return value
 
 
 def check_choice(option: str, value: str, choices: tuple[str, ...]) -> str:

@@ -193,7 +193,7 @@ def summarize(out: Path) -> str:
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5, help="repetitions (one run per class each)")
-    ap.add_argument("--planted", default="twin-planted", help="planted classes, comma-separated")
+    ap.add_argument("--planted", default="twin-planted,twin-read", help="planted classes, comma-separated")
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--contexts", default="512,1024,2048,4096,8192,16384")
     ap.add_argument("--steps", type=int, default=20)

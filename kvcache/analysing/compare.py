@@ -43,7 +43,8 @@ HEADERS = {
     "verdict": "verdict",
 }
 # What each verdict judges, as a regression line names it.
-JUDGED = {"counted": "counted passes", "timed": "timed passes", "overhead": "overhead", "intercept": "intercept"}
+JUDGED = {"counted": "counted passes", "timed": "timed passes", "overhead": "overhead", "intercept": "intercept",
+          "ledger": "per-op ledger"}
 DASH = "—"
 
 
@@ -111,6 +112,7 @@ class Comparison:
     counted_tolerance: float = 0.05
     ops_tolerance: float = 0.5
     weight_passes_tolerance: float = 0.05
+    ledger: dict[tuple[str, str], list[str]] = field(default_factory=dict)  # (cache, op) -> text per run
 
     @property
     def devices(self) -> list[str]:
@@ -223,7 +225,35 @@ def compare(runs: Sequence[Run], tolerance: float = 0.10, counted_tolerance: flo
             row.append(cell)
             comparison.regressions += regressions
         comparison.cells[cache] = row
+    comparison.ledger = ledger_rows(runs, judged)
     return comparison
+
+
+def ledger_rows(runs: Sequence[Run], judged: list[dict[str, dict[str, Any]]]) -> dict[tuple[str, str], list[str]]:
+    """(cache, op) -> each run's ledger figure for that op: timed passes [interval], marked where the op's part
+    of the ledger verdict against the first run is a regression (▲) or inconclusive (?)."""
+    out: dict[tuple[str, str], list[str]] = {}
+    for i, run in enumerate(runs):
+        for cache, rows in (run.kv.get("ledger") or {}).items():
+            parts = ((judged[i - 1].get(cache) or {}).get("ledger") or {}).get("parts") or {} if i else {}
+            for op, row in (rows or {}).items():
+                ci = row.get("timed_ci") or [None, None]
+                text = num(finite(row.get("timed")), missing=DASH)
+                if None not in ci:
+                    text += f" [{ci[0]:.2f}–{ci[1]:.2f}]"
+                status = next((p.get("status") for label, p in parts.items() if label.split(" (")[0] == op), None)
+                mark = MARKS.get(CHANGE_OF.get(status or "", ""), "")
+                out.setdefault((cache, op), [DASH] * len(runs))[i] = f"{text} {mark}".strip()
+    return out
+
+
+def ledger_table(comparison: Comparison) -> Table | None:
+    """The per-op ledgers side by side (one column per run), or None when no run has one."""
+    if not comparison.ledger:
+        return None
+    header = ["cache", "op"] + [f"timed passes: {label}" for label in _group_labels(comparison)]
+    rows = [[cache, op, *texts] for (cache, op), texts in comparison.ledger.items()]
+    return Table(header, rows, None, list(range(2, 2 + len(comparison.runs))))
 
 
 def _setup(run: Run) -> str:
@@ -356,7 +386,11 @@ def table(comparison: Comparison) -> Table:
 
 def render_text(comparison: Comparison) -> str:
     """An aligned plain-text table with a group header line per run."""
-    out = _preamble(comparison) + ["", *tables.text(table(comparison)), "", LEGEND, _summary(comparison)]
+    out = _preamble(comparison) + ["", *tables.text(table(comparison))]
+    ledger = ledger_table(comparison)
+    if ledger is not None:
+        out += ["", "Per-op timed ledger:", *tables.text(ledger)]
+    out += ["", LEGEND, _summary(comparison)]
     out += [r.line() for r in comparison.regressions]
     return "\n".join(out)
 
@@ -364,6 +398,9 @@ def render_text(comparison: Comparison) -> str:
 def render_markdown(comparison: Comparison) -> str:
     """A GitHub-flavoured Markdown table (for ``$GITHUB_STEP_SUMMARY``), with the regressions listed below."""
     lines = ["### KV-cache passes across runs", "", *_preamble(comparison), "", *tables.markdown(table(comparison))]
+    ledger = ledger_table(comparison)
+    if ledger is not None:
+        lines += ["", "#### Per-op timed ledger", "", *tables.markdown(ledger)]
     lines += ["", LEGEND, "", f"**{_summary(comparison)}**"]
     if comparison.regressions:
         lines.append("")

@@ -299,18 +299,21 @@ def _forward_params(forward: Callable) -> frozenset:
     return frozenset(inspect.signature(forward).parameters)
 
 
-def decode_kwargs(model: Any, cache: Any, position: int, device: Any) -> dict[str, Any]:
+def decode_kwargs(model: Any, cache: Any, position: int, device: Any,
+                  position_ids: torch.Tensor | None = None) -> dict[str, Any]:
     """Keywords for one single-token forward at ``position`` with ``cache``.
 
     The cache keyword is ``past_key_values`` up to 5.23 and ``cache`` from 5.24; ``cache_position`` is
-    passed while the model still takes it (up to 5.3).
+    passed while the model still takes it (up to 5.3). ``position_ids``: a [1, 1] tensor already on the
+    device holding ``position`` (a decode loop keeps one and advances it there, so that no step copies a
+    position from the host: on CUDA that copy would wait for the device); made here when not given.
     """
     params = _forward_params(type(model.model).forward)
     key = "cache" if "cache" in params else "past_key_values"
-    kwargs: dict[str, Any] = {key: cache, "use_cache": True,
-                              "position_ids": torch.tensor([[position]], device=device)}
+    ids = position_ids if position_ids is not None else torch.tensor([[position]], device=device)
+    kwargs: dict[str, Any] = {key: cache, "use_cache": True, "position_ids": ids}
     if "cache_position" in params:
-        kwargs["cache_position"] = torch.tensor([position], device=device)
+        kwargs["cache_position"] = ids.view(1)
     return kwargs
 
 

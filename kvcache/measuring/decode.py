@@ -40,6 +40,7 @@ class DecodePoint:
     cache: Any = None
     position: int = 0
     next_ids: torch.Tensor | None = None
+    position_ids: torch.Tensor | None = None  # [[position]] on the device, advanced there each step
     step_start_ns: list[int] = field(default_factory=list)
     step_seconds: list[float] = field(default_factory=list)
 
@@ -60,6 +61,8 @@ class DecodePoint:
         self.position = self.context
         token = torch.randint(1, self.spec.vocab, (1, 1), generator=gen)
         self.next_ids = token.to(self.device.torch_device)
+        with torch.inference_mode():
+            self.position_ids = torch.tensor([[self.position]], device=self.device.torch_device)
         self.device.sync()
         return self
 
@@ -83,14 +86,17 @@ class DecodePoint:
         self.model(input_ids=ids, **kwargs)
 
     def step(self) -> torch.Tensor:
-        """One single-token decode step; the greedy next token stays on the device (no host sync)."""
+        """One single-token decode step. Nothing in it waits for the device: the position lives on the device
+        and advances there, the greedy next token stays there."""
         with torch.inference_mode():
-            kwargs = compat.decode_kwargs(self.model, self.cache, self.position, self.device.torch_device)
+            kwargs = compat.decode_kwargs(self.model, self.cache, self.position, self.device.torch_device,
+                                          position_ids=self.position_ids)
             out = self.model(input_ids=self.next_ids, **kwargs)
             returned = compat.cache_from_output(out)
             if returned is not None:
                 self.cache = returned
             self.next_ids = out.logits[:, -1:].argmax(-1)
+            self.position_ids.add_(1)
         self.position += 1
         return out.logits
 
@@ -115,6 +121,7 @@ class DecodePoint:
     def release(self) -> None:
         self.cache = None
         self.next_ids = None
+        self.position_ids = None
 
 
 def tokens_needed(context: int, warmup: int, steps: int) -> int:

@@ -73,6 +73,10 @@ class KVSession:
     remeasure_order: list[tuple[str, int]] | None = None
     remeasure_started: float | None = None
 
+    def __post_init__(self) -> None:
+        if self.settings.threads is not None:  # before anything is measured: the copy bandwidth too
+            torch.set_num_threads(self.settings.threads)
+
     # --- the model ---
     def model(self) -> tuple[Any, ModelSpec]:
         if self._model is None:

@@ -1,9 +1,10 @@
 """Test-only cache classes and hooks for checking the gates: a clean dynamic cache and its twins, one with a
 planted extra full copy of K and V per step (+2 passes: the copy reads the cache and writes it again), one with
-three tiny extra ops per layer and no cache traffic (+3 ops per layer per step, passes unchanged); and a model
-hook that reads the embedding matrix once more per step (+its share of the weight bytes in weight passes).
-Registered as ``twin-clean``, ``twin-planted`` and ``twin-extra-ops`` by the suite's ``benchmarks/conftest.py``
-(never by the production registry); not part of ``--kv-caches all``."""
+a planted whole-cache read (a reduction over K and V: +1 pass), one with three tiny extra ops per layer and no
+cache traffic (+3 ops per layer per step, passes unchanged); and a model hook that reads the embedding matrix
+once more per step (+its share of the weight bytes in weight passes). Registered as ``twin-clean``,
+``twin-planted``, ``twin-read`` and ``twin-extra-ops`` by the suite's ``benchmarks/conftest.py`` (never by the
+production registry); not part of ``--kv-caches all``."""
 
 from __future__ import annotations
 
@@ -18,6 +19,17 @@ class PlantedCopyCache(cache_utils.DynamicCache):
     def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
         keys, values = super().update(key_states, value_states, layer_idx, *args, **kwargs)
         return keys.clone(), values.clone()
+
+
+class PlantedReadCache(cache_utils.DynamicCache):
+    """DynamicCache that reads the whole of K and V once more after every append (a reduction over each):
+    +1 pass, an op (``sum``) that reads the cache and writes one number."""
+
+    def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
+        keys, values = super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        keys.sum()
+        values.sum()
+        return keys, values
 
 
 class ExtraOpsCache(cache_utils.DynamicCache):
@@ -51,11 +63,18 @@ def register() -> None:
 
         return compat.new_cache(PlantedCopyCache, req.config)
 
+    def planted_read(req: Any) -> Any:
+        from kvcache.measuring import compat
+
+        return compat.new_cache(PlantedReadCache, req.config)
+
     def extra_ops(req: Any) -> Any:
         from kvcache.measuring import compat
 
         return compat.new_cache(ExtraOpsCache, req.config)
 
+    register_cache("twin-read", planted_read, in_all=False, replace=True,
+                   description="test-only: DynamicCache plus one planted whole-cache read per step (+1 pass)")
     register_cache("twin-extra-ops", extra_ops, in_all=False, replace=True,
                    description="test-only: DynamicCache plus three tiny ops per layer per step (+3 ops/layer, "
                                "no cache traffic)")

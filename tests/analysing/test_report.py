@@ -25,7 +25,8 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def render_dicts(tmp_path: Path, *runs: dict, out: str = "out") -> Path:
     paths = [write_run(tmp_path / f"run{i}.json", run) for i, run in enumerate(runs)]
     written = report.render([load_run(p) for p in paths], tmp_path / out)
-    assert sorted(p.name for p in written) == sorted(OUTPUTS)
+    ledger = ("ledger.png",) if any(run["kv"].get("ledger") for run in runs) else ()
+    assert sorted(p.name for p in written) == sorted(OUTPUTS + ledger)
     for name in OUTPUTS:
         assert (tmp_path / out / name).stat().st_size > 0, name
     for name in ("latency.png", "traffic.png"):
