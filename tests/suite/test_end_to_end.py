@@ -240,3 +240,20 @@ def test_remeasure_adds_a_round_to_the_noisiest_point(runs):
     again = [b for b in timed(doc) if b["extra_info"].get("remeasured")]
     assert len(again) == 1 and again[0]["extra_info"]["round"] == 2
     assert doc["kv"]["fit"]["dynamic"]["n_points"] == 2 * len(SMALL) + 1
+
+
+def test_the_ledger_lines_up_time_with_counted_ops(main_run):
+    """Profiled steps after the timed rounds: per class, each op the counter names has a timed row with an
+    interval, plus the unattributed and whole profiled-step rows; the ledger is judged (no baseline here)."""
+    kv = main_run["kv"]
+    assert {p["cache"] for p in kv["ledger_points"]} == set(CACHES)
+    assert {p["context"] for p in kv["ledger_points"]} == set(CONTEXTS)
+    for cache in CACHES:
+        rows = kv["ledger"][cache]
+        assert set(kv["traffic"][cache]["by_op"]) <= set(rows), rows
+        assert {"(unattributed)", "(profiled step)"} <= set(rows)
+        assert all(len(row["timed_ci"]) == 2 and row["ms"] >= 0 for row in rows.values())
+        assert kv["verdict"][cache]["ledger"]["status"] == "no-baseline"
+    profiled = next(p for p in kv["ledger_points"] if p["cache"] == "dynamic")
+    assert len(profiled["step_s"]) == 10 and "cat" in profiled["ops_s"]
+    assert all(s > 0 for s in profiled["step_s"])

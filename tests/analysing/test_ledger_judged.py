@@ -1,0 +1,107 @@
+"""The per-op ledger analysed and judged (no torch): fits of synthetic profiles with known slopes, the rows it
+keeps, and the ledger verdict (new ops, renamed ops, drift)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from kvcache.analysing import ledger
+from kvcache.analysing.gate import Rules, judge_ledger
+
+COPY_GBPS = 20.0
+PER_TOKEN = 23_040
+SETTINGS = {"confidence": 0.95, "resamples": 400, "seed": 0}
+
+
+def profile(slopes: dict[str, float], *, base_s: float = 0.002, unattributed_passes: float = 0.5, steps: int = 10,
+            contexts=(512, 2048, 8192, 16384), noise: float = 0.01, seed: int = 0) -> list[dict]:
+    """Ledger records whose op ``o`` costs base_s + slopes[o] passes × kv_bytes / copy bandwidth per step."""
+    rng = random.Random(seed)
+    records = []
+    for context in contexts:
+        kv_bytes = context * PER_TOKEN
+        ops = {op: [(base_s + passes * kv_bytes / (COPY_GBPS * 1e9)) * (1 + rng.gauss(0, noise))
+                    for _ in range(steps)] for op, passes in slopes.items()}
+        outside = [base_s + unattributed_passes * kv_bytes / (COPY_GBPS * 1e9) for _ in range(steps)]
+        step = [sum(values[i] for values in ops.values()) + outside[i] for i in range(steps)]
+        records.append({"cache": "dynamic", "context": context, "kv_bytes": float(kv_bytes), "step_s": step,
+                        "ops_s": ops})
+    return records
+
+
+def test_each_op_slope_is_its_timed_passes():
+    rows = ledger.analyse_cache(profile({"scaled_dot_product_attention": 20.0, "cat": 2.0, "linear": 0.0}),
+                                [COPY_GBPS] * 5, {"cat": 2.0, "scaled_dot_product_attention": 1.0}, SETTINGS)
+    assert rows["scaled_dot_product_attention"]["timed"] == pytest.approx(20.0, rel=0.03)
+    assert rows["cat"]["timed"] == pytest.approx(2.0, rel=0.05)
+    lo, hi = rows["cat"]["timed_ci"]
+    assert lo < 2.0 < hi
+    assert rows[ledger.UNATTRIBUTED]["timed"] == pytest.approx(0.5, abs=0.05)
+    assert rows[ledger.STEP]["timed"] == pytest.approx(22.5, rel=0.03)
+    assert "linear" not in rows and rows[ledger.OTHER]["timed"] == pytest.approx(0.0, abs=0.05)  # folded: flat
+    assert list(rows)[:2] == ["scaled_dot_product_attention", "cat"]  # largest first, then the special rows
+    assert list(rows)[-3:] == list(ledger.SPECIAL)
+
+
+def test_an_op_absent_from_some_steps_counts_zero_there():
+    records = profile({"cat": 2.0})
+    for record in records[:2]:
+        record["ops_s"]["clone"] = [0.0] * 10
+    records[2]["ops_s"]["clone"] = [0.01] * 10  # only some contexts have it; others do not at all
+    rows = ledger.analyse_cache(records, [COPY_GBPS], {}, SETTINGS)
+    assert "clone" in rows
+
+
+def test_too_few_contexts_or_no_copy_bandwidth_give_no_ledger():
+    found, errors = ledger.analyse(profile({"cat": 2.0}, contexts=(512, 1024)), [COPY_GBPS], {}, SETTINGS)
+    assert found == {} and "at least 3 distinct contexts" in errors["dynamic"]
+    found, errors = ledger.analyse(profile({"cat": 2.0}), [], {}, SETTINGS)
+    assert found == {} and "no copy bandwidth" in errors["dynamic"]
+
+
+def rows_of(**ops: tuple[float, float, float]) -> dict:
+    return {op: {"timed": v, "timed_ci": [lo, hi]} for op, (v, lo, hi) in ops.items()}
+
+
+BASE = {"scaled_dot_product_attention": 20.0, "cat": 2.0, "(unattributed)": 0.5, "(profiled step)": 22.5}
+
+
+def test_a_new_op_with_clearly_positive_time_is_a_regression():
+    now = rows_of(scaled_dot_product_attention=(20.5, 19.0, 21.5), cat=(2.0, 1.8, 2.2), clone=(2.4, 1.9, 2.9))
+    verdict = judge_ledger(now, BASE, rules=Rules(), drift=None, key="k")
+    assert verdict.status == "regression"
+    assert verdict.parts["clone (new)"]["status"] == "regression" and verdict.parts["clone (new)"]["allowed"] == 0.5
+    assert verdict.parts["scaled_dot_product_attention"]["status"] == "pass"
+    assert "clone (new): timed passes 2.4" in verdict.reason
+
+
+def test_within_tolerance_passes_and_a_straddle_is_inconclusive():
+    now = rows_of(scaled_dot_product_attention=(20.5, 19.0, 21.5), cat=(2.1, 1.8, 2.4))
+    assert judge_ledger(now, BASE, rules=Rules(), drift=None, key="k").status == "pass"
+    wide = rows_of(scaled_dot_product_attention=(21.0, 18.0, 24.0), cat=(2.0, 1.8, 2.2))
+    verdict = judge_ledger(wide, BASE, rules=Rules(), drift=None, key="k")
+    assert verdict.status == "inconclusive" and "scaled_dot_product_attention" in verdict.reason
+    small_new = rows_of(scaled_dot_product_attention=(20.0, 19.0, 21.0), cat=(2.0, 1.9, 2.1), sum=(0.1, -0.1, 0.3))
+    assert judge_ledger(small_new, BASE, rules=Rules(), drift=None, key="k").status == "pass"
+
+
+def test_a_renamed_op_is_matched_by_its_counted_passes_and_a_vanished_one_reported():
+    now = rows_of(scaled_dot_product_attention=(20.0, 19.0, 21.0), concat=(2.1, 1.9, 2.3))
+    verdict = judge_ledger(now, BASE, rules=Rules(), drift=None, key="k",
+                           counted_by_op={"concat": 2.0, "scaled_dot_product_attention": 1.0},
+                           base_counted_by_op={"cat": 2.0, "scaled_dot_product_attention": 1.0})
+    assert verdict.status == "pass"
+    assert "concat (was cat)" in verdict.parts and "cat is now concat" in verdict.reason
+    gone = judge_ledger(rows_of(scaled_dot_product_attention=(20.0, 19.0, 21.0)), BASE, rules=Rules(), drift=None,
+                        key="k")
+    assert "gone since the baseline: cat" in gone.reason
+
+
+def test_drift_or_no_baseline_never_accuse():
+    now = rows_of(clone=(5.0, 4.0, 6.0))
+    drift = {"ok": False, "fraction": 0.3, "max_fraction": 0.1, "cache": "dynamic", "context": 512}
+    assert judge_ledger(now, BASE, rules=Rules(), drift=drift, key="k").status == "inconclusive"
+    assert judge_ledger(now, None, rules=Rules(), drift=None, key="k").status == "no-baseline"
+    assert judge_ledger(None, BASE, rules=Rules(), drift=None, key="k").status == "not-measured"
