@@ -26,7 +26,8 @@ written; all times in ms unless a key says ``_s``/``_ns``)::
                           weights (weight_bytes / (passes × bytes_per_token)); null where there is no figure
     kv.drift             {cache, context, first_ms, last_ms, fraction, max_fraction, ok} or {reason}
     kv.traffic.<cache>   {passes, by_op: {op: passes}, contexts, step_bytes: {context: {read, written}},
-                          bytes_per_token, calls}
+                          bytes_per_token, calls, kv_bytes: {context: logical KV bytes held}, stored_bytes,
+                          stored_passes, beyond, kinds: {full|sliding|linear: {passes, grows, ...}}}
     kv.probe.<cache>     {query, key, value, mask, attention, expansions, enable_gqa, calls}
     kv.verdict.<cache>.<measure>   {status, value, allowed, reason, interval?, grew?}; measures: counted, timed
     kv.points            [{cache, context, round, median_ms, samples_ms, kv_bytes, counted_bytes,
@@ -227,6 +228,14 @@ class Traffic(Record):
     bytes_per_token: int | None = None
     step_bytes: dict[str, dict[str, int]] | None = None
     calls: dict[str, int] | None = None
+    # Logical KV bytes held per counted context (the denominator), bytes actually stored and passes per stored byte,
+    # steps past every sliding window, and passes per layer kind ({kind: {layers, window, passes, by_op, grows,
+    # growth_bytes, stops_growing_at, step_bytes, kv_bytes, beyond}}): see kv.schema.json.
+    kv_bytes: dict[str, float] | None = None
+    stored_bytes: dict[str, int] | None = None
+    stored_passes: float | None = None
+    beyond: dict[str, Any] | None = None
+    kinds: dict[str, dict[str, Any]] | None = None
     extra: dict[str, Any] = _bookkeeping()
     absent: frozenset[str] = _absent()
 

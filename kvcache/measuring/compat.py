@@ -305,7 +305,8 @@ def decode_kwargs(model: Any, cache: Any, position: int, device: Any) -> dict[st
     The cache keyword is ``past_key_values`` up to 5.23 and ``cache`` from 5.24; ``cache_position`` is
     passed while the model still takes it (up to 5.3).
     """
-    params = _forward_params(type(model.model).forward)
+    base = getattr(model, "model", None) or getattr(model, "transformer", None) or model  # Falcon: .transformer
+    params = _forward_params(type(base).forward)
     key = "cache" if "cache" in params else "past_key_values"
     kwargs: dict[str, Any] = {key: cache, "use_cache": True,
                               "position_ids": torch.tensor([[position]], device=device)}
