@@ -357,6 +357,9 @@ def set_attention(model: Any, name: str) -> None:
     before that the config attribute, read at call time from 4.48)."""
     if attention_name(model) == name:
         return
+    if name not in ("sdpa", "eager") and getattr(model, "_supports_attention_backend", True) is False:
+        raise Unsupported(f"{type(model).__name__} runs its own attention code, not a registered attention function "
+                          f"such as {name!r} (no AttentionInterface support)")
     if hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation(name)
         return
