@@ -18,7 +18,8 @@ from kvcache.settings import SettingsError, parse_ints
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="kvcache traffic", description=description(__doc__))
     parser.add_argument("--cache", default="dynamic", help="cache classes, comma-separated, or all")
-    parser.add_argument("--model", default="smollm2-135m", help="smollm2-135m, smollm2-135m-mha, tiny, or a dir")
+    parser.add_argument("--model", default="smollm2-135m",
+                        help="a preset (smollm2-135m, tiny, gemma3-270m, ...; PRESET@layers=N), or a dir")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
     parser.add_argument("--dtype", default="bfloat16", help="bfloat16, float16 or float32")
     parser.add_argument("--contexts", default="256,512", help="the two contexts to count at")
