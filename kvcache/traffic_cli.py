@@ -18,7 +18,8 @@ from kvcache.settings import SettingsError, parse_ints
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="kvcache traffic", description=description(__doc__))
     parser.add_argument("--cache", default="dynamic", help="cache classes, comma-separated, or all")
-    parser.add_argument("--model", default="smollm2-135m", help="smollm2-135m, smollm2-135m-mha, tiny, or a dir")
+    parser.add_argument("--model", default="smollm2-135m",
+                        help="a preset (smollm2-135m, tiny, gemma3-270m, ...; PRESET@layers=N), or a dir")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
     parser.add_argument("--dtype", default="bfloat16", help="bfloat16, float16 or float32")
     parser.add_argument("--contexts", default="256,512", help="the two contexts to count at")
@@ -86,3 +87,35 @@ def print_one(name: str, result: dict, probe: dict) -> None:
     print(f"  one step at {hi} tokens: {step['read']:,} B read, {step['written']:,} B written")
     print(f"  attention: query {probe.get('query')} key {probe.get('key')} mask {probe.get('mask')}; "
           f"{probe.get('attention')}; K/V expansions {probe.get('expansions')} over {probe.get('calls')} calls")
+    for line in kind_lines(result):
+        print(f"  {line}")
+
+
+def kind_lines(result: dict) -> list[str]:
+    """Passes per layer kind, where each kind stops growing, and passes per byte stored where storage differs."""
+    from kvcache.measuring.traffic import describe_by_op
+
+    lines = []
+    passes, stored = result.get("passes"), result.get("stored_passes")
+    if stored is not None and passes and abs(stored / passes - 1) > 0.01:
+        lines.append(f"per byte stored: {stored:.3f} passes (the cache stores {stored / passes:.2f}x less than "
+                     f"the logical bytes it holds)" if stored > passes else
+                     f"per byte stored: {stored:.3f} passes")
+    for kind, entry in (result.get("kinds") or {}).items():
+        head = f"{kind} ({entry['layers']} layers{', window ' + str(entry['window']) if entry.get('window') else ''})"
+        if entry.get("passes") is not None:
+            lines.append(f"{head}: {entry['passes']:.3f} passes ({describe_by_op(entry.get('by_op') or {})})")
+        else:
+            lines.append(f"{head}: does not grow (state of fixed size): its step bytes changed by "
+                         f"{entry['growth_bytes']:,} B between {' and '.join(entry['step_bytes'])} tokens")
+        far = entry.get("beyond")
+        if far and entry.get("window"):
+            a, b = far["contexts"]
+            verdict = "stops growing past its window" if far["growth_bytes"] == 0 else "STILL GROWS past its window"
+            lines.append(f"  {verdict}: {far['growth_bytes']:,} B more per step at {b} than at {a} tokens "
+                         f"({far['step_bytes'][str(b)]:,} B per step)")
+        elif far and kind == "full":
+            a, b = far["contexts"]
+            lines.append(f"  past the window keeps growing: {far['growth_bytes']:,} B more per step at {b} than "
+                         f"at {a} tokens")
+    return lines

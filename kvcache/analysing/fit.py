@@ -137,6 +137,9 @@ def fit_passes(
     contexts = sorted({p.context for p in points})
     if len(contexts) < MIN_CONTEXTS:
         raise FitError(too_few_contexts(len(contexts)))
+    flat = not_growing(points)
+    if flat:
+        raise FitError(flat)
     copy_samples = np.asarray(copy_samples_gbps, dtype=np.float64) * GB
     if copy_samples.size == 0 or not np.all(np.isfinite(copy_samples)) or median(copy_samples) <= 0:
         raise FitError("needs positive, finite copy bandwidth samples")
@@ -196,6 +199,24 @@ def slope_passes(points: Sequence[Point], copy_samples_gbps: Sequence[float], *,
     lower, upper = 50 * (1 - confidence), 50 * (1 + confidence)
     lo, hi = percentile_interval(slopes * copies, lower, upper)
     return line.slope * median(copy_samples), (lo, hi), line.r2
+
+
+def not_growing(points: Sequence[Point]) -> str | None:
+    """Why the points give no line when the cache holds the same KV bytes at several of their contexts (every layer
+    past its sliding window), so that fewer than MIN_CONTEXTS distinct sizes remain; None otherwise. Such a range is
+    reported as a cache that does not grow, not as a poor fit."""
+    by_size: dict[float, list[int]] = {}
+    for p in points:
+        by_size.setdefault(round(p.kv_bytes), [])
+        if p.context not in by_size[round(p.kv_bytes)]:
+            by_size[round(p.kv_bytes)].append(p.context)
+    if len(by_size) >= MIN_CONTEXTS or all(len(c) < 2 for c in by_size.values()):
+        return None
+    size = max(by_size, key=lambda k: len(by_size[k]))
+    same = by_size[size]
+    return (f"the cache does not grow from {min(same)} to {max(same)} tokens (it holds {size:,.0f} "
+            f"KV bytes at each: every layer is past its sliding window); {len(by_size)} distinct cache sizes, a line "
+            f"needs {MIN_CONTEXTS}: measure contexts below the window")
 
 
 def too_few_contexts(count: int) -> str:

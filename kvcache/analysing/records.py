@@ -27,7 +27,8 @@ written; all times in ms unless a key says ``_s``/``_ns``)::
     kv.drift             {cache, context, first_ms, last_ms, fraction, max_fraction, ok} or {reason}
     kv.traffic.<cache>   {passes, by_op: {op: passes}, contexts, step_bytes: {context: {read, written}},
                           bytes_per_token, calls, ops_per_step, data_ops_per_step, fixed_bytes, weight_bytes,
-                          weight_passes, layers}
+                          weight_passes, layers, kv_bytes: {context: logical KV bytes held}, stored_bytes,
+                          stored_passes, beyond, kinds: {full|sliding|linear: {passes, grows, ...}}}
     kv.probe.<cache>     {query, key, value, mask, attention, expansions, enable_gqa, calls}
     kv.verdict.<cache>.<measure>   {status, value, allowed, reason, interval?, grew?, parts?}; measures:
                           counted, timed (passes), overhead (ops per step; parts: ops_per_step, weight_passes),
@@ -244,6 +245,14 @@ class Traffic(Record):
     weight_bytes: int | None = None
     weight_passes: float | None = None
     layers: int | None = None
+    # Logical KV bytes held per counted context (the denominator), bytes actually stored and passes per stored byte,
+    # steps past every sliding window, and passes per layer kind ({kind: {layers, window, passes, by_op, grows,
+    # growth_bytes, stops_growing_at, step_bytes, kv_bytes, beyond}}): see kv.schema.json.
+    kv_bytes: dict[str, float] | None = None
+    stored_bytes: dict[str, int] | None = None
+    stored_passes: float | None = None
+    beyond: dict[str, Any] | None = None
+    kinds: dict[str, dict[str, Any]] | None = None
     extra: dict[str, Any] = _bookkeeping()
     absent: frozenset[str] = _absent()
 

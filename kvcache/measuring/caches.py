@@ -46,7 +46,9 @@ class CacheSpec:
     ``build`` returns a fresh, empty cache for a :class:`CacheRequest`; ``prepare`` (optional) runs
     before use, and anything it raises skips the class with the reason (:func:`unavailable_reason`);
     ``attention`` is the attention implementation the model runs with for this class;
-    ``memory_factor`` is the cache sizes a step holds at its peak (2 for a class that copies on append).
+    ``memory_factor`` is the cache sizes a step holds at its peak (2 for a class that copies on append);
+    ``kinds`` the layer kinds it can serve (``full``, ``sliding``, ``linear``; None: any), so that a model with
+    layers of another kind skips it with the reason (:func:`kind_reason`).
     """
 
     name: str
@@ -57,6 +59,7 @@ class CacheSpec:
     devices: tuple[str, ...] | None = None
     memory_factor: float = 2.0
     in_all: bool = True
+    kinds: tuple[str, ...] | None = None
 
 
 _REGISTRY: dict[str, CacheSpec] = {}
@@ -158,6 +161,18 @@ def unavailable_reason(spec: CacheSpec, device_type: str) -> str | None:
     except Exception as exc:  # noqa: BLE001 - a class that cannot be prepared is skipped, not a crash
         return f"{spec.name} could not be prepared: {compat.described(exc)}"
     return None
+
+
+def kind_reason(spec: CacheSpec, model: str, kind_layers: dict[str, list[int]]) -> str | None:
+    """Why ``spec`` cannot serve a model whose layers are of these kinds (``{kind: [layer indices]}``), or None."""
+    if spec.kinds is None:
+        return None
+    missing = [kind for kind in kind_layers if kind not in spec.kinds]
+    if not missing:
+        return None
+    what = ", ".join(f"{len(kind_layers[kind])} {kind}" for kind in missing)
+    return (f"{spec.name} cannot serve {' or '.join(missing)} layers (it handles {', '.join(spec.kinds)} only); "
+            f"{model} has {what} layers")
 
 
 # --- built-in classes ------------------------------------------------------------------------------
@@ -274,20 +289,20 @@ def _register_builtins() -> None:
     reg("static", _static, description="StaticCache sized to context + warm-up + steps + margin",
         memory_factor=1.5)
     reg("inplace", _inplace, description="dynamic cache written in place into a preallocated buffer (this project)",
-        memory_factor=1.2)
+        memory_factor=1.2, kinds=("full",))
     reg("static-sliced", _static_sliced, attention="kvcache_sliced_sdpa", prepare=_prepare_sliced,
         description="static cache; attention sees the filled slots only, native GQA (this project)",
-        memory_factor=1.2)
+        memory_factor=1.2, kinds=("full",))
     reg("offloaded", _offloaded, prepare=_prepare_offloaded, devices=("cuda",),
         description="dynamic cache offloaded to CPU between layers (offloading=True)")
     reg("offloaded-static", _offloaded_static, prepare=_prepare_offloaded_static, devices=("cuda",),
         description="static cache offloaded to CPU between layers", memory_factor=1.5)
     reg("quantized-fp8", _quantized("fp8"), prepare=_prepare_quantized("fp8"),
-        description="QuantizedCache, fp8 backend (per-tensor)")
+        description="QuantizedCache, fp8 backend (per-tensor)", kinds=("full",))
     reg("quantized-quanto", _quantized("quanto"),
         prepare=_all_of(_needs_package("optimum.quanto", "optimum-quanto"), _prepare_quantized("quanto")),
-        description="QuantizedCache, quanto backend (int4, residual 128 tokens in full precision)")
+        description="QuantizedCache, quanto backend (int4, residual 128 tokens in full precision)", kinds=("full",))
     reg("quantized-hqq", _quantized("hqq"), prepare=_all_of(_needs_package("hqq", "hqq"), _prepare_quantized("hqq")),
-        description="QuantizedCache, hqq backend")
+        description="QuantizedCache, hqq backend", kinds=("full",))
     reg("sink", _sink, prepare=_prepare_sink,
-        description="SinkCache with a window as large as the sweep needs (4.x only)")
+        description="SinkCache with a window as large as the sweep needs (4.x only)", kinds=("full",))

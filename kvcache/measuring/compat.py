@@ -308,7 +308,8 @@ def decode_kwargs(model: Any, cache: Any, position: int, device: Any,
     device holding ``position`` (a decode loop keeps one and advances it there, so that no step copies a
     position from the host: on CUDA that copy would wait for the device); made here when not given.
     """
-    params = _forward_params(type(model.model).forward)
+    base = getattr(model, "model", None) or getattr(model, "transformer", None) or model  # Falcon: .transformer
+    params = _forward_params(type(base).forward)
     key = "cache" if "cache" in params else "past_key_values"
     ids = position_ids if position_ids is not None else torch.tensor([[position]], device=device)
     kwargs: dict[str, Any] = {key: cache, "use_cache": True, "position_ids": ids}
@@ -359,6 +360,9 @@ def set_attention(model: Any, name: str) -> None:
     before that the config attribute, read at call time from 4.48)."""
     if attention_name(model) == name:
         return
+    if name not in ("sdpa", "eager") and getattr(model, "_supports_attention_backend", True) is False:
+        raise Unsupported(f"{type(model).__name__} runs its own attention code, not a registered attention function "
+                          f"such as {name!r} (no AttentionInterface support)")
     if hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation(name)
         return
@@ -370,14 +374,88 @@ def set_attention(model: Any, name: str) -> None:
             module.config._attn_implementation = name
 
 
-def from_config(config: Any) -> Any:
-    """A randomly initialised causal LM from a config (attention ``sdpa``)."""
+def from_config(config: Any, dtype: Any = None) -> Any:
+    """A randomly initialised causal LM from a config (attention ``sdpa``), built in ``dtype`` when given (a large
+    model then never exists in float32)."""
     from transformers import AutoModelForCausalLM
 
     config._attn_implementation = "sdpa"
-    return AutoModelForCausalLM.from_config(config)
+    if dtype is None:
+        return AutoModelForCausalLM.from_config(config)
+    return AutoModelForCausalLM.from_config(config, **{dtype_keyword(): dtype})
+
+
+def meta_parameters(config: Any) -> int:
+    """Parameters of the causal LM a config describes, counted on the meta device (nothing allocated or initialised);
+    tied weights once."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
 
 
 def dtype_keyword() -> str:
     """``from_pretrained``'s dtype keyword: ``torch_dtype`` up to 4.55, ``dtype`` after."""
     return "dtype" if VERSION >= (4, 56) else "torch_dtype"
+
+
+# --- what each layer of a model caches ---------------------------------------------------------------------
+
+def layer_types(config: Any) -> list[str]:
+    """The cache layer type of every decoder layer (``full_attention``, ``sliding_attention``,
+    ``linear_attention``, ``conv``, ``hybrid``, ``dummy``...), as this release's caches read them from the config:
+    ``cache_utils.get_layer_types_and_kwargs`` (5.x); before it, ``config.layer_types`` when the config has it,
+    else every layer sliding when ``sliding_window`` is set, full otherwise."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    reader = getattr(cache_utils, "get_layer_types_and_kwargs", None)
+    if reader is not None:
+        return list(reader(text)[0])
+    declared = getattr(text, "layer_types", None)
+    if declared:
+        return list(declared)
+    kind = "sliding_attention" if getattr(text, "sliding_window", None) else "full_attention"
+    return [kind] * text.num_hidden_layers
+
+
+def mla_caches_latent() -> bool:
+    """Whether this release's DeepSeek-V2/V3 attention caches the compressed latent (``kv_lora_rank`` as keys,
+    the rotary key ``qk_rope_head_dim`` as values, one head) and expands it every step (``expand_kv``), rather
+    than caching the expanded per-head K and V."""
+    try:
+        from transformers.models.deepseek_v2 import modeling_deepseek_v2
+    except ImportError:
+        return False
+    return hasattr(modeling_deepseek_v2.DeepseekV2Attention, "expand_kv")
+
+
+def stored_bytes(cache: Any) -> int:
+    """Bytes a cache actually stores: every distinct tensor its layer objects (4.54+) or its ``key_cache`` /
+    ``value_cache`` lists (up to 4.53) hold, quantized data and scales included, each once (a view of a buffer counts
+    the part it spans)."""
+    seen: set[tuple] = set()
+    total = 0
+
+    def visit(value: Any, depth: int = 0) -> None:
+        nonlocal total
+        if isinstance(value, torch.Tensor):
+            if value.numel() > 1:  # scalars (lengths, windows) are bookkeeping, not storage
+                key = (value.untyped_storage().data_ptr(), value.storage_offset(), tuple(value.shape),
+                       tuple(value.stride()))
+                if key not in seen:
+                    seen.add(key)
+                    total += value.numel() * value.element_size()
+        elif depth < 3 and isinstance(value, dict):
+            for item in value.values():
+                visit(item, depth + 1)
+        elif depth < 3 and isinstance(value, (list, tuple)):
+            for item in value:
+                visit(item, depth + 1)
+        elif depth < 2 and hasattr(value, "__dict__") and not isinstance(value, type):
+            for item in vars(value).values():
+                visit(item, depth + 1)
+
+    layers = cache.layers if has_layer_objects(cache) else [cache.key_cache, cache.value_cache]
+    for layer in layers:
+        visit(layer, 1)
+    return total

@@ -67,13 +67,18 @@ class DecodePoint:
         return self
 
     def _fill_synthetic(self, gen: torch.Generator, dtype: torch.dtype) -> None:
-        """Random non-zero K/V written into every layer, in order from slot 0, in chunks: O(context)."""
-        shape = (1, self.spec.kv_heads, 0, self.spec.head_dim)
+        """Random non-zero K/V written into every layer that caches K/V (each with its own geometry: heads, key and
+        value dims), in order from slot 0, in chunks: O(context). A linear-attention layer's state is left to the
+        first warm-up step, which starts it (it does not grow with context)."""
+        shapes = self.spec.cached_shapes()
         for start in range(0, self.context, FILL_CHUNK):
             n = min(FILL_CHUNK, self.context - start)
-            for layer in range(self.spec.layers):
-                k = torch.randn(*shape[:2], n, shape[3], generator=gen).to(self.device.torch_device, dtype)
-                v = torch.randn(*shape[:2], n, shape[3], generator=gen).to(self.device.torch_device, dtype)
+            for layer, shape in enumerate(shapes):
+                if shape is None:
+                    continue
+                heads, key_dim, value_dim = shape
+                k = torch.randn(1, heads, n, key_dim, generator=gen).to(self.device.torch_device, dtype)
+                v = torch.randn(1, heads, n, value_dim, generator=gen).to(self.device.torch_device, dtype)
                 compat.fill_layer(self.cache, layer, k, v, start)
 
     def _fill_prefill(self, gen: torch.Generator) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,96 @@ PRESETS: dict[str, dict[str, Any]] = {
 DTYPES = ("bfloat16", "float16", "float32")
 
 
+@dataclass(frozen=True)
+class FamilyPreset:
+    """A model family's preset: a named public checkpoint's per-layer geometry, built offline from Transformers'
+    own config class (``model_type``) with random weights. ``period`` is the repeating layer pattern (the
+    ``layer_types`` of one period, or None when every layer is alike): ``@layers=N`` must be a multiple of it."""
+
+    model_type: str
+    checkpoint: str
+    config: dict[str, Any]
+    period: tuple[str, ...] | None = None
+    note: str = ""
+
+    @property
+    def pattern(self) -> int:
+        return len(self.period) if self.period else 1
+
+    def describe_pattern(self) -> str:
+        if not self.period:
+            return "every layer alike"
+        kinds = {kind: self.period.count(kind) for kind in dict.fromkeys(self.period)}
+        return " : ".join(f"{n} {kind.replace('_attention', '')}" for kind, n in kinds.items())
+
+
+GEMMA3_PERIOD = ("sliding_attention",) * 5 + ("full_attention",)
+QWEN3_NEXT_PERIOD = ("linear_attention",) * 3 + ("full_attention",)
+
+# Real per-layer geometry of each checkpoint's config.json (written from the published configs; vocabularies kept
+# real). Expert counts of mixture-of-experts MLPs are reduced where noted: the KV cache never sees them.
+FAMILY_PRESETS: dict[str, FamilyPreset] = {
+    "qwen3-0.6b": FamilyPreset("qwen3", "Qwen/Qwen3-0.6B", dict(
+        hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+        intermediate_size=3072, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=40960,
+        rope_theta=1000000.0, rms_norm_eps=1e-6, use_sliding_window=False)),
+    "mistral-7b": FamilyPreset("mistral", "mistralai/Mistral-7B-v0.1", dict(
+        hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+        intermediate_size=14336, vocab_size=32000, tie_word_embeddings=False, max_position_embeddings=32768,
+        rope_theta=10000.0, rms_norm_eps=1e-5, sliding_window=4096)),
+    "gemma3-270m": FamilyPreset("gemma3_text", "google/gemma-3-270m", dict(
+        hidden_size=640, num_hidden_layers=18, num_attention_heads=4, num_key_value_heads=1, head_dim=256,
+        intermediate_size=2048, vocab_size=262144, tie_word_embeddings=True, max_position_embeddings=32768,
+        query_pre_attn_scalar=256, rms_norm_eps=1e-6, sliding_window=512), period=GEMMA3_PERIOD),
+    "qwen3-next-80b-a3b": FamilyPreset("qwen3_next", "Qwen/Qwen3-Next-80B-A3B-Instruct", dict(
+        hidden_size=2048, num_hidden_layers=48, num_attention_heads=16, num_key_value_heads=2, head_dim=256,
+        intermediate_size=5120, vocab_size=151936, tie_word_embeddings=False, max_position_embeddings=262144,
+        linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=16,
+        linear_num_value_heads=32, moe_intermediate_size=512, shared_expert_intermediate_size=512,
+        num_experts=16, num_experts_per_tok=10, rms_norm_eps=1e-6), period=QWEN3_NEXT_PERIOD,
+        note="16 of its 512 experts"),
+    "deepseek-v2-lite": FamilyPreset("deepseek_v2", "deepseek-ai/DeepSeek-V2-Lite", dict(
+        hidden_size=2048, num_hidden_layers=27, num_attention_heads=16, num_key_value_heads=16,
+        q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+        intermediate_size=10944, moe_intermediate_size=1408, n_routed_experts=64, n_shared_experts=2,
+        num_experts_per_tok=6, first_k_dense_replace=1, vocab_size=102400, tie_word_embeddings=False,
+        max_position_embeddings=163840, rms_norm_eps=1e-6), note="first layer dense, as in the checkpoint; "
+        "no YaRN rope scaling"),
+    "falcon-7b": FamilyPreset("falcon", "tiiuae/falcon-7b", dict(
+        hidden_size=4544, num_hidden_layers=32, num_attention_heads=71, multi_query=True,
+        new_decoder_architecture=False, parallel_attn=True, bias=False, alibi=False, vocab_size=65024,
+        max_position_embeddings=2048, layer_norm_epsilon=1e-5)),
+}
+
+KIND_OF_LAYER_TYPE = {
+    "full_attention": "full", "hybrid": "full", "indexed_attention": "full",
+    "sliding_attention": "sliding", "chunked_attention": "sliding", "hybrid_sliding": "sliding",
+    "linear_attention": "linear", "conv": "linear", "dummy": "none",
+}
+KINDS = ("full", "sliding", "linear")  # the kinds passes are reported for ("none": a layer that caches nothing)
+LAYERS_SUFFIX = re.compile(r"^(?P<base>.+)@layers=(?P<n>[^@]*)$")
+
+
+@dataclass(frozen=True)
+class LayerKV:
+    """What one decoder layer caches: its ``kind`` (full, sliding, linear, none), the K and V bytes one token adds
+    to it (``heads`` × (``key_dim`` + ``value_dim``) × dtype bytes; 0 for a layer whose state does not grow) and,
+    for a sliding layer, the ``window`` of tokens it retains."""
+
+    kind: str
+    bytes_per_token: int
+    window: int | None = None
+    heads: int = 0
+    key_dim: int = 0
+    value_dim: int = 0
+
+    def held_tokens(self, tokens: float) -> float:
+        """Tokens this layer holds for a context of ``tokens``."""
+        if self.bytes_per_token == 0:
+            return 0
+        return min(tokens, self.window) if self.window else tokens
+
+
 class ModelError(ValueError):
     """A ``--kv-model``/``--kv-dtype`` value that cannot be used; the message is one line."""
 
@@ -60,10 +150,14 @@ class ModelSpec:
     dtype: str
     dtype_bytes: int
     parameters: int
+    layer_kv: tuple[LayerKV, ...] = ()
 
     @property
     def bytes_per_token(self) -> int:
-        """KV-cache bytes one token adds: K and V, every layer, every KV head."""
+        """KV-cache bytes one token adds while every layer grows: K and V, every layer, every KV head (each layer's
+        own geometry when known: a latent, a window, a state that does not grow)."""
+        if self.layer_kv:
+            return sum(layer.bytes_per_token for layer in self.layer_kv)
         return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
 
     @property
@@ -72,7 +166,67 @@ class ModelSpec:
         return self.parameters * self.dtype_bytes
 
     def kv_bytes(self, tokens: float) -> float:
+        """Logical KV bytes the cache holds for a context of ``tokens``: per layer, the tokens it retains × its K/V
+        bytes per token (sliding layers stop at their window, linear-attention state does not grow)."""
+        if self.layer_kv:
+            return sum(layer.bytes_per_token * layer.held_tokens(tokens) for layer in self.layer_kv)
         return self.bytes_per_token * tokens
+
+    def cached_shapes(self) -> list[tuple[int, int, int] | None]:
+        """Per layer, (heads, key dim, value dim) of the K/V it caches per token; None for a layer that holds none
+        (linear-attention state, a layer without attention)."""
+        if not self.layer_kv:
+            return [(self.kv_heads, self.head_dim, self.head_dim)] * self.layers
+        return [(layer.heads, layer.key_dim, layer.value_dim) if layer.bytes_per_token else None
+                for layer in self.layer_kv]
+
+    def kind_layers(self) -> dict[str, list[int]]:
+        """Layer indices of each kind present (full, sliding, linear), in the order of :data:`KINDS`."""
+        out: dict[str, list[int]] = {}
+        for kind in KINDS:
+            found = [i for i, layer in enumerate(self.layer_kv) if layer.kind == kind]
+            if found:
+                out[kind] = found
+        return out
+
+    @property
+    def mixed(self) -> bool:
+        """Whether any layer is not a plain full-attention layer (passes are then reported per kind)."""
+        return any(layer.kind != "full" for layer in self.layer_kv)
+
+    def kv_bytes_of(self, kind: str, tokens: float) -> float:
+        """Logical KV bytes the layers of ``kind`` hold for a context of ``tokens``."""
+        return sum(layer.bytes_per_token * layer.held_tokens(tokens) for layer in self.layer_kv if layer.kind == kind)
+
+    def windows(self) -> list[int]:
+        return sorted({layer.window for layer in self.layer_kv if layer.window and layer.bytes_per_token})
+
+    def kinds_dict(self) -> dict[str, Any]:
+        """``{kind: {layers, bytes_per_token, window}}``: what the record's ``model.kinds`` says."""
+        out = {}
+        for kind, idxs in self.kind_layers().items():
+            windows = sorted({self.layer_kv[i].window for i in idxs if self.layer_kv[i].window})
+            out[kind] = {"layers": len(idxs), "bytes_per_token": sum(self.layer_kv[i].bytes_per_token for i in idxs),
+                         "window": windows[0] if len(windows) == 1 else (windows or None)}
+        return out
+
+    def counted_contexts(self, wanted: tuple[int, ...]) -> tuple[int, ...]:
+        """The contexts to count at: ``wanted``, unless a sliding window lies within reach of them (a layer that stops
+        growing between the two would bend the slope): then a quarter and a half of the smallest window, where every
+        kind grows."""
+        windows = self.windows()
+        margin = 64  # warm-up steps and the counted step stay well clear of the window
+        if windows and max(wanted) + margin >= windows[0]:
+            return (max(1, windows[0] // 4), max(2, windows[0] // 2))
+        return tuple(wanted)
+
+    def beyond_windows(self, wanted: tuple[int, ...]) -> tuple[int, ...] | None:
+        """Two contexts past every sliding window (2× and 3× the largest), to show sliding layers stop growing;
+        None when the model has no sliding layer."""
+        windows = self.windows()
+        if not windows:
+            return None
+        return (2 * windows[-1], 3 * windows[-1])
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -80,6 +234,7 @@ class ModelSpec:
             "head_dim": self.head_dim, "hidden": self.hidden, "vocab": self.vocab, "dtype": self.dtype,
             "bytes_per_token": self.bytes_per_token, "weight_bytes": self.weight_bytes,
             "parameters": self.parameters, "max_position_embeddings": self.max_position_embeddings,
+            **({"kinds": self.kinds_dict()} if self.mixed else {}),
         }
 
 
@@ -92,7 +247,12 @@ def torch_dtype(name: str) -> Any:
 
 
 def count_parameters(config: Any) -> int:
-    """Parameters of a Llama-style decoder from its config (embeddings, attention, MLP, norms, head)."""
+    """Parameters of a Llama-style decoder from its config (embeddings, attention, MLP, norms, head); any other
+    family's model is built on the meta device and its parameters counted."""
+    if getattr(config, "model_type", "llama") != "llama":
+        from kvcache.measuring import compat
+
+        return compat.meta_parameters(config)
     h, layers, vocab = config.hidden_size, config.num_hidden_layers, config.vocab_size
     head_dim = getattr(config, "head_dim", None) or h // config.num_attention_heads
     q = h * config.num_attention_heads * head_dim
@@ -104,20 +264,65 @@ def count_parameters(config: Any) -> int:
     return vocab * h + layers * per_layer + h + head
 
 
-def spec_from_config(name: str, config: Any, dtype: str) -> ModelSpec:
+def kv_heads_of(config: Any) -> int:
+    """KV heads attention runs with: ``num_key_value_heads``; Falcon's ``multi_query`` (one) or ``num_kv_heads``."""
+    declared = getattr(config, "num_key_value_heads", None)
+    if declared:
+        return declared
+    if getattr(config, "multi_query", False) and not getattr(config, "new_decoder_architecture", False):
+        return 1
+    return getattr(config, "num_kv_heads", None) or config.num_attention_heads
+
+
+def cache_geometry(config: Any) -> tuple[int, int, int]:
+    """(heads, key dim, value dim) of what one attention layer caches per token. Multi-head latent attention
+    (DeepSeek-V2/V3: ``kv_lora_rank``) caches its compressed latent and rotary key as one head where this release
+    does so (:func:`compat.mla_caches_latent`), else the expanded per-head K and V."""
+    from kvcache.measuring import compat
+
+    if getattr(config, "kv_lora_rank", None) and getattr(config, "qk_rope_head_dim", None):
+        if compat.mla_caches_latent():
+            return 1, config.kv_lora_rank, config.qk_rope_head_dim
+        return config.num_attention_heads, config.qk_nope_head_dim + config.qk_rope_head_dim, config.v_head_dim
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return kv_heads_of(config), head_dim, head_dim
+
+
+def layer_kv_of(config: Any, dtype_bytes: int) -> tuple[LayerKV, ...]:
+    """Per decoder layer, what it caches (:class:`LayerKV`), from the layer types this release's caches read."""
+    from kvcache.measuring import compat
+
+    heads, key_dim, value_dim = cache_geometry(config)
+    per_token = heads * (key_dim + value_dim) * dtype_bytes
+    window = getattr(config, "sliding_window", None) or getattr(config, "attention_chunk_size", None)
+    out = []
+    for layer_type in compat.layer_types(config):
+        kind = KIND_OF_LAYER_TYPE.get(layer_type, "full")
+        grows = kind in ("full", "sliding")
+        out.append(LayerKV(kind, per_token if grows else 0, int(window) if kind == "sliding" and window else None,
+                           *((heads, key_dim, value_dim) if grows else (0, 0, 0))))
+    return tuple(out)
+
+
+def spec_from_config(name: str, config: Any, dtype: str, parameters: int | None = None) -> ModelSpec:
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    dtype_bytes = torch_dtype(dtype).itemsize
+    layer_kv = layer_kv_of(config, dtype_bytes)
+    uniform = all(layer.kind == "full" for layer in layer_kv) and cache_geometry(config) == (
+        kv_heads_of(config), head_dim, head_dim)
     return ModelSpec(
         name=name,
         layers=config.num_hidden_layers,
         heads=config.num_attention_heads,
-        kv_heads=getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+        kv_heads=kv_heads_of(config),
         head_dim=head_dim,
         hidden=config.hidden_size,
         vocab=config.vocab_size,
         max_position_embeddings=config.max_position_embeddings,
         dtype=dtype,
-        dtype_bytes=torch_dtype(dtype).itemsize,
-        parameters=count_parameters(config),
+        dtype_bytes=dtype_bytes,
+        parameters=parameters if parameters is not None else count_parameters(config),
+        layer_kv=() if uniform else layer_kv,
     )
 
 
@@ -130,6 +335,8 @@ def load_config(name: str) -> tuple[Any, Path | None]:
 
     if name in PRESETS:
         return LlamaConfig(**PRESETS[name]), None
+    if name in FAMILY_PRESETS or LAYERS_SUFFIX.match(name):
+        return preset_config(name), None
     path = Path(name).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -137,8 +344,57 @@ def load_config(name: str) -> tuple[Any, Path | None]:
         return read_config(name, path), (path if has_weights(path) else None)
     if HUB_ID.match(name) and not path.exists():
         return hub_config(name)
-    raise ModelError(f"--kv-model {name!r} is not a preset ({', '.join(PRESETS)}) "
+    raise ModelError(f"--kv-model {name!r} is not a preset ({', '.join(preset_names())}) "
                      "nor a directory with a config.json")
+
+
+def preset_names() -> list[str]:
+    return [*PRESETS, *FAMILY_PRESETS]
+
+
+def split_layers(name: str) -> tuple[str, int | None]:
+    """``"gemma3-270m@layers=6"`` -> ``("gemma3-270m", 6)``; a plain name -> ``(name, None)``. A depth that is not
+    a positive multiple of the preset's layer pattern, or ``@layers`` on something not a preset, is a one-line
+    ModelError naming the value and the accepted ones."""
+    match = LAYERS_SUFFIX.match(name)
+    if not match:
+        return name, None
+    base, text = match["base"], match["n"]
+    if base not in PRESETS and base not in FAMILY_PRESETS:
+        raise ModelError(f"--kv-model {name!r}: @layers=N applies to presets only ({', '.join(preset_names())}), "
+                         f"not {base!r}")
+    preset = FAMILY_PRESETS.get(base)
+    pattern = preset.pattern if preset else 1
+    shape = preset.describe_pattern() if preset else "every layer alike"
+    accepted = f"a positive multiple of {pattern} ({base}'s layer pattern: {shape}), e.g. {pattern}, {2 * pattern}"
+    try:
+        layers = int(text)
+    except ValueError:
+        raise ModelError(f"--kv-model {name!r}: layers {text!r} is not a whole number; accepted: {accepted}") from None
+    if layers < 1 or layers % pattern:
+        raise ModelError(f"--kv-model {name!r}: layers {layers} is not {accepted}")
+    return base, layers
+
+
+def preset_config(name: str) -> Any:
+    """The config of a preset, at ``@layers=N`` when given (the layer pattern repeated to N layers)."""
+    from transformers import CONFIG_MAPPING, LlamaConfig
+
+    base, layers = split_layers(name)
+    if base in PRESETS:
+        values = dict(PRESETS[base])
+        if layers is not None:
+            values["num_hidden_layers"] = layers
+        return LlamaConfig(**values)
+    preset = FAMILY_PRESETS[base]
+    values = dict(preset.config)
+    if layers is not None:
+        values["num_hidden_layers"] = layers
+    if preset.period:
+        values["layer_types"] = [preset.period[i % preset.pattern] for i in range(values["num_hidden_layers"])]
+    if preset.model_type not in CONFIG_MAPPING:
+        raise ModelError(f"--kv-model {name!r}: model_type {preset.model_type!r} is not in this transformers release")
+    return CONFIG_MAPPING[preset.model_type](**values)
 
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # owner/name
@@ -292,11 +548,11 @@ def build_model(name: str, device: Any, dtype: str, seed: int = 0) -> tuple[Any,
             str(weights), attn_implementation="sdpa", **{compat.dtype_keyword(): tdtype})
     else:
         torch.manual_seed(seed)
-        model = compat.from_config(config)
+        family = split_layers(name)[0] in FAMILY_PRESETS  # large: built in the dtype, not float32 then cast
+        model = compat.from_config(config, dtype=tdtype if family else None)
     model = model.to(device=device, dtype=tdtype).eval()
     model.requires_grad_(False)
-    spec = spec_from_config(name, model.config, dtype)
-    return model, replace(spec, parameters=distinct_parameters(model))
+    return model, spec_from_config(name, model.config, dtype, parameters=distinct_parameters(model))
 
 
 def distinct_parameters(model: Any) -> int:

@@ -17,7 +17,7 @@ import transformers
 
 from kvcache.analysing.analysis import achieved_gbps
 from kvcache.analysing.stats import median
-from kvcache.measuring import caches, decode, ledger, traffic
+from kvcache.measuring import caches, compat, decode, ledger, traffic
 from kvcache.measuring.bandwidth import measure_copy
 from kvcache.measuring.devices import Device
 from kvcache.measuring.models import ModelSpec, build_model, load_config, spec_from_config
@@ -138,6 +138,9 @@ class KVSession:
         reason = caches.unavailable_reason(spec, self.device.type)
         if reason:
             raise self.skip(cache, None, reason)
+        reason = caches.kind_reason(spec, self.settings.model, self.spec().kind_layers())
+        if reason:
+            raise self.skip(cache, None, reason)
         model, mspec = self.model()
         try:
             return decode.open_point(model, mspec, spec, self.device, context, warmup=warmup, steps=steps,
@@ -251,18 +254,79 @@ class KVSession:
                                      "achieved_gbps": achieved_gbps(counted_bytes, median_s)})
 
     def count(self, cache: str) -> dict[str, Any]:
-        """Counted passes of ``cache`` (steps counted at the two counted contexts) and its attention probe."""
+        """Counted passes of ``cache`` (steps counted at the two counted contexts) and its attention probe; for a
+        model whose layers are not all full attention, passes per layer kind (:meth:`count_kinds`)."""
         s = self.settings
         model, spec = self.model()
-        counts = {}
-        for context in s.counted_contexts:
-            dp = self.open(cache, context, warmup=min(s.warmup, COUNT_WARMUP), steps=1)
-            _, counts[context] = traffic.count(dp.step, scopes={model: traffic.FORWARD})
-            if context == max(s.counted_contexts):
-                self.probes[cache] = probe(dp.step, spec.heads, spec.kv_heads).to_dict()
-            dp.release()
+        if spec.mixed:
+            return self.count_kinds(cache)
+        contexts = tuple(s.counted_contexts)
+        counts, _, stored = self._counted_steps(cache, contexts, probe_at=max(contexts),
+                                                scopes={model: traffic.FORWARD})
         self.traffic[cache] = traffic.counted_passes(counts, spec.bytes_per_token, layers=spec.layers,
                                                      weight_bytes=spec.weight_bytes)
+        self.traffic[cache].update(self._held_and_stored(cache, counts, stored=stored))
         self.emit({"type": "traffic", "cache": cache, "traffic": self.traffic[cache], "probe": self.probes.get(cache)})
         return self.traffic[cache]
 
+    def _counted_steps(self, cache: str, contexts: tuple[int, ...], *, probe_at: int | None = None,
+                       scopes: dict[Any, str] | None = None) -> tuple[dict[int, Any], dict[int, int], dict[int, int]]:
+        """One counted step of ``cache`` at each context (ops charged per decoder layer too, with ``scopes``); the
+        tokens its attention sees and the bytes the cache actually stores there."""
+        s = self.settings
+        model, spec = self.model()
+        counts, tokens, stored = {}, {}, {}
+        for context in contexts:
+            dp = self.open(cache, context, warmup=min(s.warmup, COUNT_WARMUP), steps=1)
+            _, counts[context] = traffic.count(dp.step, scopes=scopes)
+            tokens[context] = dp.position  # after the step: the tokens its attention read
+            stored[context] = compat.stored_bytes(dp.cache)
+            if context == probe_at:
+                self.probes[cache] = probe(dp.step, spec.heads, spec.kv_heads).to_dict()
+            dp.release()
+        return counts, tokens, stored
+
+    def _held_and_stored(self, cache: str, counts: dict[int, Any], tokens: dict[int, int] | None = None,
+                         stored: dict[int, int] | None = None) -> dict[str, Any]:
+        """``kv_bytes`` {context: logical KV bytes held}; ``stored_bytes`` {context: bytes stored} and
+        ``stored_passes`` (Δ step bytes / Δ bytes stored) when given."""
+        spec = self.spec()
+        contexts = sorted(counts)
+        tokens = tokens or {c: c + min(self.settings.warmup, COUNT_WARMUP) + 1 for c in contexts}
+        out: dict[str, Any] = {"kv_bytes": {str(c): spec.kv_bytes(tokens[c]) for c in contexts}}
+        if stored:
+            lo, hi = contexts[0], contexts[-1]
+            delta = stored[hi] - stored[lo]
+            out["stored_bytes"] = {str(c): stored[c] for c in contexts}
+            out["stored_passes"] = (counts[hi].total - counts[lo].total) / delta if delta > 0 else None
+        return out
+
+    def count_kinds(self, cache: str) -> dict[str, Any]:
+        """Counted passes of a model with sliding-window or linear-attention layers: whole step and per layer kind,
+        against the logical KV bytes the cache holds (sliding layers stop at their window, linear state does not
+        grow), at contexts below every window (:meth:`ModelSpec.counted_contexts`); then two steps past every window,
+        where sliding layers must have stopped growing."""
+        s = self.settings
+        model, spec = self.model()
+        contexts = spec.counted_contexts(tuple(s.counted_contexts))
+        scopes = {model: traffic.FORWARD, **traffic.layer_scopes(model)}
+        kind_layers = spec.kind_layers()
+        counts, tokens, stored = self._counted_steps(cache, contexts, probe_at=max(contexts), scopes=scopes)
+        held = {c: spec.kv_bytes(tokens[c]) for c in contexts}
+        result = traffic.counted_passes(counts, spec.bytes_per_token, kv_bytes=held, layers=spec.layers,
+                                        weight_bytes=spec.weight_bytes)
+        result.update(self._held_and_stored(cache, counts, tokens, stored))
+        kinds_held = {kind: {c: spec.kv_bytes_of(kind, tokens[c]) for c in contexts} for kind in kind_layers}
+        windows = {kind: value["window"] for kind, value in spec.kinds_dict().items()}
+        far = spec.beyond_windows(contexts)
+        beyond = beyond_held = None
+        if far:
+            beyond, far_tokens, _ = self._counted_steps(cache, far, scopes=scopes)
+            beyond_held = {kind: {c: spec.kv_bytes_of(kind, far_tokens[c]) for c in far} for kind in kind_layers}
+            result["beyond"] = {"contexts": list(far), "step_bytes": {str(c): beyond[c].total for c in far},
+                                "kv_bytes": {str(c): spec.kv_bytes(far_tokens[c]) for c in far}}
+        result["kinds"] = traffic.kind_passes(counts, kind_layers, kinds_held, windows=windows, beyond=beyond,
+                                              beyond_held=beyond_held)
+        self.traffic[cache] = result
+        self.emit({"type": "traffic", "cache": cache, "traffic": result, "probe": self.probes.get(cache)})
+        return result

@@ -303,12 +303,15 @@ FORWARD = "forward"  # the scope label of the model's own forward call (ops_per_
 
 
 def counted_passes(counts: dict[int, TrafficCount], bytes_per_token: int, *, min_op_passes: float = 0.005,
-                   layers: int | None = None, weight_bytes: int | None = None) -> dict:
+                   kv_bytes: dict[int, float] | None = None, layers: int | None = None,
+                   weight_bytes: int | None = None) -> dict:
     """Counted passes and counted overhead from steps counted at two or more contexts.
 
     passes = Δ(bytes read + written by the step) / Δ(KV-cache bytes), between the smallest and largest
     context; per op the same slope ("cat 2.00, scaled_dot_product_attention 1.00"). Ops whose slope is
-    below ``min_op_passes`` (per-step constants such as weights) are left out of ``by_op``.
+    below ``min_op_passes`` (per-step constants such as weights) are left out of ``by_op``. Δ(KV-cache bytes) is
+    the change of the logical KV bytes the cache holds (``kv_bytes``: {context: bytes}) when given, else
+    Δcontext × ``bytes_per_token``.
 
     Overhead, from the same counts: ``fixed_bytes`` is the line's intercept (bytes the step moves that do
     not grow with context: step bytes at the smallest context minus passes × its KV bytes),
@@ -320,20 +323,14 @@ def counted_passes(counts: dict[int, TrafficCount], bytes_per_token: int, *, min
     if len(contexts) < 2:
         raise ValueError("counted passes need steps counted at two contexts")
     lo, hi = counts[contexts[0]], counts[contexts[-1]]
-    kv_lo, kv_hi = contexts[0] * bytes_per_token, contexts[-1] * bytes_per_token
-    by_op = {}
-    for name in set(lo.ops) | set(hi.ops):
-        delta = hi.ops[name].total - lo.ops[name].total if name in hi.ops and name in lo.ops else (
-            hi.ops[name].total if name in hi.ops else -lo.ops[name].total)
-        passes = delta / (kv_hi - kv_lo)
-        if abs(passes) >= min_op_passes:
-            by_op[name] = round(passes, 4)
+    held = kv_bytes or {c: c * bytes_per_token for c in contexts}
+    kv_lo, kv_hi = held[contexts[0]], held[contexts[-1]]
     passes = (hi.total - lo.total) / (kv_hi - kv_lo)
     fixed = round(lo.total - passes * kv_lo)
     forward = hi.scopes.get(FORWARD)
     return {
         "passes": passes,
-        "by_op": dict(sorted(by_op.items(), key=lambda kv: -abs(kv[1]))),
+        "by_op": op_passes(lo, hi, kv_hi - kv_lo, min_op_passes),
         "contexts": contexts,
         "bytes_per_token": bytes_per_token,
         "step_bytes": {str(c): {"read": counts[c].read, "written": counts[c].written} for c in contexts},
@@ -345,6 +342,77 @@ def counted_passes(counts: dict[int, TrafficCount], bytes_per_token: int, *, min
         "weight_passes": fixed / weight_bytes if weight_bytes else None,
         "layers": layers,
     }
+
+
+def op_passes(lo: TrafficCount, hi: TrafficCount, kv_delta: float, min_op_passes: float = 0.005) -> dict[str, float]:
+    """Per op, Δ(bytes) / ``kv_delta`` between two counts, largest first; slopes below ``min_op_passes`` left out."""
+    by_op = {}
+    for name in set(lo.ops) | set(hi.ops):
+        delta = hi.ops[name].total - lo.ops[name].total if name in hi.ops and name in lo.ops else (
+            hi.ops[name].total if name in hi.ops else -lo.ops[name].total)
+        passes = delta / kv_delta
+        if abs(passes) >= min_op_passes:
+            by_op[name] = round(passes, 4)
+    return dict(sorted(by_op.items(), key=lambda kv: -abs(kv[1])))
+
+
+def layer_scopes(model: Any) -> dict[Any, str]:
+    """``{decoder layer module: "layer.<i>"}`` for a causal LM whose decoder keeps its layers in ``.layers`` (or
+    Falcon-style ``.h``); empty when none is found."""
+    base = getattr(model, "model", None) or getattr(model, "transformer", None) or model
+    layers = getattr(base, "layers", None)
+    if layers is None:
+        layers = getattr(base, "h", None)
+    return {layer: f"layer.{i}" for i, layer in enumerate(layers)} if layers is not None else {}
+
+
+def kind_bytes(count: TrafficCount, layers: list[int]) -> TrafficCount:
+    """The ops charged while any of ``layers`` ran (scopes ``layer.<i>``), as one count."""
+    merged = TrafficCount()
+    for i in layers:
+        for name, op in count.scope(f"layer.{i}").ops.items():
+            entry = merged.ops[name]
+            entry.calls += op.calls
+            entry.data_calls += op.data_calls
+            entry.read += op.read
+            entry.written += op.written
+    return merged
+
+
+def kind_passes(counts: dict[int, TrafficCount], kind_layers: dict[str, list[int]],
+                held: dict[str, dict[int, float]], *, windows: dict[str, int | None] | None = None,
+                beyond: dict[int, TrafficCount] | None = None, beyond_held: dict[str, dict[int, float]] | None = None,
+                min_op_passes: float = 0.005) -> dict[str, dict]:
+    """Counted passes per layer kind: Δ(bytes of that kind's layers) / Δ(KV bytes those layers hold), between the
+    smallest and largest counted context; a kind whose layers hold no more bytes there (a linear-attention state)
+    has no passes figure, ``grows`` False and the bytes its step changed by (``growth_bytes``). ``beyond``: steps
+    counted past every sliding window, where a sliding kind must stop growing (its ``beyond.growth_bytes`` 0)."""
+    contexts = sorted(counts)
+    lo, hi = contexts[0], contexts[-1]
+    out = {}
+    for kind, layers in kind_layers.items():
+        step = {c: kind_bytes(counts[c], layers) for c in contexts}
+        kv_delta = held[kind][hi] - held[kind][lo]
+        growth = step[hi].total - step[lo].total
+        entry: dict[str, Any] = {
+            "layers": len(layers),
+            "window": (windows or {}).get(kind),
+            "passes": growth / kv_delta if kv_delta else None,
+            "by_op": op_passes(step[lo], step[hi], kv_delta, min_op_passes) if kv_delta else {},
+            "grows": bool(kv_delta),
+            "growth_bytes": growth,
+            "stops_growing_at": 0 if kind == "linear" else (windows or {}).get(kind),
+            "step_bytes": {str(c): step[c].total for c in contexts},
+            "kv_bytes": {str(c): held[kind][c] for c in contexts},
+        }
+        if beyond and beyond_held:
+            far = sorted(beyond)
+            far_step = {c: kind_bytes(beyond[c], layers).total for c in far}
+            entry["beyond"] = {"contexts": far, "step_bytes": {str(c): far_step[c] for c in far},
+                               "kv_bytes": {str(c): beyond_held[kind][c] for c in far},
+                               "growth_bytes": far_step[far[-1]] - far_step[far[0]]}
+        out[kind] = entry
+    return out
 
 
 def describe_by_op(by_op: dict[str, float]) -> str:

@@ -241,3 +241,14 @@ def test_drift():
 def test_drift_of_different_points_is_an_error():
     with pytest.raises(ValueError, match="one point twice"):
         measure_drift(point(512, (0.1,)), point(1024, (0.1,)), 0.1)
+
+
+def test_a_cache_that_stops_growing_is_reported_as_such_not_as_a_poor_fit():
+    """Every layer past its sliding window (issue 14): the contexts beyond it hold the same KV bytes, so the points
+    give fewer than 3 cache sizes; the reason names the range where the cache does not grow."""
+    window_bytes = BYTES_PER_TOKEN * 4096
+    points = [Point(cache="dynamic", context=c, round=0, kv_bytes=min(BYTES_PER_TOKEN * c, window_bytes),
+                    samples_s=(0.01 + 1e-12 * min(c, 4096),) * 3) for c in (2048, 4096, 8192, 16384)]
+    with pytest.raises(FitError) as info:
+        fit_passes(points, [20.0] * 5, bytes_per_token=BYTES_PER_TOKEN, weight_bytes=WEIGHT_BYTES)
+    assert "the cache does not grow from 4096 to 16384 tokens" in one_line(info)

@@ -25,7 +25,8 @@ def options(*argv: str):
 
 
 def test_measured_runs_are_one_class_each_with_the_gate_on(tmp_path):
-    runs = gate_power.measured_runs(options("--runs", "3", "--tolerance", "0.1"), tmp_path)
+    runs = gate_power.measured_runs(options("--runs", "3", "--tolerance", "0.1", "--planted", "twin-planted"),
+                                    tmp_path)
     assert [r["cache"] for r in runs] == ["twin-clean", "twin-planted", "twin-planted", "twin-clean",
                                           "twin-clean", "twin-planted"]  # interleaved, order rotated
     for r in runs:
