@@ -223,13 +223,17 @@ def test_update_baseline_then_rerun_passes(runs):
     assert by_type["dynamic"]["counted_passes"] == pytest.approx(3.0, abs=0.05)
     assert by_type["static"]["counted_passes"] == pytest.approx(1.0, abs=0.05)
     assert by_type["dynamic"]["counted_by_op"]["cat"] == pytest.approx(2.0, abs=0.02)
-    assert len(baseline["devices"]) == 1  # counted passes key on the device type; no timed point ran
+    # counted passes key on the device type, counted overhead on it and the torch release; no timed point ran
+    assert [key for key in baseline["devices"] if key != "cpu | tiny | bfloat16"] == [
+        key for key in baseline["devices"] if key.startswith("cpu | tiny | bfloat16 | torch ")]
+    assert len(baseline["devices"]) == 2
     assert rerun.returncode == 0, describe(rerun)
     verdicts = load_json(runs.rerun_json)["kv"]["verdict"]
     for cache in ("dynamic", "static"):
         counted = verdicts[cache]["counted"]
         assert counted["status"] == "pass", counted
         assert counted["allowed"] == pytest.approx(by_type[cache]["counted_passes"] + 0.05)
+        assert verdicts[cache]["overhead"]["status"] == "pass", verdicts[cache]["overhead"]
     assert "kv-cache regression" not in output(rerun)
 
 

@@ -116,5 +116,5 @@ def test_bad_input_is_one_line_usage_error(cases, case):
 def test_good_input_collects(cases):
     done = cases[1]["good"]
     assert done.returncode == 0, describe(done)
-    # one class: 1 counted test, copy bandwidth at start and end, 2 timed points, the drift re-measurement
-    assert "6 tests collected" in output(done), describe(done)
+    # one class: 1 counted test, copy bandwidth at start and end, 2 timed points, 2 ledger points, the drift
+    assert "8 tests collected" in output(done), describe(done)
