@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from kvcache.settings import FILLS, ORDERS, Settings, SettingsError, check_choice, number, parse_ints
+from kvcache.settings import COMPILE_MODES, FILLS, ORDERS, Settings, SettingsError, check_choice, number, parse_ints
 
 STATE = pytest.StashKey["KVState"]()
 SUITE_DIRS = pytest.StashKey["tuple[Path, ...]"]()
@@ -65,6 +65,8 @@ OPTIONS: dict[str, tuple[Any, str]] = {
     "--kv-min-r2": (0.90, "fits below this R² are inconclusive (default 0.90)"),
     "--kv-remeasure": (0, "after the rounds, measure the N noisiest points once more (default 0)"),
     "--kv-remeasure-seconds": (120, "time bound of those re-measurements (default 120 s)"),
+    "--kv-compile": ("off", "off (default), default, reduce-overhead or max-autotune: the decode forward under "
+                            "torch.compile in that mode"),
 }
 FLAGS: dict[str, str] = {
     "--kv-update-baseline": "write this run's passes into the baseline file",
@@ -133,6 +135,7 @@ def settings_from(config: pytest.Config) -> Settings:
         gate=not opt("kv_no_gate"), strict=bool(opt("kv_strict")),
         remeasure=int(number("--kv-remeasure", opt("kv_remeasure"), low=0, whole=True)),
         remeasure_seconds=number("--kv-remeasure-seconds", opt("kv_remeasure_seconds"), low=0),
+        compile=check_choice("--kv-compile", opt("kv_compile"), COMPILE_MODES),
     )
 
 

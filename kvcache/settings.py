@@ -10,6 +10,7 @@ from typing import Any
 DEFAULT_CONTEXTS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
 ORDERS = ("interleaved", "ascending")
 FILLS = ("synthetic", "prefill")
+COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")  # kvcache.measuring.compiled.MODES
 
 
 class SettingsError(ValueError):
@@ -45,6 +46,7 @@ class Settings:
     strict: bool = False
     remeasure: int = 0
     remeasure_seconds: float = 120.0
+    compile: str = "off"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kvcache.analysing import identity
+from kvcache.analysing import gate, identity
 from kvcache.analysing.fit import record_problem
 from kvcache.analysing.records import jsonable
 
@@ -146,6 +146,9 @@ def timed_problem(kv: dict[str, Any], cache: str) -> str | None:
         return f"drift not checked ({drift.get('reason', 'no drift measurement')})"
     if drift["ok"] is not True:
         return f"drift {drift.get('fraction', 0):+.1%} beyond the allowed ±{drift.get('max_fraction', 0):.0%}"
+    problems = gate.compile_problems(kv.get("points"), cache)
+    if problems:
+        return f"compiled run: {problems[0]}"
     return None
 
 
@@ -163,7 +166,8 @@ def entries_of_run(kv: dict[str, Any], recorded: str) -> tuple[dict[str, dict[st
             refused.append(f"{cache}: timed passes not recorded: {problem}; the recorded entry, if any, stays")
         else:
             timed[cache] = {**common, "timed_passes": fit["passes"], "timed_r2": fit.get("r2")}
-    for cache, traffic in (kv.get("traffic") or {}).items():
+    for cache, entry in (kv.get("traffic") or {}).items():
+        traffic = gate.counted_traffic(entry) or {}  # under --kv-compile: the fused count
         passes = traffic.get("passes")
         if isinstance(passes, (int, float)) and math.isfinite(passes) and passes > 0:
             counted[cache] = {**common, "counted_passes": passes, "counted_by_op": dict(traffic.get("by_op") or {})}

@@ -173,6 +173,28 @@ def judge_counted(traffic: dict[str, Any] | None, *, allowed: float | None, base
     return verdict
 
 
+def counted_traffic(traffic: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The counted figure a class is judged (and recorded) by: under ``--kv-compile`` the fused count of the
+    compiled step (``kv.traffic.<cache>.compiled.fused``: what runs, per kernel), otherwise the eager count."""
+    compiled = (traffic or {}).get("compiled")
+    if not isinstance(compiled, dict):
+        return traffic
+    fused = compiled.get("fused") or {}
+    return {"passes": fused.get("passes"), "by_op": fused.get("by_kernel") or {},
+            "why_missing": compiled.get("error") or fused.get("error")}
+
+
+def compile_problems(points: list[dict[str, Any]] | None, cache: str) -> list[str]:
+    """Why a compiled class's timed figure cannot be trusted: its points' ``compiled.problem`` (a recompile inside
+    the timed steps, a step that ran eagerly), each named once with its context."""
+    problems: dict[str, None] = {}
+    for p in points or []:
+        problem = (p.get("compiled") or {}).get("problem") if p.get("cache") == cache else None
+        if problem:
+            problems.setdefault(f"at {p.get('context')} tokens: {problem}")
+    return list(problems)
+
+
 def judge_run(kv: dict[str, Any], baseline: dict[str, dict[str, dict[str, Any]]], rules: Rules,
               keys: dict[str, str]) -> dict[str, dict[str, Any]]:
     """Verdicts of every class of a run: ``{cache: {measure: verdict dict}}``.
@@ -187,12 +209,20 @@ def judge_run(kv: dict[str, Any], baseline: dict[str, dict[str, dict[str, Any]]]
         bound = rules.max_passes.get(cache)
         counted_base = baseline.get("counted", {}).get(cache) or {}
         timed_base = baseline.get("timed", {}).get(cache) or {}
+        judged = counted_traffic(traffic.get(cache))
         counted = judge_counted(
-            traffic.get(cache), key=keys["counted"], base_by_op=counted_base.get("counted_by_op"),
+            judged, key=keys["counted"], base_by_op=counted_base.get("counted_by_op"),
             allowed=allowed_passes(counted_base.get("counted_passes"), rules.counted_tolerance, bound, relative=False))
+        if counted.status == "not-measured" and (judged or {}).get("why_missing"):
+            counted.reason = f"no fused count of the compiled step: {judged['why_missing']}"
         timed = judge_timed(
             fits.get(cache), rules=rules, drift=kv.get("drift"), key=keys["timed"],
             allowed=allowed_passes(timed_base.get("timed_passes"), rules.tolerance, bound, relative=True))
+        problems = compile_problems(kv.get("points"), cache)
+        if problems and timed.status != "not-measured":
+            if timed.status in ("pass", "regression"):
+                timed.status, timed.reason = "inconclusive", ""
+            timed.reason = "; ".join([*([timed.reason] if timed.reason else []), *problems])
         out[cache] = {"counted": counted.to_dict(), "timed": timed.to_dict()}
     return out
 

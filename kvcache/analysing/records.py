@@ -26,11 +26,16 @@ written; all times in ms unless a key says ``_s``/``_ns``)::
                           weights (weight_bytes / (passes × bytes_per_token)); null where there is no figure
     kv.drift             {cache, context, first_ms, last_ms, fraction, max_fraction, ok} or {reason}
     kv.traffic.<cache>   {passes, by_op: {op: passes}, contexts, step_bytes: {context: {read, written}},
-                          bytes_per_token, calls}
+                          bytes_per_token, calls, compiled?}; compiled (--kv-compile): {mode, runs_as, fullgraph,
+                          unfused: {passes, by_op, ...}, fused: {passes, by_kernel, step_bytes}, kernels_per_step,
+                          graphs_per_step, compile_s} or {mode, error}: a compiled step counted unfused (the
+                          post-grad graph's ATen ops, the suite's rules) and fused (inductor's own byte count)
     kv.probe.<cache>     {query, key, value, mask, attention, expansions, enable_gqa, calls}
     kv.verdict.<cache>.<measure>   {status, value, allowed, reason, interval?, grew?}; measures: counted, timed
     kv.points            [{cache, context, round, median_ms, samples_ms, kv_bytes, counted_bytes,
-                           achieved_gbps, achieved_fraction, beyond_trained_context, name}]
+                           achieved_gbps, achieved_fraction, beyond_trained_context, name, compiled?}]
+                          (compiled, with --kv-compile: {mode, compile_s, graphs_compiled, recompiles, graph_breaks,
+                           graph_calls_per_step, problem})
                           (achieved_gbps: counted bytes of the step / median step; achieved_fraction: its
                           share of kv.copy_gbps, the session median)
     kv.session           {interrupted, exit, failed: [cache]}: whether the session ran to its end
@@ -83,6 +88,7 @@ class Point:
     beyond_trained_context: bool = False
     counted_bytes: float | None = None
     name: str = ""
+    compiled: dict[str, Any] | None = None  # --kv-compile: the point's compilation (PointRecord.compiled)
 
     @property
     def median_s(self) -> float:
@@ -227,6 +233,7 @@ class Traffic(Record):
     bytes_per_token: int | None = None
     step_bytes: dict[str, dict[str, int]] | None = None
     calls: dict[str, int] | None = None
+    compiled: dict[str, Any] | None = None
     extra: dict[str, Any] = _bookkeeping()
     absent: frozenset[str] = _absent()
 
@@ -309,6 +316,7 @@ class PointRecord(Record):
     achieved_fraction: float | None = None
     beyond_trained_context: bool = False
     name: str = ""
+    compiled: dict[str, Any] | None = None
     extra: dict[str, Any] = _bookkeeping()
     absent: frozenset[str] = _absent()
 
@@ -319,7 +327,7 @@ class PointRecord(Record):
         return Point(cache=str(self.cache), context=int(self.context), round=int(self.round),
                      kv_bytes=float(self.kv_bytes), samples_s=tuple(float(x) / 1e3 for x in self.samples_ms),
                      beyond_trained_context=bool(self.beyond_trained_context), counted_bytes=self.counted_bytes,
-                     name=str(self.name))
+                     name=str(self.name), compiled=self.compiled)
 
 
 @dataclass
