@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 from kvcache.settings import (
+    COMPILE_MODES,
     FILLS,
     ORDERS,
     Settings,
@@ -83,6 +84,8 @@ OPTIONS: dict[str, tuple[Any, str]] = {
                              "default) or a number; part of the timed run identity"),
     "--kv-ledger-steps": (10, "profiled steps per (class, context) for the per-op timed ledger, after the timed "
                               "rounds (default 10; 0: no ledger)"),
+    "--kv-compile": ("off", "off (default), default, reduce-overhead or max-autotune: the decode forward under "
+                            "torch.compile in that mode"),
 }
 FLAGS: dict[str, str] = {
     "--kv-update-baseline": "write this run's passes into the baseline file",
@@ -156,6 +159,7 @@ def settings_from(config: pytest.Config) -> Settings:
         remeasure_seconds=number("--kv-remeasure-seconds", opt("kv_remeasure_seconds"), low=0),
         ledger_steps=int(number("--kv-ledger-steps", opt("kv_ledger_steps"), low=0, whole=True)),
         threads=parse_threads(opt("kv_threads")),
+        compile=check_choice("--kv-compile", opt("kv_compile"), COMPILE_MODES),
     )
 
 

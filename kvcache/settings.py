@@ -10,6 +10,7 @@ from typing import Any
 DEFAULT_CONTEXTS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
 ORDERS = ("interleaved", "ascending")
 FILLS = ("synthetic", "prefill")
+COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")  # kvcache.measuring.compiled.MODES
 
 
 class SettingsError(ValueError):
@@ -50,6 +51,7 @@ class Settings:
     remeasure_seconds: float = 120.0
     ledger_steps: int = 10
     threads: int | None = None  # torch's CPU threads for the whole session; None: torch's default
+    compile: str = "off"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kvcache.analysing import identity
+from kvcache.analysing import gate, identity
 from kvcache.analysing.fit import record_problem
 from kvcache.analysing.records import jsonable
 
@@ -153,6 +153,9 @@ def timed_problem(kv: dict[str, Any], cache: str) -> str | None:
         return f"drift not checked ({drift.get('reason', 'no drift measurement')})"
     if drift["ok"] is not True:
         return f"drift {drift.get('fraction', 0):+.1%} beyond the allowed ±{drift.get('max_fraction', 0):.0%}"
+    problems = gate.compile_problems(kv.get("points"), cache)
+    if problems:
+        return f"compiled run: {problems[0]}"
     return None
 
 
@@ -176,15 +179,16 @@ def entries_of_run(kv: dict[str, Any], recorded: str) -> tuple[dict[str, dict[st
             if rows:
                 timed[cache]["timed_ledger"] = {op: row["timed"] for op, row in rows.items()
                                                 if isinstance(row, dict) and row.get("timed") is not None}
-    for cache, traffic in (kv.get("traffic") or {}).items():
+    for cache, entry in (kv.get("traffic") or {}).items():
+        traffic = gate.counted_traffic(entry) or {}  # under --kv-compile: the fused count
         passes = traffic.get("passes")
         if isinstance(passes, (int, float)) and math.isfinite(passes) and passes > 0:
             counted[cache] = {**common, "counted_passes": passes, "counted_by_op": dict(traffic.get("by_op") or {})}
         else:
             refused.append(f"{cache}: counted passes {passes!r} not recorded")
-        if isinstance(traffic.get("ops_per_step"), int) and traffic["ops_per_step"] > 0:
-            overhead[cache] = {**common, "op_calls": dict(traffic.get("calls") or {}), **{
-                name: traffic.get(name)
+        if isinstance(entry.get("ops_per_step"), int) and entry["ops_per_step"] > 0:  # eager ops, always
+            overhead[cache] = {**common, "op_calls": dict(entry.get("calls") or {}), **{
+                name: entry.get(name)
                 for name in ("ops_per_step", "data_ops_per_step", "weight_passes", "fixed_bytes", "layers")}}
     out = {}
     if counted:

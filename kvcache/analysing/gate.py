@@ -321,6 +321,28 @@ def fmt_figure(value: float) -> str:
     return f"{value:g}" if float(value).is_integer() else f"{value:.3f}"
 
 
+def counted_traffic(traffic: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The counted figure a class is judged (and recorded) by: under ``--kv-compile`` the fused count of the
+    compiled step (``kv.traffic.<cache>.compiled.fused``: what runs, per kernel), otherwise the eager count."""
+    compiled = (traffic or {}).get("compiled")
+    if not isinstance(compiled, dict):
+        return traffic
+    fused = compiled.get("fused") or {}
+    return {"passes": fused.get("passes"), "by_op": fused.get("by_kernel") or {},
+            "why_missing": compiled.get("error") or fused.get("error")}
+
+
+def compile_problems(points: list[dict[str, Any]] | None, cache: str) -> list[str]:
+    """Why a compiled class's timed figure cannot be trusted: its points' ``compiled.problem`` (a recompile inside
+    the timed steps, a step that ran eagerly), each named once with its context."""
+    problems: dict[str, None] = {}
+    for p in points or []:
+        problem = (p.get("compiled") or {}).get("problem") if p.get("cache") == cache else None
+        if problem:
+            problems.setdefault(f"at {p.get('context')} tokens: {problem}")
+    return list(problems)
+
+
 def judge_run(kv: dict[str, Any], baseline: dict[str, dict[str, dict[str, Any]]], rules: Rules,
               keys: dict[str, str]) -> dict[str, dict[str, Any]]:
     """Verdicts of every class of a run: ``{cache: {measure: verdict dict}}``.
@@ -337,9 +359,12 @@ def judge_run(kv: dict[str, Any], baseline: dict[str, dict[str, dict[str, Any]]]
         counted_base = baseline.get("counted", {}).get(cache) or {}
         timed_base = baseline.get("timed", {}).get(cache) or {}
         overhead_base = baseline.get("overhead", {}).get(cache)
+        judged = counted_traffic(traffic.get(cache))
         counted = judge_counted(
-            traffic.get(cache), key=keys["counted"], base_by_op=counted_base.get("counted_by_op"),
+            judged, key=keys["counted"], base_by_op=counted_base.get("counted_by_op"),
             allowed=allowed_passes(counted_base.get("counted_passes"), rules.counted_tolerance, bound, relative=False))
+        if counted.status == "not-measured" and (judged or {}).get("why_missing"):
+            counted.reason = f"no fused count of the compiled step: {judged['why_missing']}"
         timed = judge_timed(
             fits.get(cache), rules=rules, drift=kv.get("drift"), key=keys["timed"],
             allowed=allowed_passes(timed_base.get("timed_passes"), rules.tolerance, bound, relative=True))
@@ -348,6 +373,12 @@ def judge_run(kv: dict[str, Any], baseline: dict[str, dict[str, dict[str, Any]]]
         intercept = judge_intercept(
             fits.get(cache), rules=rules, drift=kv.get("drift"), key=keys["timed"],
             allowed=None if intercept_base is None else intercept_base * (1 + rules.tolerance))
+        problems = compile_problems(kv.get("points"), cache)
+        for verdict in (timed, intercept):
+            if problems and verdict.status != "not-measured":
+                if verdict.status in ("pass", "regression"):
+                    verdict.status, verdict.reason = "inconclusive", ""
+                verdict.reason = "; ".join([*([verdict.reason] if verdict.reason else []), *problems])
         ledger = judge_ledger(
             (kv.get("ledger") or {}).get(cache), timed_base.get("timed_ledger"), rules=rules, drift=kv.get("drift"),
             key=keys["timed"], counted_by_op=(traffic.get(cache) or {}).get("by_op"),

@@ -24,7 +24,9 @@ from typing import Any
 #: Every field of a run's identity, in display order.
 FIELDS = ("device_name", "device_type", "model", "dtype", "threads", "torch")
 #: Fields added to the identity after schema 1, with the value a run that predates them had.
-EXTRA_FIELDS: dict[str, Any] = {}
+EXTRA_FIELDS: dict[str, Any] = {
+    "compile": "off",  # --kv-compile: a compiled run never meets an eager baseline
+}
 #: The fields each measure's baseline key and comparability depend on.
 MEASURE_FIELDS = {
     "counted": ("device_type", "model", "dtype"),
@@ -43,8 +45,9 @@ def of_run(kv: dict[str, Any]) -> dict[str, Any]:
         "model": settings.get("model"), "dtype": settings.get("dtype"), "threads": env.get("threads"),
         "torch": env.get("torch"),
     }
-    for name, default in EXTRA_FIELDS.items():
-        ident[name] = settings.get(name, default)
+    for name, default in EXTRA_FIELDS.items():  # only when not at its default: a default run keeps its identity
+        if settings.get(name, default) != default:
+            ident[name] = settings[name]
     return ident
 
 
@@ -66,7 +69,7 @@ def mismatches(idents: list[dict[str, Any]], measures: list[str] | tuple[str, ..
         fields["threads"] = None
     out = {}
     for name in fields:
-        values = [i.get(name) for i in idents]
+        values = [i.get(name, EXTRA_FIELDS.get(name)) for i in idents]
         if len(set(map(str, values))) > 1:
             out[name] = values
     return out

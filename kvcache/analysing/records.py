@@ -28,13 +28,19 @@ written; all times in ms unless a key says ``_s``/``_ns``)::
     kv.traffic.<cache>   {passes, by_op: {op: passes}, contexts, step_bytes: {context: {read, written}},
                           bytes_per_token, calls, ops_per_step, data_ops_per_step, fixed_bytes, weight_bytes,
                           weight_passes, layers, kv_bytes: {context: logical KV bytes held}, stored_bytes,
-                          stored_passes, beyond, kinds: {full|sliding|linear: {passes, grows, ...}}}
+                          stored_passes, beyond, kinds: {full|sliding|linear: {passes, grows, ...}}, compiled?};
+                          compiled (--kv-compile): {mode, runs_as, fullgraph,
+                          unfused: {passes, by_op, ...}, fused: {passes, by_kernel, step_bytes}, kernels_per_step,
+                          graphs_per_step, compile_s} or {mode, error}: a compiled step counted unfused (the
+                          post-grad graph's ATen ops, the suite's rules) and fused (inductor's own byte count)
     kv.probe.<cache>     {query, key, value, mask, attention, expansions, enable_gqa, calls}
     kv.verdict.<cache>.<measure>   {status, value, allowed, reason, interval?, grew?, parts?}; measures:
                           counted, timed (passes), overhead (ops per step; parts: ops_per_step, weight_passes),
                           intercept (ms)
     kv.points            [{cache, context, round, median_ms, samples_ms, kv_bytes, counted_bytes,
-                           achieved_gbps, achieved_fraction, beyond_trained_context, name}]
+                           achieved_gbps, achieved_fraction, beyond_trained_context, name, compiled?}]
+                          (compiled, with --kv-compile: {mode, compile_s, graphs_compiled, recompiles, graph_breaks,
+                           graph_calls_per_step, problem})
                           (achieved_gbps: counted bytes of the step / median step; achieved_fraction: its
                           share of kv.copy_gbps, the session median)
     kv.ledger.<cache>.<op>   {timed, timed_ci, ms}: the per-op timed ledger (kvcache.analysing.ledger), rows
@@ -91,6 +97,7 @@ class Point:
     beyond_trained_context: bool = False
     counted_bytes: float | None = None
     name: str = ""
+    compiled: dict[str, Any] | None = None  # --kv-compile: the point's compilation (PointRecord.compiled)
 
     @property
     def median_s(self) -> float:
@@ -253,6 +260,7 @@ class Traffic(Record):
     stored_passes: float | None = None
     beyond: dict[str, Any] | None = None
     kinds: dict[str, dict[str, Any]] | None = None
+    compiled: dict[str, Any] | None = None
     extra: dict[str, Any] = _bookkeeping()
     absent: frozenset[str] = _absent()
 
@@ -364,6 +372,7 @@ class PointRecord(Record):
     achieved_fraction: float | None = None
     beyond_trained_context: bool = False
     name: str = ""
+    compiled: dict[str, Any] | None = None
     extra: dict[str, Any] = _bookkeeping()
     absent: frozenset[str] = _absent()
 
@@ -374,7 +383,7 @@ class PointRecord(Record):
         return Point(cache=str(self.cache), context=int(self.context), round=int(self.round),
                      kv_bytes=float(self.kv_bytes), samples_s=tuple(float(x) / 1e3 for x in self.samples_ms),
                      beyond_trained_context=bool(self.beyond_trained_context), counted_bytes=self.counted_bytes,
-                     name=str(self.name))
+                     name=str(self.name), compiled=self.compiled)
 
 
 @dataclass

@@ -107,6 +107,40 @@ def crossover_lines(crossovers: dict[str, Any]) -> list[str]:
     return out
 
 
+def compiled_lines(kv: dict[str, Any]) -> list[str]:
+    """``--kv-compile``: per class the compiled step counted unfused and fused (the gated figure), kernels and graphs
+    per step, and the timed points' compilation (seconds compiling, recompiles inside the timed steps)."""
+    out = []
+    for cache, t in (kv.get("traffic") or {}).items():
+        c = (t or {}).get("compiled")
+        if not isinstance(c, dict):
+            continue
+        if c.get("error"):
+            out.append(f"compiled {cache} ({c.get('mode')}): not counted: {c['error']}")
+            continue
+        unfused, fused = c.get("unfused") or {}, c.get("fused") or {}
+        by_op = ", ".join(f"{k} {v:.2f}" for k, v in (unfused.get("by_op") or {}).items()) or "-"
+        by_kernel = ", ".join(f"{k} {v:.2f}" for k, v in (fused.get("by_kernel") or {}).items()) or "-"
+        fused_text = f"{fused['passes']:.3f} passes = {by_kernel}" if fused.get("passes") is not None else \
+            f"- ({fused.get('error')})"
+        out.append(f"compiled {cache} ({c.get('mode')}, runs as {c.get('runs_as')}): counted unfused "
+                   f"{num(unfused.get('passes'), '.3f')} passes = {by_op}; fused (gated) {fused_text}; "
+                   f"{c.get('kernels_per_step')} kernels and {c.get('graphs_per_step')} graph(s) per step")
+    points: dict[str, list[dict[str, Any]]] = {}
+    for p in kv.get("points") or []:
+        if isinstance(p.get("compiled"), dict):
+            points.setdefault(p["cache"], []).append(p["compiled"])
+    for cache, infos in points.items():
+        problems = sorted({i["problem"] for i in infos if i.get("problem")})
+        calls = sorted({i.get("graph_calls_per_step") for i in infos})
+        out.append(f"compile {cache}: {sum(i.get('compile_s') or 0 for i in infos):.1f} s compiling in untimed "
+                   f"warm-ups (first point {num(infos[0].get('compile_s'), '.1f')} s), "
+                   f"{sum(i.get('graphs_compiled') or 0 for i in infos)} graph(s) compiled; recompiles during timed "
+                   f"steps {sum(i.get('recompiles') or 0 for i in infos)}; compiled graph calls per step "
+                   f"{', '.join(num(c, '.0f') for c in calls)}" + (f"; {'; '.join(problems)}" if problems else ""))
+    return out
+
+
 def lines(kv: dict[str, Any]) -> list[str]:
     """The summary printed at the end of a session."""
     env, model, copy = kv.get("environment", {}), kv.get("model") or {}, kv.get("copy", {})
@@ -146,6 +180,7 @@ def lines(kv: dict[str, Any]) -> list[str]:
                    "time outside ATen ops; the profiled step runs under torch.profiler, apart from the timed rounds)")
     for cache, error in (kv.get("ledger_errors") or {}).items():
         out.append(f"ledger {cache}: {error}")
+    out += compiled_lines(kv)
     for cache, p in (kv.get("probe") or {}).items():
         out.append(f"probe {cache}: q {p.get('query')} k {p.get('key')} mask {p.get('mask')}; "
                    f"{p.get('attention')}; K/V expansions {p.get('expansions')}")

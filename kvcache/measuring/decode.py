@@ -59,7 +59,8 @@ class DecodePoint:
             else:
                 self._fill_prefill(gen)
         self.position = self.context
-        token = torch.randint(1, self.spec.vocab, (1, 1), generator=gen)
+        with torch.inference_mode():  # an inference tensor like every later token: one compiled graph, not two
+            token = torch.randint(1, self.spec.vocab, (1, 1), generator=gen)
         self.next_ids = token.to(self.device.torch_device)
         with torch.inference_mode():
             self.position_ids = torch.tensor([[self.position]], device=self.device.torch_device)

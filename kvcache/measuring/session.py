@@ -17,7 +17,7 @@ import transformers
 
 from kvcache.analysing.analysis import achieved_gbps
 from kvcache.analysing.stats import median
-from kvcache.measuring import caches, compat, decode, ledger, traffic
+from kvcache.measuring import caches, compat, compiled, decode, ledger, traffic
 from kvcache.measuring.bandwidth import measure_copy
 from kvcache.measuring.devices import Device
 from kvcache.measuring.models import ModelSpec, build_model, load_config, spec_from_config
@@ -72,6 +72,8 @@ class KVSession:
     point_medians: dict[tuple[str, int], list[tuple[float, float]]] = field(default_factory=dict)
     remeasure_order: list[tuple[str, int]] | None = None
     remeasure_started: float | None = None
+    _compiled: Any = None  # --kv-compile: the model with its forward compiled (compiled.CompiledModel)
+    settled: dict[str, dict[str, Any]] = field(default_factory=dict)  # class -> its settling compile
 
     def __post_init__(self) -> None:
         if self.settings.threads is not None:  # before anything is measured: the copy bandwidth too
@@ -131,17 +133,22 @@ class KVSession:
             self.emit({"type": "skip", **entry})
         return Skip(reason)
 
-    def open(self, cache: str, context: int, *, warmup: int, steps: int) -> decode.DecodePoint:
-        """A filled, warmed-up point, or :class:`Skip` with the reason (recorded for the report)."""
+    def open(self, cache: str, context: int, *, warmup: int, steps: int,
+             compiled_forward: bool = False) -> decode.DecodePoint:
+        """A filled, warmed-up point, or :class:`Skip` with the reason (recorded for the report);
+        ``compiled_forward``: on the model with its forward compiled (``--kv-compile``)."""
         self.used = True
         spec = caches.get(cache)
-        reason = caches.unavailable_reason(spec, self.device.type)
+        reason = caches.unavailable_reason(spec, self.device.type) or (
+            compiled.unavailable_reason(self.settings.compile, self.device.type) if compiled_forward else None)
         if reason:
             raise self.skip(cache, None, reason)
         reason = caches.kind_reason(spec, self.settings.model, self.spec().kind_layers())
         if reason:
             raise self.skip(cache, None, reason)
         model, mspec = self.model()
+        if compiled_forward:
+            model = self.compiled_model()
         try:
             return decode.open_point(model, mspec, spec, self.device, context, warmup=warmup, steps=steps,
                                      fill=self.settings.fill, seed=self.settings.seed)
@@ -161,6 +168,81 @@ class KVSession:
             "beyond_trained_context": point.context + s.warmup + s.steps > spec.max_position_embeddings,
         }
 
+    # --- compiled decode (--kv-compile; see kvcache.measuring.compiled) ---
+    def compile_setup(self) -> None:
+        """Room for every graph this session compiles on the forward's one code object (per class: two settling
+        graphs and two counting ones, with margin), failing loudly beyond it."""
+        compiled.configure(8 + 8 * len(self.settings.caches))
+
+    def compiled_model(self) -> Any:
+        if self._compiled is None:
+            self.compile_setup()
+            self._compiled = compiled.CompiledModel(self.model()[0], self.settings.compile)
+        return self._compiled
+
+    def compiled_warm_up(self, cache: str, dp: decode.DecodePoint, steps: int) -> dict[str, Any]:
+        """Static addresses marked, then ``steps`` untimed compiled steps; a class that does not compile is
+        skipped with dynamo's reason. Returns the seconds and dynamo's counter movement."""
+        compiled.mark_static(dp.cache, dp.spec.layers)
+        try:
+            with compiled.compiling_steps() as warm:
+                dp.warm_up(steps)
+        except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.FailOnRecompileLimitHit,
+                torch._dynamo.exc.BackendCompilerFailed) as exc:
+            dp.release()
+            raise self.skip(cache, None, f"--kv-compile {self.settings.compile}: {cache} "
+                                         f"{compiled.compile_problem(exc)}") from None
+        return warm
+
+    def settle(self, cache: str) -> dict[str, Any]:
+        """Once per class, before its first timed point: untimed compiled steps at two small contexts, so that the
+        class's graph is the dynamic one before any point is timed (see kvcache.measuring.compiled)."""
+        if cache not in self.settled:
+            seconds, graphs = 0.0, 0
+            for context in compiled.SETTLE_CONTEXTS:
+                dp = self.open(cache, context, warmup=0, steps=compiled.SETTLE_STEPS, compiled_forward=True)
+                warm = self.compiled_warm_up(cache, dp, compiled.SETTLE_STEPS)
+                dp.release()
+                seconds, graphs = seconds + warm["seconds"], graphs + warm["moved"]["graphs"]
+            self.settled[cache] = {"seconds": seconds, "graphs": graphs, "charged": False}
+        return self.settled[cache]
+
+    def open_compiled(self, point: PointId) -> tuple[decode.DecodePoint, dict[str, Any]]:
+        """A filled, compiled and warmed-up point, and its compilation so far (``compile_s``: seconds of its
+        untimed preparation spent in steps that compiled, the class's settling included at its first point)."""
+        s = self.settings
+        settled = self.settle(point.cache)
+        dp = self.open(point.cache, point.context, warmup=0, steps=s.warmup + s.steps, compiled_forward=True)
+        warm = self.compiled_warm_up(point.cache, dp, s.warmup)
+        seconds = warm["seconds"] if warm["moved"]["graphs"] else 0.0
+        graphs = warm["moved"]["graphs"]
+        if not settled["charged"]:
+            settled["charged"] = True
+            seconds, graphs = seconds + settled["seconds"], graphs + settled["graphs"]
+        return dp, {"mode": s.compile, "compile_s": round(seconds, 3), "graphs_compiled": graphs}
+
+    def count_compiled(self, cache: str) -> dict[str, Any]:
+        """``kv.traffic.<cache>.compiled``: a compiled step counted unfused and fused at the counted contexts (its
+        own compiles, static shapes), or ``{mode, error}`` when the class does not compile here."""
+        s = self.settings
+        reason = compiled.unavailable_reason(s.compile, self.device.type)
+        if reason:
+            return {"mode": s.compile, "error": reason}
+        self.compile_setup()
+        model, mspec = self.model()
+        spec = caches.get(cache)
+
+        def open_point(m: Any, context: int) -> decode.DecodePoint:
+            max_tokens = decode.tokens_needed(context, compiled.COUNT_WARMUP, 1)
+            decode.check_memory(mspec, spec, self.device, max_tokens)
+            return decode.DecodePoint(m, mspec, spec, self.device, context, max_tokens, fill=s.fill,
+                                      seed=s.seed).build()
+        try:
+            return compiled.count_compiled(model, open_point, s.counted_contexts, s.compile, mspec.bytes_per_token,
+                                           self.device.type)
+        except (compiled.CompileProblem, torch._dynamo.exc.BackendCompilerFailed, decode.PointSkip) as exc:
+            return {"mode": s.compile, "error": f"{cache}: {exc}"[:400]}
+
     def warm_model(self, steps: int = 20) -> None:
         """Once a session, before the first timed point: decode steps on a small dynamic cache, so one-time
         costs (allocator growth, kernel selection, page faults) do not land in the first point measured."""
@@ -174,12 +256,21 @@ class KVSession:
         pytest-benchmark; then count the bytes of one more step for the achieved bandwidth."""
         s = self.settings
         self.warm_model()
-        dp = self.open(point.cache, point.context, warmup=s.warmup, steps=s.steps)
+        compiling = s.compile != "off"
+        if compiling:
+            dp, compile_info = self.open_compiled(point)
+            before, calls = compiled.dynamo_state(), self.compiled_model().backend.calls
+        else:
+            dp = self.open(point.cache, point.context, warmup=s.warmup, steps=s.steps)
         try:
             benchmark.group = f"decode {point.cache}" if kind == "timed" else "drift"
             benchmark.extra_info.update(self.point_info(point, kind))
             benchmark.pedantic(dp.timed_step, setup=dp.before_step, rounds=s.steps, iterations=1)
             benchmark.extra_info["step_start_ns"] = list(dp.step_start_ns)
+            if compiling:
+                benchmark.extra_info["compiled"] = self.timed_compilation(
+                    compile_info, compiled.moved(before, compiled.dynamo_state()),
+                    self.compiled_model().backend.calls - calls, len(dp.step_seconds))
             if len(dp.step_seconds) < s.steps:  # --benchmark-disable: the step ran once, untimed
                 return
             samples = sorted(dp.step_seconds)
@@ -242,9 +333,25 @@ class KVSession:
         self.run_timed(PointId(cache, context, self.settings.rounds + k), benchmark)
         benchmark.extra_info["remeasured"] = True
 
+    @staticmethod
+    def timed_compilation(info: dict[str, Any], moved: dict[str, int], graph_calls: int, steps: int) -> dict[str, Any]:
+        """A compiled point's record: dynamo's counters over the timed steps, compiled graph calls per step, and
+        the problem that makes its timed figure inconclusive (a recompile there, a step that ran eagerly)."""
+        per_step = graph_calls / steps if steps else 0.0
+        problem = None
+        if moved["graphs"]:
+            problem = f"{moved['graphs']} recompile(s) during the timed steps (dynamo compiled again)"
+        elif steps and per_step == 0:
+            problem = "the timed steps ran eagerly (no compiled graph was called)"
+        return {**info, "recompiles": moved["graphs"], "graph_breaks": moved["graph_breaks"],
+                "graph_calls_per_step": per_step, "problem": problem}
+
     def _count_point(self, dp: decode.DecodePoint, point: PointId, benchmark: Any) -> None:
         key = (point.cache, point.context)
-        if key not in self.counted_bytes:
+        if self.settings.compile != "off":  # never a dispatch mode around the compiled model: the fused count's line
+            fused = compiled.fused_bytes_at((self.traffic.get(point.cache) or {}).get("compiled"), dp.position)
+            self.counted_bytes[key] = fused
+        elif key not in self.counted_bytes:
             _, counted = traffic.count(dp.step)
             self.counted_bytes[key] = counted.total
         counted_bytes = self.counted_bytes[key]
@@ -266,6 +373,8 @@ class KVSession:
         self.traffic[cache] = traffic.counted_passes(counts, spec.bytes_per_token, layers=spec.layers,
                                                      weight_bytes=spec.weight_bytes)
         self.traffic[cache].update(self._held_and_stored(cache, counts, stored=stored))
+        if s.compile != "off":
+            self.traffic[cache]["compiled"] = self.count_compiled(cache)
         self.emit({"type": "traffic", "cache": cache, "traffic": self.traffic[cache], "probe": self.probes.get(cache)})
         return self.traffic[cache]
 

@@ -54,6 +54,29 @@ def read_embeddings_each_step(model: Any) -> Any:
     return model.register_forward_pre_hook(read)
 
 
+class RecompilingCache(cache_utils.DynamicCache):
+    """DynamicCache that makes a compiled step recompile at every step: its update reads a string attribute that
+    changes each step (dynamo guards a string by value, and no automatic dynamic shapes rescue it)."""
+
+    tag = "step-0"
+
+    def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
+        keys, values = super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        if layer_idx == 0:
+            self.tag = f"step-{int(self.tag[5:]) + 1}"
+        return (keys * 1 if self.tag.endswith(("0", "2", "4", "6", "8")) else keys), values
+
+
+class GraphBreakCache(cache_utils.DynamicCache):
+    """DynamicCache whose update breaks the graph (a planted ``torch._dynamo.graph_break()``)."""
+
+    def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        torch._dynamo.graph_break()
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+
 def register() -> None:
     """Register the twins (again: idempotent)."""
     from kvcache.measuring.caches import _dynamic, register_cache
@@ -82,3 +105,13 @@ def register() -> None:
                    description="test-only: DynamicCache, the clean twin of twin-planted")
     register_cache("twin-planted", planted, in_all=False, memory_factor=3.0, replace=True,
                    description="test-only: DynamicCache plus one planted full copy of K/V per step (+2 passes)")
+    register_cache("planted-recompile", lambda req: _new(RecompilingCache, req), in_all=False, replace=True,
+                   description="test-only: DynamicCache that makes a compiled step recompile at every step")
+    register_cache("planted-graph-break", lambda req: _new(GraphBreakCache, req), in_all=False, replace=True,
+                   description="test-only: DynamicCache whose update breaks the compiled graph")
+
+
+def _new(cls: type, req: Any) -> Any:
+    from kvcache.measuring import compat
+
+    return compat.new_cache(cls, req.config)
