@@ -375,12 +375,20 @@ def timed_points(settings: Settings) -> list[Any]:
 
 
 def ledger_points(settings: Settings) -> list[Any]:
-    """One profiled (cache, context) per class and context, contexts ascending (none with --kv-ledger-steps 0)."""
+    """One profiled (cache, context) per class and context (none with --kv-ledger-steps 0), contexts in a seeded
+    shuffled order with the classes rotated, like a timed round: a machine slowing down during the ledger must not
+    read as time growing with context."""
     from kvcache.measuring.session import PointId
 
     if settings.ledger_steps == 0:
         return []
-    return [PointId(c, n, 0) for c in settings.caches for n in sorted(settings.contexts)]
+    contexts = list(settings.contexts)
+    random.Random(settings.seed * 1000 + 999).shuffle(contexts)
+    out = []
+    for i, n in enumerate(contexts):
+        rotated = settings.caches[i % len(settings.caches):] + settings.caches[:i % len(settings.caches)]
+        out += [PointId(c, n, 0) for c in rotated]
+    return out
 
 
 def copy_labels(settings: Settings) -> list[str]:

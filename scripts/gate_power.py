@@ -1,19 +1,22 @@
 """How well the timed gate tells a regression from noise, judged by the build's exit status on this machine.
 
-A test-only cache class with one planted extra full copy of K/V per step (``twin-planted``: +2 counted
-passes) is judged against the timed baseline of its clean twin (``twin-clean``), over repeated runs:
+Test-only cache classes with a planted regression (``twin-planted``: one extra full copy of K/V per step, +2
+counted passes; ``twin-read``: one extra whole-cache read, +1) are judged against the timed baseline (whole
+step, intercept and per-op ledger) of their clean twin (``twin-clean``), over repeated runs:
 
 1. one calibration run of ``twin-clean`` records its baseline (``--kv-update-baseline``: timed and counted);
 2. the measured runs' baseline file holds that entry for ``twin-clean`` and, for every planted class
-   (``--planted``, default ``twin-planted``), only the clean twin's *timed* passes: no counted entry, so
+   (``--planted``, default ``twin-planted,twin-read``), only the clean twin's *timed* figures: no counted entry, so
    the counted gate (which would catch +2 passes every time) cannot fail it; what is judged is the timed
    gate;
 3. ``--runs`` repetitions, each one separate ``pytest benchmarks`` run per class (``--kv-caches <class>``),
    the classes interleaved across repetitions, gate on (no ``--kv-no-gate``) at one ``--tolerance``: the
-   exit status is what CI would see, drift included.
+   exit status is what CI would see, drift included. ``--competing`` keeps one CPU-bound process running
+   beside the measured runs.
 
-Per run the table gives the exit status (green 0, red 1), the timed verdict from the JSON (``kv.verdict``),
-the drift and the timed passes with their interval; the tally counts failed builds per class. Writes every
+Per run the table gives the exit status (green 0, red 1), the timed and ledger verdicts from the JSON
+(``kv.verdict``), the drift, the timed passes with their interval and the planted op's row of the ledger; the
+tally counts failed builds per class. Writes every
 run's JSON and log, ``runs.json`` (each run's command and exit status) and ``gate-power.md`` under ``--out``;
 ``--summarize-only`` re-reads them. Time nothing else meanwhile.
 """
@@ -41,6 +44,7 @@ def pytest_command(opts: argparse.Namespace, cache: str, json_out: Path, baselin
     return [sys.executable, "-m", "pytest", "benchmarks", "-p", "no:cacheprovider", "-q",
             "--benchmark-json", str(json_out), "--kv-model", opts.model, "--kv-contexts", opts.contexts,
             "--kv-steps", str(opts.steps), "--kv-warmup", str(opts.warmup), "--kv-rounds", str(opts.rounds),
+            "--kv-ledger-steps", str(opts.ledger_steps), "--kv-threads", opts.threads,
             "--kv-tolerance", str(opts.tolerance), "--kv-baseline", str(baseline), "--kv-caches", cache, *extra]
 
 
@@ -89,6 +93,9 @@ def run(cmd: list[str], log: Path) -> int:
         return subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, check=False).returncode
 
 
+COMPETITOR = "while True: pass"  # one CPU-bound process beside the suite (--competing)
+
+
 def measure(opts: argparse.Namespace, out: Path) -> None:
     planted = planted_classes(opts.planted)
     if (out / MANIFEST).exists():  # the previous series' runs
@@ -106,20 +113,40 @@ def measure(opts: argparse.Namespace, out: Path) -> None:
     (out / "baseline.json").write_text(json.dumps(baseline, indent=2, sort_keys=True) + "\n")
     done = []
     runs = measured_runs(opts, out)
-    for n, entry in enumerate(runs, 1):
-        print(f"run {n}/{len(runs)}: {entry['name']} ...", flush=True)
-        entry["exit"] = run(entry["cmd"], out / f"{entry['name']}.log")
-        done.append(entry)
-        (out / MANIFEST).write_text(json.dumps(done, indent=2) + "\n")  # each run: a stopped series keeps its runs
+    competitor = subprocess.Popen([sys.executable, "-c", COMPETITOR]) if opts.competing else None
+    try:
+        for n, entry in enumerate(runs, 1):
+            print(f"run {n}/{len(runs)}: {entry['name']} ...", flush=True)
+            entry["exit"] = run(entry["cmd"], out / f"{entry['name']}.log")
+            entry["competing"] = bool(opts.competing)
+            done.append(entry)
+            (out / MANIFEST).write_text(json.dumps(done, indent=2) + "\n")  # a stopped series keeps its runs
+    finally:
+        if competitor is not None:
+            competitor.kill()
+            competitor.wait()
 
 
 # --- reading the runs back ------------------------------------------------------------------------------------
 
-def timed_status(kv: dict[str, Any], cache: str) -> str:
-    """``kv.verdict.<cache>.timed.status``: the timed measure's verdict, whether the class's verdict is
-    ``{status, reason, timed: {...}, counted: {...}}`` or ``{timed: {status, value, allowed, reason}, ...}``."""
-    verdict = ((kv.get("verdict") or {}).get(cache) or {}).get("timed") or {}
+def timed_status(kv: dict[str, Any], cache: str, measure: str = "timed") -> str:
+    """``kv.verdict.<cache>.<measure>.status`` (timed by default; ``ledger`` for the per-op ledger)."""
+    verdict = ((kv.get("verdict") or {}).get(cache) or {}).get(measure) or {}
     return str(verdict.get("status") or "missing")
+
+
+def planted_op_cell(kv: dict[str, Any], cache: str) -> str:
+    """The ledger's row of the op a planted class adds (``clone``, ``sum``): timed passes [interval]."""
+    rows = (kv.get("ledger") or {}).get(cache) or {}
+    for op in PLANTED_OPS:
+        row = rows.get(op)
+        if row and row.get("timed") is not None:
+            ci = row.get("timed_ci") or [None, None]
+            return f"{op} {row['timed']:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if None not in ci else "")
+    return "-"
+
+
+PLANTED_OPS = ("clone", "sum")
 
 
 def build(code: int | None) -> str:
@@ -173,15 +200,19 @@ def summarize(out: Path) -> str:
     base_text = f"{base:.2f}" if base is not None else "?"
     lines = [f"# Timed gate power on {env.get('device_name', '?')}", "",
              f"Model {s.get('model', '?')}, contexts {', '.join(map(str, s.get('contexts', [])))}, "
-             f"{s.get('rounds', '?')} rounds of {s.get('steps', '?')} timed steps a point; transformers "
+             f"{s.get('rounds', '?')} rounds of {s.get('steps', '?')} timed steps a point, "
+             f"{s.get('ledger_steps', '?')} profiled steps per point for the ledger, "
+             f"{'one CPU-bound process beside it' if any(r.get('competing') for r in runs) else 'nothing beside it'}; "
+             f"transformers "
              f"{env.get('transformers', '?')}, torch {env.get('torch', '?')}. Baseline: {CLEAN} {base_text} timed "
              f"passes from one calibration run; {', '.join(planted) or 'no planted class'} judged against it with "
              f"no counted baseline. One pytest run per class and repetition, gate on, tolerance "
              f"{tolerance if tolerance is not None else '?'}: the build's exit status decides.", ""]
     rows = [[str(r["repetition"]), r["cache"], build(r.get("exit")), timed_status(r["kv"], r["cache"]),
-             drift_cell(r["kv"]), passes_cell(r["kv"], r["cache"])] for r in runs]
-    lines += tables.markdown(tables.Table(["run", "class", "build (exit)", "timed verdict", "drift",
-                                           "timed passes [95% CI]"], rows))
+             timed_status(r["kv"], r["cache"], "ledger"), drift_cell(r["kv"]), passes_cell(r["kv"], r["cache"]),
+             planted_op_cell(r["kv"], r["cache"])] for r in runs]
+    lines += tables.markdown(tables.Table(["run", "class", "build (exit)", "timed verdict", "ledger verdict", "drift",
+                                           "timed passes [95% CI]", "planted op in the ledger"], rows))
     lines.append("")
     for cache in [CLEAN, *planted]:
         mine = [r for r in runs if r["cache"] == cache]
@@ -200,6 +231,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tolerance", type=float, default=0.10, help="--kv-tolerance of the measured runs")
+    ap.add_argument("--ledger-steps", type=int, default=10, help="--kv-ledger-steps of every run")
+    ap.add_argument("--threads", default="auto", help="--kv-threads of every run")
+    ap.add_argument("--competing", action="store_true",
+                    help="keep one CPU-bound process running beside the measured runs (not the calibration)")
     ap.add_argument("--out", default=".gate-power")
     ap.add_argument("--summarize-only", action="store_true", help="re-read the runs under --out")
     return ap

@@ -17,11 +17,13 @@ tree (:func:`failures`).
   than ``weight_passes_tolerance``. Its baseline is keyed by the torch release as well.
 - The timed intercept (ms per step with an empty cache) is judged like timed passes, by its interval
   against baseline × (1 + ``tolerance``), inconclusive on a poor fit or drift.
-- The per-op ledger (timed passes per op, ``kv.ledger``): each op by its interval against the baseline's
-  figure for that op, allowed max(baseline × (1 + ``tolerance``), baseline + ``ledger_tolerance``); an op
-  absent from the baseline is matched to a vanished baseline op with the same counted passes (renamed
-  between releases), else judged against 0 + ``ledger_tolerance`` (a new op with clearly positive timed
-  passes is a regression).
+- The per-op ledger (timed passes per op, ``kv.ledger``): each op that moves cache bytes (counted passes in
+  the run or the baseline) by its interval against the baseline's figure for that op, allowed
+  max(baseline × (1 + ``tolerance``), baseline + ``ledger_tolerance``); an op absent from the baseline is
+  matched to a vanished baseline op with the same counted passes (renamed between releases), else judged
+  against 0 + ``ledger_tolerance`` (a new op with clearly positive timed passes is a regression). Ops that
+  move no cache bytes (weights, norms), the unattributed time and the other ops are shown, not judged: their
+  slopes are noise around 0 that one slow moment during the profiled steps can tilt.
 - Drift invalidates, it does not accuse: beyond ``max_drift`` the timed verdicts are inconclusive and
   the build does not fail on it unless ``strict``.
 """
@@ -245,7 +247,7 @@ def judge_overhead(traffic: dict[str, Any] | None, base: dict[str, Any] | None, 
     return verdict
 
 
-LEDGER_UNJUDGED = ("(profiled step)",)  # the whole step is judged as timed passes already
+LEDGER_UNJUDGED = ("(profiled step)",)  # the whole step is judged as timed passes already (and not an op)
 COUNTED_MATCH = 0.01  # counted passes within this make a renamed op the same op
 
 
@@ -262,8 +264,9 @@ def judge_ledger(ledger: dict[str, Any] | None, base: dict[str, float] | None, *
     counted_by_op, base_counted_by_op = counted_by_op or {}, base_counted_by_op or {}
     vanished = [op for op in base if op not in ledger]
     parts, notes = {}, []
+    moving = {op for op, passes in {**base_counted_by_op, **counted_by_op}.items() if passes > OP_CHANGE}
     for op, row in ledger.items():
-        if op in LEDGER_UNJUDGED or not isinstance(row, dict) or row.get("timed") is None:
+        if op in LEDGER_UNJUDGED or op not in moving or not isinstance(row, dict) or row.get("timed") is None:
             continue
         reference, label = base.get(op), op
         if reference is None:

@@ -66,11 +66,17 @@ def rows_of(**ops: tuple[float, float, float]) -> dict:
 
 
 BASE = {"scaled_dot_product_attention": 20.0, "cat": 2.0, "(unattributed)": 0.5, "(profiled step)": 22.5}
+COUNTED = {"scaled_dot_product_attention": 1.0, "cat": 2.0, "clone": 2.0, "sum": 1.0}
+
+
+def judge(now: dict, base: dict | None = BASE, **kw):
+    return judge_ledger(now, base, rules=Rules(), drift=kw.pop("drift", None), key="k",
+                        counted_by_op=kw.pop("counted_by_op", COUNTED), **kw)
 
 
 def test_a_new_op_with_clearly_positive_time_is_a_regression():
     now = rows_of(scaled_dot_product_attention=(20.5, 19.0, 21.5), cat=(2.0, 1.8, 2.2), clone=(2.4, 1.9, 2.9))
-    verdict = judge_ledger(now, BASE, rules=Rules(), drift=None, key="k")
+    verdict = judge(now)
     assert verdict.status == "regression"
     assert verdict.parts["clone (new)"]["status"] == "regression" and verdict.parts["clone (new)"]["allowed"] == 0.5
     assert verdict.parts["scaled_dot_product_attention"]["status"] == "pass"
@@ -79,12 +85,19 @@ def test_a_new_op_with_clearly_positive_time_is_a_regression():
 
 def test_within_tolerance_passes_and_a_straddle_is_inconclusive():
     now = rows_of(scaled_dot_product_attention=(20.5, 19.0, 21.5), cat=(2.1, 1.8, 2.4))
-    assert judge_ledger(now, BASE, rules=Rules(), drift=None, key="k").status == "pass"
+    assert judge(now).status == "pass"
     wide = rows_of(scaled_dot_product_attention=(21.0, 18.0, 24.0), cat=(2.0, 1.8, 2.2))
-    verdict = judge_ledger(wide, BASE, rules=Rules(), drift=None, key="k")
+    verdict = judge(wide)
     assert verdict.status == "inconclusive" and "scaled_dot_product_attention" in verdict.reason
     small_new = rows_of(scaled_dot_product_attention=(20.0, 19.0, 21.0), cat=(2.0, 1.9, 2.1), sum=(0.1, -0.1, 0.3))
-    assert judge_ledger(small_new, BASE, rules=Rules(), drift=None, key="k").status == "pass"
+    assert judge(small_new).status == "pass"
+
+
+def test_ops_that_move_no_cache_bytes_are_shown_not_judged():
+    now = rows_of(scaled_dot_product_attention=(20.0, 19.0, 21.0), cat=(2.0, 1.9, 2.1), linear=(3.0, 2.0, 4.0))
+    now["(unattributed)"] = {"timed": 4.0, "timed_ci": [3.0, 5.0]}
+    verdict = judge(now)
+    assert verdict.status == "pass" and set(verdict.parts) == {"scaled_dot_product_attention", "cat"}
 
 
 def test_a_renamed_op_is_matched_by_its_counted_passes_and_a_vanished_one_reported():
@@ -94,14 +107,13 @@ def test_a_renamed_op_is_matched_by_its_counted_passes_and_a_vanished_one_report
                            base_counted_by_op={"cat": 2.0, "scaled_dot_product_attention": 1.0})
     assert verdict.status == "pass"
     assert "concat (was cat)" in verdict.parts and "cat is now concat" in verdict.reason
-    gone = judge_ledger(rows_of(scaled_dot_product_attention=(20.0, 19.0, 21.0)), BASE, rules=Rules(), drift=None,
-                        key="k")
+    gone = judge(rows_of(scaled_dot_product_attention=(20.0, 19.0, 21.0)))
     assert "gone since the baseline: cat" in gone.reason
 
 
 def test_drift_or_no_baseline_never_accuse():
     now = rows_of(clone=(5.0, 4.0, 6.0))
     drift = {"ok": False, "fraction": 0.3, "max_fraction": 0.1, "cache": "dynamic", "context": 512}
-    assert judge_ledger(now, BASE, rules=Rules(), drift=drift, key="k").status == "inconclusive"
-    assert judge_ledger(now, None, rules=Rules(), drift=None, key="k").status == "no-baseline"
-    assert judge_ledger(None, BASE, rules=Rules(), drift=None, key="k").status == "not-measured"
+    assert judge(now, drift=drift).status == "inconclusive"
+    assert judge(now, None).status == "no-baseline"
+    assert judge(None).status == "not-measured"
