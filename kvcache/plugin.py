@@ -56,12 +56,12 @@ OPTIONS: dict[str, tuple[Any, str]] = {
     "--kv-device": ("auto", "auto (cuda, then mps, then cpu), cpu, cuda or mps"),
     "--kv-dtype": ("bfloat16", "bfloat16 (default), float16 or float32"),
     "--kv-caches": ("dynamic,static", "cache classes, comma-separated, or 'all'"),
-    "--kv-contexts": ("512,1024,2048,4096,8192,16384,32768", "context lengths in tokens"),
+    "--kv-contexts": ("1024,2048,4096,8192,16384", "context lengths in tokens"),
     "--kv-counted-contexts": ("256,512", "the two contexts counted traffic is taken at"),
     "--kv-fill": ("synthetic", "synthetic (random K/V written into every layer) or prefill"),
-    "--kv-warmup": (5, "untimed decode steps before the timed ones (default 5)"),
-    "--kv-steps": (50, "timed decode steps per point (default 50)"),
-    "--kv-rounds": (5, "rounds over all points (default 5)"),
+    "--kv-warmup": (3, "untimed decode steps before the timed ones (default 3)"),
+    "--kv-steps": (12, "timed decode steps per point (default 12)"),
+    "--kv-rounds": (3, "rounds over all points (default 3)"),
     "--kv-order": ("interleaved", "interleaved (default: seeded order per round) or ascending"),
     "--kv-seed": (0, "seed for weights, fills and the interleaved order (default 0)"),
     "--kv-copy-mib": (1024, "size of the copy-bandwidth tensor in MiB (default 1024)"),
@@ -80,10 +80,10 @@ OPTIONS: dict[str, tuple[Any, str]] = {
     "--kv-min-r2": (0.90, "fits below this R² are inconclusive (default 0.90)"),
     "--kv-remeasure": (0, "after the rounds, measure the N noisiest points once more (default 0)"),
     "--kv-remeasure-seconds": (120, "time bound of those re-measurements (default 120 s)"),
-    "--kv-threads": ("auto", "torch CPU threads for the whole session, copy bandwidth included: auto (torch's "
-                             "default) or a number; part of the timed run identity"),
-    "--kv-ledger-steps": (10, "profiled steps per (class, context) for the per-op timed ledger, after the timed "
-                              "rounds (default 10; 0: no ledger)"),
+    "--kv-threads": ("1", "torch CPU threads for the whole session, copy bandwidth included: a number (default 1) "
+                          "or auto (torch's default); part of the timed run identity"),
+    "--kv-ledger-steps": (8, "profiled steps per (class, context) for the per-op timed ledger, after the timed "
+                             "rounds (default 8; 0: no ledger)"),
     "--kv-compile": ("off", "off (default), default, reduce-overhead or max-autotune: the decode forward under "
                             "torch.compile in that mode"),
 }

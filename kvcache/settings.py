@@ -7,7 +7,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-DEFAULT_CONTEXTS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
+DEFAULT_CONTEXTS = (1024, 2048, 4096, 8192, 16384)
 ORDERS = ("interleaved", "ascending")
 FILLS = ("synthetic", "prefill")
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")  # kvcache.measuring.compiled.MODES
@@ -26,9 +26,9 @@ class Settings:
     contexts: tuple[int, ...] = DEFAULT_CONTEXTS
     counted_contexts: tuple[int, int] = (256, 512)
     fill: str = "synthetic"
-    warmup: int = 5
-    steps: int = 50
-    rounds: int = 5
+    warmup: int = 3
+    steps: int = 12
+    rounds: int = 3
     order: str = "interleaved"
     seed: int = 0
     copy_bytes: int = 1 << 30
@@ -49,8 +49,8 @@ class Settings:
     strict: bool = False
     remeasure: int = 0
     remeasure_seconds: float = 120.0
-    ledger_steps: int = 10
-    threads: int | None = None  # torch's CPU threads for the whole session; None: torch's default
+    ledger_steps: int = 8
+    threads: int | None = 1  # torch's CPU threads for the whole session; None: torch's default (auto)
     compile: str = "off"
 
     def to_dict(self) -> dict[str, Any]:

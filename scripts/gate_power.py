@@ -223,16 +223,16 @@ def summarize(out: Path) -> str:
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=5, help="repetitions (one run per class each)")
+    ap.add_argument("--runs", type=int, default=10, help="repetitions (one run per class each)")
     ap.add_argument("--planted", default="twin-planted,twin-read", help="planted classes, comma-separated")
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--contexts", default="512,1024,2048,4096,8192,16384")
-    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--contexts", default="1024,4096,16384")
+    ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--tolerance", type=float, default=0.10, help="--kv-tolerance of the measured runs")
-    ap.add_argument("--ledger-steps", type=int, default=10, help="--kv-ledger-steps of every run")
-    ap.add_argument("--threads", default="auto", help="--kv-threads of every run")
+    ap.add_argument("--ledger-steps", type=int, default=8, help="--kv-ledger-steps of every run")
+    ap.add_argument("--threads", default="1", help="--kv-threads of every run (default 1, the suite's)")
     ap.add_argument("--competing", action="store_true",
                     help="keep one CPU-bound process running beside the measured runs (not the calibration)")
     ap.add_argument("--out", default=".gate-power")
