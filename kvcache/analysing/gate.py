@@ -21,7 +21,10 @@ tree (:func:`failures`).
   the run or the baseline) by its interval against the baseline's figure for that op, allowed
   max(baseline × (1 + ``tolerance``), baseline + ``ledger_tolerance``); an op absent from the baseline is
   matched to a vanished baseline op with the same counted passes (renamed between releases), else judged
-  against 0 + ``ledger_tolerance`` (a new op with clearly positive timed passes is a regression). Ops that
+  against 0 + ``ledger_tolerance`` (a new op with clearly positive timed passes is a regression). Drift makes
+  every op compared with a baseline figure inconclusive, but not a new op: a change of the machine's speed
+  scales an op's time, it cannot make an op appear; a new op is then judged against ``ledger_tolerance`` ×
+  (1 + the drift). Ops that
   move no cache bytes (weights, norms), the unattributed time and the other ops are shown, not judged: their
   slopes are noise around 0 that one slow moment during the profiled steps can tilt.
 - Drift invalidates, it does not accuse: beyond ``max_drift`` the timed verdicts are inconclusive and
@@ -280,9 +283,12 @@ def judge_ledger(ledger: dict[str, Any] | None, base: dict[str, float] | None, *
                 reference, label = 0.0, f"{op} (new)"
         floor = max(reference, 0.0)
         allowed = max(floor * (1 + rules.tolerance), floor + rules.ledger_tolerance)
+        new = label.endswith("(new)")
+        if drifted and new:  # a speed change scales an op's time; it cannot make a new op appear
+            allowed *= 1 + abs(float((drift or {}).get("fraction") or 0.0))
         ci = row.get("timed_ci") or (None, None)
         part = {"value": row["timed"], "allowed": allowed, "interval": list(ci), "status": "inconclusive"}
-        if drifted:
+        if drifted and not new:
             part["reason"] = "drift"
         elif None in ci or not all(math.isfinite(v) for v in ci):
             part["reason"] = "no interval"
@@ -303,7 +309,7 @@ def judge_ledger(ledger: dict[str, Any] | None, base: dict[str, float] | None, *
                            for op, p in regressed.items())
     elif worst == "inconclusive":
         unsure = [op for op, p in parts.items() if p["status"] == "inconclusive"]
-        reason = (drifted or "") or f"intervals straddle the allowed values or are missing: {', '.join(unsure)}"
+        reason = drifted or f"intervals straddle the allowed values or are missing: {', '.join(unsure)}"
     else:
         reason = f"every op's timed passes within the allowed ({len(parts)} ops)"
     if notes:

@@ -111,9 +111,18 @@ def test_a_renamed_op_is_matched_by_its_counted_passes_and_a_vanished_one_report
     assert "gone since the baseline: cat" in gone.reason
 
 
-def test_drift_or_no_baseline_never_accuse():
-    now = rows_of(clone=(5.0, 4.0, 6.0))
+def test_drift_makes_known_ops_inconclusive_but_still_catches_a_new_op():
     drift = {"ok": False, "fraction": 0.3, "max_fraction": 0.1, "cache": "dynamic", "context": 512}
-    assert judge(now, drift=drift).status == "inconclusive"
+    known = rows_of(scaled_dot_product_attention=(30.0, 28.0, 32.0), cat=(2.0, 1.9, 2.1))
+    assert judge(known, drift=drift).status == "inconclusive"  # 30 vs 20: the machine, or the op? unknown
+    new = rows_of(scaled_dot_product_attention=(20.0, 19.0, 21.0), cat=(2.0, 1.9, 2.1), clone=(2.4, 1.9, 2.9))
+    verdict = judge(new, drift=drift)
+    assert verdict.status == "regression" and verdict.parts["clone (new)"]["allowed"] == pytest.approx(0.65)
+    faint = rows_of(scaled_dot_product_attention=(20.0, 19.0, 21.0), sum=(0.7, 0.55, 0.9))
+    assert judge(faint, drift=drift).parts["sum (new)"]["status"] == "inconclusive"  # above 0.5, not above 0.65
+
+
+def test_no_baseline_or_no_ledger_never_accuse():
+    now = rows_of(clone=(5.0, 4.0, 6.0))
     assert judge(now, None).status == "no-baseline"
     assert judge(None).status == "not-measured"
