@@ -103,7 +103,7 @@ def make_run(
                   for cache in caches},
         "skipped": [],
         "session": {"interrupted": False, "exit": "ok", "failed": []},
-        "ledger": {}, "ledger_points": [], "ledger_errors": {},
+        "ledger": {}, "ledger_points": [], "ledger_errors": {}, "speed": None,
     }
     kv["identity"] = identity.of_run(kv)
     kv["crossovers"] = analysis.crossovers(kv["model"], kv["fit"], kv["traffic"])

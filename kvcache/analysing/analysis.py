@@ -88,6 +88,7 @@ def analyse(records: list[dict[str, Any]], settings: dict[str, Any], baseline: d
                                                   settings)
         kv.ledger = {c: {op: LedgerRow.from_json(row, f"ledger of {c}") for op, row in rows.items()}
                      for c, rows in found.items()}
+        kv.speed = ledgers.speed(profiled)
     drift = [point_of(r) for r in by_type.get("point", []) if r.get("kind") == "drift"]
     kv.drift = _drift_section(points, drift, settings["max_drift"])
     kv.verdict = {cache: {measure: Verdict.from_json(verdict, f"verdict of {cache}: {measure}")

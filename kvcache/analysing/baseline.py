@@ -5,7 +5,7 @@ File (JSON, schema 2)::
 
     {"schema": 2, "devices": {"<identity key>": {"<cache>": {
         "timed_passes": float, "timed_r2": float, "timed_intercept_ms": float,     (under a timed key)
-        "timed_ledger": {op: timed passes},
+        "timed_ledger": {op: timed passes}, "timed_weights_ms": float (the run's decode speed),
         "counted_passes": float, "counted_by_op": {op: passes},                   (under a counted key)
         "ops_per_step": int, "data_ops_per_step": int, "weight_passes": float,    (under an overhead key)
         "fixed_bytes": int, "layers": int, "op_calls": {op: calls},
@@ -174,7 +174,8 @@ def entries_of_run(kv: dict[str, Any], recorded: str) -> tuple[dict[str, dict[st
             refused.append(f"{cache}: timed passes not recorded: {problem}; the recorded entry, if any, stays")
         else:
             timed[cache] = {**common, "timed_passes": fit["passes"], "timed_r2": fit.get("r2"),
-                            "timed_intercept_ms": fit.get("intercept_ms")}
+                            "timed_intercept_ms": fit.get("intercept_ms"),
+                            "timed_weights_ms": (kv.get("speed") or {}).get("weights_ms")}
             rows = (kv.get("ledger") or {}).get(cache)
             if rows:
                 timed[cache]["timed_ledger"] = {op: row["timed"] for op, row in rows.items()

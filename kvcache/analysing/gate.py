@@ -28,7 +28,9 @@ tree (:func:`failures`).
   move no cache bytes (weights, norms), the unattributed time and the other ops are shown, not judged: their
   slopes are noise around 0 that one slow moment during the profiled steps can tilt.
 - Drift invalidates, it does not accuse: beyond ``max_drift`` the timed verdicts are inconclusive and
-  the build does not fail on it unless ``strict``.
+  the build does not fail on it unless ``strict``. The same holds across sessions: when the run reads its
+  weights more than ``max_drift`` faster or slower than the run its timed baseline came from
+  (:func:`speed_shift`), its timed verdicts against that baseline are inconclusive.
 """
 
 from __future__ import annotations
@@ -116,12 +118,32 @@ def no_baseline_reason(key: str, *, bounded: bool = True) -> str:
 
 
 def drift_problem(drift: dict[str, Any] | None) -> str | None:
-    """Why the session's drift makes timed figures unjudgeable, or None."""
+    """Why the session's drift (or a speed shift against the baseline, :func:`speed_shift`) makes timed figures
+    unjudgeable, or None."""
+    if drift and drift.get("ok") is False and drift.get("problem"):
+        return str(drift["problem"])
     if drift and drift.get("ok") is False:
         return (f"drift {drift['fraction']:+.1%} of {drift['cache']} at {drift['context']} tokens is beyond the "
                 f"allowed ±{drift['max_fraction']:.0%} (--kv-max-drift): the machine's speed changed during the "
                 "session")
     return None
+
+
+def speed_shift(speed: dict[str, Any] | None, base_ms: float | None, max_fraction: float) -> dict[str, Any] | None:
+    """A drift-like record when this run reads its weights (``kv.speed.weights_ms``: median ms per step of the
+    ``linear`` ops in the ledger's profiled steps, which do not depend on the cache) more than ``max_fraction``
+    slower or faster than the run its timed baseline came from (``timed_weights_ms``): the machine's decode speed
+    changed between the two sessions, which the copy bandwidth need not show. None when within, or unknown."""
+    run_ms = (speed or {}).get("weights_ms")
+    if not run_ms or not base_ms or not math.isfinite(run_ms) or not math.isfinite(base_ms):
+        return None
+    fraction = run_ms / base_ms - 1
+    if abs(fraction) <= max_fraction:
+        return None
+    return {"ok": False, "fraction": fraction, "max_fraction": max_fraction,
+            "problem": f"this run reads its weights {fraction:+.0%} per step against the run the timed baseline came "
+                       f"from ({run_ms:.1f} vs {base_ms:.1f} ms, beyond ±{max_fraction:.0%}, --kv-max-drift): the "
+                       "machine's decode speed changed between the sessions"}
 
 
 def judge_timed(fit: dict[str, Any] | None, *, allowed: float | None, rules: Rules, drift: dict[str, Any] | None,
@@ -374,13 +396,17 @@ def judge_run(kv: dict[str, Any], baseline: dict[str, dict[str, dict[str, Any]]]
             allowed=allowed_passes(counted_base.get("counted_passes"), rules.counted_tolerance, bound, relative=False))
         if counted.status == "not-measured" and (judged or {}).get("why_missing"):
             counted.reason = f"no fused count of the compiled step: {judged['why_missing']}"
+        drift = kv.get("drift")
+        if not drift_problem(drift):  # within the session it held: did the machine change since the baseline?
+            max_drift = (kv.get("settings") or {}).get("max_drift", 0.10)
+            drift = speed_shift(kv.get("speed"), timed_base.get("timed_weights_ms"), max_drift) or drift
         timed = judge_timed(
-            fits.get(cache), rules=rules, drift=kv.get("drift"), key=keys["timed"],
+            fits.get(cache), rules=rules, drift=drift, key=keys["timed"],
             allowed=allowed_passes(timed_base.get("timed_passes"), rules.tolerance, bound, relative=True))
         overhead = judge_overhead(traffic.get(cache), overhead_base, rules=rules, key=keys["overhead"])
         intercept_base = timed_base.get("timed_intercept_ms")
         intercept = judge_intercept(
-            fits.get(cache), rules=rules, drift=kv.get("drift"), key=keys["timed"],
+            fits.get(cache), rules=rules, drift=drift, key=keys["timed"],
             allowed=None if intercept_base is None else intercept_base * (1 + rules.tolerance))
         problems = compile_problems(kv.get("points"), cache)
         for verdict in (timed, intercept):
@@ -389,7 +415,7 @@ def judge_run(kv: dict[str, Any], baseline: dict[str, dict[str, dict[str, Any]]]
                     verdict.status, verdict.reason = "inconclusive", ""
                 verdict.reason = "; ".join([*([verdict.reason] if verdict.reason else []), *problems])
         ledger = judge_ledger(
-            (kv.get("ledger") or {}).get(cache), timed_base.get("timed_ledger"), rules=rules, drift=kv.get("drift"),
+            (kv.get("ledger") or {}).get(cache), timed_base.get("timed_ledger"), rules=rules, drift=drift,
             key=keys["timed"], counted_by_op=(traffic.get(cache) or {}).get("by_op"),
             base_counted_by_op=counted_base.get("counted_by_op"))
         out[cache] = {"counted": counted.to_dict(), "timed": timed.to_dict(), "overhead": overhead.to_dict(),

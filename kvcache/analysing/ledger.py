@@ -20,6 +20,7 @@ from typing import Any
 
 from kvcache.analysing.fit import FitError, slope_passes
 from kvcache.analysing.records import Point
+from kvcache.analysing.stats import median
 
 OTHER = "(other ops)"
 UNATTRIBUTED = "(unattributed)"
@@ -92,6 +93,21 @@ def analyse(records: list[dict[str, Any]], copy_samples: list[float], traffic: d
         except FitError as exc:
             errors[cache] = f"no ledger: {exc}"
     return ledgers, errors
+
+
+WEIGHT_OPS = ("linear",)  # the ops that read the weights: their time does not depend on the cache
+
+
+def speed(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """``kv.speed``: ``weights_ms``, the median over every profiled step of every class and context of the time
+    (ms) of the ops that read the weights (:data:`WEIGHT_OPS`): a measure of the machine's decode speed taken in
+    the run itself, which the gate compares with the baseline's (a copy benchmark need not follow it); None
+    without profiled steps of those ops."""
+    per_step = [sum(r["ops_s"][op][i] for op in WEIGHT_OPS if op in r["ops_s"])
+                for r in records for i in range(len(r["step_s"])) if any(op in r["ops_s"] for op in WEIGHT_OPS)]
+    if not per_step:
+        return None
+    return {"weights_ms": median(per_step) * 1e3, "ops": list(WEIGHT_OPS), "steps": len(per_step)}
 
 
 def gap(ledger: dict[str, dict[str, Any]], timed_passes: float | None) -> float | None:

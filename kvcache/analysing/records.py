@@ -47,6 +47,8 @@ written; all times in ms unless a key says ``_s``/``_ns``)::
                           ``(other ops)``, ``(unattributed)``, ``(profiled step)`` besides the ops
     kv.ledger_points     [{cache, context, kv_bytes, step_s, ops_s: {op: [s]}}]: the profiled steps
     kv.ledger_errors     {cache: why it has no ledger}
+    kv.speed             {weights_ms, ops, steps}: median ms per profiled step of the ops reading the weights, the
+                          run's decode speed that the gate compares with its timed baseline's
     kv.session           {interrupted, exit, failed: [cache]}: whether the session ran to its end
     kv.skipped           [{cache, context, reason}]   (context is null for a whole class)
 
@@ -465,6 +467,7 @@ class KV(Record):
     ledger: dict[str, dict[str, LedgerRow]] = field(default_factory=dict)
     ledger_points: list[LedgerPoint] = field(default_factory=list)
     ledger_errors: dict[str, str] = field(default_factory=dict)
+    speed: dict[str, Any] | None = None
     extra: dict[str, Any] = _bookkeeping()
     absent: frozenset[str] = _absent()
 

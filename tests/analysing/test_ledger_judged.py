@@ -126,3 +126,29 @@ def test_no_baseline_or_no_ledger_never_accuse():
     now = rows_of(clone=(5.0, 4.0, 6.0))
     assert judge(now, None).status == "no-baseline"
     assert judge(None).status == "not-measured"
+
+
+def test_a_machine_slower_than_when_the_baseline_was_recorded_makes_timed_verdicts_inconclusive():
+    from kvcache.analysing.gate import judge_run, speed_shift
+
+    assert speed_shift({"weights_ms": 55.0}, 51.0, 0.10) is None
+    shift = speed_shift({"weights_ms": 63.0}, 51.0, 0.10)
+    assert shift["ok"] is False and "+24%" in shift["problem"]
+    kv = {"settings": {"caches": ["dynamic"], "max_drift": 0.10}, "speed": {"weights_ms": 63.0},
+          "drift": {"ok": True, "fraction": 0.02, "max_fraction": 0.1, "cache": "dynamic", "context": 1024},
+          "fit": {"dynamic": {"passes": 37.0, "passes_ci": [33.3, 39.2], "r2": 0.98, "intercept_ms": 70.0,
+                              "intercept_ci": [65.0, 75.0]}},
+          "traffic": {"dynamic": {"passes": 5.0, "by_op": {**COUNTED, "sum": 0.0}}},
+          "ledger": {"dynamic": rows_of(scaled_dot_product_attention=(31.0, 30.0, 32.0), cat=(7.8, 7.0, 8.5),
+                                        clone=(2.4, 1.9, 2.9))}}
+    base = {"timed": {"dynamic": {"timed_passes": 29.9, "timed_intercept_ms": 61.7, "timed_weights_ms": 51.0,
+                                  "timed_ledger": BASE}}, "counted": {}, "overhead": {}}
+    keys = {"timed": "t", "counted": "c", "overhead": "o"}
+    verdicts = judge_run(kv, base, Rules(), keys)["dynamic"]
+    assert verdicts["timed"]["status"] == "inconclusive" and "between the sessions" in verdicts["timed"]["reason"]
+    assert verdicts["intercept"]["status"] == "inconclusive"
+    assert verdicts["ledger"]["status"] == "regression"  # the new op is still caught
+    assert set(p["status"] for op, p in verdicts["ledger"]["parts"].items() if "new" not in op) == {"inconclusive"}
+    kv["speed"] = {"weights_ms": 52.0}
+    again = judge_run(kv, base, Rules(), keys)["dynamic"]["timed"]
+    assert again["status"] == "regression", again  # the same speed: red
