@@ -104,14 +104,21 @@ def measure(opts: argparse.Namespace, out: Path) -> None:
             (out / entry["json"]).unlink(missing_ok=True)
     for stale in ("calibration.json", "calibration-baseline.json", "baseline.json", MANIFEST):
         (out / stale).unlink(missing_ok=True)
-    calibration = out / "calibration-baseline.json"
-    for attempt in range(1, CALIBRATION_ATTEMPTS + 1):  # a drifted calibration records no timed baseline
-        print(f"calibrating: {CLEAN} baseline (attempt {attempt}) ...", flush=True)
-        calibration.unlink(missing_ok=True)
-        code = run(calibration_command(opts, out), out / "calibration.log")
-        baseline = measured_baseline(json.loads(calibration.read_text()), planted) if calibration.exists() else {}
-        if any(planted[0] in caches for caches in (baseline.get("devices") or {}).values()):
-            break
+    calibration, code = out / "calibration-baseline.json", 0
+    if opts.calibration:  # another series' calibration: the same baseline, no new calibration run
+        source = Path(opts.calibration).resolve()
+        for name in ("calibration-baseline.json", "calibration.json", "calibration.log"):
+            if (source / name).exists():
+                (out / name).write_text((source / name).read_text())
+    else:
+        for attempt in range(1, CALIBRATION_ATTEMPTS + 1):  # a drifted calibration records no timed baseline
+            print(f"calibrating: {CLEAN} baseline (attempt {attempt}) ...", flush=True)
+            calibration.unlink(missing_ok=True)
+            code = run(calibration_command(opts, out), out / "calibration.log")
+            if calibration.exists() and any(CLEAN in c and "timed_passes" in c[CLEAN]
+                                            for c in json.loads(calibration.read_text())["devices"].values()):
+                break
+    baseline = measured_baseline(json.loads(calibration.read_text()), planted) if calibration.exists() else {}
     if code != 0 or not any(planted[0] in caches for caches in (baseline.get("devices") or {}).values()):
         raise SystemExit(f"calibration run recorded no timed baseline for {CLEAN} (exit {code}); "
                          f"see {out / 'calibration.log'}")
@@ -238,6 +245,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--tolerance", type=float, default=0.10, help="--kv-tolerance of the measured runs")
     ap.add_argument("--ledger-steps", type=int, default=8, help="--kv-ledger-steps of every run")
     ap.add_argument("--threads", default="1", help="--kv-threads of every run (default 1, the suite's)")
+    ap.add_argument("--calibration", help="a folder of an earlier series whose calibration (baseline) to reuse")
     ap.add_argument("--competing", action="store_true",
                     help="keep one CPU-bound process running beside the measured runs (not the calibration)")
     ap.add_argument("--out", default=".gate-power")
