@@ -83,6 +83,13 @@ def test_a_new_op_with_clearly_positive_time_is_a_regression():
     assert "clone (new): timed passes 2.4" in verdict.reason
 
 
+def test_a_known_op_above_its_allowed_value_is_inconclusive_not_red():
+    now = rows_of(scaled_dot_product_attention=(20.0, 19.0, 21.0), cat=(7.1, 6.7, 7.6))
+    verdict = judge(now)
+    assert verdict.status == "inconclusive" and verdict.parts["cat"]["status"] == "inconclusive"
+    assert "not judged" in verdict.parts["cat"]["reason"]
+
+
 def test_within_tolerance_passes_and_a_straddle_is_inconclusive():
     now = rows_of(scaled_dot_product_attention=(20.5, 19.0, 21.5), cat=(2.1, 1.8, 2.4))
     assert judge(now).status == "pass"
