@@ -199,7 +199,20 @@ def tally(codes: list[int | None], statuses: list[str]) -> str:
             + ", ".join(f"{s} {n}" for s, n in counts.items()) + ")")
 
 
-def summarize(out: Path) -> str:
+def rejudge(out: Path, r: dict[str, Any]) -> None:
+    """Judge a recorded run again with this checkout's judge against the series' baseline file (the analysis is
+    a function of the run's records and the baseline): its verdicts and the exit status its build would have now
+    (1 on a failure line, else 0). For a series whose runs straddled a change of the judge."""
+    from kvcache.analysing import analysis
+
+    if not r["kv"]:
+        return
+    doc = json.loads((out / "baseline.json").read_text())
+    r["kv"]["verdict"] = analysis.judge(r["kv"], doc)
+    r["exit"] = 1 if analysis.failures(r["kv"]) else 0
+
+
+def summarize(out: Path, *, again: bool = False) -> str:
     calibration = load_kv(out / "calibration.json")
     env, s = calibration.get("environment") or {}, calibration.get("settings") or {}
     base = ((calibration.get("fit") or {}).get(CLEAN) or {}).get("passes")
@@ -209,6 +222,8 @@ def summarize(out: Path) -> str:
     for r in runs:
         r["kv"] = load_kv(out / r["json"])
         tolerance = (r["kv"].get("settings") or {}).get("tolerance", tolerance)
+        if again:
+            rejudge(out, r)
     base_text = f"{base:.2f}" if base is not None else "?"
     lines = [f"# Timed gate power on {env.get('device_name', '?')}", "",
              f"Model {s.get('model', '?')}, contexts {', '.join(map(str, s.get('contexts', [])))}, "
@@ -250,6 +265,8 @@ def parser() -> argparse.ArgumentParser:
                     help="keep one CPU-bound process running beside the measured runs (not the calibration)")
     ap.add_argument("--out", default=".gate-power")
     ap.add_argument("--summarize-only", action="store_true", help="re-read the runs under --out")
+    ap.add_argument("--rejudge", action="store_true",
+                    help="with --summarize-only: judge every run again with this checkout's judge (exit status too)")
     return ap
 
 
@@ -260,7 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     if not opts.summarize_only:
         measure(opts, out)
-    text = summarize(out)
+    text = summarize(out, again=opts.rejudge)
+    if opts.rejudge:
+        text += "\n\nEvery run re-judged by this checkout's judge against the series' baseline (--rejudge).\n"
     if not opts.summarize_only:
         text += f"\n\nwall time {time.time() - started:.0f} s\n"
     (out / "gate-power.md").write_text(text + "\n")
