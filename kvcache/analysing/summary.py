@@ -141,6 +141,11 @@ def compiled_lines(kv: dict[str, Any]) -> list[str]:
     return out
 
 
+def noted_table(header: list[str], rows: list[list[str]], note: str) -> list[str]:
+    """A blank line, the table and its note in brackets; nothing when there are no rows."""
+    return ["", *tables.text(Table(header, rows)), f"  ({note})"] if rows else []
+
+
 def lines(kv: dict[str, Any]) -> list[str]:
     """The summary printed at the end of a session."""
     env, model, copy = kv.get("environment", {}), kv.get("model") or {}, kv.get("copy", {})
@@ -166,30 +171,22 @@ def lines(kv: dict[str, Any]) -> list[str]:
     for cache, t in (kv.get("traffic") or {}).items():
         by_op = ", ".join(f"{k} {v:.2f}" for k, v in (t.get("by_op") or {}).items()) or "-"
         out.append(f"counted {cache}: {t.get('passes', 0):.3f} passes = {by_op}")
-    rows = overhead_rows(kv)
-    if rows:
-        out.append("")
-        out += tables.text(Table(OVERHEAD_HEADER, rows))
-        out.append("  (ops: ATen ops from the model's forward call to its return, one step; fixed: bytes a step moves "
-                   "that do not grow with context; weight passes = fixed / weight bytes, 1 = each weight read once)")
-    rows = ledger_rows(kv)
-    if rows:
-        out.append("")
-        out += tables.text(Table(LEDGER_HEADER, rows))
-        out.append("  (ledger: each op's time per profiled step against KV bytes, as passes; unattributed = the step's "
-                   "time outside ATen ops; the profiled step runs under torch.profiler, apart from the timed rounds)")
+    out += noted_table(OVERHEAD_HEADER, overhead_rows(kv),
+                       "ops: ATen ops from the model's forward call to its return, one step; fixed: bytes a step moves "
+                       "that do not grow with context; weight passes = fixed / weight bytes, 1 = each weight read once")
+    out += noted_table(LEDGER_HEADER, ledger_rows(kv),
+                       "ledger: each op's time per profiled step against KV bytes, as passes; unattributed = the "
+                       "step's time outside ATen ops; the profiled step runs under torch.profiler, apart from the "
+                       "timed rounds")
     for cache, error in (kv.get("ledger_errors") or {}).items():
         out.append(f"ledger {cache}: {error}")
     out += compiled_lines(kv)
     for cache, p in (kv.get("probe") or {}).items():
         out.append(f"probe {cache}: q {p.get('query')} k {p.get('key')} mask {p.get('mask')}; "
                    f"{p.get('attention')}; K/V expansions {p.get('expansions')}")
-    rows = point_rows(kv)
-    if rows:
-        out.append("")
-        out += tables.text(Table(POINT_HEADER, rows))
-        out.append("  (achieved = counted bytes of the whole step / median step time; of copy = its share of the copy"
-                   " bandwidth)")
+    out += noted_table(POINT_HEADER, point_rows(kv),
+                       "achieved = counted bytes of the whole step / median step time; of copy = its share of the copy"
+                       " bandwidth")
     for s in kv.get("skipped", []):
         where = f" at {s['context']}" if s.get("context") else ""
         out.append(f"skipped {s['cache']}{where}: {s['reason']}")
