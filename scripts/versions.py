@@ -1,6 +1,7 @@
 """Counted passes across Transformers releases on this machine (``make versions``); stdlib only.
 
-    python scripts/versions.py [--releases 4.45.2,4.48.3,...] [--out DIR] [--jobs 1] [--list] [-- PYTEST ARGS]
+    python scripts/versions.py [--releases 4.45.2,...] [--models M1,M2|families] [--out DIR] [--jobs 1] [--list]
+                               [-- PYTEST ARGS]
 
 Each release is installed once with its own huggingface_hub/tokenizers/safetensors into
 ``.versions/<release>`` (``pip install --target``), constrained to this venv's versions of every other
@@ -9,7 +10,10 @@ the venv's are then removed, and torch never lands there. The counted suite then
 first on PYTHONPATH, writing ``<out>/counted-<release>.json`` and ``<out>/<release>.log``; a release that
 does not install or import is recorded as skipped with the reason. Finally ``kvcache compare`` (oldest
 release = baseline) writes ``<out>/compare.md``, and ``<out>/counted.md`` tabulates per release and class
-the counted passes, ATen ops per step and weight passes (releases with identical rows grouped). Exit status:
+the counted passes (per layer kind where the model mixes them; fused and unfused under ``--kv-compile``),
+ATen ops per step and weight passes (releases with identical rows grouped). With ``--models`` each release
+runs once per model (``counted-<release>-<model>.json``), compare.md and counted.md get one section per
+model, and a model whose architecture the release lacks is skipped with the reason. Exit status:
 compare's (1 on a regression), or 1 when a release's suite failed without writing its JSON or no release ran.
 """
 
@@ -45,6 +49,13 @@ RELEASES = (
     "5.15.1 5.16.1 5.17.0 5.18.0 5.19.0 5.20.2 5.21.1 5.22.2 5.23.0 5.24.0"
 ).split()
 FINAL = re.compile(r"^\d+(\.\d+)+$")
+# `--models families`: every family preset at the depth its README row uses (a multiple of its layer pattern;
+# tests/analysing/test_versions_list.py checks these are kvcache.measuring.models.FAMILY_PRESETS).
+FAMILIES = ("qwen3-0.6b@layers=4", "mistral-7b@layers=1", "gemma3-270m@layers=6", "qwen3-next-80b-a3b@layers=4",
+            "deepseek-v2-lite@layers=1", "falcon-7b@layers=1")
+DEFAULT_MODEL = "smollm2-135m"
+# What the suite says when the installed release lacks a preset's architecture (kvcache.measuring.models).
+ABSENT = "is not in this transformers release"
 
 
 # --- release lists (pure) ----------------------------------------------------------------------------------
@@ -104,6 +115,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--releases", type=_releases, help="comma-separated releases (default: newest patch of "
                         f"every minor since {SINCE}, from `pip index versions transformers`)")
     parser.add_argument("--since", default=SINCE, type=_since, help=f"oldest minor of the default list ({SINCE})")
+    parser.add_argument("--models", type=_models, default=None,
+                        help="comma-separated --kv-model values, each run per release, or `families` (every family "
+                        "preset at its README depth); default: the --kv-model in the pytest arguments, else "
+                        f"{DEFAULT_MODEL}")
     parser.add_argument("--out", type=Path, default=ROOT / ".versions" / "results", help="JSON, logs, compare.md")
     parser.add_argument("--dir", type=Path, default=ROOT / ".versions", help="where releases are installed")
     parser.add_argument("--jobs", type=_positive, default=1, help="releases installed and run at once (1)")
@@ -116,6 +131,25 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def _releases(text: str) -> list[str]:
     try:
         return parse_releases(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def parse_models(text: str) -> list[str]:
+    """A comma-separated ``--models`` value (``families`` expands to FAMILIES), deduplicated, in order."""
+    models: list[str] = []
+    for item in (part.strip() for part in text.split(",")):
+        for model in (FAMILIES if item == "families" else (item,) if item else ()):
+            if model not in models:
+                models.append(model)
+    if not models:
+        raise ValueError("--models is empty (give --kv-model values, or `families`)")
+    return models
+
+
+def _models(text: str) -> list[str]:
+    try:
+        return parse_models(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -154,6 +188,7 @@ def default_releases(since: str = SINCE) -> tuple[list[str], str]:
 @dataclass
 class Outcome:
     release: str
+    model: str | None = None  # None: the single model of a run without --models
     status: str = "skipped"  # ran | failed | skipped
     reason: str = ""
     json: Path | None = None
@@ -234,17 +269,25 @@ def install(release: str, root: Path, constraints: Path, installed: dict[str, st
 
 def _env(target: Path) -> dict[str, str]:
     env = dict(os.environ)
+    env["COLUMNS"] = "300"  # pytest's short summary keeps more of a failure's message
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(target), env.get("PYTHONPATH", "")) if p)
     return env
 
 
-def run_release(release: str, args: argparse.Namespace, constraints: Path, installed: dict[str, str]) -> Outcome:
-    outcome = Outcome(release)
+def _stem(release: str, model: str | None) -> str:
+    return release if model is None else f"{release}-{re.sub(r'[^A-Za-z0-9.=-]+', '_', model)}"
+
+
+def run_release(release: str, args: argparse.Namespace, constraints: Path, installed: dict[str, str],
+                model: str | None = None) -> Outcome:
+    """Install ``release`` and run the counted suite on it (on ``model`` when given: ``--kv-model`` last wins)."""
+    outcome = Outcome(release, model)
     start = time.monotonic()
-    json_path = args.out / f"counted-{release}.json"
+    json_path = args.out / f"counted-{_stem(release, model)}.json"
     json_path.unlink(missing_ok=True)
     target = args.dir / release
-    with open(args.out / f"{release}.log", "w", encoding="utf-8") as log:
+    log_path = args.out / f"{_stem(release, model)}.log"
+    with open(log_path, "w", encoding="utf-8") as log:
         reason = install(release, args.dir, constraints, installed, log)
         if reason is None:
             probe = [sys.executable, "-c", "import transformers; print(transformers.__version__)"]
@@ -261,13 +304,16 @@ def run_release(release: str, args: argparse.Namespace, constraints: Path, insta
             cmd = [sys.executable, "-m", "pytest", "benchmarks", "-m", "counted", "--kv-model", "smollm2-135m",
                    "--kv-caches", "all", "--kv-no-gate", "--kv-baseline", str(args.out / "no-baseline.json"),
                    "-p", "no:cacheprovider",
-                   "--benchmark-json", str(json_path), "-q", *args.pytest_args]
+                   "--benchmark-json", str(json_path), "-q", *args.pytest_args,
+                   *(["--kv-model", model] if model is not None else [])]
             log.write("$ " + " ".join(cmd) + "\n")
             log.flush()
             done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=_env(target))
             ran = _recorded_release(json_path)
             if ran is not None and ran != release:
                 outcome.status, outcome.reason = "failed", f"the run recorded transformers {ran}, not {release}"
+            elif ran is None and (absent := _absent(log_path)):
+                outcome.reason = absent
             elif ran is None:
                 outcome.status, outcome.reason = "failed", f"pytest exited {done.returncode} without a run JSON"
             else:
@@ -276,6 +322,16 @@ def run_release(release: str, args: argparse.Namespace, constraints: Path, insta
                 outcome.reason = "" if done.returncode == 0 else f"pytest exited {done.returncode} (JSON kept)"
     outcome.seconds = time.monotonic() - start
     return outcome
+
+
+def _absent(log_path: Path) -> str | None:
+    """The suite's one-line error when this release lacks the model's architecture, else None."""
+    try:
+        text = log_path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    found = [line.strip() for line in text.splitlines() if ABSENT in line]
+    return found[-1].removeprefix("ERROR:").strip()[:200] if found else None
 
 
 def _recorded_release(path: Path) -> str | None:
@@ -292,28 +348,69 @@ def _duration(seconds: float) -> str:
     return f"{minutes}m {secs:02d}s" if minutes else f"{seconds:.1f}s"
 
 
+def _passes(value: object) -> str:
+    return f"{value:.2f}" if isinstance(value, (int, float)) else "?"
+
+
+def traffic_cell(t: dict) -> str:
+    """One class's counted figures: passes (per layer kind where the model mixes them; fused and unfused when
+    compiled, or the compile error), ATen ops per step and weight passes."""
+    kinds = t.get("kinds") or {}
+    if kinds:
+        parts = [", ".join(f"{kind} {_passes(k.get('passes'))}" + ("" if k.get("grows", True) else " (no growth)")
+                           for kind, k in kinds.items())]
+    else:
+        parts = [_passes(t.get("passes"))]
+    compiled = t.get("compiled") or {}
+    if compiled.get("error"):
+        parts.append("compile failed: " + str(compiled["error"])[:60])
+    elif compiled:
+        fused, unfused = compiled.get("fused") or {}, compiled.get("unfused") or {}
+        parts.append(f"fused {_passes(fused.get('passes'))} / unfused {_passes(unfused.get('passes'))}")
+    if isinstance(t.get("ops_per_step"), int):
+        parts.append(f"{t['ops_per_step']} ops")
+    if isinstance(t.get("weight_passes"), (int, float)):
+        parts.append(f"{t['weight_passes']:.3f} w")
+    return " · ".join(parts)
+
+
+FAILED_COUNT = re.compile(r"^FAILED \S*test_traffic\.py::test_traffic\[(?P<cache>[^\]]+)\] - (?P<why>.*)$")
+
+
+def failed_counts(log_path: Path) -> dict[str, str]:
+    """{class: "failed: message"} for the counted tests that failed in a run's log (pytest's short summary)."""
+    try:
+        text = log_path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return {}
+    return {m["cache"]: "failed: " + m["why"].strip()[:80] for m in map(FAILED_COUNT.match, text.splitlines()) if m}
+
+
 def counted_cells(path: Path) -> tuple[str, dict[str, str]]:
-    """(release, {class: "passes · ops/step · weight passes" or "skipped: reason"}) of one run JSON."""
+    """(release, {class: traffic_cell, "skipped: reason" or "failed: message"}) of one run JSON (and its log:
+    ``counted-<stem>.json`` beside ``<stem>.log``)."""
     kv = json.loads(path.read_text(encoding="utf-8"))["kv"]
-    cells = {}
+    cells = failed_counts(path.with_name(path.name.removeprefix("counted-").removesuffix(".json") + ".log"))
     for entry in kv.get("skipped") or []:
         if entry.get("context") is None:
             cells[entry["cache"]] = "skipped: " + str(entry.get("reason", ""))[:60]
     for cache, t in (kv.get("traffic") or {}).items():
-        passes, ops, weight = t.get("passes"), t.get("ops_per_step"), t.get("weight_passes")
-        parts = [f"{passes:.2f}" if isinstance(passes, (int, float)) else "?"]
-        if isinstance(ops, int):
-            parts.append(f"{ops} ops")
-        if isinstance(weight, (int, float)):
-            parts.append(f"{weight:.3f} w")
-        cells[cache] = " · ".join(parts)
+        cells[cache] = traffic_cell(t)
     return str(kv["environment"]["transformers"]), cells
 
 
-def counted_table(paths: list[Path]) -> str:
-    """Markdown: one row per group of consecutive releases with identical cells, one column per class."""
+def counted_table(paths: list[Path], absent: dict[str, str] | None = None) -> str:
+    """Markdown: one row per group of consecutive releases with identical cells, one column per class;
+    ``absent`` ({release: reason}) adds the releases that lack the model, in release order."""
     rows = [counted_cells(p) for p in paths]
-    caches = list(dict.fromkeys(c for _, cells in rows for c in cells))
+    rows += [(release, {"": "skipped: " + reason}) for release, reason in (absent or {}).items()]
+    rows.sort(key=lambda row: version_key(row[0]))
+    caches = list(dict.fromkeys(c for _, cells in rows for c in cells if c))
+    # A class skipped for the same reason in every release that has the model gets a line under the table.
+    present = [cells for _, cells in rows if "" not in cells]
+    always = {c: present[0][c] for c in caches if present and present[0].get(c, "").startswith("skipped")
+              and all(cells.get(c) == present[0][c] for cells in present)}
+    caches = [c for c in caches if c not in always]
     groups: list[tuple[list[str], dict[str, str]]] = []
     for release, cells in rows:
         if groups and groups[-1][1] == cells:
@@ -321,8 +418,13 @@ def counted_table(paths: list[Path]) -> str:
         else:
             groups.append(([release], cells))
     lines = ["| releases | " + " | ".join(caches) + " |", "|---" * (len(caches) + 1) + "|"]
-    lines += ["| " + ", ".join(releases) + " | " + " | ".join(cells.get(c, "—") for c in caches) + " |"
-              for releases, cells in groups]
+    for releases, cells in groups:
+        if "" in cells:  # the release lacks the model: one cell across
+            lines.append("| " + ", ".join(releases) + " | " + cells[""] + " |" + " |" * (len(caches) - 1))
+        else:
+            lines.append("| " + ", ".join(releases) + " | " + " | ".join(cells.get(c, "—") for c in caches) + " |")
+    if always:
+        lines += [""] + [f"- `{c}` in every release: {why}" for c, why in always.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -332,7 +434,10 @@ def main(argv: list[str] | None = None) -> int:
         releases, source = args.releases, "--releases"
     else:
         releases, source = default_releases(args.since)
+    models: list[str | None] = list(args.models) if args.models else [None]
     print(f"{len(releases)} releases ({source}): {', '.join(releases)}", flush=True)
+    if args.models:
+        print(f"{len(models)} models: {', '.join(args.models)}", flush=True)
     if args.list:
         return 0
     started = time.monotonic()
@@ -344,35 +449,51 @@ def main(argv: list[str] | None = None) -> int:
     constraints = write_constraints(args.out / "constraints.txt", installed)
     lock = threading.Lock()
 
-    def one(release: str) -> Outcome:
-        outcome = run_release(release, args, constraints, installed)
-        with lock:
-            note = f": {outcome.reason}" if outcome.reason else ""
-            print(f"  {release}: {outcome.status} in {_duration(outcome.seconds)}{note}", flush=True)
-        return outcome
+    def one(release: str) -> list[Outcome]:
+        outcomes = []
+        for model in models:
+            outcome = run_release(release, args, constraints, installed, model)
+            with lock:
+                note = f": {outcome.reason}" if outcome.reason else ""
+                what = release if model is None else f"{release} {model}"
+                print(f"  {what}: {outcome.status} in {_duration(outcome.seconds)}{note}", flush=True)
+            outcomes.append(outcome)
+            if outcome.reason.startswith(("pip install failed", "import failed")):
+                break  # the same for every model
+        return outcomes
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        outcomes = list(pool.map(one, releases))
+        outcomes = [o for batch in pool.map(one, releases) for o in batch]
 
-    jsons = [o.json for o in sorted(outcomes, key=lambda o: version_key(o.release)) if o.json is not None]
-    status = 1 if any(o.status == "failed" for o in outcomes) or not jsons else 0
-    if jsons:
+    status = 1 if any(o.status == "failed" for o in outcomes) or not any(o.json for o in outcomes) else 0
+    compares, tables = [], []
+    for model in models:
+        mine = sorted((o for o in outcomes if o.model == model), key=lambda o: version_key(o.release))
+        jsons = [o.json for o in mine if o.json is not None]
+        absent = {o.release: o.reason for o in mine if o.json is None and ABSENT in o.reason}
+        if not jsons:
+            continue
         cmd = [sys.executable, "-m", "kvcache.cli", "compare", *map(str, jsons), "--markdown"]
         done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-        (args.out / "compare.md").write_text(done.stdout, encoding="utf-8")
-        (args.out / "counted.md").write_text(counted_table(jsons), encoding="utf-8")
+        heading = "" if model is None else f"## {model}\n\n"
+        compares.append(heading + done.stdout)
+        tables.append(heading + counted_table(jsons, absent))
         print()
-        print(done.stdout, end="")
+        print(heading + done.stdout, end="")
         print(done.stderr, end="", file=sys.stderr)
         status = max(status, done.returncode)
+    if compares:
+        (args.out / "compare.md").write_text("\n".join(compares), encoding="utf-8")
+        (args.out / "counted.md").write_text("\n".join(tables), encoding="utf-8")
     print()
     for kind in ("ran", "failed", "skipped"):
         chosen = [o for o in outcomes if o.status == kind]
         if chosen:
-            print(f"{kind} ({len(chosen)}): " + "; ".join(o.release + (f" ({o.reason})" if o.reason else "")
-                                                       for o in chosen))
+            print(f"{kind} ({len(chosen)}): " + "; ".join(
+                o.release + ("" if o.model is None else f" {o.model}") + (f" ({o.reason})" if o.reason else "")
+                for o in chosen))
     print(f"{len(releases)} releases in {_duration(time.monotonic() - started)}; "
-          f"results in {args.out}" + (" (compare.md, counted.md)" if jsons else " (nothing to compare)"))
+          f"results in {args.out}" + (" (compare.md, counted.md)" if compares else " (nothing to compare)"))
     return status
 
 

@@ -1,0 +1,52 @@
+"""The batch a decode step serves (``--kv-batch N``, ``--kv-ragged``): how many sequences, how many tokens
+each holds, and the KV bytes that makes. Plain arithmetic over a :class:`~kvcache.measuring.models.ModelSpec`
+(no torch), shared by the decode loop, the generate driver and the paged class.
+
+Two denominators, both logical KV bytes in the model's dtype (``ModelSpec.kv_bytes`` per sequence, so sliding
+layers stop at their window):
+
+- **live**: summed over sequences, the tokens each one really holds. Passes per live byte are the gated figure.
+- **allocated**: what a rectangular (left-padded) batch cache holds: every sequence padded to the longest.
+  With uniform lengths the two are equal; with ragged lengths their ratio is the padding waste.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """``size`` sequences per step; ``ragged``: their lengths spread evenly over the context (left padding)."""
+
+    size: int = 1
+    ragged: bool = False
+
+    def lengths(self, context: int) -> list[int]:
+        """Tokens each sequence holds when the longest holds ``context``: all ``context``, or (ragged) sequence
+        ``i`` holds ``ceil(context * (size - i) / size)``: ``context``, ..., ``context / size``."""
+        if not self.ragged:
+            return [context] * self.size
+        return [max(1, math.ceil(context * (self.size - i) / self.size)) for i in range(self.size)]
+
+    def pads(self, context: int) -> list[int]:
+        """Left-padding slots of each sequence at ``context`` (0 for the longest)."""
+        return [context - n for n in self.lengths(context)]
+
+    def live_bytes(self, spec: Any, context: int, added: float = 0) -> float:
+        """Logical KV bytes the batch's sequences hold: each its own length + ``added`` decoded tokens."""
+        return sum(spec.kv_bytes(n + added) for n in self.lengths(context))
+
+    def allocated_bytes(self, spec: Any, context: int, added: float = 0) -> float:
+        """Logical KV bytes of a rectangular batch cache: ``size`` rows of ``context + added`` tokens."""
+        return self.size * spec.kv_bytes(context + added)
+
+    def live_share(self, spec: Any, context: int) -> float:
+        """Live over allocated bytes at ``context`` (1.0 without padding)."""
+        allocated = self.allocated_bytes(spec, context)
+        return self.live_bytes(spec, context) / allocated if allocated else 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"size": self.size, "ragged": self.ragged}
