@@ -1,7 +1,7 @@
 """The cache registry: every cache class the suite can sweep, count and probe, by name.
 
 Built in: ``dynamic``, ``static``, ``inplace``, ``static-sliced``, ``offloaded``, ``offloaded-static``,
-``quantized-fp8``, ``quantized-quanto``, ``quantized-hqq``, ``sink``. The test-only twins (``twin-clean``,
+``quantized-fp8``, ``quantized-quanto``, ``quantized-hqq``, ``sink``, ``paged``. The test-only twins (``twin-clean``,
 ``twin-planted``) are registered by the suite's ``benchmarks/conftest.py``, not here. A class the
 installed release or packages cannot provide is skipped with the reason.
 
@@ -48,7 +48,14 @@ class CacheSpec:
     ``attention`` is the attention implementation the model runs with for this class;
     ``memory_factor`` is the cache sizes a step holds at its peak (2 for a class that copies on append);
     ``kinds`` the layer kinds it can serve (``full``, ``sliding``, ``linear``; None: any), so that a model with
-    layers of another kind skips it with the reason (:func:`kind_reason`).
+    layers of another kind skips it with the reason (:func:`kind_reason`);
+    ``point`` (optional) a class that brings its own decode point instead of
+    :class:`~kvcache.measuring.decode.DecodePoint`: a factory called with DecodePoint's constructor arguments
+    (``model, spec, cache_spec, device, context, max_tokens``, keywords ``fill``, ``seed``) and ``batch=``
+    (a :class:`~kvcache.measuring.batch.BatchShape`), returning an object with DecodePoint's interface (``build()``
+    returning itself, ``step``, ``before_step``, ``timed_step``, ``warm_up``, ``release``, ``cache``, ``position``,
+    ``step_seconds``). Such a class drives the model itself; ``build`` is then not called by the suite (the point
+    may call it, or ignore it), and ``attention`` is informative.
     """
 
     name: str
@@ -60,6 +67,7 @@ class CacheSpec:
     memory_factor: float = 2.0
     in_all: bool = True
     kinds: tuple[str, ...] | None = None
+    point: Callable[..., Any] | None = None
 
 
 _REGISTRY: dict[str, CacheSpec] = {}
@@ -279,6 +287,27 @@ def _prepare_sink() -> None:
     compat.new_sink_cache(window_length=2 * SINK_TOKENS, num_sink_tokens=SINK_TOKENS)
 
 
+def _paged_unbuilt(req: CacheRequest) -> Any:
+    """``paged`` brings its own point (:class:`kvcache.measuring.paged.PagedPoint`), which builds the release's
+    PagedAttentionCache for its batch itself; a bare request cannot say how many sequences it holds."""
+    from kvcache.measuring import compat
+
+    raise compat.Unsupported("paged: the cache is built by its own point (kvcache.measuring.paged.PagedPoint), "
+                             "not from a bare CacheRequest")
+
+
+def _prepare_paged() -> None:
+    from kvcache.measuring import paged
+
+    paged.prepare()
+
+
+def _paged_point(*args: Any, **kwargs: Any) -> Any:
+    from kvcache.measuring.paged import PagedPoint
+
+    return PagedPoint(*args, **kwargs)
+
+
 def _register_builtins() -> None:
     global _builtins_registered
     if _builtins_registered:
@@ -306,3 +335,7 @@ def _register_builtins() -> None:
         description="QuantizedCache, hqq backend", kinds=("full",))
     reg("sink", _sink, prepare=_prepare_sink,
         description="SinkCache with a window as large as the sweep needs (4.x only)", kinds=("full",))
+    reg("paged", _paged_unbuilt, attention="sdpa_paged", prepare=_prepare_paged, point=_paged_point,
+        description="continuous batching's PagedAttentionCache (4.53+) under the release's paged SDPA: every step "
+                    "gathers each live sequence's K/V out of the block pool (this project drives the forward)",
+        memory_factor=2.0, kinds=("full",))

@@ -431,8 +431,9 @@ def mla_caches_latent() -> bool:
 
 def stored_bytes(cache: Any) -> int:
     """Bytes a cache actually stores: every distinct tensor its layer objects (4.54+) or its ``key_cache`` /
-    ``value_cache`` lists (up to 4.53) hold, quantized data and scales included, each once (a view of a buffer counts
-    the part it spans)."""
+    ``value_cache`` lists (up to 4.53; a PagedAttentionCache's pools up to 5.17) hold, quantized data and scales
+    included, each once (a view of a buffer counts the part it spans); a PagedAttentionCache from 5.18 keeps one flat
+    ``cache_tensor`` (the whole pool, its two trash sectors included)."""
     seen: set[tuple] = set()
     total = 0
 
@@ -455,7 +456,12 @@ def stored_bytes(cache: Any) -> int:
             for item in vars(value).values():
                 visit(item, depth + 1)
 
-    layers = cache.layers if has_layer_objects(cache) else [cache.key_cache, cache.value_cache]
+    if has_layer_objects(cache):
+        layers = cache.layers
+    elif hasattr(cache, "key_cache"):
+        layers = [cache.key_cache, cache.value_cache]
+    else:  # a PagedAttentionCache from 5.18: one flat pool for every layer
+        layers = [getattr(cache, "cache_tensor", None)]
     for layer in layers:
         visit(layer, 1)
     return total

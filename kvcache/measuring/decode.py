@@ -150,7 +150,8 @@ def open_point(model: Any, spec: ModelSpec, cache_spec: CacheSpec, device: Devic
     """A built, filled and warmed-up :class:`DecodePoint`, or PointSkip with the reason."""
     max_tokens = tokens_needed(context, warmup, steps)
     check_memory(spec, cache_spec, device, max_tokens)
-    point = DecodePoint(model, spec, cache_spec, device, context, max_tokens, fill=fill, seed=seed)
+    cls = cache_spec.point or DecodePoint
+    point = cls(model, spec, cache_spec, device, context, max_tokens, fill=fill, seed=seed)
     try:
         point.build()
         point.warm_up(warmup)
