@@ -54,8 +54,9 @@ class CacheSpec:
     (``model, spec, cache_spec, device, context, max_tokens``, keywords ``fill``, ``seed``) and ``batch=``
     (a :class:`~kvcache.measuring.batch.BatchShape`), returning an object with DecodePoint's interface (``build()``
     returning itself, ``step``, ``before_step``, ``timed_step``, ``warm_up``, ``release``, ``cache``, ``position``,
-    ``step_seconds``). Such a class drives the model itself; ``build`` is then not called by the suite (the point
-    may call it, or ignore it), and ``attention`` is informative.
+    ``step_seconds``). :func:`kvcache.measuring.decode.open_point` opens such a class's points with it; the point
+    drives the model itself, so ``build`` serves only callers that want a bare cache from a :class:`CacheRequest`
+    (it may raise :class:`compat.Unsupported`), and ``attention`` names what the point runs under.
     """
 
     name: str
@@ -338,4 +339,4 @@ def _register_builtins() -> None:
     reg("paged", _paged_unbuilt, attention="sdpa_paged", prepare=_prepare_paged, point=_paged_point,
         description="continuous batching's PagedAttentionCache (4.53+) under the release's paged SDPA: every step "
                     "gathers each live sequence's K/V out of the block pool (this project drives the forward)",
-        memory_factor=2.0, kinds=("full",))
+        memory_factor=1.5, kinds=("full",))

@@ -272,6 +272,32 @@ def new_cache(r: PagedRelease, model: Any, device: torch.device, dtype: torch.dt
         return r.cache_class(**kwargs), block_size
 
 
+def page_geometry(cache: Any) -> tuple[int, int] | None:
+    """(KV heads, head dim) one token of one layer takes in the pool: the cache's own attributes (to 5.17), or its
+    allocators' (5.18+)."""
+    allocators = getattr(cache, "cache_allocators", None) or {}
+    for holder in (cache, *allocators.values()):
+        heads, dim = getattr(holder, "num_key_value_heads", None), getattr(holder, "head_dim", None)
+        if heads and dim:
+            return int(heads), int(dim)
+    return None
+
+
+def check_geometry(cache: Any, spec: Any) -> None:
+    """:class:`compat.Unsupported` unless every layer caches K and V of the pool's geometry: the pool is sized from the
+    config's KV heads and head dim, which a model caching something else (DeepSeek's latent) does not write."""
+    geometry = page_geometry(cache)
+    if geometry is None:
+        return
+    heads, dim = geometry
+    for layer, shape in enumerate(spec.cached_shapes()):
+        if shape is not None and tuple(shape) != (heads, dim, dim):
+            raise compat.Unsupported(
+                f"paged: transformers {compat.TRANSFORMERS}'s PagedAttentionCache holds {heads} KV heads x {dim} dims "
+                f"per token and layer, {spec.name} caches {shape[0]} x {shape[1]} (keys) and {shape[2]} (values) "
+                f"in layer {layer}")
+
+
 def supports_logits_to_keep(model: Any) -> bool:
     """Whether the model slices its hidden states itself (``logits_to_keep``), as 5.13+ continuous batching asks."""
     supports = getattr(model, "_supports_logits_to_keep", None)
@@ -354,6 +380,7 @@ class PagedPoint(DecodePoint):
         extra = self.max_tokens - self.context  # warm-up + steps + margin, for every sequence
         capacity = [length + extra for length in self.lengths]
         self.cache, block_size = new_cache(r, self.model, device, dtype, capacity)
+        check_geometry(self.cache, self.spec)
         tables = []
         for i, tokens in enumerate(capacity):
             allocate(self.cache, REQUEST_ID.format(i), tokens, block_size)

@@ -10,6 +10,7 @@ greedy decoding repeat its input token whatever attention computes, which would 
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 
@@ -76,6 +77,17 @@ def test_a_release_without_continuous_batching_is_skipped_with_one_line():
     assert paged.unsupported_reason("4.53.0") is None and paged.unsupported_reason("5.24.0") is None
     # what the session asks: the same reason on this release, or None where the class runs
     assert caches.unavailable_reason(caches.get("paged"), "cpu") == paged.unsupported_reason()
+
+
+def test_a_model_caching_another_geometry_is_skipped_with_one_line():
+    """The pool is sized from the config's KV heads and head dim; DeepSeek's latent (1 x 512 + 64) is not that."""
+    pool = SimpleNamespace(num_key_value_heads=16, head_dim=64)
+    latent = SimpleNamespace(name="latent-model", cached_shapes=lambda: [(1, 512, 64)])
+    with pytest.raises(compat.Unsupported) as info:
+        paged.check_geometry(pool, latent)
+    assert "16 KV heads x 64 dims" in str(info.value) and "latent-model caches 1 x 512" in str(info.value)
+    assert "\n" not in str(info.value)
+    paged.check_geometry(pool, SimpleNamespace(name="plain", cached_shapes=lambda: [(16, 64, 64), None]))
 
 
 def test_the_registry_entry_brings_its_point():
