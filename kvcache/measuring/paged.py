@@ -13,8 +13,8 @@ the installed release is what continuous batching uses there:
 - the release's attention implementation for SDPA over a paged cache (``sdpa_paged`` 4.53-4.57, ``paged|sdpa``
   5.0-5.18, plain ``sdpa`` from 5.19, where SDPA recognises the cache), so that the cache's own ``update`` writes the
   new K/V at ``write_index`` and gathers every live sequence's K/V at ``read_index`` for attention, every layer,
-  every step: the gather this class exists to measure (advanced indexing, ``index``, up to 5.8; ``index_select``
-  from 5.9);
+  every step: the gather this class exists to measure (advanced indexing, ``index``, up to 5.5; ``index_select``
+  from 5.6);
 - the forward keywords the release's batch preparation hands the model (its ``get_model_kwargs``): packed
   ``input_ids``/``position_ids`` [1, N], cumulative query/key lengths, maximum lengths, read/write indices (one
   tensor, or one per layer group from 4.57), ``logits_indices``, the block-diagonal additive mask built by the

@@ -25,7 +25,7 @@ from kvcache.measuring.models import build_model  # noqa: E402
 CPU = Device.from_choice("cpu")
 STEPS = 10
 CONTEXT = 40
-GATHERS = ("index_select", "index")  # 5.9+: torch.index_select; 4.53-5.8: advanced indexing of the pool
+GATHERS = ("index_select", "index")  # 5.6+: torch.index_select; 4.53-5.5: advanced indexing of the pool
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 needs_paged = pytest.mark.skipif(paged.unsupported_reason() is not None,
@@ -127,7 +127,7 @@ def test_a_ragged_batch_decodes_each_sequence_as_alone(tiny):
 @pytest.mark.parametrize("batch", [BatchShape(1), BatchShape(4), BatchShape(3, ragged=True)],
                          ids=["batch1", "batch4", "ragged3"])
 def test_a_counted_step_shows_the_gather_of_the_live_kv(tiny, batch):
-    """The gather reads every live K/V and writes their copy: 2 passes per live byte (plus its indices). Up to 5.8 it
+    """The gather reads every live K/V and writes their copy: 2 passes per live byte (plus its indices). Up to 5.5 it
     is advanced indexing (``index``), which the counter charges a read of the whole pool, not only the rows it
     selects (rule 5): exact where the pool grows as the live tokens do (256 to 512 tokens: whole blocks of 32 or
     256 either way), above 2 where block rounding makes it grow faster (ragged lengths)."""
