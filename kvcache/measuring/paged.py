@@ -76,8 +76,9 @@ def unsupported_reason(version: str | None = None) -> str | None:
 @dataclass(frozen=True)
 class PagedRelease:
     """How the installed release's continuous batching drives its paged cache for SDPA (see the module docstring).
-    Every field is read from the release's own code: attention names from its registry, the rest by release range
-    (4.53 ... 5.24 checked one by one)."""
+    The attention name comes from the release's registry, ``update``'s form from its signature, the mask builder
+    from its modules; the rest by release range, each range read off that release's continuous batching code
+    (every release 4.53 ... 5.24)."""
 
     version: tuple[int, ...]
     cache_class: type
