@@ -188,11 +188,11 @@ def default_releases(since: str = SINCE) -> tuple[list[str], str]:
 @dataclass
 class Outcome:
     release: str
-    model: str | None = None  # None: the single model of a run without --models
     status: str = "skipped"  # ran | failed | skipped
     reason: str = ""
     json: Path | None = None
     seconds: float = 0.0
+    model: str | None = None  # None: the single model of a run without --models
 
 
 def _norm(name: str) -> str:
@@ -281,7 +281,7 @@ def _stem(release: str, model: str | None) -> str:
 def run_release(release: str, args: argparse.Namespace, constraints: Path, installed: dict[str, str],
                 model: str | None = None) -> Outcome:
     """Install ``release`` and run the counted suite on it (on ``model`` when given: ``--kv-model`` last wins)."""
-    outcome = Outcome(release, model)
+    outcome = Outcome(release, model=model)
     start = time.monotonic()
     json_path = args.out / f"counted-{_stem(release, model)}.json"
     json_path.unlink(missing_ok=True)

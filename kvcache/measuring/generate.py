@@ -93,11 +93,8 @@ class GeneratePoint(DecodePoint):
         ``on_mark(i)`` is called at mark ``i`` (0: before the first step, ``i``: after step ``i``)."""
         marks = StepMarks(self.device.sync, on_mark)
         hook = self.model.register_forward_pre_hook(lambda *_: marks.start())
-        mask = None
-        if self.mask is not None:
-            mask = self.mask[:, :self.input_ids.shape[1]]
-        else:
-            mask = torch.ones_like(self.input_ids)
+        width = self.input_ids.shape[1]
+        mask = self.mask[:, :width] if self.mask is not None else torch.ones_like(self.input_ids)
         try:
             with torch.inference_mode():
                 out = self.model.generate(input_ids=self.input_ids, attention_mask=mask,
