@@ -123,6 +123,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--dir", type=Path, default=ROOT / ".versions", help="where releases are installed")
     parser.add_argument("--jobs", type=_positive, default=1, help="releases installed and run at once (1)")
     parser.add_argument("--list", action="store_true", help="print the releases and exit")
+    parser.add_argument("--tabulate", action="store_true", help="run nothing: compare and tabulate the JSON and logs "
+                        "already in --out (e.g. after re-running a few releases)")
     args = parser.parse_args(own)
     args.pytest_args = extra
     return args
@@ -334,6 +336,20 @@ def _absent(log_path: Path) -> str | None:
     return found[-1].removeprefix("ERROR:").strip()[:200] if found else None
 
 
+def recorded_outcome(release: str, out: Path, model: str | None = None) -> Outcome:
+    """The outcome an earlier run left in ``out`` for ``release`` (and ``model``): its JSON, or the reason."""
+    stem = _stem(release, model)
+    path = out / f"counted-{stem}.json"
+    ran = _recorded_release(path)
+    if ran == release:
+        return Outcome(release, "ran", json=path, model=model)
+    absent = _absent(out / f"{stem}.log")
+    if absent:
+        return Outcome(release, reason=absent, model=model)
+    return Outcome(release, "failed", "no run JSON of this release in --out" if ran is None else
+                   f"the run recorded transformers {ran}, not {release}", model=model)
+
+
 def _recorded_release(path: Path) -> str | None:
     """The transformers release a run JSON records, or None when there is no readable run."""
     try:
@@ -462,8 +478,11 @@ def main(argv: list[str] | None = None) -> int:
                 break  # the same for every model
         return outcomes
 
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        outcomes = [o for batch in pool.map(one, releases) for o in batch]
+    if args.tabulate:
+        outcomes = [recorded_outcome(release, args.out, model) for release in releases for model in models]
+    else:
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            outcomes = [o for batch in pool.map(one, releases) for o in batch]
 
     status = 1 if any(o.status == "failed" for o in outcomes) or not any(o.json for o in outcomes) else 0
     compares, tables = [], []

@@ -106,8 +106,9 @@ def test_models_run_per_release_with_absent_and_failed_cells(tmp_path, monkeypat
     def fake_run_release(release, args, constraints, installed, model=None):
         stem = versions._stem(release, model)
         if model == "gemma3-270m@layers=6" and release == "4.46.3":
-            return versions.Outcome(release, reason="--kv-model 'gemma3-270m@layers=6': model_type 'gemma3_text' "
-                                    f"{versions.ABSENT}", model=model)
+            reason = f"--kv-model 'gemma3-270m@layers=6': model_type 'gemma3_text' {versions.ABSENT}"
+            (args.out / f"{stem}.log").write_text(f"ERROR: {reason}\n")
+            return versions.Outcome(release, reason=reason, model=model)
         run = make_run(transformers=release)
         if release == "5.0.0":
             del run["kv"]["traffic"]["static"]  # its count failed: no figure in the JSON, the message in the log
@@ -128,6 +129,11 @@ def test_models_run_per_release_with_absent_and_failed_cells(tmp_path, monkeypat
     assert "| 4.46.3 | skipped: --kv-model 'gemma3-270m@layers=6': model_type 'gemma3_text' is not in" in gemma
     assert "failed: RuntimeError: index_copy_(): shapes differ" in gemma
     assert "skipped (1): 4.46.3 gemma3-270m@layers=6" in capsys.readouterr().out
+    (tmp_path / "out" / "counted.md").unlink()
+    monkeypatch.setattr(versions, "run_release", None)  # --tabulate runs nothing
+    versions.main(["--releases", "4.46.3,5.0.0", "--models", "tiny,gemma3-270m@layers=6", "--tabulate",
+                   "--out", str(tmp_path / "out"), "--dir", str(tmp_path / "dir")])
+    assert (tmp_path / "out" / "counted.md").read_text() == counted_md
 
 
 def test_families_are_the_presets():
