@@ -31,6 +31,7 @@ import pytest
 
 from kvcache.settings import (
     COMPILE_MODES,
+    DRIVERS,
     FILLS,
     ORDERS,
     Settings,
@@ -86,11 +87,16 @@ OPTIONS: dict[str, tuple[Any, str]] = {
                              "rounds (default 8; 0: no ledger)"),
     "--kv-compile": ("off", "off (default), default, reduce-overhead or max-autotune: the decode forward under "
                             "torch.compile in that mode"),
+    "--kv-driver": ("loop", "loop (default: the suite's own decode loop) or generate (the decode steps of a real "
+                            "model.generate() call); part of the run identity"),
+    "--kv-batch": (1, "sequences per decode step (default 1); passes are per KV byte the whole batch holds"),
 }
 FLAGS: dict[str, str] = {
     "--kv-update-baseline": "write this run's passes into the baseline file",
     "--kv-no-gate": "report everything without failing the build",
     "--kv-strict": "inconclusive timed verdicts (drift beyond --kv-max-drift included) fail the build too",
+    "--kv-ragged": "with --kv-batch N: sequence lengths spread evenly over the context (left padding); passes "
+                   "per live KV byte (gated) and per allocated byte",
 }
 
 
@@ -136,7 +142,7 @@ def settings_from(config: pytest.Config) -> Settings:
     if len(counted) != 2:
         raise SettingsError(f"--kv-counted-contexts {opt('kv_counted_contexts')!r}: give two different contexts")
     check_choice("--kv-dtype", opt("kv_dtype"), models.DTYPES)  # the same words as models.torch_dtype, no torch
-    return Settings(
+    settings = Settings(
         model=opt("kv_model"), device=opt("kv_device"), dtype=opt("kv_dtype"), caches=caches_,
         contexts=parse_ints("--kv-contexts", opt("kv_contexts")), counted_contexts=tuple(sorted(counted)),
         fill=check_choice("--kv-fill", opt("kv_fill"), FILLS),
@@ -160,7 +166,16 @@ def settings_from(config: pytest.Config) -> Settings:
         ledger_steps=int(number("--kv-ledger-steps", opt("kv_ledger_steps"), low=0, whole=True)),
         threads=parse_threads(opt("kv_threads")),
         compile=check_choice("--kv-compile", opt("kv_compile"), COMPILE_MODES),
+        driver=check_choice("--kv-driver", opt("kv_driver"), DRIVERS),
+        batch=int(number("--kv-batch", opt("kv_batch"), low=1, whole=True)),
+        ragged=bool(opt("kv_ragged")),
     )
+    if settings.ragged and settings.batch == 1:
+        raise SettingsError("--kv-ragged needs --kv-batch of at least 2 (one sequence has nothing to pad)")
+    if settings.driver == "generate" and settings.compile != "off":
+        raise SettingsError(f"--kv-driver generate with --kv-compile {settings.compile}: not supported (accepted: "
+                            "--kv-compile off with the generate driver, or --kv-driver loop)")
+    return settings
 
 
 class KVState:

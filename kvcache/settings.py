@@ -11,6 +11,7 @@ DEFAULT_CONTEXTS = (1024, 2048, 4096, 8192, 16384)
 ORDERS = ("interleaved", "ascending")
 FILLS = ("synthetic", "prefill")
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")  # kvcache.measuring.compiled.MODES
+DRIVERS = ("loop", "generate")  # --kv-driver: the suite's own decode loop, or model.generate()
 
 
 class SettingsError(ValueError):
@@ -52,6 +53,9 @@ class Settings:
     ledger_steps: int = 8
     threads: int | None = 1  # torch's CPU threads for the whole session; None: torch's default (auto)
     compile: str = "off"
+    driver: str = "loop"
+    batch: int = 1
+    ragged: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -123,6 +123,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--dir", type=Path, default=ROOT / ".versions", help="where releases are installed")
     parser.add_argument("--jobs", type=_positive, default=1, help="releases installed and run at once (1)")
     parser.add_argument("--list", action="store_true", help="print the releases and exit")
+    parser.add_argument("--tabulate", action="store_true", help="run nothing: compare and tabulate the JSON and logs "
+                        "already in --out (e.g. after re-running a few releases)")
     args = parser.parse_args(own)
     args.pytest_args = extra
     return args
@@ -188,11 +190,11 @@ def default_releases(since: str = SINCE) -> tuple[list[str], str]:
 @dataclass
 class Outcome:
     release: str
-    model: str | None = None  # None: the single model of a run without --models
     status: str = "skipped"  # ran | failed | skipped
     reason: str = ""
     json: Path | None = None
     seconds: float = 0.0
+    model: str | None = None  # None: the single model of a run without --models
 
 
 def _norm(name: str) -> str:
@@ -281,7 +283,7 @@ def _stem(release: str, model: str | None) -> str:
 def run_release(release: str, args: argparse.Namespace, constraints: Path, installed: dict[str, str],
                 model: str | None = None) -> Outcome:
     """Install ``release`` and run the counted suite on it (on ``model`` when given: ``--kv-model`` last wins)."""
-    outcome = Outcome(release, model)
+    outcome = Outcome(release, model=model)
     start = time.monotonic()
     json_path = args.out / f"counted-{_stem(release, model)}.json"
     json_path.unlink(missing_ok=True)
@@ -332,6 +334,20 @@ def _absent(log_path: Path) -> str | None:
         return None
     found = [line.strip() for line in text.splitlines() if ABSENT in line]
     return found[-1].removeprefix("ERROR:").strip()[:200] if found else None
+
+
+def recorded_outcome(release: str, out: Path, model: str | None = None) -> Outcome:
+    """The outcome an earlier run left in ``out`` for ``release`` (and ``model``): its JSON, or the reason."""
+    stem = _stem(release, model)
+    path = out / f"counted-{stem}.json"
+    ran = _recorded_release(path)
+    if ran == release:
+        return Outcome(release, "ran", json=path, model=model)
+    absent = _absent(out / f"{stem}.log")
+    if absent:
+        return Outcome(release, reason=absent, model=model)
+    return Outcome(release, "failed", "no run JSON of this release in --out" if ran is None else
+                   f"the run recorded transformers {ran}, not {release}", model=model)
 
 
 def _recorded_release(path: Path) -> str | None:
@@ -462,8 +478,11 @@ def main(argv: list[str] | None = None) -> int:
                 break  # the same for every model
         return outcomes
 
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        outcomes = [o for batch in pool.map(one, releases) for o in batch]
+    if args.tabulate:
+        outcomes = [recorded_outcome(release, args.out, model) for release in releases for model in models]
+    else:
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            outcomes = [o for batch in pool.map(one, releases) for o in batch]
 
     status = 1 if any(o.status == "failed" for o in outcomes) or not any(o.json for o in outcomes) else 0
     compares, tables = [], []

@@ -41,7 +41,7 @@ def point_of(record: dict[str, Any]) -> Point:
                  kv_bytes=float(record["kv_bytes"]), samples_s=tuple(float(s) for s in record["samples_s"]),
                  beyond_trained_context=bool(record.get("beyond_trained_context")),
                  counted_bytes=record.get("counted_bytes"), name=str(record.get("name", "")),
-                 compiled=record.get("compiled"))
+                 compiled=record.get("compiled"), kv_bytes_allocated=record.get("kv_bytes_allocated"))
 
 
 def analyse(records: list[dict[str, Any]], settings: dict[str, Any], baseline: dict[str, Any],
@@ -177,7 +177,8 @@ def _points_section(points: list[Point], copy_gbps: float | None) -> list[PointR
             samples_ms=[s * 1e3 for s in p.samples_s], kv_bytes=p.kv_bytes, counted_bytes=p.counted_bytes,
             achieved_gbps=achieved, achieved_fraction=achieved_fraction(achieved, copy_gbps),
             beyond_trained_context=p.beyond_trained_context, name=p.name,
-            compiled=p.compiled, absent=frozenset() if p.compiled is not None else frozenset({"compiled"}),
+            compiled=p.compiled, kv_bytes_allocated=p.kv_bytes_allocated,
+            absent=frozenset(name for name in ("compiled", "kv_bytes_allocated") if getattr(p, name) is None),
         ))
     return out
 

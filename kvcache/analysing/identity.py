@@ -26,6 +26,9 @@ FIELDS = ("device_name", "device_type", "model", "dtype", "threads", "torch")
 #: Fields added to the identity after schema 1, with the value a run that predates them had.
 EXTRA_FIELDS: dict[str, Any] = {
     "compile": "off",  # --kv-compile: a compiled run never meets an eager baseline
+    "driver": "loop",  # --kv-driver: generate() adds its own per-step work
+    "batch": 1,  # --kv-batch
+    "ragged": False,  # --kv-ragged
 }
 #: The fields each measure's baseline key and comparability depend on.
 MEASURE_FIELDS = {

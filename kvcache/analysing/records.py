@@ -100,6 +100,7 @@ class Point:
     counted_bytes: float | None = None
     name: str = ""
     compiled: dict[str, Any] | None = None  # --kv-compile: the point's compilation (PointRecord.compiled)
+    kv_bytes_allocated: float | None = None  # --kv-batch: KV bytes of the left-padded batch (kv_bytes: live ones)
 
     @property
     def median_s(self) -> float:
@@ -263,6 +264,10 @@ class Traffic(Record):
     beyond: dict[str, Any] | None = None
     kinds: dict[str, dict[str, Any]] | None = None
     compiled: dict[str, Any] | None = None
+    # --kv-batch N: KV bytes of the left-padded batch per counted context, passes per allocated byte, the batch.
+    allocated_bytes: dict[str, float] | None = None
+    allocated_passes: float | None = None
+    batch: dict[str, Any] | None = None
     extra: dict[str, Any] = _bookkeeping()
     absent: frozenset[str] = _absent()
 
@@ -375,6 +380,7 @@ class PointRecord(Record):
     beyond_trained_context: bool = False
     name: str = ""
     compiled: dict[str, Any] | None = None
+    kv_bytes_allocated: float | None = None
     extra: dict[str, Any] = _bookkeeping()
     absent: frozenset[str] = _absent()
 
@@ -385,7 +391,7 @@ class PointRecord(Record):
         return Point(cache=str(self.cache), context=int(self.context), round=int(self.round),
                      kv_bytes=float(self.kv_bytes), samples_s=tuple(float(x) / 1e3 for x in self.samples_ms),
                      beyond_trained_context=bool(self.beyond_trained_context), counted_bytes=self.counted_bytes,
-                     name=str(self.name), compiled=self.compiled)
+                     name=str(self.name), compiled=self.compiled, kv_bytes_allocated=self.kv_bytes_allocated)
 
 
 @dataclass

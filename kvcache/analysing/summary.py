@@ -152,6 +152,10 @@ def lines(kv: dict[str, Any]) -> list[str]:
     out = [f"device {env.get('device_name')}; transformers {env.get('transformers')}, torch {env.get('torch')}; "
            f"model {model.get('name')} ({model.get('dtype')}, {model.get('bytes_per_token')} B/token of KV, "
            f"{model.get('weight_bytes')} B of weights)"]
+    settings = kv.get("settings") or {}
+    if settings.get("driver", "loop") != "loop" or settings.get("batch", 1) != 1:
+        ragged = ", ragged (left-padded; passes per live KV byte)" if settings.get("ragged") else ""
+        out.append(f"driver {settings.get('driver', 'loop')}; batch {settings.get('batch', 1)}{ragged}")
     out.append(f"copy bandwidth (read + write): start {num(copy.get('start_gbps'), '.1f')} GB/s, "
                f"end {num(copy.get('end_gbps'), '.1f')} GB/s, median of all {num(kv.get('copy_gbps'), '.1f')} GB/s")
     if kv.get("verdict"):
@@ -170,7 +174,10 @@ def lines(kv: dict[str, Any]) -> list[str]:
         out.append(f"drift: not checked ({drift.get('reason')})")
     for cache, t in (kv.get("traffic") or {}).items():
         by_op = ", ".join(f"{k} {v:.2f}" for k, v in (t.get("by_op") or {}).items()) or "-"
-        out.append(f"counted {cache}: {t.get('passes', 0):.3f} passes = {by_op}")
+        allocated = t.get("allocated_passes")
+        per_allocated = f" ({allocated:.3f} per allocated KV byte)" if isinstance(allocated, (int, float)) and \
+            t.get("batch", {}).get("ragged") else ""
+        out.append(f"counted {cache}: {t.get('passes', 0):.3f} passes{per_allocated} = {by_op}")
     out += noted_table(OVERHEAD_HEADER, overhead_rows(kv),
                        "ops: ATen ops from the model's forward call to its return, one step; fixed: bytes a step moves "
                        "that do not grow with context; weight passes = fixed / weight bytes, 1 = each weight read once")

@@ -39,6 +39,10 @@ class BatchShape:
         """Logical KV bytes the batch's sequences hold: each its own length + ``added`` decoded tokens."""
         return sum(spec.kv_bytes(n + added) for n in self.lengths(context))
 
+    def live_bytes_of(self, spec: Any, kind: str, context: int, added: float = 0) -> float:
+        """:meth:`live_bytes` of the layers of one kind (``full``, ``sliding``, ``linear``)."""
+        return sum(spec.kv_bytes_of(kind, n + added) for n in self.lengths(context))
+
     def allocated_bytes(self, spec: Any, context: int, added: float = 0) -> float:
         """Logical KV bytes of a rectangular batch cache: ``size`` rows of ``context + added`` tokens."""
         return self.size * spec.kv_bytes(context + added)

@@ -31,12 +31,14 @@ class CacheError(ValueError):
 
 @dataclass(frozen=True)
 class CacheRequest:
-    """What a cache factory gets: the model config, the tokens the cache must hold, where, in what dtype."""
+    """What a cache factory gets: the model config, the tokens each sequence's row must hold, where, in what dtype,
+    and the sequences per step (``--kv-batch``; rows of a preallocated buffer)."""
 
     config: Any
     max_tokens: int
     device: Any
     dtype: Any
+    batch: int = 1
 
 
 @dataclass(frozen=True)
@@ -209,7 +211,8 @@ def _dynamic(req: CacheRequest) -> Any:
 def _static(req: CacheRequest) -> Any:
     from kvcache.measuring import compat
 
-    return compat.new_cache(compat.cache_class("StaticCache"), req.config, req.max_tokens, req.device, req.dtype)
+    return compat.new_cache(compat.cache_class("StaticCache"), req.config, req.max_tokens, req.device, req.dtype,
+                            req.batch)
 
 
 def _inplace(req: CacheRequest) -> Any:
@@ -222,7 +225,7 @@ def _static_sliced(req: CacheRequest) -> Any:
     from kvcache.measuring import compat
     from kvcache.measuring.fixed import StaticSlicedCache
 
-    return compat.new_cache(StaticSlicedCache, req.config, req.max_tokens, req.device, req.dtype)
+    return compat.new_cache(StaticSlicedCache, req.config, req.max_tokens, req.device, req.dtype, req.batch)
 
 
 def _prepare_sliced() -> None:
@@ -240,7 +243,7 @@ def _offloaded(req: CacheRequest) -> Any:
 def _offloaded_static(req: CacheRequest) -> Any:
     from kvcache.measuring import compat
 
-    return compat.offloaded_static(req.config, req.max_tokens, req.device, req.dtype)
+    return compat.offloaded_static(req.config, req.max_tokens, req.device, req.dtype, req.batch)
 
 
 def _prepare_offloaded() -> None:

@@ -102,12 +102,13 @@ def _batch_keyword(cls: type, params: dict[str, inspect.Parameter]) -> str | Non
 
 
 def new_cache(cls: type, config: Any, max_cache_len: int | None = None, device: Any = None, dtype: Any = None,
-              **extra: Any) -> Any:
+              batch_size: int = 1, **extra: Any) -> Any:
     """Construct any cache class, passing only the keywords its ``__init__`` takes in this release.
 
     Covers StaticCache's changes: ``batch_size`` (to 4.45) / ``max_batch_size`` (4.46+), and from 4.56
     ``(config, max_cache_len)`` with lazy allocation; up to 4.55 the buffer is allocated at construction
-    (float32 by default: ``device`` and ``dtype`` are passed there). DynamicCache subclasses go through
+    (float32 by default: ``device`` and ``dtype`` are passed there); ``batch_size`` rows where the class takes it
+    (from 4.56 the buffer takes its batch from the first K/V written). DynamicCache subclasses go through
     :func:`new_dynamic_cache`.
     """
     if issubclass(cls, cache_utils.DynamicCache):
@@ -119,7 +120,7 @@ def new_cache(cls: type, config: Any, max_cache_len: int | None = None, device: 
     kwargs = dict(config=config, max_cache_len=max_cache_len, device=device, dtype=dtype, **extra)
     batch = _batch_keyword(cls, params)
     if batch is not None:
-        kwargs[batch] = 1
+        kwargs[batch] = batch_size
     return cls(**{k: v for k, v in kwargs.items() if (k in params or k in extra) and v is not None})
 
 
@@ -184,14 +185,15 @@ def offloaded_dynamic(config: Any) -> Any:
     raise release_lacks("an offloaded dynamic cache (OffloadedCache / DynamicCache(offloading=True))")
 
 
-def offloaded_static(config: Any, max_cache_len: int, device: Any, dtype: Any) -> Any:
+def offloaded_static(config: Any, max_cache_len: int, device: Any, dtype: Any, batch_size: int = 1) -> Any:
     """An offloaded static cache: ``StaticCache(offloading=True)`` (4.56+) or ``OffloadedStaticCache`` (4.x)."""
     if "offloading" in own_params(cache_utils.StaticCache):
-        return new_cache(cache_utils.StaticCache, config, max_cache_len, device, dtype, offloading=True)
+        return new_cache(cache_utils.StaticCache, config, max_cache_len, device, dtype, batch_size,
+                         offloading=True)
     if hasattr(cache_utils, "OffloadedStaticCache"):
         cls = cache_utils.OffloadedStaticCache
         extra = {"offload_device": "cpu"} if "offload_device" in init_params(cls) else {}
-        return new_cache(cls, config, max_cache_len, device, dtype, **extra)
+        return new_cache(cls, config, max_cache_len, device, dtype, batch_size, **extra)
     raise release_lacks("an offloaded static cache (OffloadedStaticCache / StaticCache(offloading=True))")
 
 
@@ -299,22 +301,32 @@ def _forward_params(forward: Callable) -> frozenset:
     return frozenset(inspect.signature(forward).parameters)
 
 
-def decode_kwargs(model: Any, cache: Any, position: int, device: Any,
-                  position_ids: torch.Tensor | None = None) -> dict[str, Any]:
-    """Keywords for one single-token forward at ``position`` with ``cache``.
-
-    The cache keyword is ``past_key_values`` up to 5.23 and ``cache`` from 5.24; ``cache_position`` is
-    passed while the model still takes it (up to 5.3). ``position_ids``: a [1, 1] tensor already on the
-    device holding ``position`` (a decode loop keeps one and advances it there, so that no step copies a
-    position from the host: on CUDA that copy would wait for the device); made here when not given.
-    """
+def cache_keyword(model: Any) -> str:
+    """The forward's (and generate's) cache keyword: ``past_key_values`` up to 5.23, ``cache`` from 5.24."""
     base = getattr(model, "model", None) or getattr(model, "transformer", None) or model  # Falcon: .transformer
+    return "cache" if "cache" in _forward_params(type(base).forward) else "past_key_values"
+
+
+def decode_kwargs(model: Any, cache: Any, position: int, device: Any, position_ids: torch.Tensor | None = None,
+                  cache_position: torch.Tensor | None = None,
+                  attention_mask: torch.Tensor | None = None) -> dict[str, Any]:
+    """Keywords for one single-token forward at ``position`` (the cache slot it writes) with ``cache``.
+
+    The cache keyword is ``past_key_values`` up to 5.23 and ``cache`` from 5.24 (:func:`cache_keyword`);
+    ``cache_position`` is passed while the model still takes it (up to 5.3). ``position_ids``: a [batch, 1] tensor
+    already on the device (a decode loop keeps one and advances it there, so that no step copies a position from
+    the host: on CUDA that copy would wait for the device); made here when not given. ``cache_position``: the
+    [1] slot tensor, when it differs from the positions (a left-padded batch); ``attention_mask``: the
+    [batch, tokens] padding mask of such a batch.
+    """
+    base = getattr(model, "model", None) or getattr(model, "transformer", None) or model
     params = _forward_params(type(base).forward)
-    key = "cache" if "cache" in params else "past_key_values"
     ids = position_ids if position_ids is not None else torch.tensor([[position]], device=device)
-    kwargs: dict[str, Any] = {key: cache, "use_cache": True, "position_ids": ids}
+    kwargs: dict[str, Any] = {cache_keyword(model): cache, "use_cache": True, "position_ids": ids}
     if "cache_position" in params:
-        kwargs["cache_position"] = ids.view(1)
+        kwargs["cache_position"] = cache_position if cache_position is not None else ids.view(1)
+    if attention_mask is not None:
+        kwargs["attention_mask"] = attention_mask
     return kwargs
 
 

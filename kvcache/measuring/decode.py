@@ -1,5 +1,7 @@
 """One decode point: a fresh cache of one class, filled to ``context`` tokens untimed, then single-token
-decode steps. The timed benchmarks, the traffic counter and the attention probe all drive this."""
+decode steps, for one sequence or a batch (``--kv-batch``, ``--kv-ragged``: :mod:`kvcache.measuring.batch`).
+The timed benchmarks, the traffic counter and the attention probe all drive this; the generate driver
+(:mod:`kvcache.measuring.generate`) builds on it."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from typing import Any
 import torch
 
 from kvcache.measuring import compat
+from kvcache.measuring.batch import BatchShape
 from kvcache.measuring.caches import CacheRequest, CacheSpec
 from kvcache.measuring.devices import Device
 from kvcache.measuring.models import ModelSpec
@@ -26,7 +29,9 @@ class PointSkip(Exception):
 class DecodePoint:
     """A cache of one class on a built model, ready to step.
 
-    ``position`` is the number of tokens in the cache; each :meth:`step` adds one.
+    ``position`` is the number of slots each row of the cache fills (the context, then one more per
+    :meth:`step`). A batch's rows are left-padded to the longest sequence: with ``batch.ragged`` a row's leading
+    ``batch.pads(context)`` slots are masked out (``attention_mask``) and its positions count its own tokens.
     """
 
     model: Any
@@ -40,7 +45,10 @@ class DecodePoint:
     cache: Any = None
     position: int = 0
     next_ids: torch.Tensor | None = None
-    position_ids: torch.Tensor | None = None  # [[position]] on the device, advanced there each step
+    batch: BatchShape = field(default_factory=BatchShape)
+    position_ids: torch.Tensor | None = None  # [batch, 1] on the device, advanced there each step
+    slot: torch.Tensor | None = None  # [position] on the device: the cache slot a step writes (cache_position)
+    mask: torch.Tensor | None = None  # ragged: [batch, max_tokens] padding mask; a step passes its first slots
     step_start_ns: list[int] = field(default_factory=list)
     step_seconds: list[float] = field(default_factory=list)
 
@@ -50,7 +58,7 @@ class DecodePoint:
         if self.cache_spec.prepare is not None:
             self.cache_spec.prepare()
         compat.set_attention(self.model, self.cache_spec.attention)
-        request = CacheRequest(self.model.config, self.max_tokens, self.device.torch_device, dtype)
+        request = CacheRequest(self.model.config, self.max_tokens, self.device.torch_device, dtype, self.batch.size)
         self.cache = self.cache_spec.build(request)
         gen = torch.Generator(device="cpu").manual_seed(self.seed)
         with torch.inference_mode():
@@ -59,11 +67,17 @@ class DecodePoint:
             else:
                 self._fill_prefill(gen)
         self.position = self.context
-        with torch.inference_mode():  # an inference tensor like every later token: one compiled graph, not two
-            token = torch.randint(1, self.spec.vocab, (1, 1), generator=gen)
-        self.next_ids = token.to(self.device.torch_device)
-        with torch.inference_mode():
-            self.position_ids = torch.tensor([[self.position]], device=self.device.torch_device)
+        where = self.device.torch_device
+        with torch.inference_mode():  # inference tensors like every later token: one compiled graph, not two
+            token = torch.randint(1, self.spec.vocab, (self.batch.size, 1), generator=gen)
+            self.next_ids = token.to(where)
+            lengths = self.batch.lengths(self.context)
+            self.position_ids = torch.tensor([[n] for n in lengths], device=where)
+            self.slot = torch.tensor([self.position], device=where)
+            if self.batch.ragged:
+                self.mask = torch.ones(self.batch.size, self.max_tokens, dtype=torch.long, device=where)
+                for row, pad in enumerate(self.batch.pads(self.context)):
+                    self.mask[row, :pad] = 0
         self.device.sync()
         return self
 
@@ -78,31 +92,40 @@ class DecodePoint:
                 if shape is None:
                     continue
                 heads, key_dim, value_dim = shape
-                k = torch.randn(1, heads, n, key_dim, generator=gen).to(self.device.torch_device, dtype)
-                v = torch.randn(1, heads, n, value_dim, generator=gen).to(self.device.torch_device, dtype)
+                rows = self.batch.size
+                k = torch.randn(rows, heads, n, key_dim, generator=gen).to(self.device.torch_device, dtype)
+                v = torch.randn(rows, heads, n, value_dim, generator=gen).to(self.device.torch_device, dtype)
                 compat.fill_layer(self.cache, layer, k, v, start)
 
     def _fill_prefill(self, gen: torch.Generator) -> None:
-        """A real forward over ``context`` random tokens."""
-        ids = torch.randint(1, self.spec.vocab, (1, self.context), generator=gen).to(self.device.torch_device)
-        kwargs = compat.decode_kwargs(self.model, self.cache, 0, self.device.torch_device)
-        kwargs["position_ids"] = torch.arange(self.context, device=self.device.torch_device)[None]
+        """A real forward over ``context`` random tokens per row (a ragged batch's pads masked out)."""
+        where = self.device.torch_device
+        rows = self.batch.size
+        ids = torch.randint(1, self.spec.vocab, (rows, self.context), generator=gen).to(where)
+        kwargs = compat.decode_kwargs(self.model, self.cache, 0, where)
+        pads = torch.tensor(self.batch.pads(self.context), device=where)[:, None]
+        kwargs["position_ids"] = (torch.arange(self.context, device=where)[None] - pads).clamp(min=0)
+        if self.batch.ragged:
+            kwargs["attention_mask"] = (torch.arange(self.context, device=where)[None] >= pads).long()
         if "cache_position" in kwargs:
-            kwargs["cache_position"] = torch.arange(self.context, device=self.device.torch_device)
+            kwargs["cache_position"] = torch.arange(self.context, device=where)
         self.model(input_ids=ids, **kwargs)
 
     def step(self) -> torch.Tensor:
         """One single-token decode step. Nothing in it waits for the device: the position lives on the device
         and advances there, the greedy next token stays there."""
         with torch.inference_mode():
+            mask = self.mask[:, :self.position + 1] if self.mask is not None else None  # a view: no copy
             kwargs = compat.decode_kwargs(self.model, self.cache, self.position, self.device.torch_device,
-                                          position_ids=self.position_ids)
+                                          position_ids=self.position_ids, cache_position=self.slot,
+                                          attention_mask=mask)
             out = self.model(input_ids=self.next_ids, **kwargs)
             returned = compat.cache_from_output(out)
             if returned is not None:
                 self.cache = returned
             self.next_ids = out.logits[:, -1:].argmax(-1)
             self.position_ids.add_(1)
+            self.slot.add_(1)
         self.position += 1
         return out.logits
 
@@ -128,6 +151,8 @@ class DecodePoint:
         self.cache = None
         self.next_ids = None
         self.position_ids = None
+        self.slot = None
+        self.mask = None
 
 
 def tokens_needed(context: int, warmup: int, steps: int) -> int:
@@ -135,23 +160,28 @@ def tokens_needed(context: int, warmup: int, steps: int) -> int:
     return context + warmup + steps + MARGIN_TOKENS
 
 
-def check_memory(spec: ModelSpec, cache_spec: CacheSpec, device: Device, max_tokens: int) -> None:
-    """Skip (PointSkip) when the cache would not fit in the device's free memory, naming the numbers."""
-    need = spec.kv_bytes(max_tokens) * cache_spec.memory_factor
+def check_memory(spec: ModelSpec, cache_spec: CacheSpec, device: Device, max_tokens: int, rows: int = 1) -> None:
+    """Skip (PointSkip) when the cache (``rows`` sequences) would not fit in the device's free memory, naming the
+    numbers."""
+    need = spec.kv_bytes(max_tokens) * rows * cache_spec.memory_factor
     free = device.free_bytes()
     if need > 0.9 * free:
-        raise PointSkip(f"{cache_spec.name} at {max_tokens} tokens needs about {need / 2**30:.2f} GiB "
-                        f"({spec.bytes_per_token} B/token x {max_tokens} x {cache_spec.memory_factor}); "
+        batch = f" x {rows} sequences" if rows > 1 else ""
+        raise PointSkip(f"{cache_spec.name} at {max_tokens} tokens{batch} needs about {need / 2**30:.2f} GiB "
+                        f"({spec.bytes_per_token} B/token x {max_tokens}{batch} x {cache_spec.memory_factor}); "
                         f"{device.type} has {free / 2**30:.2f} GiB free")
 
 
 def open_point(model: Any, spec: ModelSpec, cache_spec: CacheSpec, device: Device, context: int, *,
-               warmup: int, steps: int, fill: str = "synthetic", seed: int = 0) -> DecodePoint:
-    """A built, filled and warmed-up :class:`DecodePoint`, or PointSkip with the reason."""
+               warmup: int, steps: int, fill: str = "synthetic", seed: int = 0, batch: BatchShape | None = None,
+               point_type: type[DecodePoint] | None = None) -> DecodePoint:
+    """A built, filled and warmed-up point (``point_type``, default :class:`DecodePoint`), or PointSkip with the
+    reason."""
+    batch = batch or BatchShape()
     max_tokens = tokens_needed(context, warmup, steps)
-    check_memory(spec, cache_spec, device, max_tokens)
-    cls = cache_spec.point or DecodePoint
-    point = cls(model, spec, cache_spec, device, context, max_tokens, fill=fill, seed=seed)
+    check_memory(spec, cache_spec, device, max_tokens, batch.size)
+    cls = cache_spec.point or point_type or DecodePoint  # a class that brings its own point steps it its way
+    point = cls(model, spec, cache_spec, device, context, max_tokens, fill=fill, seed=seed, batch=batch)
     try:
         point.build()
         point.warm_up(warmup)

@@ -45,13 +45,35 @@ def _step_of(event: Any) -> Any:
 def profile_steps(step: Any, sync: Any, steps: int, *, cuda: bool = False) -> dict[str, Any]:
     """Profile ``steps`` calls of ``step`` (each followed by ``sync``): ``{"step_s": [seconds per step],
     "ops_s": {op: [seconds per step]}}``, an op absent from a step counting 0 there."""
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    sync()
-    with profile(activities=activities) as prof:
+    def drive() -> None:
         for _ in range(steps):
             with record_function(STEP):
                 step()
                 sync()
+    return _profiled(drive, sync, cuda)
+
+
+def profile_marked(run: Any, sync: Any, steps: int, *, cuda: bool = False) -> dict[str, Any]:
+    """Like :func:`profile_steps` for steps that something else drives (``model.generate``): ``run(on_mark)``
+    takes ``steps`` steps and calls ``on_mark(i)`` at each step boundary (0 before the first, ``i`` after step
+    ``i``, the device already waited for); each step is the range between two marks."""
+    ranges: list[Any] = []
+
+    def on_mark(i: int) -> None:
+        if ranges:
+            ranges.pop().__exit__(None, None, None)
+        if i < steps:
+            ranges.append(record_function(STEP))
+            ranges[-1].__enter__()
+
+    return _profiled(lambda: run(on_mark), sync, cuda)
+
+
+def _profiled(drive: Any, sync: Any, cuda: bool) -> dict[str, Any]:
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    sync()
+    with profile(activities=activities) as prof:
+        drive()
     events = prof.events()
     ranges = sorted((e for e in events if e.name == STEP), key=lambda e: e.time_range.start)
     index = {id(e): i for i, e in enumerate(ranges)}

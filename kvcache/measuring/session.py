@@ -19,7 +19,9 @@ from kvcache.analysing.analysis import achieved_gbps
 from kvcache.analysing.stats import median
 from kvcache.measuring import caches, compat, compiled, decode, ledger, traffic
 from kvcache.measuring.bandwidth import measure_copy
+from kvcache.measuring.batch import BatchShape
 from kvcache.measuring.devices import Device
+from kvcache.measuring.generate import GeneratePoint
 from kvcache.measuring.models import ModelSpec, build_model, load_config, spec_from_config
 from kvcache.measuring.probe import probe
 from kvcache.settings import Settings
@@ -78,6 +80,15 @@ class KVSession:
     def __post_init__(self) -> None:
         if self.settings.threads is not None:  # before anything is measured: the copy bandwidth too
             torch.set_num_threads(self.settings.threads)
+        self.batch = BatchShape(self.settings.batch, self.settings.ragged)
+        self.generating = self.settings.driver == "generate"
+
+    def held(self, context: int, tokens: float, kind: str | None = None) -> float:
+        """Logical KV bytes the batch's sequences hold once the longest holds ``tokens`` (its fill: ``context``);
+        of one layer kind when given (see :mod:`kvcache.measuring.batch`)."""
+        if kind is None:
+            return self.batch.live_bytes(self.spec(), context, tokens - context)
+        return self.batch.live_bytes_of(self.spec(), kind, context, tokens - context)
 
     # --- the model ---
     def model(self) -> tuple[Any, ModelSpec]:
@@ -146,12 +157,17 @@ class KVSession:
         reason = caches.kind_reason(spec, self.settings.model, self.spec().kind_layers())
         if reason:
             raise self.skip(cache, None, reason)
+        if spec.point is not None and (self.generating or compiled_forward):
+            what = "--kv-driver generate" if self.generating else f"--kv-compile {self.settings.compile}"
+            raise self.skip(cache, None, f"{what}: {cache} steps the model its own way (its own point), which "
+                                         f"{'generate() does not run' if self.generating else 'is not compiled'}")
         model, mspec = self.model()
         if compiled_forward:
             model = self.compiled_model()
         try:
             return decode.open_point(model, mspec, spec, self.device, context, warmup=warmup, steps=steps,
-                                     fill=self.settings.fill, seed=self.settings.seed)
+                                     fill=self.settings.fill, seed=self.settings.seed, batch=self.batch,
+                                     point_type=GeneratePoint if self.generating else None)
         except decode.PointSkip as exc:
             raise self.skip(cache, context, str(exc)) from None
 
@@ -159,9 +175,12 @@ class KVSession:
         """``extra_info`` of a timed benchmark (before it runs)."""
         s, spec = self.settings, self.spec()
         mean_tokens = point.context + s.warmup + (s.steps + 1) / 2  # tokens attention reads, averaged
+        batch = {"kv_bytes_allocated": self.batch.allocated_bytes(spec, point.context, mean_tokens - point.context)
+                 } if s.batch > 1 else {}
         return {
             "kind": kind, "cache": point.cache, "context": point.context, "round": point.round,
-            "kv_bytes": spec.kv_bytes(mean_tokens), "bytes_per_token": spec.bytes_per_token,
+            "kv_bytes": self.held(point.context, mean_tokens), "bytes_per_token": spec.bytes_per_token, **batch,
+            "driver": s.driver, "batch": s.batch, "ragged": s.ragged,
             "device": self.device.type, "device_name": self.device.name, "dtype": s.dtype,
             "model": s.model, "fill": s.fill, "warmup": s.warmup, "steps": s.steps,
             "transformers": transformers.__version__, "torch": torch.__version__,
@@ -228,15 +247,17 @@ class KVSession:
         reason = compiled.unavailable_reason(s.compile, self.device.type)
         if reason:
             return {"mode": s.compile, "error": reason}
+        spec = caches.get(cache)
+        if spec.point is not None:
+            return {"mode": s.compile, "error": f"{cache} steps the model its own way (its own point): not compiled"}
         self.compile_setup()
         model, mspec = self.model()
-        spec = caches.get(cache)
 
         def open_point(m: Any, context: int) -> decode.DecodePoint:
             max_tokens = decode.tokens_needed(context, compiled.COUNT_WARMUP, 1)
-            decode.check_memory(mspec, spec, self.device, max_tokens)
+            decode.check_memory(mspec, spec, self.device, max_tokens, self.batch.size)
             return decode.DecodePoint(m, mspec, spec, self.device, context, max_tokens, fill=s.fill,
-                                      seed=s.seed).build()
+                                      seed=s.seed, batch=self.batch).build()
         try:
             return compiled.count_compiled(model, open_point, s.counted_contexts, s.compile, mspec.bytes_per_token,
                                            self.device.type)
@@ -260,12 +281,17 @@ class KVSession:
         if compiling:
             dp, compile_info = self.open_compiled(point)
             before, calls = compiled.dynamo_state(), self.compiled_model().backend.calls
+        elif self.generating:  # warmed up inside the timed generate call
+            dp = self.open(point.cache, point.context, warmup=0, steps=s.warmup + s.steps)
         else:
             dp = self.open(point.cache, point.context, warmup=s.warmup, steps=s.steps)
         try:
             benchmark.group = f"decode {point.cache}" if kind == "timed" else "drift"
             benchmark.extra_info.update(self.point_info(point, kind))
-            benchmark.pedantic(dp.timed_step, setup=dp.before_step, rounds=s.steps, iterations=1)
+            if self.generating:  # pytest-benchmark times the whole call; the steps are the suite's own record
+                benchmark.pedantic(dp.timed_generate, args=(s.warmup, s.steps), rounds=1, iterations=1)
+            else:
+                benchmark.pedantic(dp.timed_step, setup=dp.before_step, rounds=s.steps, iterations=1)
             benchmark.extra_info["step_start_ns"] = list(dp.step_start_ns)
             if compiling:
                 benchmark.extra_info["compiled"] = self.timed_compilation(
@@ -297,15 +323,19 @@ class KVSession:
         self.warm_model()
         dp = self.open(point.cache, point.context, warmup=s.warmup, steps=s.ledger_steps)
         try:
-            profiled = ledger.profile_steps(dp.step, self.device.sync, s.ledger_steps,
-                                            cuda=self.device.type == "cuda")
+            if self.generating:  # the steps of one generate call, between its marks
+                profiled = ledger.profile_marked(lambda on_mark, dp=dp: dp.generate(s.ledger_steps, on_mark),
+                                                 self.device.sync, s.ledger_steps, cuda=self.device.type == "cuda")
+            else:
+                profiled = ledger.profile_steps(dp.step, self.device.sync, s.ledger_steps,
+                                                cuda=self.device.type == "cuda")
         finally:
             dp.release()
             del dp
             gc.collect()
         mean_tokens = point.context + s.warmup + (s.ledger_steps + 1) / 2
         record = {"type": "ledger", "cache": point.cache, "context": point.context,
-                  "kv_bytes": self.spec().kv_bytes(mean_tokens), **profiled}
+                  "kv_bytes": self.held(point.context, mean_tokens), **profiled}
         self.emit(record)
         return record
 
@@ -352,8 +382,7 @@ class KVSession:
             fused = compiled.fused_bytes_at((self.traffic.get(point.cache) or {}).get("compiled"), dp.position)
             self.counted_bytes[key] = fused
         elif key not in self.counted_bytes:
-            _, counted = traffic.count(dp.step)
-            self.counted_bytes[key] = counted.total
+            self.counted_bytes[key] = self._count_step(dp).total
         counted_bytes = self.counted_bytes[key]
         median_s = median(dp.step_seconds) if dp.step_seconds else None
         # Its share of the copy bandwidth is the analysis's (kv.points, against the session median), not here.
@@ -368,11 +397,12 @@ class KVSession:
         if spec.mixed:
             return self.count_kinds(cache)
         contexts = tuple(s.counted_contexts)
-        counts, _, stored = self._counted_steps(cache, contexts, probe_at=max(contexts),
-                                                scopes={model: traffic.FORWARD})
-        self.traffic[cache] = traffic.counted_passes(counts, spec.bytes_per_token, layers=spec.layers,
+        counts, tokens, stored = self._counted_steps(cache, contexts, probe_at=max(contexts),
+                                                     scopes={model: traffic.FORWARD})
+        held = {c: self.held(c, tokens[c]) for c in contexts}
+        self.traffic[cache] = traffic.counted_passes(counts, spec.bytes_per_token, kv_bytes=held, layers=spec.layers,
                                                      weight_bytes=spec.weight_bytes)
-        self.traffic[cache].update(self._held_and_stored(cache, counts, stored=stored))
+        self.traffic[cache].update(self._held_and_stored(cache, counts, tokens, stored=stored))
         if s.compile != "off":
             self.traffic[cache]["compiled"] = self.count_compiled(cache)
         self.emit({"type": "traffic", "cache": cache, "traffic": self.traffic[cache], "probe": self.probes.get(cache)})
@@ -386,8 +416,9 @@ class KVSession:
         model, spec = self.model()
         counts, tokens, stored = {}, {}, {}
         for context in contexts:
-            dp = self.open(cache, context, warmup=min(s.warmup, COUNT_WARMUP), steps=1)
-            _, counts[context] = traffic.count(dp.step, scopes=scopes)
+            warm = min(s.warmup, COUNT_WARMUP)
+            dp = self.open(cache, context, warmup=0 if self.generating else warm, steps=warm + 1)
+            counts[context] = self._count_step(dp, scopes, warmup=warm)
             tokens[context] = dp.position  # after the step: the tokens its attention read
             stored[context] = compat.stored_bytes(dp.cache)
             if context == probe_at:
@@ -395,14 +426,29 @@ class KVSession:
             dp.release()
         return counts, tokens, stored
 
+    def _count_step(self, dp: decode.DecodePoint, scopes: dict[Any, str] | None = None,
+                    warmup: int = 1) -> traffic.TrafficCount:
+        """The counted traffic of one step of ``dp``: the loop's next step, or a generate step after ``warmup``
+        steps of the same generate call."""
+        if isinstance(dp, GeneratePoint):
+            return dp.count_step(warmup, scopes)
+        return traffic.count(dp.step, scopes=scopes)[1]
+
     def _held_and_stored(self, cache: str, counts: dict[int, Any], tokens: dict[int, int] | None = None,
                          stored: dict[int, int] | None = None) -> dict[str, Any]:
-        """``kv_bytes`` {context: logical KV bytes held}; ``stored_bytes`` {context: bytes stored} and
-        ``stored_passes`` (Δ step bytes / Δ bytes stored) when given."""
+        """``kv_bytes`` {context: logical KV bytes the batch holds}; with a batch also ``allocated_bytes`` and
+        ``allocated_passes`` (per byte of the left-padded rectangle: equal to passes without padding);
+        ``stored_bytes`` {context: bytes stored} and ``stored_passes`` (Δ step bytes / Δ bytes stored) when given."""
         spec = self.spec()
         contexts = sorted(counts)
         tokens = tokens or {c: c + min(self.settings.warmup, COUNT_WARMUP) + 1 for c in contexts}
-        out: dict[str, Any] = {"kv_bytes": {str(c): spec.kv_bytes(tokens[c]) for c in contexts}}
+        out: dict[str, Any] = {"kv_bytes": {str(c): self.held(c, tokens[c]) for c in contexts}}
+        if self.batch.size > 1 and caches.get(cache).point is None:  # a class with its own point pads nothing
+            lo, hi = contexts[0], contexts[-1]
+            allocated = {c: self.batch.allocated_bytes(spec, c, tokens[c] - c) for c in contexts}
+            out["allocated_bytes"] = {str(c): allocated[c] for c in contexts}
+            out["allocated_passes"] = (counts[hi].total - counts[lo].total) / (allocated[hi] - allocated[lo])
+            out["batch"] = self.batch.to_dict()
         if stored:
             lo, hi = contexts[0], contexts[-1]
             delta = stored[hi] - stored[lo]
@@ -421,19 +467,19 @@ class KVSession:
         scopes = {model: traffic.FORWARD, **traffic.layer_scopes(model)}
         kind_layers = spec.kind_layers()
         counts, tokens, stored = self._counted_steps(cache, contexts, probe_at=max(contexts), scopes=scopes)
-        held = {c: spec.kv_bytes(tokens[c]) for c in contexts}
+        held = {c: self.held(c, tokens[c]) for c in contexts}
         result = traffic.counted_passes(counts, spec.bytes_per_token, kv_bytes=held, layers=spec.layers,
                                         weight_bytes=spec.weight_bytes)
         result.update(self._held_and_stored(cache, counts, tokens, stored))
-        kinds_held = {kind: {c: spec.kv_bytes_of(kind, tokens[c]) for c in contexts} for kind in kind_layers}
+        kinds_held = {kind: {c: self.held(c, tokens[c], kind) for c in contexts} for kind in kind_layers}
         windows = {kind: value["window"] for kind, value in spec.kinds_dict().items()}
         far = spec.beyond_windows(contexts)
         beyond = beyond_held = None
         if far:
             beyond, far_tokens, _ = self._counted_steps(cache, far, scopes=scopes)
-            beyond_held = {kind: {c: spec.kv_bytes_of(kind, far_tokens[c]) for c in far} for kind in kind_layers}
+            beyond_held = {kind: {c: self.held(c, far_tokens[c], kind) for c in far} for kind in kind_layers}
             result["beyond"] = {"contexts": list(far), "step_bytes": {str(c): beyond[c].total for c in far},
-                                "kv_bytes": {str(c): spec.kv_bytes(far_tokens[c]) for c in far}}
+                                "kv_bytes": {str(c): self.held(c, far_tokens[c]) for c in far}}
         result["kinds"] = traffic.kind_passes(counts, kind_layers, kinds_held, windows=windows, beyond=beyond,
                                               beyond_held=beyond_held)
         self.traffic[cache] = result

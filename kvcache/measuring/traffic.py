@@ -11,8 +11,9 @@ rules, which count *logical* traffic:
    only the elements it stores, not the whole destination, and does not read the destination.
 3. A broadcast input (stride 0 along a dimension) is read once: an input costs the bytes of the
    distinct memory it spans, ``itemsize × Π size[d] over dims with stride[d] != 0``.
-4. A lookup (``embedding``, ``index_select``) reads its indices and the rows it selects, not the whole
-   table: a decode step's embedding reads one row of the vocabulary matrix.
+4. A lookup (``embedding``, ``index_select``, advanced indexing ``index``) reads its indices and the rows it
+   selects, not the whole table: a decode step's embedding reads one row of the vocabulary matrix, and a paged
+   cache's gather of the live rows reads those rows, not the whole block pool.
 5. Any other op reads each distinct tensor input once and writes each output (an in-place op writes
    the tensor it mutates); allocation without initialisation (``empty``) writes nothing.
 
@@ -166,7 +167,7 @@ def _partial_write(name: str, args: tuple, kwargs: dict) -> tuple[int, int]:
 
 
 # Lookups: the position of the indices argument (rule 4).
-LOOKUPS = {"embedding": 1, "index_select": 2}
+LOOKUPS = {"embedding": 1, "index_select": 2, "index": 1}  # op -> position of its indices (a list for ``index``)
 
 
 @dataclass
@@ -274,7 +275,8 @@ class TrafficCounter(TorchDispatchMode):
             return 0, 0
         if name in LOOKUPS:
             selected = sum(t.numel() * t.element_size() for t in _tensors(out))
-            return selected + span_bytes(args[LOOKUPS[name]]), selected
+            indices = sum(span_bytes(t) for t in _tensors(args[LOOKUPS[name]]))
+            return selected + indices, selected
         inputs = _tensors((args, kwargs))
         outputs = _tensors(out)
         mutated = _mutated_args(func, args, kwargs)

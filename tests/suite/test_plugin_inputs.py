@@ -21,7 +21,7 @@ CASES = [  # the keys of _cases (they need a directory to write files in)
     "order", "max-passes-abc", "max-passes-zero", "max-passes-unknown", "model-missing", "model-no-config",
     "counted-contexts", "steps", "min-r2", "min-r2-nan", "tolerance-nan", "tolerance-inf",
     "counted-tolerance-inf", "max-drift-nan", "baseline-corrupt",
-    "baseline-shape",
+    "baseline-shape", "driver", "batch-0", "ragged-alone", "generate-compiled",
 ]
 COMMAND_LINES = ("dtype", "baseline-corrupt")  # also run as real command lines
 
@@ -70,6 +70,11 @@ def _cases(tmp) -> dict[str, tuple[list[str], list[str]]]:
         "counted-tolerance-inf": (["--kv-counted-tolerance", "inf"], ["--kv-counted-tolerance inf", "finite"]),
         "max-drift-nan": (["--kv-max-drift", "nan"], ["--kv-max-drift nan", "at least 0"]),
         "baseline-corrupt": (["--kv-baseline", str(corrupt)], [str(corrupt), "baseline is not JSON"]),
+        "driver": (["--kv-driver", "vllm"], ["--kv-driver 'vllm'", "loop, generate"]),
+        "batch-0": (["--kv-batch", "0"], ["--kv-batch 0", "at least 1"]),
+        "ragged-alone": (["--kv-ragged"], ["--kv-ragged needs --kv-batch of at least 2"]),
+        "generate-compiled": (["--kv-driver", "generate", "--kv-compile", "default"],
+                              ["--kv-driver generate with --kv-compile default", "not supported"]),
         "baseline-shape": (["--kv-baseline", str(wrong_shape)], [str(wrong_shape), "not a kvcache baseline",
                                                                  "expected a number or null"]),
     }

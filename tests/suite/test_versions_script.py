@@ -76,7 +76,7 @@ def test_constraints_pin_all_but_the_transformers_family(tmp_path):
 def test_main_compares_ran_releases_oldest_first(tmp_path, monkeypatch, capsys):
     from fakerun import make_run, write_run
 
-    def fake_run_release(release, args, constraints, installed):
+    def fake_run_release(release, args, constraints, installed, model=None):
         if release == "4.46.3":
             return versions.Outcome(release, "skipped", "pip install failed: no matching distribution")
         counted = {"dynamic": 5.0, "static": 1.0} if release == "5.10.4" else None
@@ -96,3 +96,49 @@ def test_main_compares_ran_releases_oldest_first(tmp_path, monkeypatch, capsys):
     assert counted_md.splitlines()[0] == "| releases | dynamic | static |"
     assert "| 5.0.0 | 3.00 · 1680 ops · 1.010 w | 1.00 · 1680 ops · 1.010 w |" in counted_md
     assert "| 5.10.4 | 5.00 · 1680 ops · 1.010 w |" in counted_md
+
+
+def test_models_run_per_release_with_absent_and_failed_cells(tmp_path, monkeypatch, capsys):
+    """``--models``: one run per release and model; a release that lacks a model's architecture is skipped with the
+    suite's reason (one cell across), a class whose count failed shows the log's message."""
+    from fakerun import make_run, write_run
+
+    def fake_run_release(release, args, constraints, installed, model=None):
+        stem = versions._stem(release, model)
+        if model == "gemma3-270m@layers=6" and release == "4.46.3":
+            reason = f"--kv-model 'gemma3-270m@layers=6': model_type 'gemma3_text' {versions.ABSENT}"
+            (args.out / f"{stem}.log").write_text(f"ERROR: {reason}\n")
+            return versions.Outcome(release, reason=reason, model=model)
+        run = make_run(transformers=release)
+        if release == "5.0.0":
+            del run["kv"]["traffic"]["static"]  # its count failed: no figure in the JSON, the message in the log
+        path = write_run(args.out / f"counted-{stem}.json", run)
+        if release == "5.0.0":
+            (args.out / f"{stem}.log").write_text("FAILED benchmarks/test_traffic.py::test_traffic[static] - "
+                                                  "RuntimeError: index_copy_(): shapes differ\n")
+        return versions.Outcome(release, "ran", json=path, seconds=1.0, model=model)
+
+    monkeypatch.setattr(versions, "run_release", fake_run_release)
+    assert versions.parse_models("families")[:2] == ["qwen3-0.6b@layers=4", "mistral-7b@layers=1"]
+    status = versions.main(["--releases", "4.46.3,5.0.0", "--models", "tiny,gemma3-270m@layers=6",
+                            "--out", str(tmp_path / "out"), "--dir", str(tmp_path / "dir")])
+    assert status == 0
+    counted_md = (tmp_path / "out" / "counted.md").read_text()
+    assert "## tiny" in counted_md and "## gemma3-270m@layers=6" in counted_md
+    gemma = counted_md.split("## gemma3-270m@layers=6")[1]
+    assert "| 4.46.3 | skipped: --kv-model 'gemma3-270m@layers=6': model_type 'gemma3_text' is not in" in gemma
+    assert "failed: RuntimeError: index_copy_(): shapes differ" in gemma
+    assert "skipped (1): 4.46.3 gemma3-270m@layers=6" in capsys.readouterr().out
+    (tmp_path / "out" / "counted.md").unlink()
+    monkeypatch.setattr(versions, "run_release", None)  # --tabulate runs nothing
+    versions.main(["--releases", "4.46.3,5.0.0", "--models", "tiny,gemma3-270m@layers=6", "--tabulate",
+                   "--out", str(tmp_path / "out"), "--dir", str(tmp_path / "dir")])
+    assert (tmp_path / "out" / "counted.md").read_text() == counted_md
+
+
+def test_families_are_the_presets():
+    from kvcache.measuring import models
+
+    assert sorted(m.split("@")[0] for m in versions.FAMILIES) == sorted(models.FAMILY_PRESETS)
+    for name in versions.FAMILIES:
+        models.split_layers(name)  # a depth the preset accepts (a multiple of its layer pattern)

@@ -1,0 +1,161 @@
+"""The generate driver (``--kv-driver generate``): the decode steps of a real ``model.generate()`` call.
+
+A :class:`GeneratePoint` is a :class:`~kvcache.measuring.decode.DecodePoint` (same cache, same untimed fill,
+same batch) whose steps are taken by ``model.generate`` instead of the suite's loop: greedy, a fixed number of
+new tokens, no end-of-sequence token (so no early stop and no logits processor), generate's automatic
+compilation switched off. The cache already holds ``context`` slots, so every forward generate makes is a
+single-token decode step; ``input_ids`` are the context's (unused) prefix and the next token, with the
+padding mask of a ragged batch.
+
+Steps are marked by hooks, not by re-implementing generate: a forward pre-hook on the model marks the start of
+the first step, and a stopping criterion (called once per step, after the step's token is chosen and appended)
+marks the end of each. Each mark waits for the device first. A step is therefore everything generate does
+between two marks: preparing inputs, the forward, updating the mask and cache bookkeeping, logits processing,
+appending the token, the stopping criteria. Counting one step enters the traffic counter at one mark and leaves
+it at the next (both in the calling thread; no compiled frame is involved, so the counting trap of compiled
+decode does not arise).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import torch
+
+from kvcache.measuring import compat
+from kvcache.measuring.decode import DecodePoint
+from kvcache.measuring.traffic import TrafficCount, TrafficCounter
+
+PAD_TOKEN = 0  # generate wants a pad token; with no end-of-sequence token it never pads
+
+
+class StepMarks:
+    """A stopping criterion that never stops: it waits for the device, notes the monotonic time and calls
+    ``on_mark(index)`` at the end of every generate step. Written as a plain callable with the attributes
+    generate's StoppingCriteriaList needs, so it works on every release."""
+
+    def __init__(self, sync: Callable[[], None], on_mark: Callable[[int], None] | None = None) -> None:
+        self.sync = sync
+        self.on_mark = on_mark
+        self.marks_ns: list[int] = []
+        self.ends: int = 0
+
+    def start(self) -> None:
+        """The first mark (the first forward's pre-hook)."""
+        if not self.marks_ns:
+            self.sync()
+            self.marks_ns.append(time.perf_counter_ns())
+            if self.on_mark is not None:
+                self.on_mark(0)
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any = None, **kwargs: Any) -> torch.Tensor:
+        self.sync()
+        self.marks_ns.append(time.perf_counter_ns())
+        self.ends += 1
+        if self.on_mark is not None:
+            self.on_mark(self.ends)
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    def seconds(self) -> list[float]:
+        """Seconds of each step, in order."""
+        return [(b - a) / 1e9 for a, b in zip(self.marks_ns, self.marks_ns[1:])]
+
+
+def generation_config(model: Any, new_tokens: int) -> Any:
+    """Greedy, exactly ``new_tokens`` new tokens, no end-of-sequence token, no automatic compilation."""
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, num_beams=1, use_cache=True,
+                              eos_token_id=None, pad_token_id=PAD_TOKEN)
+    if hasattr(config, "disable_compile"):  # 4.50+: generate compiles static-cache decode on accelerators itself
+        config.disable_compile = True
+    return config
+
+
+class GeneratePoint(DecodePoint):
+    """A decode point whose steps are those of ``model.generate`` (see the module docstring)."""
+
+    input_ids: torch.Tensor | None = None
+    generated: list[torch.Tensor]
+
+    def build(self) -> GeneratePoint:
+        super().build()
+        where = self.device.torch_device
+        with torch.inference_mode():
+            prefix = torch.full((self.batch.size, self.context), PAD_TOKEN + 1, device=where)
+            self.input_ids = torch.cat([prefix, self.next_ids], dim=1)
+        self.generated = []
+        return self
+
+    def generate(self, new_tokens: int, on_mark: Callable[[int], None] | None = None) -> list[float]:
+        """Run ``model.generate`` for ``new_tokens`` decode steps; the seconds of each step (from the marks).
+        ``on_mark(i)`` is called at mark ``i`` (0: before the first step, ``i``: after step ``i``)."""
+        marks = StepMarks(self.device.sync, on_mark)
+        hook = self.model.register_forward_pre_hook(lambda *_: marks.start())
+        width = self.input_ids.shape[1]
+        mask = self.mask[:, :width] if self.mask is not None else torch.ones_like(self.input_ids)
+        try:
+            with torch.inference_mode():
+                out = self.model.generate(input_ids=self.input_ids, attention_mask=mask,
+                                          generation_config=generation_config(self.model, new_tokens),
+                                          stopping_criteria=_criteria([marks]),
+                                          **{compat.cache_keyword(self.model): self.cache})
+        finally:
+            hook.remove()
+        steps = marks.seconds()
+        if marks.ends != new_tokens or len(steps) != new_tokens:
+            raise RuntimeError(f"generate took {marks.ends} steps for {new_tokens} new tokens")
+        with torch.inference_mode():
+            self.generated.append(out[:, self.input_ids.shape[1]:])
+            self.input_ids = out
+            self.next_ids = out[:, -1:]
+            self.position_ids.add_(new_tokens)
+            self.slot.add_(new_tokens)
+        self.position += new_tokens
+        return steps
+
+    def step(self) -> torch.Tensor:
+        """One generate call of one step (for code that steps a point one token at a time: the probe, the
+        ledger). It includes generate's set-up; the timed and counted steps come from :meth:`generate`."""
+        self.generate(1)
+        return self.next_ids
+
+    def warm_up(self, steps: int) -> None:
+        if steps:
+            self.generate(steps)
+        self.device.sync()
+
+    def timed_generate(self, warmup: int, steps: int) -> None:
+        """One generate call of ``warmup + steps`` steps; the last ``steps`` are kept as timed steps
+        (``step_seconds``, ``step_start_ns`` on the monotonic clock)."""
+        starts: list[int] = []
+        seconds = self.generate(warmup + steps, on_mark=lambda i: starts.append(time.monotonic_ns()))
+        self.step_seconds.extend(seconds[warmup:])
+        self.step_start_ns.extend(starts[warmup:warmup + steps])
+
+    def count_step(self, warmup: int, scopes: dict[Any, str] | None = None) -> TrafficCount:
+        """The counted traffic of one generate step, after ``warmup`` steps of the same call."""
+        counter = TrafficCounter(scopes)
+        inside: list[bool] = []
+
+        def on_mark(i: int) -> None:
+            if i == warmup:
+                counter.__enter__()
+                inside.append(True)
+            elif i == warmup + 1 and inside:
+                inside.pop()
+                counter.__exit__(None, None, None)
+
+        try:
+            self.generate(warmup + 1, on_mark=on_mark)
+        finally:
+            if inside:  # an exception between the marks: leave the mode
+                counter.__exit__(None, None, None)
+        return counter.count
+
+
+def _criteria(items: list[Any]) -> Any:
+    from transformers import StoppingCriteriaList
+
+    return StoppingCriteriaList(items)
