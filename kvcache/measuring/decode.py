@@ -13,7 +13,7 @@ import torch
 
 from kvcache.measuring import compat
 from kvcache.measuring.batch import BatchShape
-from kvcache.measuring.caches import CacheRequest, CacheSpec
+from kvcache.measuring.cachespec import CacheRequest, CacheSpec
 from kvcache.measuring.devices import Device
 from kvcache.measuring.models import ModelSpec
 
