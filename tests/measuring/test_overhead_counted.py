@@ -51,6 +51,18 @@ def test_a_lookup_reads_the_rows_it_selects_not_the_table():
     assert (entry.read, entry.written) == (row + 8, row)  # the row and one int64 index; the row written
 
 
+def test_a_gather_by_advanced_indexing_reads_the_rows_it_selects():
+    """``pool[:, rows]`` (aten.index, a paged cache's gather of its live rows up to 5.5) reads the selected rows and
+    its index, not the pool, and writes the gathered copy; index_select (5.6+) is charged the same."""
+    pool = torch.randn(3, 1000, 8)
+    rows = torch.tensor([5, 9, 11, 400])
+    gathered = 3 * 4 * 8 * 4
+    _, count = traffic.count(lambda: pool[:, rows])
+    assert (count.ops["index"].read, count.ops["index"].written) == (gathered + 4 * 8, gathered)
+    _, count = traffic.count(torch.index_select, pool, 1, rows)
+    assert (count.ops["index_select"].read, count.ops["index_select"].written) == (gathered + 4 * 8, gathered)
+
+
 @pytest.fixture(scope="module")
 def counted(one_torch_thread):
     """Counted traffic of ``tiny`` per class (counted at 256 and 512 tokens), computed once."""
