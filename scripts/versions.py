@@ -407,8 +407,8 @@ def counted_cells(path: Path) -> tuple[str, dict[str, str]]:
     ``counted-<stem>.json`` beside ``<stem>.log``)."""
     kv = json.loads(path.read_text(encoding="utf-8"))["kv"]
     cells = failed_counts(path.with_name(path.name.removeprefix("counted-").removesuffix(".json") + ".log"))
-    for entry in kv.get("skipped") or []:
-        if entry.get("context") is None:
+    for entry in kv.get("skipped") or []:  # a class skipped outright, else at the context where it was skipped
+        if entry.get("context") is None or entry["cache"] not in cells:
             cells[entry["cache"]] = "skipped: " + str(entry.get("reason", ""))[:60]
     for cache, t in (kv.get("traffic") or {}).items():
         cells[cache] = traffic_cell(t)

@@ -418,7 +418,8 @@ def layer_types(config: Any) -> list[str]:
     """The cache layer type of every decoder layer (``full_attention``, ``sliding_attention``,
     ``linear_attention``, ``conv``, ``hybrid``, ``dummy``...), as this release's caches read them from the config:
     ``cache_utils.get_layer_types_and_kwargs`` (5.x); before it, ``config.layer_types`` when the config has it,
-    else every layer sliding when ``sliding_window`` is set, full otherwise."""
+    else every layer sliding when ``sliding_window`` is set and not switched off (Qwen2/Qwen3 configs carry a
+    ``sliding_window`` with ``use_sliding_window=False``: full attention), full otherwise."""
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     reader = getattr(cache_utils, "get_layer_types_and_kwargs", None)
     if reader is not None:
@@ -426,8 +427,8 @@ def layer_types(config: Any) -> list[str]:
     declared = getattr(text, "layer_types", None)
     if declared:
         return list(declared)
-    kind = "sliding_attention" if getattr(text, "sliding_window", None) else "full_attention"
-    return [kind] * text.num_hidden_layers
+    sliding = getattr(text, "sliding_window", None) and getattr(text, "use_sliding_window", True) is not False
+    return ["sliding_attention" if sliding else "full_attention"] * text.num_hidden_layers
 
 
 def mla_caches_latent() -> bool:

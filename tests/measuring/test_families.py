@@ -178,3 +178,15 @@ def test_passes_per_kind_do_not_depend_on_depth():
     assert figures[6].keys() == figures[12].keys() == {"full", "sliding"}
     for kind in figures[6]:
         assert figures[6][kind] == pytest.approx(figures[12][kind], abs=0.01)
+
+
+def test_before_layer_types_a_switched_off_window_is_full_attention(monkeypatch):
+    """Before configs declared ``layer_types`` (4.51-4.52 for Qwen3), a Qwen2/Qwen3 config carries a ``sliding_window``
+    with ``use_sliding_window=False``: its layers are full attention, as that release's attention reads it."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(compat.cache_utils, "get_layer_types_and_kwargs", None, raising=False)
+    qwen = SimpleNamespace(num_hidden_layers=2, sliding_window=4096, use_sliding_window=False)
+    mistral = SimpleNamespace(num_hidden_layers=2, sliding_window=4096)
+    assert compat.layer_types(qwen) == ["full_attention"] * 2
+    assert compat.layer_types(mistral) == ["sliding_attention"] * 2
