@@ -89,6 +89,9 @@ def analyse(records: list[dict[str, Any]], settings: dict[str, Any], baseline: d
         kv.ledger = {c: {op: LedgerRow.from_json(row, f"ledger of {c}") for op, row in rows.items()}
                      for c, rows in found.items()}
         kv.speed = ledgers.speed(profiled)
+    elif settings.get("compile", "off") != "off" and settings.get("ledger_steps"):
+        kv.ledger_errors = {c: f"not profiled under --kv-compile {settings['compile']}: the ledger times eager ATen "
+                               "ops, a compiled step runs fused kernels" for c in kv.traffic}
     drift = [point_of(r) for r in by_type.get("point", []) if r.get("kind") == "drift"]
     kv.drift = _drift_section(points, drift, settings["max_drift"])
     kv.verdict = {cache: {measure: Verdict.from_json(verdict, f"verdict of {cache}: {measure}")

@@ -60,6 +60,13 @@ def test_timed_steps_ran_compiled_after_counting(compiled_run):
             "recompile" not in doc["kv"]["verdict"][cache]["timed"]["reason"]
 
 
+def test_no_eager_ledger_in_a_compiled_run(compiled_run):
+    doc, text = compiled_run
+    assert not doc["kv"].get("ledger")
+    assert "the ledger times eager ATen ops" in doc["kv"]["ledger_errors"]["static"]
+    assert "ledger static: not profiled under --kv-compile default" in text
+
+
 def test_planted_recompile_is_caught(compiled_run):
     doc, text = compiled_run
     infos = [p["compiled"] for p in points(doc, "planted-recompile")]
