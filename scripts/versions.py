@@ -112,10 +112,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="scripts/versions.py", description="Counted passes across Transformers releases (make versions)."
     )
-    parser.add_argument("--releases", type=_releases, help="comma-separated releases (default: newest patch of "
-                        f"every minor since {SINCE}, from `pip index versions transformers`)")
+    parser.add_argument("--releases", type=_argument(parse_releases), help="comma-separated releases (default: "
+                        f"newest patch of every minor since {SINCE}, from `pip index versions transformers`)")
     parser.add_argument("--since", default=SINCE, type=_since, help=f"oldest minor of the default list ({SINCE})")
-    parser.add_argument("--models", type=_models, default=None,
+    parser.add_argument("--models", type=_argument(parse_models), default=None,
                         help="comma-separated --kv-model values, each run per release, or `families` (every family "
                         "preset at its README depth); default: the --kv-model in the pytest arguments, else "
                         f"{DEFAULT_MODEL}")
@@ -130,11 +130,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def _releases(text: str) -> list[str]:
-    try:
-        return parse_releases(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+def _argument(parse):
+    """An argparse ``type`` from a parser that raises ValueError: argparse prints its message."""
+    def convert(text: str):
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return convert
 
 
 def parse_models(text: str) -> list[str]:
@@ -147,13 +150,6 @@ def parse_models(text: str) -> list[str]:
     if not models:
         raise ValueError("--models is empty (give --kv-model values, or `families`)")
     return models
-
-
-def _models(text: str) -> list[str]:
-    try:
-        return parse_models(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _since(text: str) -> str:

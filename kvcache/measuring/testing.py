@@ -8,6 +8,7 @@ production registry); not part of ``--kv-caches all``."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from transformers import cache_utils
@@ -115,3 +116,20 @@ def _new(cls: type, req: Any) -> Any:
     from kvcache.measuring import compat
 
     return compat.new_cache(cls, req.config)
+
+
+def lively(model: Any, seed: int = 0) -> Any:
+    """Re-initialise a built model so that greedy decoding depends on the context: unit-variance embeddings,
+    1/sqrt(fan-in) projections, an untied head (the suite's random weights make every greedy token the same, so
+    token equality would prove nothing). For tests that compare the tokens of two decode paths."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        model.lm_head.weight = torch.nn.Parameter(torch.empty_like(model.lm_head.weight), requires_grad=False)
+        model.config.tie_word_embeddings = False
+        for name, param in model.named_parameters():
+            if param.dim() == 2:
+                std = 1.0 if "embed" in name else 1 / math.sqrt(param.shape[1])
+                param.copy_(torch.randn(param.shape, generator=gen) * std)
+    return model

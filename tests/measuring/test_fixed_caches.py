@@ -13,7 +13,6 @@ next token then depends on attention over the whole context, and the generations
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import pytest
@@ -29,6 +28,7 @@ from kvcache.measuring.decode import DecodePoint  # noqa: E402
 from kvcache.measuring.devices import Device  # noqa: E402
 from kvcache.measuring.fixed import InplaceCache, StaticSlicedCache, sliced_sdpa  # noqa: E402
 from kvcache.measuring.models import ModelSpec, build_model  # noqa: E402
+from kvcache.measuring.testing import lively  # noqa: E402
 
 CPU = Device.from_choice("cpu")
 NEW_TOKENS = 32
@@ -46,19 +46,6 @@ class Generation:
     tokens: list[int]
     logits: torch.Tensor
     cache: Any
-
-
-def lively(model: Any, seed: int = 0) -> Any:
-    """Re-initialise a built model so that greedy decoding depends on the context (see module docstring)."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        model.lm_head.weight = torch.nn.Parameter(torch.empty_like(model.lm_head.weight), requires_grad=False)
-        model.config.tie_word_embeddings = False
-        for name, param in model.named_parameters():
-            if param.dim() == 2:
-                std = 1.0 if "embed" in name else 1 / math.sqrt(param.shape[1])
-                param.copy_(torch.randn(param.shape, generator=gen) * std)
-    return model
 
 
 def generate(model: Any, spec: ModelSpec, cache_spec: CacheSpec, *, prompt: int, seed: int,

@@ -9,7 +9,6 @@ greedy decoding repeat its input token whatever attention computes, which would 
 
 from __future__ import annotations
 
-import math
 from types import SimpleNamespace
 
 import pytest
@@ -21,6 +20,7 @@ from kvcache.measuring import caches, compat, decode, paged, traffic  # noqa: E4
 from kvcache.measuring.batch import BatchShape  # noqa: E402
 from kvcache.measuring.devices import Device  # noqa: E402
 from kvcache.measuring.models import build_model  # noqa: E402
+from kvcache.measuring.testing import lively  # noqa: E402
 
 CPU = Device.from_choice("cpu")
 STEPS = 10
@@ -30,19 +30,6 @@ GATHERS = ("index_select", "index")  # 5.6+: torch.index_select; 4.53-5.5: advan
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 needs_paged = pytest.mark.skipif(paged.unsupported_reason() is not None,
                                  reason=paged.unsupported_reason() or "")
-
-
-def lively(model, seed: int = 0):
-    """Unit-variance embeddings, 1/sqrt(fan-in) projections, an untied head: greedy tokens depend on the context."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        model.lm_head.weight = torch.nn.Parameter(torch.empty_like(model.lm_head.weight), requires_grad=False)
-        model.config.tie_word_embeddings = False
-        for name, param in model.named_parameters():
-            if param.dim() == 2:
-                std = 1.0 if "embed" in name else 1 / math.sqrt(param.shape[1])
-                param.copy_(torch.randn(param.shape, generator=gen) * std)
-    return model
 
 
 @pytest.fixture(scope="module")
