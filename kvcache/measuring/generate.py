@@ -31,30 +31,36 @@ PAD_TOKEN = 0  # generate wants a pad token; with no end-of-sequence token it ne
 
 
 class StepMarks:
-    """A stopping criterion that never stops: it waits for the device, notes the monotonic time and calls
-    ``on_mark(index)`` at the end of every generate step. Written as a plain callable with the attributes
-    generate's StoppingCriteriaList needs, so it works on every release."""
+    """A stopping criterion that never stops: it waits for the device, notes the time and calls ``on_mark(index)``
+    at the end of every generate step. Written as a plain callable with the attributes generate's
+    StoppingCriteriaList needs, so it works on every release. ``marks_ns`` (perf counter) time the steps,
+    ``starts_ns`` (monotonic clock) say when each began."""
 
     def __init__(self, sync: Callable[[], None], on_mark: Callable[[int], None] | None = None) -> None:
         self.sync = sync
         self.on_mark = on_mark
         self.marks_ns: list[int] = []
+        self.starts_ns: list[int] = []
         self.ends: int = 0
+        self.hook: Any = None  # the forward pre-hook that calls :meth:`start`, removed once it has
 
-    def start(self) -> None:
-        """The first mark (the first forward's pre-hook)."""
-        if not self.marks_ns:
-            self.sync()
-            self.marks_ns.append(time.perf_counter_ns())
-            if self.on_mark is not None:
-                self.on_mark(0)
-
-    def __call__(self, input_ids: torch.Tensor, scores: Any = None, **kwargs: Any) -> torch.Tensor:
+    def _mark(self, index: int) -> None:
         self.sync()
         self.marks_ns.append(time.perf_counter_ns())
-        self.ends += 1
+        self.starts_ns.append(time.monotonic_ns())
         if self.on_mark is not None:
-            self.on_mark(self.ends)
+            self.on_mark(index)
+
+    def start(self) -> None:
+        """The first mark (the first forward's pre-hook, which then removes itself: later steps run no hook)."""
+        if self.hook is not None:
+            self.hook.remove()
+            self.hook = None
+            self._mark(0)
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any = None, **kwargs: Any) -> torch.Tensor:
+        self.ends += 1
+        self._mark(self.ends)
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
     def seconds(self) -> list[float]:
@@ -88,11 +94,11 @@ class GeneratePoint(DecodePoint):
         self.generated = []
         return self
 
-    def generate(self, new_tokens: int, on_mark: Callable[[int], None] | None = None) -> list[float]:
-        """Run ``model.generate`` for ``new_tokens`` decode steps; the seconds of each step (from the marks).
+    def generate(self, new_tokens: int, on_mark: Callable[[int], None] | None = None) -> StepMarks:
+        """Run ``model.generate`` for ``new_tokens`` decode steps; its marks (``seconds()`` of each step).
         ``on_mark(i)`` is called at mark ``i`` (0: before the first step, ``i``: after step ``i``)."""
         marks = StepMarks(self.device.sync, on_mark)
-        hook = self.model.register_forward_pre_hook(lambda *_: marks.start())
+        marks.hook = self.model.register_forward_pre_hook(lambda *_: marks.start())
         width = self.input_ids.shape[1]
         mask = self.mask[:, :width] if self.mask is not None else torch.ones_like(self.input_ids)
         try:
@@ -102,7 +108,8 @@ class GeneratePoint(DecodePoint):
                                           stopping_criteria=_criteria([marks]),
                                           **{compat.cache_keyword(self.model): self.cache})
         finally:
-            hook.remove()
+            if marks.hook is not None:
+                marks.hook.remove()
         steps = marks.seconds()
         if marks.ends != new_tokens or len(steps) != new_tokens:
             raise RuntimeError(f"generate took {marks.ends} steps for {new_tokens} new tokens")
@@ -113,7 +120,7 @@ class GeneratePoint(DecodePoint):
             self.position_ids.add_(new_tokens)
             self.slot.add_(new_tokens)
         self.position += new_tokens
-        return steps
+        return marks
 
     def step(self) -> torch.Tensor:
         """One generate call of one step (for code that steps a point one token at a time: the probe, the
@@ -129,10 +136,9 @@ class GeneratePoint(DecodePoint):
     def timed_generate(self, warmup: int, steps: int) -> None:
         """One generate call of ``warmup + steps`` steps; the last ``steps`` are kept as timed steps
         (``step_seconds``, ``step_start_ns`` on the monotonic clock)."""
-        starts: list[int] = []
-        seconds = self.generate(warmup + steps, on_mark=lambda i: starts.append(time.monotonic_ns()))
-        self.step_seconds.extend(seconds[warmup:])
-        self.step_start_ns.extend(starts[warmup:warmup + steps])
+        marks = self.generate(warmup + steps)
+        self.step_seconds.extend(marks.seconds()[warmup:])
+        self.step_start_ns.extend(marks.starts_ns[warmup:warmup + steps])
 
     def count_step(self, warmup: int, scopes: dict[Any, str] | None = None) -> TrafficCount:
         """The counted traffic of one generate step, after ``warmup`` steps of the same call."""

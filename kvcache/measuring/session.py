@@ -417,7 +417,10 @@ class KVSession:
         counts, tokens, stored = {}, {}, {}
         for context in contexts:
             warm = min(s.warmup, COUNT_WARMUP)
-            dp = self.open(cache, context, warmup=0 if self.generating else warm, steps=warm + 1)
+            if self.generating:  # warmed up inside the counted generate call
+                dp = self.open(cache, context, warmup=0, steps=warm + 1)
+            else:
+                dp = self.open(cache, context, warmup=warm, steps=1)
             counts[context] = self._count_step(dp, scopes, warmup=warm)
             tokens[context] = dp.position  # after the step: the tokens its attention read
             stored[context] = compat.stored_bytes(dp.cache)
