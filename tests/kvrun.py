@@ -99,3 +99,15 @@ def describe(done: subprocess.CompletedProcess, tail: int = 4000) -> str:
 
 def load_json(path: Path) -> dict[str, Any]:
     return json.loads(Path(path).read_text())
+
+
+def check_short_fit(fit: dict[str, Any], n_points: int) -> None:
+    """A timed fit of a short run on ``tiny``: computed from every point, and either a positive passes figure or,
+    when the noisy line came out flat or falling, a one-line error saying so (never an assertion on timing)."""
+    assert fit.get("n_points") == n_points, fit
+    if "error" in fit:
+        assert set(fit) == {"error", "n_points"} and "\n" not in fit["error"], fit
+        assert "slope is not positive" in fit["error"] or "not finite" in fit["error"], fit
+    else:
+        assert {"intercept_ms", "effective_gbps", "passes", "r2"} <= set(fit), fit
+        assert fit["passes"] > 0 and fit["effective_gbps"] > 0 and fit["crossover_tokens"] > 0, fit

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from kvrun import ROOT, describe, output, run_suite
+from kvrun import ROOT, check_short_fit, describe, output, run_suite
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -84,8 +84,10 @@ def test_another_machine_warns_without_crashing(runs):
 
 def test_saved_run_has_the_timed_fit(runs):
     """A saved run (without ``--benchmark-save-data``, without ``--benchmark-json``) still carries the timed
-    passes: the analysis uses every step, not the saved file's stripped statistics."""
+    fit: the analysis uses every step, not the saved file's stripped statistics. Three 3-step points on a
+    tiny model are noise, so the line may come out flat or falling: then the fit says so (an error, judged
+    inconclusive), and it is still the fit of every point."""
     doc = json.loads(runs.saved()[-1].read_text())
     fit = doc["kv"]["fit"].get("dynamic") or {}
-    assert fit.get("passes") is not None, doc["kv"]["fit"]
+    check_short_fit(fit, 3)  # 3 contexts x 1 round, each from its own steps
     assert doc["kv"]["verdict"]["dynamic"]["timed"]["status"] != "not-measured"
