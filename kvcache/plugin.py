@@ -395,7 +395,7 @@ def ledger_points(settings: Settings) -> list[Any]:
     read as time growing with context."""
     from kvcache.measuring.session import PointId
 
-    if settings.ledger_steps == 0 or settings.compile != "off":  # the ledger times eager ops (see analysis)
+    if not settings.profiles_ledger:
         return []
     contexts = list(settings.contexts)
     random.Random(settings.seed * 1000 + 999).shuffle(contexts)
@@ -414,7 +414,7 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     """Without ``--kv-remeasure`` there is nothing to re-measure, with ``--kv-ledger-steps 0`` or ``--kv-compile``
     no ledger: their test files are not collected."""
     off = {"test_remeasure.py": lambda s: s.remeasure == 0,
-           "test_ledger.py": lambda s: s.ledger_steps == 0 or s.compile != "off"}
+           "test_ledger.py": lambda s: not s.profiles_ledger}
     if collection_path.name not in off or not in_suite(config, collection_path):
         return None
     state = _state_for_suite(config)

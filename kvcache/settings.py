@@ -57,6 +57,12 @@ class Settings:
     batch: int = 1
     ragged: bool = False
 
+    @property
+    def profiles_ledger(self) -> bool:
+        """Whether ledger points are profiled: not with ``--kv-ledger-steps 0``, nor under ``--kv-compile`` (the
+        ledger times eager ATen ops, a compiled step runs fused kernels; the analysis says so per class)."""
+        return self.ledger_steps > 0 and self.compile == "off"
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["caches"], d["contexts"], d["counted_contexts"] = list(self.caches), list(self.contexts), list(

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from kvcache.measuring.models import ABSENT_ARCHITECTURE  # the standard library only: no torch needed
+
 ROOT = Path(__file__).resolve().parent.parent
 SINCE = "4.45"
 # Released alongside transformers and pinned by it: these must come from each release's own resolution.
@@ -50,12 +52,11 @@ RELEASES = (
 ).split()
 FINAL = re.compile(r"^\d+(\.\d+)+$")
 # `--models families`: every family preset at the depth its README row uses (a multiple of its layer pattern;
-# tests/analysing/test_versions_list.py checks these are kvcache.measuring.models.FAMILY_PRESETS).
+# tests/suite/test_versions_script.py checks these are kvcache.measuring.models.FAMILY_PRESETS).
 FAMILIES = ("qwen3-0.6b@layers=4", "mistral-7b@layers=1", "gemma3-270m@layers=6", "qwen3-next-80b-a3b@layers=4",
             "deepseek-v2-lite@layers=1", "falcon-7b@layers=1")
 DEFAULT_MODEL = "smollm2-135m"
-# What the suite says when the installed release lacks a preset's architecture (kvcache.measuring.models).
-ABSENT = "is not in this transformers release"
+
 
 
 # --- release lists (pure) ----------------------------------------------------------------------------------
@@ -114,14 +115,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--releases", type=_argument(parse_releases), help="comma-separated releases (default: "
                         f"newest patch of every minor since {SINCE}, from `pip index versions transformers`)")
-    parser.add_argument("--since", default=SINCE, type=_since, help=f"oldest minor of the default list ({SINCE})")
+    parser.add_argument("--since", default=SINCE, type=_argument(release_number),
+                        help=f"oldest minor of the default list ({SINCE})")
     parser.add_argument("--models", type=_argument(parse_models), default=None,
                         help="comma-separated --kv-model values, each run per release, or `families` (every family "
                         "preset at its README depth); default: the --kv-model in the pytest arguments, else "
                         f"{DEFAULT_MODEL}")
     parser.add_argument("--out", type=Path, default=ROOT / ".versions" / "results", help="JSON, logs, compare.md")
     parser.add_argument("--dir", type=Path, default=ROOT / ".versions", help="where releases are installed")
-    parser.add_argument("--jobs", type=_positive, default=1, help="releases installed and run at once (1)")
+    parser.add_argument("--jobs", type=_argument(positive), default=1, help="releases installed and run at once (1)")
     parser.add_argument("--list", action="store_true", help="print the releases and exit")
     parser.add_argument("--tabulate", action="store_true", help="run nothing: compare and tabulate the JSON and logs "
                         "already in --out (e.g. after re-running a few releases)")
@@ -149,21 +151,30 @@ def parse_models(text: str) -> list[str]:
                 models.append(model)
     if not models:
         raise ValueError("--models is empty (give --kv-model values, or `families`)")
+    from kvcache.measuring.models import ModelError, check_name  # the standard library only: no torch needed
+
+    for model in models:
+        try:
+            check_name(model)
+        except ModelError as exc:
+            raise ValueError(str(exc)) from None
     return models
 
 
-def _since(text: str) -> str:
-    try:
-        version_key(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+def release_number(text: str) -> str:
+    """A final release number such as ``4.45.2``, as given; anything else is a ValueError."""
+    version_key(text)
     return text
 
 
-def _positive(text: str) -> int:
-    value = int(text)
+def positive(text: str) -> int:
+    """A whole number of at least 1; anything else is a ValueError naming it."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
     if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
+        raise ValueError(f"{text!r} is not a whole number of at least 1")
     return value
 
 
@@ -299,7 +310,7 @@ def run_release(release: str, args: argparse.Namespace, constraints: Path, insta
             outcome.reason = reason
         else:
             # No gate, no baseline in the runs: releases are compared with each other by `kvcache compare`.
-            cmd = [sys.executable, "-m", "pytest", "benchmarks", "-m", "counted", "--kv-model", "smollm2-135m",
+            cmd = [sys.executable, "-m", "pytest", "benchmarks", "-m", "counted", "--kv-model", DEFAULT_MODEL,
                    "--kv-caches", "all", "--kv-no-gate", "--kv-baseline", str(args.out / "no-baseline.json"),
                    "-p", "no:cacheprovider",
                    "--benchmark-json", str(json_path), "-q", *args.pytest_args,
@@ -328,7 +339,7 @@ def _absent(log_path: Path) -> str | None:
         text = log_path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return None
-    found = [line.strip() for line in text.splitlines() if ABSENT in line]
+    found = [line.strip() for line in text.splitlines() if ABSENT_ARCHITECTURE in line]
     return found[-1].removeprefix("ERROR:").strip()[:200] if found else None
 
 
@@ -344,6 +355,13 @@ def recorded_outcome(release: str, out: Path, model: str | None = None) -> Outco
         return Outcome(release, reason=absent, model=model)
     return Outcome(release, "failed", "no run JSON of this release in --out" if ran is None else
                    f"the run recorded transformers {ran}, not {release}", model=model)
+
+
+def recorded_releases(out: Path) -> list[str]:
+    """The releases an earlier run left a log of in ``out`` (``<release>.log``, ``<release>-<model>.log``), oldest
+    first."""
+    found = {m[1] for path in out.glob("*.log") if (m := re.match(r"(\d+(?:\.\d+)+)[-.]", path.name))}
+    return sorted(found, key=version_key)
 
 
 def _recorded_release(path: Path) -> str | None:
@@ -440,23 +458,8 @@ def counted_table(paths: list[Path], absent: dict[str, str] | None = None) -> st
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(list(sys.argv[1:] if argv is None else argv))
-    if args.releases:
-        releases, source = args.releases, "--releases"
-    else:
-        releases, source = default_releases(args.since)
-    models: list[str | None] = list(args.models) if args.models else [None]
-    print(f"{len(releases)} releases ({source}): {', '.join(releases)}", flush=True)
-    if args.models:
-        print(f"{len(models)} models: {', '.join(args.models)}", flush=True)
-    if args.list:
-        return 0
-    started = time.monotonic()
-    args.out = args.out.resolve()
-    args.dir = args.dir.resolve()
-    args.out.mkdir(parents=True, exist_ok=True)
-    args.dir.mkdir(parents=True, exist_ok=True)
+def run_releases(releases: list[str], models: list[str | None], args: argparse.Namespace) -> list[Outcome]:
+    """Install and run every release (``--jobs`` at once), each model in turn, printing each outcome."""
     installed = venv_versions()
     constraints = write_constraints(args.out / "constraints.txt", installed)
     lock = threading.Lock()
@@ -474,18 +477,40 @@ def main(argv: list[str] | None = None) -> int:
                 break  # the same for every model
         return outcomes
 
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        return [o for batch in pool.map(one, releases) for o in batch]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.releases:
+        releases, source = args.releases, "--releases"
+    elif args.tabulate:
+        releases, source = recorded_releases(args.out), f"logs in {args.out}"
+    else:
+        releases, source = default_releases(args.since)
+    models: list[str | None] = list(args.models) if args.models else [None]
+    print(f"{len(releases)} releases ({source}): {', '.join(releases)}", flush=True)
+    if args.models:
+        print(f"{len(models)} models: {', '.join(args.models)}", flush=True)
+    if args.list:
+        return 0
+    started = time.monotonic()
+    args.out = args.out.resolve()
+    args.dir = args.dir.resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.dir.mkdir(parents=True, exist_ok=True)
     if args.tabulate:
         outcomes = [recorded_outcome(release, args.out, model) for release in releases for model in models]
     else:
-        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            outcomes = [o for batch in pool.map(one, releases) for o in batch]
+        outcomes = run_releases(releases, models, args)
 
     status = 1 if any(o.status == "failed" for o in outcomes) or not any(o.json for o in outcomes) else 0
     compares, tables = [], []
     for model in models:
         mine = sorted((o for o in outcomes if o.model == model), key=lambda o: version_key(o.release))
         jsons = [o.json for o in mine if o.json is not None]
-        absent = {o.release: o.reason for o in mine if o.json is None and ABSENT in o.reason}
+        absent = {o.release: o.reason for o in mine if o.json is None and ABSENT_ARCHITECTURE in o.reason}
         if not jsons:
             continue
         cmd = [sys.executable, "-m", "kvcache.cli", "compare", *map(str, jsons), "--markdown"]

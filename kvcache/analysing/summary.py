@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvcache.analysing import tables
+from kvcache.analysing import identity, tables
 from kvcache.analysing.gate import status_of
 from kvcache.analysing.stats import median
 from kvcache.analysing.tables import Table, num
@@ -152,10 +152,11 @@ def lines(kv: dict[str, Any]) -> list[str]:
     out = [f"device {env.get('device_name')}; transformers {env.get('transformers')}, torch {env.get('torch')}; "
            f"model {model.get('name')} ({model.get('dtype')}, {model.get('bytes_per_token')} B/token of KV, "
            f"{model.get('weight_bytes')} B of weights)"]
-    settings = kv.get("settings") or {}
-    if settings.get("driver", "loop") != "loop" or settings.get("batch", 1) != 1:
+    settings, default = kv.get("settings") or {}, identity.EXTRA_FIELDS
+    driver, batch = (settings.get(name, default[name]) for name in ("driver", "batch"))
+    if (driver, batch) != (default["driver"], default["batch"]):
         ragged = ", ragged (left-padded; passes per live KV byte)" if settings.get("ragged") else ""
-        out.append(f"driver {settings.get('driver', 'loop')}; batch {settings.get('batch', 1)}{ragged}")
+        out.append(f"driver {driver}; batch {batch}{ragged}")
     out.append(f"copy bandwidth (read + write): start {num(copy.get('start_gbps'), '.1f')} GB/s, "
                f"end {num(copy.get('end_gbps'), '.1f')} GB/s, median of all {num(kv.get('copy_gbps'), '.1f')} GB/s")
     if kv.get("verdict"):

@@ -301,4 +301,4 @@ def _register_builtins() -> None:
     reg("paged", _paged_unbuilt, attention="sdpa_paged", prepare=_prepare_paged, point=_paged_point,
         description="continuous batching's PagedAttentionCache (4.53+) under the release's paged SDPA: every step "
                     "gathers each live sequence's K/V out of the block pool (this project drives the forward)",
-        memory_factor=1.5, kinds=("full",))
+        memory_factor=1.5, kinds=("full",), pads=False)

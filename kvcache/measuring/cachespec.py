@@ -30,6 +30,8 @@ class CacheSpec:
     ``memory_factor`` is the cache sizes a step holds at its peak (2 for a class that copies on append);
     ``kinds`` the layer kinds it can serve (``full``, ``sliding``, ``linear``; None: any), so that a model with
     layers of another kind skips it with the reason (:func:`kind_reason`);
+    ``pads``: a batch's shorter sequences are left-padded to the longest in this class's cache (False: each holds
+    only its own tokens, as in a paged pool), so passes per allocated byte differ from passes per live byte;
     ``point`` (optional) a class that brings its own decode point instead of
     :class:`~kvcache.measuring.decode.DecodePoint`: a factory called with DecodePoint's constructor arguments
     (``model, spec, cache_spec, device, context, max_tokens``, keywords ``fill``, ``seed``) and ``batch=``
@@ -50,3 +52,4 @@ class CacheSpec:
     in_all: bool = True
     kinds: tuple[str, ...] | None = None
     point: Callable[..., Any] | None = None
+    pads: bool = True

@@ -301,30 +301,33 @@ def _forward_params(forward: Callable) -> frozenset:
     return frozenset(inspect.signature(forward).parameters)
 
 
-def cache_keyword(model: Any) -> str:
+def _base_params(model: Any) -> frozenset:
+    """The parameters of the base model's forward (``model.model``; Falcon: ``.transformer``)."""
+    base = getattr(model, "model", None) or getattr(model, "transformer", None) or model
+    return _forward_params(type(base).forward)
+
+
+def cache_keyword(model: Any, params: frozenset | None = None) -> str:
     """The forward's (and generate's) cache keyword: ``past_key_values`` up to 5.23, ``cache`` from 5.24."""
-    base = getattr(model, "model", None) or getattr(model, "transformer", None) or model  # Falcon: .transformer
-    return "cache" if "cache" in _forward_params(type(base).forward) else "past_key_values"
+    return "cache" if "cache" in (params if params is not None else _base_params(model)) else "past_key_values"
 
 
 def decode_kwargs(model: Any, cache: Any, position: int, device: Any, position_ids: torch.Tensor | None = None,
-                  cache_position: torch.Tensor | None = None,
                   attention_mask: torch.Tensor | None = None) -> dict[str, Any]:
     """Keywords for one single-token forward at ``position`` (the cache slot it writes) with ``cache``.
 
     The cache keyword is ``past_key_values`` up to 5.23 and ``cache`` from 5.24 (:func:`cache_keyword`);
     ``cache_position`` is passed while the model still takes it (up to 5.3). ``position_ids``: a [batch, 1] tensor
     already on the device (a decode loop keeps one and advances it there, so that no step copies a position from
-    the host: on CUDA that copy would wait for the device); made here when not given. ``cache_position``: the
-    [1] slot tensor, when it differs from the positions (a left-padded batch); ``attention_mask``: the
-    [batch, tokens] padding mask of such a batch.
+    the host: on CUDA that copy would wait for the device); made here when not given. Its first row is the longest
+    sequence (a left-padded batch's row 0 has no padding), so its position is the slot the step writes: that row,
+    a view, is the ``cache_position``. ``attention_mask``: the [batch, tokens] padding mask of a ragged batch.
     """
-    base = getattr(model, "model", None) or getattr(model, "transformer", None) or model
-    params = _forward_params(type(base).forward)
+    params = _base_params(model)
     ids = position_ids if position_ids is not None else torch.tensor([[position]], device=device)
-    kwargs: dict[str, Any] = {cache_keyword(model): cache, "use_cache": True, "position_ids": ids}
+    kwargs: dict[str, Any] = {cache_keyword(model, params): cache, "use_cache": True, "position_ids": ids}
     if "cache_position" in params:
-        kwargs["cache_position"] = cache_position if cache_position is not None else ids.view(1)
+        kwargs["cache_position"] = ids[0]
     if attention_mask is not None:
         kwargs["attention_mask"] = attention_mask
     return kwargs

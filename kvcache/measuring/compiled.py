@@ -366,13 +366,16 @@ def count_step(model: Any, open_point: Any, mode: str) -> CountedStep:
 
 
 def count_compiled(model: Any, open_point: Any, contexts: tuple[int, ...], mode: str, bytes_per_token: int,
-                   device_type: str) -> dict[str, Any]:
+                   device_type: str, kv_bytes: dict[int, float] | None = None) -> dict[str, Any]:
     """``kv.traffic.<cache>.compiled``: unfused and fused counted passes of a compiled step between two
-    contexts, kernels and graphs per step. ``open_point(model, context)`` -> a filled DecodePoint."""
+    contexts, kernels and graphs per step. ``open_point(model, context)`` -> a filled DecodePoint; ``kv_bytes``
+    {context: logical KV bytes held at the counted step} (a batch's sequences together), else context x
+    ``bytes_per_token``."""
     steps = {c: count_step(model, lambda m, c=c: open_point(m, c), mode) for c in contexts}
     lo, hi = min(contexts), max(contexts)
-    kv_delta = (hi - lo) * bytes_per_token
-    unfused = traffic.counted_passes({c: s.unfused for c, s in steps.items()}, bytes_per_token)
+    held = kv_bytes or {c: c * bytes_per_token for c in contexts}
+    kv_delta = held[hi] - held[lo]
+    unfused = traffic.counted_passes({c: s.unfused for c, s in steps.items()}, bytes_per_token, kv_bytes=held)
     out: dict[str, Any] = {
         "mode": mode, "runs_as": effective_mode(mode, device_type), "fullgraph": True,
         "unfused": unfused,

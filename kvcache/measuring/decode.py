@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from kvcache.measuring import compat
+from kvcache.measuring import compat, traffic
 from kvcache.measuring.batch import BatchShape
 from kvcache.measuring.cachespec import CacheRequest, CacheSpec
 from kvcache.measuring.devices import Device
@@ -46,8 +46,7 @@ class DecodePoint:
     position: int = 0
     next_ids: torch.Tensor | None = None
     batch: BatchShape = field(default_factory=BatchShape)
-    position_ids: torch.Tensor | None = None  # [batch, 1] on the device, advanced there each step
-    slot: torch.Tensor | None = None  # [position] on the device: the cache slot a step writes (cache_position)
+    position_ids: torch.Tensor | None = None  # [batch, 1] on the device, advanced there each step (row 0: the slot)
     mask: torch.Tensor | None = None  # ragged: [batch, max_tokens] padding mask; a step passes its first slots
     step_start_ns: list[int] = field(default_factory=list)
     step_seconds: list[float] = field(default_factory=list)
@@ -61,23 +60,20 @@ class DecodePoint:
         request = CacheRequest(self.model.config, self.max_tokens, self.device.torch_device, dtype, self.batch.size)
         self.cache = self.cache_spec.build(request)
         gen = torch.Generator(device="cpu").manual_seed(self.seed)
+        where = self.device.torch_device
         with torch.inference_mode():
+            if self.batch.ragged:  # a row's leading pads are masked out
+                pads = torch.tensor(self.batch.pads(self.context), device=where)[:, None]
+                self.mask = (torch.arange(self.max_tokens, device=where)[None] >= pads).long()
             if self.fill == "synthetic":
                 self._fill_synthetic(gen, dtype)
             else:
                 self._fill_prefill(gen)
         self.position = self.context
-        where = self.device.torch_device
         with torch.inference_mode():  # inference tensors like every later token: one compiled graph, not two
             token = torch.randint(1, self.spec.vocab, (self.batch.size, 1), generator=gen)
             self.next_ids = token.to(where)
-            lengths = self.batch.lengths(self.context)
-            self.position_ids = torch.tensor([[n] for n in lengths], device=where)
-            self.slot = torch.tensor([self.position], device=where)
-            if self.batch.ragged:
-                self.mask = torch.ones(self.batch.size, self.max_tokens, dtype=torch.long, device=where)
-                for row, pad in enumerate(self.batch.pads(self.context)):
-                    self.mask[row, :pad] = 0
+            self.position_ids = torch.tensor([[n] for n in self.batch.lengths(self.context)], device=where)
         self.device.sync()
         return self
 
@@ -105,8 +101,8 @@ class DecodePoint:
         kwargs = compat.decode_kwargs(self.model, self.cache, 0, where)
         pads = torch.tensor(self.batch.pads(self.context), device=where)[:, None]
         kwargs["position_ids"] = (torch.arange(self.context, device=where)[None] - pads).clamp(min=0)
-        if self.batch.ragged:
-            kwargs["attention_mask"] = (torch.arange(self.context, device=where)[None] >= pads).long()
+        if self.mask is not None:
+            kwargs["attention_mask"] = self.mask[:, :self.context]
         if "cache_position" in kwargs:
             kwargs["cache_position"] = torch.arange(self.context, device=where)
         self.model(input_ids=ids, **kwargs)
@@ -117,17 +113,20 @@ class DecodePoint:
         with torch.inference_mode():
             mask = self.mask[:, :self.position + 1] if self.mask is not None else None  # a view: no copy
             kwargs = compat.decode_kwargs(self.model, self.cache, self.position, self.device.torch_device,
-                                          position_ids=self.position_ids, cache_position=self.slot,
-                                          attention_mask=mask)
+                                          position_ids=self.position_ids, attention_mask=mask)
             out = self.model(input_ids=self.next_ids, **kwargs)
             returned = compat.cache_from_output(out)
             if returned is not None:
                 self.cache = returned
             self.next_ids = out.logits[:, -1:].argmax(-1)
             self.position_ids.add_(1)
-            self.slot.add_(1)
         self.position += 1
         return out.logits
+
+    def count_step(self, warmup: int = 0, scopes: dict[Any, str] | None = None) -> traffic.TrafficCount:
+        """The counted traffic of the next step (bytes read + written per op; ``scopes`` charge ops to modules).
+        ``warmup``: the steps taken before it, here already by :func:`open_point`."""
+        return traffic.count(self.step, scopes=scopes)[1]
 
     def before_step(self) -> None:
         """Untimed: wait for the device, then note the step's start on the monotonic clock."""
@@ -151,7 +150,6 @@ class DecodePoint:
         self.cache = None
         self.next_ids = None
         self.position_ids = None
-        self.slot = None
         self.mask = None
 
 
@@ -185,11 +183,12 @@ def open_point(model: Any, spec: ModelSpec, cache_spec: CacheSpec, device: Devic
     try:
         point.build()
         point.warm_up(warmup)
-    except compat.Unsupported as exc:
+    except (compat.Unsupported, ImportError, torch.OutOfMemoryError) as exc:
+        point.release()  # whatever it built so far (a pool, a cache) goes now, not with the exception's frames
+        if isinstance(exc, ImportError):
+            raise PointSkip(f"{cache_spec.name} needs a package that is not installed ({exc})") from None
+        if isinstance(exc, torch.OutOfMemoryError):
+            raise PointSkip(f"out of memory on {device.type} at {context} tokens: {str(exc).splitlines()[0]}") \
+                from None
         raise PointSkip(str(exc)) from None
-    except ImportError as exc:
-        raise PointSkip(f"{cache_spec.name} needs a package that is not installed ({exc})") from None
-    except torch.OutOfMemoryError as exc:
-        point.release()
-        raise PointSkip(f"out of memory on {device.type} at {context} tokens: {str(exc).splitlines()[0]}") from None
     return point

@@ -19,6 +19,8 @@ decode does not arise).
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Callable
 
 import torch
@@ -28,6 +30,13 @@ from kvcache.measuring.decode import DecodePoint
 from kvcache.measuring.traffic import TrafficCount, TrafficCounter
 
 PAD_TOKEN = 0  # generate wants a pad token; with no end-of-sequence token it never pads
+
+
+def leading_steps(warmup: int) -> int:
+    """generate steps run before the first kept (timed or counted) step: ``warmup``, and at least 1. The first
+    step's start mark is taken in the model's forward pre-hook, after generate prepared its inputs, so that step
+    lacks part of what every later step does."""
+    return max(warmup, 1)
 
 
 class StepMarks:
@@ -69,7 +78,8 @@ class StepMarks:
 
 
 def generation_config(model: Any, new_tokens: int) -> Any:
-    """Greedy, exactly ``new_tokens`` new tokens, no end-of-sequence token, no automatic compilation."""
+    """Greedy, exactly ``new_tokens`` new tokens, no end-of-sequence token, no automatic compilation. (generate
+    fills a field left None here from the model's own generation config: see :func:`_without_eos`.)"""
     from transformers import GenerationConfig
 
     config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, num_beams=1, use_cache=True,
@@ -77,6 +87,22 @@ def generation_config(model: Any, new_tokens: int) -> Any:
     if hasattr(config, "disable_compile"):  # 4.50+: generate compiles static-cache decode on accelerators itself
         config.disable_compile = True
     return config
+
+
+@contextmanager
+def _without_eos(model: Any) -> Iterator[None]:
+    """The model's own generation config without its end-of-sequence token for the duration: from 4.50 generate
+    fills the fields a passed config leaves None from it, which would bring back the eos check and its padding
+    every step, and an early stop when a sequence picks that token."""
+    own = getattr(model, "generation_config", None)
+    eos = getattr(own, "eos_token_id", None)
+    if own is not None:
+        own.eos_token_id = None
+    try:
+        yield
+    finally:
+        if own is not None:
+            own.eos_token_id = eos
 
 
 class GeneratePoint(DecodePoint):
@@ -102,7 +128,7 @@ class GeneratePoint(DecodePoint):
         width = self.input_ids.shape[1]
         mask = self.mask[:, :width] if self.mask is not None else torch.ones_like(self.input_ids)
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), _without_eos(self.model):
                 out = self.model.generate(input_ids=self.input_ids, attention_mask=mask,
                                           generation_config=generation_config(self.model, new_tokens),
                                           stopping_criteria=_criteria([marks]),
@@ -113,12 +139,9 @@ class GeneratePoint(DecodePoint):
         steps = marks.seconds()
         if marks.ends != new_tokens or len(steps) != new_tokens:
             raise RuntimeError(f"generate took {marks.ends} steps for {new_tokens} new tokens")
-        with torch.inference_mode():
-            self.generated.append(out[:, self.input_ids.shape[1]:])
-            self.input_ids = out
-            self.next_ids = out[:, -1:]
-            self.position_ids.add_(new_tokens)
-            self.slot.add_(new_tokens)
+        self.generated.append(out[:, self.input_ids.shape[1]:])
+        self.input_ids = out
+        self.next_ids = out[:, -1:]
         self.position += new_tokens
         return marks
 
@@ -133,15 +156,23 @@ class GeneratePoint(DecodePoint):
             self.generate(steps)
         self.device.sync()
 
-    def timed_generate(self, warmup: int, steps: int) -> None:
-        """One generate call of ``warmup + steps`` steps; the last ``steps`` are kept as timed steps
-        (``step_seconds``, ``step_start_ns`` on the monotonic clock)."""
-        marks = self.generate(warmup + steps)
-        self.step_seconds.extend(marks.seconds()[warmup:])
-        self.step_start_ns.extend(marks.starts_ns[warmup:warmup + steps])
+    def release(self) -> None:
+        super().release()
+        self.input_ids = None
+        self.generated = []
 
-    def count_step(self, warmup: int, scopes: dict[Any, str] | None = None) -> TrafficCount:
-        """The counted traffic of one generate step, after ``warmup`` steps of the same call."""
+    def timed_generate(self, warmup: int, steps: int) -> None:
+        """One generate call of :func:`leading_steps` ``(warmup) + steps`` steps; the last ``steps`` are kept as
+        timed steps (``step_seconds``, ``step_start_ns`` on the monotonic clock)."""
+        lead = leading_steps(warmup)
+        marks = self.generate(lead + steps)
+        self.step_seconds.extend(marks.seconds()[lead:])
+        self.step_start_ns.extend(marks.starts_ns[lead:lead + steps])
+
+    def count_step(self, warmup: int = 0, scopes: dict[Any, str] | None = None) -> TrafficCount:
+        """The counted traffic of one generate step, after :func:`leading_steps` ``(warmup)`` steps of the same
+        call."""
+        warmup = leading_steps(warmup)
         counter = TrafficCounter(scopes)
         inside: list[bool] = []
 

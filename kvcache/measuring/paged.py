@@ -54,7 +54,6 @@ from typing import Any, Callable
 import torch
 
 from kvcache.measuring import compat
-from kvcache.measuring.batch import BatchShape
 from kvcache.measuring.decode import FILL_CHUNK, DecodePoint
 
 PAGED_SINCE = (4, 53)
@@ -95,11 +94,6 @@ class PagedRelease:
     is_causal: bool  # passes is_causal=False (5.19+)
     logits_to_keep: bool  # the model slices its hidden states to logits_indices (5.13+, where the model takes it)
     mask_builder: Callable[..., None] | None  # the release's build_attention_mask (4.57+), else its inline logic
-
-    def describe(self) -> str:
-        return (f"transformers {'.'.join(map(str, self.version))}: attention {self.attention!r}, "
-                f"{'whole static buffers' if self.whole_static else 'sliced'}, "
-                f"index {str(self.index_dtype).replace('torch.', '')}")
 
 
 def _import(name: str) -> Any:
@@ -353,7 +347,6 @@ class PagedPoint(DecodePoint):
     point: each step adds one token to every sequence). ``next_ids`` and ``position_ids`` are [1, N] on the device.
     """
 
-    batch: BatchShape = field(default_factory=BatchShape)
     lengths: list[int] = field(default_factory=list)
     paged: PagedRelease | None = None
     slots: list[torch.Tensor] = field(default_factory=list)  # per layer group: [N, capacity] physical slots
@@ -369,9 +362,7 @@ class PagedPoint(DecodePoint):
     def build(self) -> PagedPoint:
         """Make the release's paged cache with room for every sequence, fill each to its length (untimed), switch the
         model to the release's paged SDPA and pick the first input token of every sequence."""
-        r = self.paged = release()
-        if self.cache_spec.prepare is not None:
-            self.cache_spec.prepare()
+        r = self.paged = release()  # Unsupported with the reason where this release has no paged cache to drive
         if getattr(self.model, "_supports_attention_backend", True) is False:
             raise compat.Unsupported(f"paged: {type(self.model).__name__} runs its own attention code, not a "
                                      "registered attention function, so it cannot read a paged cache")
@@ -405,8 +396,7 @@ class PagedPoint(DecodePoint):
                                      device=device)
             self.cu_k_step = torch.arange(n + 1, dtype=torch.int32, device=device)
             self.row_starts = torch.arange(n, device=device) * width
-            self.logits_indices = torch.arange(n, dtype=torch.int32 if r.version < (5, 6) else torch.int64,
-                                               device=device)
+            self.logits_indices = torch.arange(n, dtype=r.index_dtype, device=device)
             if r.whole_static:
                 pool = _pool_slots(self.cache)
                 self.read_buffers = [torch.empty(pool, dtype=r.index_dtype, device=device) for _ in self.slots]

@@ -21,7 +21,7 @@ from kvcache.measuring import caches, compat, compiled, decode, ledger, traffic
 from kvcache.measuring.bandwidth import measure_copy
 from kvcache.measuring.batch import BatchShape
 from kvcache.measuring.devices import Device
-from kvcache.measuring.generate import GeneratePoint
+from kvcache.measuring.generate import GeneratePoint, leading_steps
 from kvcache.measuring.models import ModelSpec, build_model, load_config, spec_from_config
 from kvcache.measuring.probe import probe
 from kvcache.settings import Settings
@@ -176,7 +176,7 @@ class KVSession:
         s, spec = self.settings, self.spec()
         mean_tokens = point.context + s.warmup + (s.steps + 1) / 2  # tokens attention reads, averaged
         batch = {"kv_bytes_allocated": self.batch.allocated_bytes(spec, point.context, mean_tokens - point.context)
-                 } if s.batch > 1 else {}
+                 } if s.batch > 1 and caches.get(point.cache).pads else {}
         return {
             "kind": kind, "cache": point.cache, "context": point.context, "round": point.round,
             "kv_bytes": self.held(point.context, mean_tokens), "bytes_per_token": spec.bytes_per_token, **batch,
@@ -259,8 +259,9 @@ class KVSession:
             return decode.DecodePoint(m, mspec, spec, self.device, context, max_tokens, fill=s.fill,
                                       seed=s.seed, batch=self.batch).build()
         try:
+            held = {c: self.held(c, c + compiled.COUNT_WARMUP + 1) for c in s.counted_contexts}
             return compiled.count_compiled(model, open_point, s.counted_contexts, s.compile, mspec.bytes_per_token,
-                                           self.device.type)
+                                           self.device.type, kv_bytes=held)
         except (compiled.CompileProblem, torch._dynamo.exc.BackendCompilerFailed, decode.PointSkip) as exc:
             return {"mode": s.compile, "error": f"{cache}: {exc}"[:400]}
 
@@ -282,7 +283,7 @@ class KVSession:
             dp, compile_info = self.open_compiled(point)
             before, calls = compiled.dynamo_state(), self.compiled_model().backend.calls
         elif self.generating:  # warmed up inside the timed generate call
-            dp = self.open(point.cache, point.context, warmup=0, steps=s.warmup + s.steps)
+            dp = self.open(point.cache, point.context, warmup=0, steps=leading_steps(s.warmup) + s.steps)
         else:
             dp = self.open(point.cache, point.context, warmup=s.warmup, steps=s.steps)
         try:
@@ -382,7 +383,7 @@ class KVSession:
             fused = compiled.fused_bytes_at((self.traffic.get(point.cache) or {}).get("compiled"), dp.position)
             self.counted_bytes[key] = fused
         elif key not in self.counted_bytes:
-            self.counted_bytes[key] = self._count_step(dp).total
+            self.counted_bytes[key] = dp.count_step().total
         counted_bytes = self.counted_bytes[key]
         median_s = median(dp.step_seconds) if dp.step_seconds else None
         # Its share of the copy bandwidth is the analysis's (kv.points, against the session median), not here.
@@ -418,10 +419,10 @@ class KVSession:
         for context in contexts:
             warm = min(s.warmup, COUNT_WARMUP)
             if self.generating:  # warmed up inside the counted generate call
-                dp = self.open(cache, context, warmup=0, steps=warm + 1)
+                dp = self.open(cache, context, warmup=0, steps=leading_steps(warm) + 1)
             else:
                 dp = self.open(cache, context, warmup=warm, steps=1)
-            counts[context] = self._count_step(dp, scopes, warmup=warm)
+            counts[context] = dp.count_step(warm, scopes)
             tokens[context] = dp.position  # after the step: the tokens its attention read
             stored[context] = compat.stored_bytes(dp.cache)
             if context == probe_at:
@@ -429,24 +430,15 @@ class KVSession:
             dp.release()
         return counts, tokens, stored
 
-    def _count_step(self, dp: decode.DecodePoint, scopes: dict[Any, str] | None = None,
-                    warmup: int = 1) -> traffic.TrafficCount:
-        """The counted traffic of one step of ``dp``: the loop's next step, or a generate step after ``warmup``
-        steps of the same generate call."""
-        if isinstance(dp, GeneratePoint):
-            return dp.count_step(warmup, scopes)
-        return traffic.count(dp.step, scopes=scopes)[1]
-
-    def _held_and_stored(self, cache: str, counts: dict[int, Any], tokens: dict[int, int] | None = None,
+    def _held_and_stored(self, cache: str, counts: dict[int, Any], tokens: dict[int, int],
                          stored: dict[int, int] | None = None) -> dict[str, Any]:
         """``kv_bytes`` {context: logical KV bytes the batch holds}; with a batch also ``allocated_bytes`` and
         ``allocated_passes`` (per byte of the left-padded rectangle: equal to passes without padding);
         ``stored_bytes`` {context: bytes stored} and ``stored_passes`` (Δ step bytes / Δ bytes stored) when given."""
         spec = self.spec()
         contexts = sorted(counts)
-        tokens = tokens or {c: c + min(self.settings.warmup, COUNT_WARMUP) + 1 for c in contexts}
         out: dict[str, Any] = {"kv_bytes": {str(c): self.held(c, tokens[c]) for c in contexts}}
-        if self.batch.size > 1 and caches.get(cache).point is None:  # a class with its own point pads nothing
+        if self.batch.size > 1 and caches.get(cache).pads:
             lo, hi = contexts[0], contexts[-1]
             allocated = {c: self.batch.allocated_bytes(spec, c, tokens[c] - c) for c in contexts}
             out["allocated_bytes"] = {str(c): allocated[c] for c in contexts}

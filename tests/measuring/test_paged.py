@@ -115,18 +115,11 @@ def test_a_ragged_batch_decodes_each_sequence_as_alone(tiny):
                          ids=["batch1", "batch4", "ragged3"])
 def test_a_counted_step_shows_the_gather_of_the_live_kv(tiny, batch):
     """The gather reads every live K/V and writes their copy: 2 passes per live byte (plus its indices). Up to 5.5 it
-    is advanced indexing (``index``), which the counter charges a read of the whole pool, not only the rows it
-    selects (rule 5): exact where the pool grows as the live tokens do (256 to 512 tokens: whole blocks of 32 or
-    256 either way), above 2 where block rounding makes it grow faster (ragged lengths)."""
+    is advanced indexing (``index``), from 5.6 ``index_select``: lookups, charged the rows they select (rule 5)."""
     model, spec = tiny
     counts, live = {}, {}
     for context in (256, 512):
-        if batch.size == 1:  # through the suite's own entry point
-            p = decode.open_point(model, spec, caches.get("paged"), CPU, context, warmup=1, steps=1)
-        else:  # open_point passes no batch yet
-            max_tokens = decode.tokens_needed(context, 1, 1)
-            p = paged.PagedPoint(model, spec, caches.get("paged"), CPU, context, max_tokens, batch=batch).build()
-            p.warm_up(1)
+        p = decode.open_point(model, spec, caches.get("paged"), CPU, context, warmup=1, steps=1, batch=batch)
         assert isinstance(p, paged.PagedPoint)
         _, counts[context] = traffic.count(p.step)
         live[context] = batch.live_bytes(spec, context, added=2)

@@ -55,6 +55,21 @@ def test_releases_option_sorted_deduplicated_validated():
         versions.parse_args(["--releases", "5.0.0rc1"])
 
 
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--models", "tiny,qwen3"], "--kv-model 'qwen3' is not a preset (smollm2-135m"),
+    (["--models", "gemma3-270m@layers=4"], "layers 4 is not a positive multiple of 6"),
+    (["--jobs", "abc"], "argument --jobs: 'abc' is not a whole number of at least 1"),
+    (["--jobs", "0"], "argument --jobs: '0' is not a whole number of at least 1"),
+    (["--since", "4.x"], "argument --since: not a final release number: '4.x'"),
+])
+def test_bad_arguments_are_one_line_errors_before_anything_runs(argv, says, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        versions.parse_args(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert says in err[-1] and "Traceback" not in "".join(err), err
+
+
 def test_defaults_and_pytest_args_after_double_dash(tmp_path):
     args = versions.parse_args([])
     assert args.releases is None and args.jobs == 1 and args.pytest_args == []
@@ -106,7 +121,7 @@ def test_models_run_per_release_with_absent_and_failed_cells(tmp_path, monkeypat
     def fake_run_release(release, args, constraints, installed, model=None):
         stem = versions._stem(release, model)
         if model == "gemma3-270m@layers=6" and release == "4.46.3":
-            reason = f"--kv-model 'gemma3-270m@layers=6': model_type 'gemma3_text' {versions.ABSENT}"
+            reason = f"--kv-model 'gemma3-270m@layers=6': model_type 'gemma3_text' {versions.ABSENT_ARCHITECTURE}"
             (args.out / f"{stem}.log").write_text(f"ERROR: {reason}\n")
             return versions.Outcome(release, reason=reason, model=model)
         run = make_run(transformers=release)
@@ -133,6 +148,13 @@ def test_models_run_per_release_with_absent_and_failed_cells(tmp_path, monkeypat
     monkeypatch.setattr(versions, "run_release", None)  # --tabulate runs nothing
     versions.main(["--releases", "4.46.3,5.0.0", "--models", "tiny,gemma3-270m@layers=6", "--tabulate",
                    "--out", str(tmp_path / "out"), "--dir", str(tmp_path / "dir")])
+    assert (tmp_path / "out" / "counted.md").read_text() == counted_md
+    for release in ("4.46.3", "5.0.0"):  # without --releases: the releases whose logs are there
+        (tmp_path / "out" / f"{versions._stem(release, 'tiny')}.log").touch()
+    assert versions.recorded_releases(tmp_path / "out") == ["4.46.3", "5.0.0"]
+    monkeypatch.setattr(versions, "default_releases", None)  # nor asks the package index
+    versions.main(["--models", "tiny,gemma3-270m@layers=6", "--tabulate", "--out", str(tmp_path / "out"),
+                   "--dir", str(tmp_path / "dir")])
     assert (tmp_path / "out" / "counted.md").read_text() == counted_md
 
 
