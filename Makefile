@@ -2,18 +2,24 @@
 #   make bench   creates .venv, installs, runs the default sweep into results.json and writes report/
 #   make test    creates .venv, installs with the test extra, runs ruff, the tests and the counted gate
 # TORCH picks the torch build (a CUDA box may want TORCH=torch); BENCH_ARGS adds pytest/--kv-* options.
+# TRANSFORMERS pins the release the tests' known figures are for (tests/measuring/test_compat.py fails on a release
+# it has no figures for), so a fresh clone stays green the day a new one ships; new releases are measured by the
+# weekly versions workflow, then the pin moves.
 
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
+TRANSFORMERS ?= transformers==5.24.0
 BENCH_ARGS ?=
 VERSIONS_ARGS ?=
+GATE_POWER_ARGS ?=
 
 $(VENV)/.bench: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q "$(TRANSFORMERS)"
 	$(PY) -m pip install -q -e ".[bench,report]"
 	touch $@
 
@@ -33,11 +39,11 @@ test: $(VENV)/.test
 	$(PY) -m pytest tests -p no:cacheprovider -q
 	$(MAKE) --no-print-directory gate
 
-# The counted gate (deterministic, any machine): every registered class on the tiny model against
-# kv-baseline.json.
+# The counted gate (deterministic, any machine): every registered class on the tiny model, under the
+# release's default attention (sdpa) and eager (keyed <class>@eager), against kv-baseline.json.
 gate: $(VENV)/.bench
-	$(PY) -m pytest benchmarks -m counted --kv-model tiny --kv-caches all -p no:cacheprovider -q \
-	  --benchmark-json counted.json
+	$(PY) -m pytest benchmarks -m counted --kv-model tiny --kv-caches all --kv-attn sdpa,eager \
+	  -p no:cacheprovider -q --benchmark-json counted.json
 
 # Counted passes under every Transformers minor release since 4.45 (newest patch of each), installed
 # side by side in .versions/<release>; JSON, logs and compare.md in .versions/results.
@@ -45,8 +51,9 @@ gate: $(VENV)/.bench
 versions: $(VENV)/.test
 	$(PY) scripts/versions.py $(VERSIONS_ARGS)
 
-# How often the timed gate catches a planted +2-pass copy, and how often it wrongly flags the clean twin.
+# How often the timed gate catches a planted +2-pass copy, and how often it wrongly flags the clean twin;
+# GATE_POWER_ARGS="--ab --runs 10" measures the interleaved A/B verdict instead (kvcache ab).
 gate-power: $(VENV)/.bench
-	$(PY) scripts/gate_power.py
+	$(PY) scripts/gate_power.py $(GATE_POWER_ARGS)
 
 .PHONY: bench test gate versions gate-power

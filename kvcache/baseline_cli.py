@@ -9,6 +9,7 @@ import datetime
 import sys
 
 from kvcache.analysing import baseline as baselines
+from kvcache.analysing import files
 from kvcache.analysing.records import RecordError, load_run
 
 
@@ -22,12 +23,20 @@ def main(argv: list[str]) -> int:
     parser.add_argument("run", metavar="RUN.json", help="a --benchmark-json file written by the suite")
     parser.add_argument("--baseline", default="kv-baseline.json", help="baseline file (default kv-baseline.json)")
     args = parser.parse_args(argv)
+    problem = files_problem(args.run, args.baseline)
+    if problem:
+        print(f"kvcache baseline: {problem}", file=sys.stderr)
+        return 2
     try:
         run = load_run(args.run)
         recorded = run.datetime or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         entries, refused = baselines.record(args.baseline, run.kv, recorded)
-    except (RecordError, baselines.BaselineError, OSError) as exc:
-        print(f"kvcache baseline: {baselines.one_line(exc) if isinstance(exc, OSError) else exc}", file=sys.stderr)
+    except (RecordError, baselines.BaselineError) as exc:
+        print(f"kvcache baseline: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # every message names the file
+        print(f"kvcache baseline: {getattr(exc, 'filename', None) or args.baseline}: {baselines.one_line(exc)}",
+              file=sys.stderr)
         return 2
     for key, by_cache in entries.items():
         for cache, entry in by_cache.items():
@@ -37,3 +46,9 @@ def main(argv: list[str]) -> int:
     for line in refused:
         print(f"{args.baseline}: {line}")
     return 0
+
+
+def files_problem(run: str, baseline: str) -> str | None:
+    """Before anything is read: the baseline is not the run file, and can be written (the probe of
+    :func:`kvcache.analysing.files.write_problem`); the problem names the file."""
+    return files.outputs_problem([("RUN.json", run, False), ("--baseline", baseline, True)])

@@ -11,6 +11,11 @@ COMMANDS = {
     "compare": ("kvcache.analysing.compare", "compare benchmark JSON runs; exit 1 on a regression"),
     "report": ("kvcache.analysing.report", "write latency.png, traffic.png, report.md and report.html"),
     "baseline": ("kvcache.baseline_cli", "record a finished run's passes in the baseline file"),
+    "ab": ("kvcache.ab", "two environments side by side, interleaved: B judged against A; exit 1 on a regression"),
+    "bisect": ("kvcache.bisect", "find the Transformers commit or release that changed a counted figure"),
+    "comment": ("kvcache.analysing.comment", "a pull request's comment (Markdown): HEAD against BASE, verdict first"),
+    "history": ("kvcache.analysing.history", "add a run to a history across commits; plot its trend with steps"),
+    "export": ("kvcache.analysing.export", "a run's figures for github-action-benchmark (customSmallerIsBetter)"),
 }
 
 

@@ -15,6 +15,10 @@ measured again for the drift check.
 
 Each item's measurements travel as records in its report (``user_properties``), so the session-end
 analysis sees every item, from xdist workers too, whatever pytest-benchmark keeps or saves.
+
+Files and signals: no two outputs (nor an output and the baseline) may be one file, and every output is probed
+before the run (:func:`check_files`); outputs are written atomically, through symlinks. SIGTERM stops a run as
+Ctrl-C does, and a second signal cannot spoil the files or the interrupted mark (:class:`Stopper`).
 """
 
 from __future__ import annotations
@@ -23,7 +27,10 @@ import datetime
 import fnmatch
 import importlib.util
 import json
+import os
 import random
+import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +79,8 @@ OPTIONS: dict[str, tuple[Any, str]] = {
                                           "root directory)"),
     "--kv-tolerance": (0.10, "allowed relative rise of timed passes (default 0.10)"),
     "--kv-counted-tolerance": (0.05, "allowed rise of counted passes (default 0.05)"),
+    "--kv-memory-tolerance": (0.05, "allowed rise of counted memory: allocated, peak and held passes each (default "
+                                    "0.05)"),
     "--kv-ops-tolerance": (0.5, "allowed rise of ATen ops per step, per layer (default 0.5: +1 op in every "
                                 "layer fails)"),
     "--kv-weight-passes-tolerance": (0.05, "allowed rise of weight passes per step (default 0.05)"),
@@ -90,6 +99,8 @@ OPTIONS: dict[str, tuple[Any, str]] = {
     "--kv-driver": ("loop", "loop (default: the suite's own decode loop) or generate (the decode steps of a real "
                             "model.generate() call); part of the run identity"),
     "--kv-batch": (1, "sequences per decode step (default 1); passes are per KV byte the whole batch holds"),
+    "--kv-attn": ("sdpa", "attention implementations, comma-separated, crossed with the cache classes (default sdpa, "
+                          "the release default: records keyed by class name; others keyed <cache>@<attention>)"),
 }
 FLAGS: dict[str, str] = {
     "--kv-update-baseline": "write this run's passes into the baseline file",
@@ -130,12 +141,13 @@ def settings_from(config: pytest.Config) -> Settings:
         caches_ = tuple(caches.parse_caches(opt("kv_caches")))
     except caches.CacheError as exc:
         raise SettingsError(str(exc)) from None
+    caches_ = _crossed_with_attention(caches_, str(opt("kv_attn")))
     try:
         max_passes = gate.parse_max_passes(opt("kv_max_passes"))
     except ValueError as exc:
         raise SettingsError(str(exc)) from None
     for name in max_passes:
-        if name not in caches.registry():
+        if name not in caches.registry() and name not in caches_:
             raise SettingsError(f"--kv-max-passes: unknown cache class {name!r}; known: "
                                 f"{', '.join(caches.registry())}")
     counted = parse_ints("--kv-counted-contexts", opt("kv_counted_contexts"))
@@ -156,6 +168,7 @@ def settings_from(config: pytest.Config) -> Settings:
         baseline=str(Path(config.rootpath, opt("kv_baseline"))), update_baseline=opt("kv_update_baseline"),
         tolerance=number("--kv-tolerance", opt("kv_tolerance"), low=0),
         counted_tolerance=number("--kv-counted-tolerance", opt("kv_counted_tolerance"), low=0),
+        memory_tolerance=number("--kv-memory-tolerance", opt("kv_memory_tolerance"), low=0),
         ops_tolerance=number("--kv-ops-tolerance", opt("kv_ops_tolerance"), low=0),
         weight_passes_tolerance=number("--kv-weight-passes-tolerance", opt("kv_weight_passes_tolerance"), low=0),
         ledger_tolerance=number("--kv-ledger-tolerance", opt("kv_ledger_tolerance"), low=0),
@@ -178,6 +191,20 @@ def settings_from(config: pytest.Config) -> Settings:
     return settings
 
 
+def _crossed_with_attention(caches_: tuple[str, ...], text: str) -> tuple[str, ...]:
+    """``--kv-attn``: the classes crossed with the implementations (:mod:`kvcache.measuring.attention`). The default
+    (``sdpa`` alone) keeps the classes as they are and imports nothing; any other value imports Transformers to check
+    each name against the release (one-line SettingsError)."""
+    if text.strip() == "sdpa":
+        return caches_
+    from kvcache.measuring import attention
+
+    try:
+        return tuple(attention.cross(caches_, attention.parse(text)))
+    except attention.AttentionError as exc:
+        raise SettingsError(str(exc)) from None
+
+
 class KVState:
     """Per-session state: settings, the measuring session (built on first use), the analysis."""
 
@@ -193,6 +220,8 @@ class KVState:
         self.kv: dict[str, Any] | None = None
         self.failures: list[str] = []
         self.notes: list[str] = []
+        self.stopper: Stopper | None = None  # installed by check_before_running (not on xdist workers)
+        self.unwritten: list[str] = []  # outputs that could not be written at the end (each a one-line reason)
 
     @property
     def session(self) -> Any:
@@ -255,6 +284,7 @@ def check_before_running(config: pytest.Config, state: KVState) -> None:
     settings = state.settings
     try:
         resolve(settings.device)
+        check_files(config, settings)  # no two outputs on one file; each output really writable
         preflight.check(config, settings)  # paths the run writes, copy tensor against free memory
         load_config(settings.model)
         state.baseline = baselines.load(settings.baseline)
@@ -265,6 +295,40 @@ def check_before_running(config: pytest.Config, state: KVState) -> None:
         raise pytest.UsageError(str(exc)) from None
     state.checked = True
     config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning:transformers.*")
+    if not state.worker and state.stopper is None:
+        state.stopper = Stopper(state)
+        config.pluginmanager.register(state.stopper, "kvcache-signals")
+        config.add_cleanup(state.stopper.restore)  # whatever happens, the previous handlers come back
+        state.stopper.install()
+
+
+# --- files the run reads and writes --------------------------------------------------------------------
+
+#: pytest options naming a file a run writes, besides the baseline: (option, dest).
+OUTPUT_OPTIONS = (("--benchmark-json", "benchmark_json"), ("--junitxml", "xmlpath"), ("--report-log", "report_log"))
+
+
+def run_files(config: pytest.Config, settings: Settings) -> list[tuple[str, Path, bool]]:
+    """``(option, path, written)`` of every file the run reads or writes: the baseline (written with
+    ``--kv-update-baseline``, read always) and the output files of :data:`OUTPUT_OPTIONS` that are given."""
+    out = [("--kv-baseline", Path(settings.baseline), bool(settings.update_baseline))]
+    for option, dest in OUTPUT_OPTIONS:
+        value = config.getoption(dest, None)
+        if value:
+            out.append((option, Path(config.invocation_params.dir, value), True))
+    return out
+
+
+def check_files(config: pytest.Config, settings: Settings) -> None:
+    """Before anything runs: no file the run writes is also another file it writes or the baseline it reads
+    (compared after symlinks, and by inode: hard links), and every file it writes can be written, found by a
+    real probe (:func:`kvcache.analysing.files.write_problem`: an immutable or append-only file is caught here,
+    root or not). A problem is a one-line SettingsError naming the options and files."""
+    from kvcache.analysing import files
+
+    problem = files.outputs_problem(run_files(config, settings))
+    if problem:
+        raise SettingsError(problem)
 
 
 def xdist_problem(config: pytest.Config) -> str | None:
@@ -564,11 +628,116 @@ class RecordGatherer:
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> Any:
         """Note how the session ended before anything is analysed or saved: pytest-benchmark writes its JSON,
         with the ``kv`` section, in its own (inner) wrapper of this hook."""
+        stopper = self.state.stopper
+        if stopper is not None:
+            stopper.finishing(session)
         code = int(exitstatus)
         name = pytest.ExitCode(code).name.lower() if code in {int(c) for c in pytest.ExitCode} else str(code)
         self.state.exit = {"interrupted": code in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR),
                            "exit": name}
+        if stopper is not None and stopper.received:  # pytest may not know: a second signal cut its handling short
+            self.state.exit = {"interrupted": True, "exit": f"interrupted by {stopper.received[0]}"}
+        _write_benchmark_json_atomically(session.config, self.state)
         yield
+        if self.state.unwritten and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if stopper is not None and stopper.received and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.INTERRUPTED  # a signal while the results were written
+
+
+class Stopper:
+    """SIGTERM (what ``timeout``, ``docker stop`` and CI cancellation send) stops the suite as Ctrl-C does, and
+    neither signal can lose or spoil what was measured.
+
+    The first SIGINT or SIGTERM while the session runs raises KeyboardInterrupt: pytest ends the session as
+    interrupted, the finished points are analysed and written (``kv.session.interrupted`` true, ``exit``
+    "interrupted by SIGTERM"), no timed baseline is recorded, and pytest exits 2. Any later signal, and one that
+    arrives once the session's results are being written, only prints a line: the writes finish (the JSON and
+    the baseline are whole files, the interrupted mark stays) and the exit status is not 0. SIGKILL still stops
+    at once, losing what was not written. Installed from the main thread, only over Python's default handlers;
+    the previous handlers come back at unconfigure."""
+
+    SIGNALS = ("SIGINT", "SIGTERM")
+
+    def __init__(self, state: KVState) -> None:
+        self.state = state
+        self.received: list[str] = []  # signal names, in the order they came
+        self.session: pytest.Session | None = None  # set once the session's results are being written
+        self.previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be set from the main thread
+        for name in self.SIGNALS:
+            signum = getattr(signal, name, None)
+            if signum is None or signal.getsignal(signum) not in (signal.SIG_DFL, signal.default_int_handler):
+                continue  # ignored (nohup) or someone else's handler: left alone
+            self.previous[signum] = signal.getsignal(signum)
+            signal.signal(signum, self.handle)
+
+    def restore(self) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+        self.previous.clear()
+
+    def finishing(self, session: pytest.Session) -> None:
+        """The session's results are being written from now on: no signal interrupts that any more."""
+        self.session = session
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+        """A signal can land on an instruction that maps to no source line: CPython 3.11 then gives that traceback
+        entry ``tb_lineno`` None, and pytest's report of the interrupt raises TypeError (a traceback, exit 1, no
+        JSON). Such entries are unlinked from the traceback before pytest reports it."""
+        tb = excinfo.tb
+        while tb is not None and tb.tb_next is not None:
+            if tb.tb_next.tb_lineno is None:
+                tb.tb_next = tb.tb_next.tb_next
+            else:
+                tb = tb.tb_next
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> Any:
+        """Mark finishing as soon as the test loop ends, however it ends: a first signal between its end and
+        session finish would otherwise raise out of pytest's own clean-up, with no JSON written."""
+        try:
+            return (yield)
+        finally:
+            self.finishing(session)
+
+    def handle(self, signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        first = not self.received
+        self.received.append(name)
+        if first and self.session is None:
+            raise KeyboardInterrupt(f"{name}: writing the points measured so far")
+        if self.state.kv is None:  # not analysed yet: the run is marked interrupted
+            self.state.exit = {"interrupted": True, "exit": f"interrupted by {self.received[0]}"}
+        again = "" if first else " again (SIGKILL stops at once and loses them)"
+        # os.write, not sys.stderr: the signal may land inside a write to sys.stderr (a reentrant call raises)
+        os.write(2, f"\nkvcache: {name}{again}: stopping once the measured points are written\n".encode())
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        self.restore()
+        if self.received and self.session is not None and self.session.exitstatus == pytest.ExitCode.OK:
+            self.session.exitstatus = pytest.ExitCode.INTERRUPTED
+
+
+def _write_benchmark_json_atomically(config: pytest.Config, state: KVState) -> None:
+    """pytest-benchmark writes ``--benchmark-json`` in place (``open(path, "wb")``): a signal or a full disk
+    mid-write leaves half a file, and a symlink's target is truncated first. Have it written through
+    :func:`kvcache.analysing.files.write_text_atomically` instead, with the same text; a file that cannot be
+    written is a one-line note and a failed exit, not a traceback."""
+    bench = getattr(config, "_benchmarksession", None)
+    if bench is None or not getattr(bench, "json", None) or not callable(getattr(bench, "save_json", None)):
+        return
+    from pytest_benchmark.utils import safe_dumps
+
+    def save_json(output_json: dict[str, Any]) -> None:
+        if _write_json(state, bench.json, safe_dumps(output_json, ensure_ascii=True, indent=4)):
+            bench.logger.info(f"Wrote benchmark data in: {bench.json}", purple=True)
+
+    bench.save_json = save_json
 
 
 # --- session end ------------------------------------------------------------------------------------
@@ -591,12 +760,17 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     kv = state.analyse()
     _write_json_if_missing(config, kv)
     s = state.settings
-    if s.update_baseline:
+    late = state.stopper is not None and state.stopper.received and not (kv.get("session") or {}).get("interrupted")
+    if s.update_baseline and late:  # a signal after the analysis said the session finished: record nothing
+        state.notes.append(f"baseline NOT written to {s.baseline}: {state.stopper.received[0]} arrived while the "
+                           "results were being written")
+    elif s.update_baseline:
         recorded = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         try:
             entries, refused = baselines.record(s.baseline, kv, recorded)
         except (OSError, baselines.BaselineError) as exc:
-            state.notes.append(f"baseline NOT written to {s.baseline}: {baselines.one_line(exc)}")
+            reason = exc if isinstance(exc, baselines.BaselineError) else f"{s.baseline}: {baselines.one_line(exc)}"
+            state.notes.append(f"baseline NOT written: {reason}")
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         else:
             state.notes += [f"baseline: {line}" for line in refused]
@@ -651,7 +825,20 @@ def _write_json_if_missing(config: pytest.Config, kv: dict[str, Any]) -> None:
         return  # none asked for, or pytest-benchmark wrote it, with the kv section from update_json
     doc = {"machine_info": {"kv_environment": kv.get("environment")}, "commit_info": {}, "benchmarks": [],
            "datetime": datetime.datetime.now(datetime.timezone.utc).isoformat(), "version": None, "kv": kv}
-    Path(path).write_text(json.dumps(doc, indent=4))
+    _write_json(config.stash[STATE], path, json.dumps(doc, indent=4))
+
+
+def _write_json(state: KVState, path: str | Path, text: str) -> bool:
+    """Write the ``--benchmark-json`` run atomically (through symlinks); a file that cannot be written is a red
+    line at the end and a failed exit (``state.unwritten``), not a traceback. Whether it was written."""
+    from kvcache.analysing import files
+
+    try:
+        files.write_text_atomically(path, text)
+    except OSError as exc:
+        state.unwritten.append(f"--benchmark-json {files.shown(path)} NOT written ({exc.strerror or exc})")
+        return False
+    return True
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -666,6 +853,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         tr.write_line(line)
     for note in state.notes:
         tr.write_line(note)
+    for line in state.unwritten:
+        tr.write_line(line, red=True, bold=True)
     for line in analysis.warnings(state.kv):
         tr.write_line(line, yellow=True, bold=True)
     if state.failures:

@@ -39,6 +39,7 @@ class Settings:
     update_baseline: bool = False
     tolerance: float = 0.10
     counted_tolerance: float = 0.05
+    memory_tolerance: float = 0.05  # counted memory: allocated, peak and held passes may each rise by this much
     ops_tolerance: float = 0.5
     weight_passes_tolerance: float = 0.05
     ledger_tolerance: float = 0.5
@@ -64,9 +65,17 @@ class Settings:
         return self.ledger_steps > 0 and self.compile == "off"
 
     def to_dict(self) -> dict[str, Any]:
+        """The settings as a run records them (``kv.settings``). ``model`` is the model's identity
+        (:func:`kvcache.measuring.models.model_key`: a local directory as ``name@confighash``), and a directory's
+        path as given is kept beside it as ``model_path``."""
+        from kvcache.measuring.models import model_key  # stdlib only at import: no torch
+
         d = asdict(self)
         d["caches"], d["contexts"], d["counted_contexts"] = list(self.caches), list(self.contexts), list(
             self.counted_contexts)
+        d["model"] = model_key(self.model)
+        if d["model"] != self.model:
+            d["model_path"] = self.model
         return d
 
 

@@ -23,11 +23,19 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
     parser.add_argument("--dtype", default="bfloat16", help="bfloat16, float16 or float32")
     parser.add_argument("--contexts", default="256,512", help="the two contexts to count at")
-    parser.add_argument("--warmup", type=int, default=5, help="decode steps before the counted one")
+    parser.add_argument("--warmup", default=str(WARMUP_CHOICES[-1]),
+                        help=f"decode steps before the counted one: {', '.join(map(str, WARMUP_CHOICES))} "
+                             f"(default {WARMUP_CHOICES[-1]}: the counted bytes do not change after)")
     parser.add_argument("--json", action="store_true", help="print the traffic and probe as JSON")
     args = parser.parse_args(argv)
 
-    from kvcache.measuring import caches, models
+    try:
+        warmup = parse_warmup(args.warmup)  # before torch is imported: a bad value answers at once
+    except SettingsError as exc:
+        print(f"kvcache traffic: {exc}", file=sys.stderr)
+        return 2
+
+    from kvcache.measuring import caches, models, preflight
     from kvcache.measuring.devices import Device, DeviceError
     from kvcache.measuring.session import KVSession, Skip
     from kvcache.settings import Settings
@@ -40,14 +48,15 @@ def main(argv: list[str]) -> int:
         models.torch_dtype(args.dtype)
         models.load_config(args.model)
         device = Device.from_choice(args.device)
+        settings = Settings(model=args.model, device=args.device, dtype=args.dtype, caches=tuple(names),
+                            contexts=tuple(sorted(contexts)), counted_contexts=tuple(sorted(contexts)), warmup=warmup)
+        preflight.check_model_memory(settings)  # the weights and the smallest point fit, before anything is built
     except (caches.CacheError, SettingsError, DeviceError, models.ModelError) as exc:
         message = str(exc)
         for option in ("caches", "model", "dtype", "device"):
             message = message.replace(f"--kv-{option}", f"--{option.rstrip('s')}")
         print(f"kvcache traffic: {message}", file=sys.stderr)
         return 2
-    settings = Settings(model=args.model, device=args.device, dtype=args.dtype, caches=tuple(names),
-                        counted_contexts=tuple(sorted(contexts)), warmup=args.warmup)
     session = KVSession(settings, device)
     if not args.json:
         print(header(session))
@@ -61,11 +70,37 @@ def main(argv: list[str]) -> int:
                 print(f"{name}: skipped: {exc}")
             continue
         out[name] = {"traffic": result, "probe": session.probes.get(name)}
+        if name in session.memories:
+            out[name]["memory"] = session.memories[name]
         if not args.json:
             print_one(name, result, session.probes.get(name) or {})
+            memory = session.memories.get(name)
+            if memory:
+                print(f"  memory per KV byte: allocated {memory['allocated_passes']:.3f}, peak "
+                      f"{memory['peak_passes']:.3f}, held {memory['held_passes']:.3f}; peak needs "
+                      f"{memory['peak_factor']:.2f} cache sizes (declares {memory.get('declared_factor')})")
     if args.json:
         print(json.dumps(out, indent=2))
     return 0
+
+
+#: ``--warmup`` values: the counted traffic takes at most this many decode steps before the counted one
+#: (kvcache.measuring.session.COUNT_WARMUP), so each value is honoured exactly.
+WARMUP_CHOICES = (0, 1, 2)
+
+
+def parse_warmup(text: str) -> int:
+    """``--warmup``: decode steps before the counted one, one of :data:`WARMUP_CHOICES`; anything else (a negative
+    number, more than the counted traffic takes, not a whole number) is a one-line SettingsError."""
+    accepted = f"accepted: {', '.join(map(str, WARMUP_CHOICES))} (decode steps before the counted one; " \
+               f"the counted bytes do not change after {WARMUP_CHOICES[-1]})"
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise SettingsError(f"--warmup {text!r} is not a whole number; {accepted}") from None
+    if value not in WARMUP_CHOICES:
+        raise SettingsError(f"--warmup {value} is out of range; {accepted}")
+    return value
 
 
 def header(session: Any) -> str:

@@ -248,6 +248,141 @@ def summarize(out: Path, *, again: bool = False) -> str:
     return "\n".join(lines)
 
 
+# --- A/B mode (--ab): each run is one `kvcache ab` of the clean suite against a B side ---------------------------
+
+#: B sides of the A/B mode: name -> (pytest arguments of side B, whether its counted and overhead gates count).
+AB_SIDES = {
+    "clean": ([], True),  # B the same as A: every gate on, any red is a false alarm
+    "copy": (["-p", "kvcache.measuring.twin_copy"], False),  # dynamic + one planted full copy: +2.00 counted passes
+    "layout": (["-p", "kvcache.measuring.twin_layout"], False),  # token-major K/V, transposed views: +0 counted bytes
+}
+AB_MANIFEST = "runs-ab.json"
+
+
+def ab_sides(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in AB_SIDES]
+    if not names or unknown:
+        raise SystemExit(f"--b-sides {text!r}: choose from {', '.join(AB_SIDES)}")
+    return names
+
+
+def ab_command(opts: argparse.Namespace, side: str, json_out: Path, log_dir: Path, seed: int) -> list[str]:
+    """One A/B run: the short sweep on ``dynamic`` (A the suite as it is, B with the side's plug-in), both sides in
+    one session, points paired back to back."""
+    b_args, _ = AB_SIDES[side]
+    cmd = [sys.executable, "-m", "kvcache.cli", "ab", "--json", str(json_out), "--out-dir", str(log_dir),
+           "--tolerance", str(opts.tolerance)]
+    if b_args:
+        cmd += ["--b-args", " ".join(b_args)]
+    return cmd + ["--", "--kv-model", opts.model, "--kv-contexts", opts.contexts, "--kv-steps", str(opts.steps),
+                  "--kv-warmup", str(opts.warmup), "--kv-rounds", str(opts.rounds), "--kv-ledger-steps",
+                  str(opts.ledger_steps), "--kv-threads", opts.threads, "--kv-caches", "dynamic",
+                  "--kv-seed", str(seed)]
+
+
+def ab_runs(opts: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
+    """Every A/B run in order, the B sides rotated from one repetition to the next."""
+    sides = ab_sides(opts.b_sides)
+    runs = []
+    for i in range(opts.runs):
+        k = i % len(sides)
+        for side in sides[k:] + sides[:k]:
+            name = f"ab-{side}-{i + 1}"
+            runs.append({"name": name, "side": side, "repetition": i + 1, "json": f"{name}.json",
+                         "cmd": ab_command(opts, side, out / f"{name}.json", out / name, i)})
+    return runs
+
+
+def measure_ab(opts: argparse.Namespace, out: Path) -> None:
+    if (out / AB_MANIFEST).exists():
+        for entry in json.loads((out / AB_MANIFEST).read_text()):
+            (out / entry["json"]).unlink(missing_ok=True)
+        (out / AB_MANIFEST).unlink()
+    done = []
+    competitor = subprocess.Popen([sys.executable, "-c", COMPETITOR]) if opts.competing else None
+    try:
+        for n, entry in enumerate(runs := ab_runs(opts, out), 1):
+            print(f"A/B run {n}/{len(runs)}: {entry['name']} ...", flush=True)
+            entry["exit"] = run(entry["cmd"], out / f"{entry['name']}.log")
+            entry["competing"] = bool(opts.competing)
+            done.append(entry)
+            (out / AB_MANIFEST).write_text(json.dumps(done, indent=2) + "\n")  # a stopped series keeps its runs
+    finally:
+        if competitor is not None:
+            competitor.kill()
+            competitor.wait()
+
+
+def ab_status(doc: dict[str, Any], measure: str) -> str:
+    """The paired verdict of ``dynamic``: ``timed``, ``intercept``, ``counted``, ``overhead``, or ``ledger`` (the
+    worst op's status, with the op)."""
+    entry = (doc.get("ab") or {}).get("dynamic") or {}
+    if measure != "ledger":
+        return str((entry.get(measure) or {}).get("status") or "missing")
+    order = {"regression": 0, "inconclusive": 1, "improvement": 2, "pass": 3}
+    ops = sorted((entry.get("ledger") or {}).items(), key=lambda kv: order.get(kv[1].get("status"), 4))
+    return f"{ops[0][1].get('status')} ({ops[0][0]})" if ops else "missing"
+
+
+def ab_caught(doc: dict[str, Any], side: str, code: int | None) -> bool:
+    """Whether the run went red: for ``clean`` the build's exit status (every gate on); for a twin the paired
+    timed verdict of the whole step (counted and overhead gates off)."""
+    if AB_SIDES[side][1]:
+        return code == 1
+    return ab_status(doc, "timed") == "regression"
+
+
+def _ratio_cell(doc: dict[str, Any], measure: str) -> str:
+    v = ((doc.get("ab") or {}).get("dynamic") or {}).get(measure) or {}
+    ratio, ci = v.get("ratio"), v.get("ratio_ci") or [None, None]
+    if ratio is None:
+        return "-"
+    return f"×{ratio:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if None not in ci else "")
+
+
+def _drift_cells(doc: dict[str, Any]) -> str:
+    sides = (doc.get("ab_run") or {}).get("sides") or {}
+    return " / ".join("-" if sides.get(s, {}).get("drift") is None else f"{sides[s]['drift']:+.1%}" for s in "ab")
+
+
+def summarize_ab(out: Path) -> str:
+    runs = json.loads((out / AB_MANIFEST).read_text())
+    docs = {}
+    for r in runs:
+        try:
+            docs[r["name"]] = json.loads((out / r["json"]).read_text())
+        except (OSError, ValueError):
+            docs[r["name"]] = {}
+    first = next((d for d in docs.values() if d.get("kv")), {})
+    env, s = (first.get("kv") or {}).get("environment") or {}, (first.get("kv") or {}).get("settings") or {}
+    lines = [f"# Timed A/B gate power on {env.get('device_name', '?')}", "",
+             f"Model {s.get('model', '?')}, contexts {', '.join(map(str, s.get('contexts', [])))}, "
+             f"{s.get('rounds', '?')} rounds of {s.get('steps', '?')} timed steps a point, "
+             f"{s.get('ledger_steps', '?')} profiled ledger steps, class dynamic; one `kvcache ab` a run (A: the suite "
+             f"as it is; B: clean, the "
+             f"planted copy twin, or the token-major layout twin, each registered as dynamic), "
+             f"{'one CPU-bound process beside it' if any(r.get('competing') for r in runs) else 'nothing beside it'}; "
+             f"transformers {env.get('transformers', '?')}, torch {env.get('torch', '?')}.", ""]
+    rows = []
+    for r in runs:
+        doc = docs[r["name"]]
+        rows.append([str(r["repetition"]), r["side"], build(r.get("exit")), ab_status(doc, "timed"),
+                     _ratio_cell(doc, "timed"), ab_status(doc, "intercept"), ab_status(doc, "ledger"),
+                     ab_status(doc, "counted"), _drift_cells(doc),
+                     "yes" if ab_caught(doc, r["side"], r.get("exit")) else "no"])
+    lines += tables.markdown(tables.Table(["run", "B side", "exit", "timed A/B", "B/A slope [95% CI]", "intercept A/B",
+                                           "ledger A/B (worst op)", "counted", "drift A / B", "red"], rows))
+    lines.append("")
+    for side in dict.fromkeys(r["side"] for r in runs):
+        mine = [r for r in runs if r["side"] == side]
+        red = sum(ab_caught(docs[r["name"]], side, r.get("exit")) for r in mine)
+        what = ("false alarms (exit 1, every gate on)" if AB_SIDES[side][1] else
+                "caught by the timed A/B verdict (counted and overhead gates off)")
+        lines.append(f"- {side}: {red}/{len(mine)} {what}")
+    return "\n".join(lines)
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=10, help="repetitions (one run per class each)")
@@ -263,6 +398,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--calibration", help="a folder of an earlier series whose calibration (baseline) to reuse")
     ap.add_argument("--competing", action="store_true",
                     help="keep one CPU-bound process running beside the measured runs (not the calibration)")
+    ap.add_argument("--ab", action="store_true", help="A/B mode: each run is one `kvcache ab` of the suite against a "
+                    "B side (--b-sides); no calibration, no baseline file")
+    ap.add_argument("--b-sides", default="clean,copy,layout", help=f"A/B mode: B sides, from {', '.join(AB_SIDES)}")
     ap.add_argument("--out", default=".gate-power")
     ap.add_argument("--summarize-only", action="store_true", help="re-read the runs under --out")
     ap.add_argument("--rejudge", action="store_true",
@@ -275,6 +413,15 @@ def main(argv: list[str] | None = None) -> int:
     out = (ROOT / opts.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
+    if opts.ab:
+        if not opts.summarize_only:
+            measure_ab(opts, out)
+        text = summarize_ab(out)
+        if not opts.summarize_only:
+            text += f"\n\nwall time {time.time() - started:.0f} s\n"
+        (out / "gate-power-ab.md").write_text(text + "\n")
+        print(text)
+        return 0
     if not opts.summarize_only:
         measure(opts, out)
     text = summarize(out, again=opts.rejudge)

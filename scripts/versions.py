@@ -6,9 +6,11 @@
 Each release is installed once with its own huggingface_hub/tokenizers/safetensors into
 ``.versions/<release>`` (``pip install --target``), constrained to this venv's versions of every other
 package (numpy included) so nothing there shadows the venv with something different; copies identical to
-the venv's are then removed, and torch never lands there. The counted suite then runs with that directory
-first on PYTHONPATH, writing ``<out>/counted-<release>.json`` and ``<out>/<release>.log``; a release that
-does not install or import is recorded as skipped with the reason. Finally ``kvcache compare`` (oldest
+the venv's are then removed, and torch never lands there (the installer is :mod:`kvcache.releases`, shared
+with ``kvcache bisect --releases``). A release given as ``4.45`` is read as ``4.45.0`` (said at the start, before
+anything is installed). The counted suite then runs with that directory first on PYTHONPATH, writing
+``<out>/counted-<release>.json`` and ``<out>/<release>.log``; a release that does not install or import is
+recorded as skipped with the reason. Finally ``kvcache compare`` (oldest
 release = baseline) writes ``<out>/compare.md``, and ``<out>/counted.md`` tabulates per release and class
 the counted passes (per layer kind where the model mixes them; fused and unfused under ``--kv-compile``),
 ATen ops per step and weight passes (releases with identical rows grouped). With ``--models`` each release
@@ -21,27 +23,29 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
 from kvcache.measuring.models import ABSENT_ARCHITECTURE  # the standard library only: no torch needed
+from kvcache.releases import (  # the one side-by-side installer (standard library only)
+    ReleaseError,
+    ensure,
+    normalise,
+    published,
+    release_env,
+    venv_versions,
+    version_key,
+    write_constraints,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SINCE = "4.45"
-# Released alongside transformers and pinned by it: these must come from each release's own resolution.
-FAMILY = {"transformers", "huggingface-hub", "tokenizers", "safetensors", "hf-xet"}
-NEVER = {"torch"}  # must come from the venv; transformers does not depend on it
-BINARY_ONLY = "tokenizers,safetensors,hf-xet,numpy"  # no Rust/C builds from source
 # The release list: newest patch of every minor from 4.45 on, as of writing. `make versions` uses it when
 # `pip index versions` fails; .github/workflows/versions.yml's matrix lists the same releases (checked by
 # tests/analysing/test_versions_list.py). Add a new release here and there together.
@@ -50,7 +54,6 @@ RELEASES = (
     "5.0.0 5.1.0 5.2.0 5.3.0 5.4.0 5.5.4 5.6.2 5.7.0 5.8.1 5.9.0 5.10.4 5.11.0 5.12.1 5.13.1 5.14.1 "
     "5.15.1 5.16.1 5.17.0 5.18.0 5.19.0 5.20.2 5.21.1 5.22.2 5.23.0 5.24.0"
 ).split()
-FINAL = re.compile(r"^\d+(\.\d+)+$")
 # `--models families`: every family preset at the depth its README row uses (a multiple of its layer pattern;
 # tests/suite/test_versions_script.py checks these are kvcache.measuring.models.FAMILY_PRESETS).
 FAMILIES = ("qwen3-0.6b@layers=4", "mistral-7b@layers=1", "gemma3-270m@layers=6", "qwen3-next-80b-a3b@layers=4",
@@ -60,22 +63,6 @@ DEFAULT_MODEL = "smollm2-135m"
 
 
 # --- release lists (pure) ----------------------------------------------------------------------------------
-
-
-def version_key(version: str) -> tuple[int, ...]:
-    """Numeric sort key of a final release such as ``4.45.2``."""
-    if not FINAL.match(version):
-        raise ValueError(f"not a final release number: {version!r}")
-    return tuple(int(part) for part in version.split("."))
-
-
-def parse_pip_index(text: str) -> list[str]:
-    """Final releases listed by ``pip index versions PACKAGE`` (its ``Available versions:`` line)."""
-    for line in text.splitlines():
-        if line.strip().startswith("Available versions:"):
-            listed = line.split(":", 1)[1].split(",")
-            return [v.strip() for v in listed if FINAL.match(v.strip())]
-    raise ValueError("no 'Available versions:' line in pip index output")
 
 
 def newest_per_minor(versions: list[str], since: str = SINCE) -> list[str]:
@@ -90,14 +77,22 @@ def newest_per_minor(versions: list[str], since: str = SINCE) -> list[str]:
     return [newest[minor] for minor in sorted(newest)]
 
 
-def parse_releases(text: str) -> list[str]:
-    """A comma-separated ``--releases`` value: final releases, deduplicated, oldest first."""
-    releases = [v.strip() for v in text.split(",") if v.strip()]
-    if not releases:
+class Releases(list):
+    """Releases, oldest first, with ``notes``: how a value given short was read (``4.45 is read as 4.45.0``)."""
+
+    notes: list[str]
+
+
+def parse_releases(text: str) -> Releases:
+    """A comma-separated ``--releases`` value: final releases, deduplicated, oldest first; ``4.45`` is read as
+    ``4.45.0`` (the release pip installs for it) and noted, so the install is checked against the right number."""
+    given = [v.strip() for v in text.split(",") if v.strip()]
+    if not given:
         raise ValueError("--releases is empty")
-    for version in releases:
-        version_key(version)
-    return sorted(set(releases), key=version_key)
+    read = [normalise(version) for version in given]
+    releases = Releases(sorted({release for release, _ in read}, key=version_key))
+    releases.notes = list(dict.fromkeys(note for _, note in read if note))
+    return releases
 
 
 def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -180,13 +175,11 @@ def positive(text: str) -> int:
 
 def default_releases(since: str = SINCE) -> tuple[list[str], str]:
     """(releases, where from): from the package index, else the built-in list."""
-    cmd = [sys.executable, "-m", "pip", "index", "versions", "transformers", "--disable-pip-version-check"]
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True)
-        releases = newest_per_minor(parse_pip_index(done.stdout), since)
+        releases = newest_per_minor(published(), since)
         if releases:
             return releases, "pip index versions transformers"
-    except (OSError, subprocess.SubprocessError, ValueError):
+    except ReleaseError:
         pass
     return newest_per_minor(RELEASES, since), "built-in list (pip index versions failed)"
 
@@ -204,85 +197,6 @@ class Outcome:
     model: str | None = None  # None: the single model of a run without --models
 
 
-def _norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def venv_versions() -> dict[str, str]:
-    """Normalised name -> version of every distribution importable by this interpreter."""
-    found: dict[str, str] = {}
-    for dist in metadata.distributions():
-        name = dist.metadata["Name"]
-        if name:
-            found.setdefault(_norm(name), dist.version)
-    return found
-
-
-def write_constraints(path: Path, installed: dict[str, str]) -> Path:
-    """Pin everything outside the transformers family to the venv's version."""
-    own = _norm("kvcache-passes")
-    lines = [f"{name}=={version}" for name, version in sorted(installed.items()) if name not in FAMILY | {own}]
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def prune(target: Path, installed: dict[str, str]) -> list[str]:
-    """Remove from ``target`` copies identical to the venv's and anything in NEVER; the names removed."""
-    removed = []
-    for dist in metadata.distributions(path=[str(target)]):
-        name, version = _norm(dist.metadata["Name"] or ""), dist.version
-        if name not in NEVER and installed.get(name) != version:
-            continue
-        for file in dist.files or []:
-            path = Path(dist.locate_file(file)).resolve()
-            if target.resolve() in path.parents and path.is_file():
-                path.unlink()
-        removed.append(f"{name}=={version}")
-    for folder in sorted((p for p in target.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
-        if not any(folder.iterdir()):
-            folder.rmdir()
-    return removed
-
-
-def _last_error(text: str) -> str:
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    errors = [line for line in lines if line.startswith("ERROR:")]
-    return (errors or lines or ["(no output)"])[-1][:300]
-
-
-def install(release: str, root: Path, constraints: Path, installed: dict[str, str], log) -> str | None:
-    """Install ``release`` into ``root/<release>`` unless already there; None on success, else the reason."""
-    target = root / release
-    marker = target / ".kvcache-installed"
-    if marker.exists():
-        log.write(f"# {target} already installed\n")
-        return None
-    shutil.rmtree(target, ignore_errors=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{release}-", dir=root))
-    cmd = [sys.executable, "-m", "pip", "install", "--target", str(staging), "--no-input",
-           "--disable-pip-version-check", "--only-binary", BINARY_ONLY, "-c", str(constraints),
-           f"transformers=={release}"]
-    log.write("$ " + " ".join(cmd) + "\n")
-    log.flush()
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    log.write(done.stdout + done.stderr)
-    if done.returncode != 0:
-        shutil.rmtree(staging, ignore_errors=True)
-        return f"pip install failed: {_last_error(done.stderr or done.stdout)}"
-    removed = prune(staging, installed)
-    log.write(f"# removed (same as the venv, or never wanted here): {', '.join(removed) or 'nothing'}\n")
-    staging.rename(target)
-    marker.write_text(f"transformers=={release}\n")
-    return None
-
-
-def _env(target: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env["COLUMNS"] = "300"  # pytest's short summary keeps more of a failure's message
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(target), env.get("PYTHONPATH", "")) if p)
-    return env
-
-
 def _stem(release: str, model: str | None) -> str:
     return release if model is None else f"{release}-{re.sub(r'[^A-Za-z0-9.=-]+', '_', model)}"
 
@@ -294,21 +208,13 @@ def run_release(release: str, args: argparse.Namespace, constraints: Path, insta
     start = time.monotonic()
     json_path = args.out / f"counted-{_stem(release, model)}.json"
     json_path.unlink(missing_ok=True)
-    target = args.dir / release
     log_path = args.out / f"{_stem(release, model)}.log"
     with open(log_path, "w", encoding="utf-8") as log:
-        reason = install(release, args.dir, constraints, installed, log)
-        if reason is None:
-            probe = [sys.executable, "-c", "import transformers; print(transformers.__version__)"]
-            done = subprocess.run(probe, capture_output=True, text=True, cwd=ROOT, env=_env(target))
-            log.write(f"$ {' '.join(probe)}\n{done.stdout}{done.stderr}")
-            if done.returncode != 0:
-                reason = f"import failed: {_last_error(done.stderr)}"
-            elif done.stdout.strip() != release:
-                reason = f"imported transformers {done.stdout.strip()} instead of {release}"
-        if reason is not None:
-            outcome.reason = reason
-        else:
+        try:
+            target = ensure(release, args.dir, log, cwd=ROOT, constraints=constraints, installed=installed)
+        except ReleaseError as exc:
+            target, outcome.reason = None, str(exc)
+        if target is not None:
             # No gate, no baseline in the runs: releases are compared with each other by `kvcache compare`.
             cmd = [sys.executable, "-m", "pytest", "benchmarks", "-m", "counted", "--kv-model", DEFAULT_MODEL,
                    "--kv-caches", "all", "--kv-no-gate", "--kv-baseline", str(args.out / "no-baseline.json"),
@@ -317,7 +223,7 @@ def run_release(release: str, args: argparse.Namespace, constraints: Path, insta
                    *(["--kv-model", model] if model is not None else [])]
             log.write("$ " + " ".join(cmd) + "\n")
             log.flush()
-            done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=_env(target))
+            done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=release_env(target))
             ran = _recorded_release(json_path)
             if ran is not None and ran != release:
                 outcome.status, outcome.reason = "failed", f"the run recorded transformers {ran}, not {release}"
@@ -382,9 +288,10 @@ def _passes(value: object) -> str:
     return f"{value:.2f}" if isinstance(value, (int, float)) else "?"
 
 
-def traffic_cell(t: dict) -> str:
+def traffic_cell(t: dict, memory: dict | None = None) -> str:
     """One class's counted figures: passes (per layer kind where the model mixes them; fused and unfused when
-    compiled, or the compile error), ATen ops per step and weight passes."""
+    compiled, or the compile error), ATen ops per step and weight passes; with its counted memory (``kv.memory``),
+    held and peak passes ("held 1.00 / peak 0.02 mem") and, past every sliding window, how much more it held."""
     kinds = t.get("kinds") or {}
     if kinds:
         parts = [", ".join(f"{kind} {_passes(k.get('passes'))}" + ("" if k.get("grows", True) else " (no growth)")
@@ -401,6 +308,11 @@ def traffic_cell(t: dict) -> str:
         parts.append(f"{t['ops_per_step']} ops")
     if isinstance(t.get("weight_passes"), (int, float)):
         parts.append(f"{t['weight_passes']:.3f} w")
+    if isinstance(memory, dict) and isinstance(memory.get("held_passes"), (int, float)):
+        parts.append(f"held {_passes(memory['held_passes'])} / peak {_passes(memory.get('peak_passes'))} mem")
+        growth = (memory.get("beyond") or {}).get("held_growth_bytes")
+        if isinstance(growth, int):
+            parts.append("holds no more past the window" if growth == 0 else f"holds +{growth:,} B past the window")
     return " · ".join(parts)
 
 
@@ -425,7 +337,7 @@ def counted_cells(path: Path) -> tuple[str, dict[str, str]]:
         if entry.get("context") is None or entry["cache"] not in cells:
             cells[entry["cache"]] = "skipped: " + str(entry.get("reason", ""))[:60]
     for cache, t in (kv.get("traffic") or {}).items():
-        cells[cache] = traffic_cell(t)
+        cells[cache] = traffic_cell(t, (kv.get("memory") or {}).get(cache))
     return str(kv["environment"]["transformers"]), cells
 
 
@@ -485,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.releases:
         releases, source = args.releases, "--releases"
+        for note in getattr(args.releases, "notes", []):
+            print(f"--releases: {note}", flush=True)
     elif args.tabulate:
         releases, source = recorded_releases(args.out), f"logs in {args.out}"
     else:

@@ -46,8 +46,10 @@ def make_run(
     device_type: str = "cpu",
     seed: int = 0,
     points: bool = False,
+    memory: bool = False,
 ) -> dict[str, Any]:
-    """A run dict; ``caches`` maps class -> true timed passes, ``counted`` class -> counted passes."""
+    """A run dict; ``caches`` maps class -> true timed passes, ``counted`` class -> counted passes; ``memory``: with
+    counted memory (``kv.memory``) for every counted class, as the plugin writes it."""
     from kvcache.analysing import analysis, identity
     from kvcache.settings import Settings
 
@@ -97,6 +99,7 @@ def make_run(
                   "last_ms": intercept_ms, "fraction": 0.0, "max_fraction": 0.1, "ok": True,
                   "effect": "none: within the limit"},
         "traffic": traffic,
+        "memory": {cache: _memory(passes) for cache, passes in counted.items()} if memory else {},
         "probe": {cache: {"query": [1, 9, 1, 64], "key": [1, 3, 1024, 64], "value": [1, 3, 1024, 64],
                           "mask": None, "enable_gqa": True, "attention": NATIVE_GQA, "expansions": 0, "calls": 30,
                           "modes": {NATIVE_GQA: 30}}
@@ -139,6 +142,15 @@ def _benchmark(cache: str, ctx: int, r: int, data: list[float], kv_bytes: float,
         "stats": {"min": data_sorted[0], "max": data_sorted[-1], "mean": sum(data) / len(data), "median": med,
                   "rounds": steps, "data": data},
     }
+
+
+def _memory(passes: float) -> dict[str, Any]:
+    """``kv.memory.<cache>`` of a class with ``passes`` counted passes: it holds its K/V once, and allocates what it
+    copies (a DynamicCache's ``cat``: passes - 1 over read + write) one layer at a time (30 layers)."""
+    allocated = max(passes - 1.0, 0.0) / 2
+    return {"allocated_passes": allocated, "peak_passes": allocated / 60, "held_passes": 1.0,
+            "peak_factor": 1.0 + allocated / 60, "allocated_by_op": {"cat": allocated} if allocated else {},
+            "peak_by_op": {}, "contexts": [256, 512], "source": "storages", "declared_factor": 2.0}
 
 
 def _traffic(passes: float) -> dict[str, Any]:
@@ -198,7 +210,9 @@ def records_of(run: dict[str, Any]) -> list[dict[str, Any]]:
         samples_s = [s / 1e3 for s in samples_ms] if samples_ms else list(bench["stats"]["data"])
         records.append({"type": "point", **info, "samples_s": samples_s, "name": bench["name"]})
     probes = kv.get("probe") or {}
-    records += [{"type": "traffic", "cache": c, "traffic": t, "probe": probes.get(c)}
+    memory = kv.get("memory") or {}
+    records += [{"type": "traffic", "cache": c, "traffic": t, "probe": probes.get(c),
+                 **({"memory": memory[c]} if c in memory else {})}
                 for c, t in (kv.get("traffic") or {}).items()]
     records += [{"type": "skip", **s} for s in kv.get("skipped") or []]
     records += [{"type": "ledger", **p} for p in kv.get("ledger_points") or []]

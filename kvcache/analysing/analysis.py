@@ -64,6 +64,7 @@ def analyse(records: list[dict[str, Any]], settings: dict[str, Any], baseline: d
         settings=settings, environment=env, model=model, copy_gbps=copy_gbps, copy=_copy_section(copies),
         traffic={r["cache"]: Traffic.from_json(r["traffic"], f"traffic of {r['cache']}") for r in traffic},
         probe={r["cache"]: Probe.from_json(r["probe"], f"probe of {r['cache']}") for r in traffic if r.get("probe")},
+        memory={r["cache"]: r["memory"] for r in traffic if isinstance(r.get("memory"), dict)},
         skipped=_skips(by_type.get("skip", [])), points=_points_section(points, copy_gbps),
         session=Session.from_json({**session, "failed": sorted({*session.get("failed", []), *failed})}, "session"),
         identity=identity.of_run({"environment": env, "settings": settings}),
@@ -80,7 +81,7 @@ def analyse(records: list[dict[str, Any]], settings: dict[str, Any], baseline: d
         except FitError as exc:
             kv.fit[cache] = FitFailure(error=str(exc), n_points=len(mine))
     kv.extra["crossovers"] = crossovers(model, {c: f.to_json() for c, f in kv.fit.items()},
-                                        {c: t.to_json() for c, t in kv.traffic.items()})
+                                        {c: t.to_json() for c, t in kv.traffic.items()}, kv.memory)
     profiled = [{k: v for k, v in r.items() if k != "type"} for r in by_type.get("ledger", [])]
     if profiled:
         kv.ledger_points = [LedgerPoint.from_json(r, "ledger record") for r in profiled]
@@ -154,18 +155,24 @@ def achieved_fraction(achieved: float | None, copy_gbps: float | None) -> float 
     return achieved / copy if achieved and copy and achieved > 0 and copy > 0 else None
 
 
-def crossovers(model: dict[str, Any], fits: dict[str, Any], traffic: dict[str, Any]) -> dict[str, Any]:
-    """``kv.crossovers``: the context (tokens) at which the cache holds as many bytes as the weights, and per
-    class the contexts at which a step's cache traffic equals one read of the weights, from the timed passes
-    (``kv.fit``) and from the counted ones (``kv.traffic``); None where there is no passes figure. One rule for
-    all three: :func:`kvcache.analysing.fit.crossover_context`."""
+def crossovers(model: dict[str, Any], fits: dict[str, Any], traffic: dict[str, Any],
+               memory: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``kv.crossovers``: the context (tokens) at which the cache holds as many bytes as the weights (logical KV
+    bytes), and per class the contexts at which a step's cache traffic equals one read of the weights, from the
+    timed passes (``kv.fit``) and from the counted ones (``kv.traffic``), and at which the bytes the class really
+    holds (``kv.memory.<cache>.held_passes`` × the logical KV bytes) equal the weights (``held_tokens``); None where
+    there is no figure. One rule for all: :func:`kvcache.analysing.fit.crossover_context`."""
     weights, per_token = model.get("weight_bytes"), model.get("bytes_per_token")
+    memory = memory or {}
     out: dict[str, Any] = {"cache_holds_weights_tokens": crossover_context(weights, per_token)}
     for cache in dict.fromkeys([*fits, *traffic]):
         timed = (fits.get(cache) or {}).get("passes")
         counted = (traffic.get(cache) or {}).get("passes")
         out[cache] = {"timed_tokens": crossover_context(weights, per_token, timed),
                       "counted_tokens": crossover_context(weights, per_token, counted)}
+        held = (memory.get(cache) or {}).get("held_passes") if isinstance(memory.get(cache), dict) else None
+        if held is not None:
+            out[cache]["held_tokens"] = crossover_context(weights, per_token, held)
     return out
 
 

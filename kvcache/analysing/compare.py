@@ -3,10 +3,15 @@
 One row per cache class, one column group per run. Every later run is judged against the first by the
 session-end gate's own judge (:mod:`kvcache.analysing.gate`), as if the first run had been recorded as the baseline
 (:mod:`kvcache.analysing.baseline`'s rules: a first run whose timed fit could not be recorded is no timed baseline):
-counted passes and counted overhead (ATen ops per step, weight passes) exactly, timed passes and the timed
-intercept by their interval, inconclusive on a poor fit or drift. Runs must have the same identity
-(:mod:`kvcache.analysing.identity`) unless ``--allow-mismatch``; op counts are compared only between runs on the
-same torch release (another release is shown, not judged). No torch here.
+counted passes, counted overhead (ATen ops per step, weight passes) and counted memory exactly, timed passes and the
+timed intercept by their interval, inconclusive on a poor fit or drift. Each later run is judged by the rules its own
+gate judged it with (its ``kv.settings``: every tolerance, ``min_r2``, ``max_passes``, ``max_drift``), so that
+compare and the gate give the same verdicts; an option (``--tolerance``, ...) replaces that rule for every run.
+``--require-classes``: a class with counted passes in the first run and none in a later one (skipped, unsupported,
+not run) is a regression of that run, named with its skip reason.
+Runs must have the same identity (:mod:`kvcache.analysing.identity`) unless ``--allow-mismatch``; op counts are
+compared only between runs on the same torch release (another release is shown, not judged). Environment
+variables recorded in the runs (``kv.environment.variables``) are shown where the runs differ. No torch here.
 """
 
 from __future__ import annotations
@@ -20,9 +25,9 @@ from typing import Any
 
 from kvcache.analysing import baseline as baselines
 from kvcache.analysing import gate, identity, tables
-from kvcache.analysing.records import RecordError, Run, load_run
-from kvcache.analysing.stats import finite
-from kvcache.analysing.tables import Table, num
+from kvcache.analysing.records import RecordError, Run, load_runs
+from kvcache.analysing.stats import finite, interval
+from kvcache.analysing.tables import Table, escape_markdown, num
 
 # Changes against the baseline.
 SAME, REGRESSED, IMPROVED, INCONCLUSIVE = "same", "regressed", "improved", "inconclusive"
@@ -32,7 +37,7 @@ LEGEND = (
     "? inconclusive (interval straddles the allowed value, poor fit, drift, or no passes figure): not a regression"
 )
 
-MEASURES = ("timed", "counted", "intercept_ms", "r2", "ops", "weight_passes", "verdict")
+MEASURES = ("timed", "counted", "intercept_ms", "r2", "ops", "weight_passes", "memory", "verdict")
 HEADERS = {
     "timed": "timed passes",
     "counted": "counted passes",
@@ -40,11 +45,12 @@ HEADERS = {
     "r2": "R²",
     "ops": "ops/step",
     "weight_passes": "weight passes",
+    "memory": "memory held/peak",
     "verdict": "verdict",
 }
 # What each verdict judges, as a regression line names it.
 JUDGED = {"counted": "counted passes", "timed": "timed passes", "overhead": "overhead", "intercept": "intercept",
-          "ledger": "per-op ledger"}
+          "ledger": "per-op ledger", "memory": "counted memory"}
 DASH = "—"
 
 
@@ -75,6 +81,8 @@ class Cell:
     r2: float | None = None
     ops: int | None = None
     weight_passes: float | None = None
+    memory: float | None = None  # held passes (kv.memory.<cache>.held_passes)
+    peak: float | None = None  # peak passes
     verdict: str | None = None
     reason: str | None = None
     timed_change: str = ""
@@ -84,6 +92,8 @@ class Cell:
     ops_change: str = ""
     ops_delta: float | None = None
     intercept_change: str = ""
+    memory_change: str = ""
+    memory_delta: float | None = None
     judged: dict[str, Any] | None = None  # {measure: verdict dict} against the first run
 
 
@@ -108,11 +118,11 @@ class Comparison:
     caches: list[str]
     cells: dict[str, list[Cell]]
     regressions: list[Regression] = field(default_factory=list)
-    tolerance: float = 0.10
-    counted_tolerance: float = 0.05
-    ops_tolerance: float = 0.5
-    weight_passes_tolerance: float = 0.05
+    rules: list[gate.Rules] = field(default_factory=list)  # rules[i - 1]: what runs[i] is judged by
     ledger: dict[tuple[str, str], list[str]] = field(default_factory=dict)  # (cache, op) -> text per run
+    variables: dict[str, list[str | None]] = field(default_factory=dict)  # differing env variables: value per run
+    overridden: tuple[str, ...] = ()  # the rules given as options, in place of each run's own
+    rules_from: str = "each"  # whose recorded rules judged each later run: its own or the first run's
 
     @property
     def devices(self) -> list[str]:
@@ -122,13 +132,6 @@ class Comparison:
         """Measures that some run has (a counted-only sweep shows no timed columns); all if none has any."""
         shown = [m for m in MEASURES if any(getattr(c, m) is not None for cells in self.cells.values() for c in cells)]
         return shown or list(MEASURES)
-
-
-def _interval(value: Any) -> tuple[float, float] | None:
-    if not isinstance(value, (list, tuple)) or len(value) != 2:
-        return None
-    lo, hi = finite(value[0]), finite(value[1])
-    return None if lo is None or hi is None else (lo, hi)
 
 
 def _section(run: Run, key: str, cache: str) -> dict[str, Any]:
@@ -153,17 +156,18 @@ def _skip_reason(run: Run, cache: str) -> str | None:
 def _cell(run: Run, cache: str) -> Cell:
     if cache not in run.caches():
         return Cell(present=False, reason=_skip_reason(run, cache))
-    fit, traffic, verdict = (_section(run, key, cache) for key in ("fit", "traffic", "verdict"))
+    fit, traffic, verdict, memory = (_section(run, key, cache) for key in ("fit", "traffic", "verdict", "memory"))
     status = gate.status_of(verdict) if verdict else None
     return Cell(
         present=True,
         timed=finite(fit.get("passes")),
-        timed_ci=_interval(fit.get("passes_ci")),
+        timed_ci=interval(fit.get("passes_ci")),
         counted=finite(traffic.get("passes")),
         intercept_ms=finite(fit.get("intercept_ms")),
         r2=finite(fit.get("r2")),
         ops=traffic.get("ops_per_step") if isinstance(traffic.get("ops_per_step"), int) else None,
         weight_passes=finite(traffic.get("weight_passes")),
+        memory=finite(memory.get("held_passes")), peak=finite(memory.get("peak_passes")),
         verdict=None if status is None else str(status),
     )
 
@@ -172,39 +176,78 @@ def _labels(runs: Sequence[Run]) -> list[str]:
     return tables.unique_labels([run.label for run in runs], [run.path for run in runs])
 
 
-def baseline_of(run: Run) -> dict[str, dict[str, Any]]:
-    """A run as a baseline, ``{measure: {cache: entry}}``: what recording it would keep (same rules)."""
-    entries, _ = baselines.entries_of_run(run.kv, run.datetime)
+def _with_min_r2(kv: dict[str, Any], min_r2: float | None) -> dict[str, Any]:
+    if min_r2 is None:
+        return kv
+    return {**kv, "settings": {**(kv.get("settings") or {}), "min_r2": min_r2}}
+
+
+def baseline_of(run: Run, *, min_r2: float | None = None) -> dict[str, dict[str, Any]]:
+    """A run as a baseline, ``{measure: {cache: entry}}``: what recording it would keep (same rules; ``min_r2``, when
+    given, in place of the run's own)."""
+    entries, _ = baselines.entries_of_run(_with_min_r2(run.kv, min_r2), run.datetime)
     ident = identity.of_run(run.kv)
     return {m: entries.get(identity.key(ident, m), {}) for m in identity.MEASURE_FIELDS}
 
 
-def judge_against(run: Run, base: Run, rules: gate.Rules) -> dict[str, dict[str, Any]]:
-    """``run``'s verdicts with ``base`` as its baseline: the session-end gate's judge, the same rules."""
+def rules_of(run: Run, **override: Any) -> gate.Rules:
+    """The rules ``run``'s gate judged it with (:meth:`gate.Rules.from_settings` of its ``kv.settings``), each rule in
+    ``override`` in place of the run's; RecordError naming the file and the value when its settings cannot judge
+    (a NaN ``min_r2`` would let any fit through)."""
+    try:
+        return gate.Rules.from_settings(run.kv.get("settings") or {}, **override)
+    except (TypeError, ValueError) as exc:
+        raise RecordError(f"{run.path}: kv.settings cannot judge: {exc}") from None
+
+
+def judge_against(run: Run, base: Run, rules: gate.Rules, *, base_min_r2: float | None = None) -> \
+        dict[str, dict[str, Any]]:
+    """``run``'s verdicts with ``base`` as its baseline: the session-end gate's judge, by ``rules`` (those ``run``
+    was judged with, :func:`rules_of`); ``base`` is a baseline by the rules of recording it (its own ``min_r2``,
+    as when it was recorded, unless ``base_min_r2`` is given)."""
     keys = {m: f"the first run ({Path(base.path).name})" for m in identity.MEASURE_FIELDS}
-    min_r2 = (run.kv.get("settings") or {}).get("min_r2")
-    rules = replace(rules, min_r2=min_r2) if isinstance(min_r2, (int, float)) else rules
-    base_entries = baseline_of(base)
+    base_entries = baseline_of(base, min_r2=base_min_r2)
     torches = [identity.of_run(r.kv).get("torch") for r in (base, run)]
     if torches[0] != torches[1]:
         base_entries["overhead"] = {}
         keys["overhead"] = (f"the first run ({Path(base.path).name}) on torch {torches[0]}: op counts are compared "
                             f"on one torch release only, this run has {torches[1]}")
+        base_entries["memory"] = {}
+        keys["memory"] = (f"the first run ({Path(base.path).name}) on torch {torches[0]}: memory is compared on one "
+                          f"torch release only, this run has {torches[1]}")
     verdicts = gate.judge_run(run.kv, base_entries, rules, keys)
+    base_kv = _with_min_r2(base.kv, base_min_r2)
     for cache, measures in verdicts.items():
-        problem = baselines.timed_problem(base.kv, cache) if cache in (base.kv.get("fit") or {}) else None
+        problem = baselines.timed_problem(base_kv, cache) if cache in (base.kv.get("fit") or {}) else None
         if problem and measures["timed"]["status"] == "no-baseline":
             measures["timed"]["reason"] = f"the first run's timed passes are no baseline: {problem}"
     return verdicts
 
 
-def compare(runs: Sequence[Run], tolerance: float = 0.10, counted_tolerance: float = 0.05, *,
-            ops_tolerance: float = 0.5, weight_passes_tolerance: float = 0.05) -> Comparison:
-    """Compare every run against ``runs[0]`` with the gate's judge (see the module docstring)."""
+#: Whose recorded rules judge each later run: its own (``each``) or the first run's (``first``).
+RULES_FROM = ("each", "first")
+
+
+def compare(runs: Sequence[Run], tolerance: float | None = None, counted_tolerance: float | None = None, *,
+            ops_tolerance: float | None = None, weight_passes_tolerance: float | None = None,
+            ledger_tolerance: float | None = None, min_r2: float | None = None,
+            memory_tolerance: float | None = None, rules_from: str = "each",
+            require_classes: bool = False) -> Comparison:
+    """Compare every run against ``runs[0]`` with the gate's judge (see the module docstring): each later run by
+    the rules it was judged with (its settings; ``rules_from="first"``: by the first run's, so that a later run
+    cannot loosen its own judge, as a pull request's head could), a rule given here (not None) in place of every
+    run's own. ``require_classes``: every class with counted passes in the first run must have counted passes in
+    each later run; one that has none (skipped, unsupported, not run) is a regression of its counted passes
+    (:func:`missing_classes`). RecordError when a run's settings cannot judge."""
     if not runs:
         raise ValueError("compare needs at least one run")
-    rules = gate.Rules(tolerance=tolerance, counted_tolerance=counted_tolerance, ops_tolerance=ops_tolerance,
-                       weight_passes_tolerance=weight_passes_tolerance)
+    given = {"tolerance": tolerance, "counted_tolerance": counted_tolerance, "ops_tolerance": ops_tolerance,
+             "weight_passes_tolerance": weight_passes_tolerance, "ledger_tolerance": ledger_tolerance,
+             "min_r2": min_r2, "memory_tolerance": memory_tolerance}
+    override = {name: value for name, value in given.items() if value is not None}
+    if rules_from not in RULES_FROM:
+        raise ValueError(f"rules_from {rules_from!r} is not one of {', '.join(RULES_FROM)}")
+    all_rules = [rules_of(runs[0] if rules_from == "first" else run, **override) for run in runs[1:]]
     infos = [RunInfo(r.path, r.transformers, r.device, label, _setup(r)) for r, label in zip(runs, _labels(runs))]
     seen: dict[str, None] = {}
     for run in runs:
@@ -214,19 +257,58 @@ def compare(runs: Sequence[Run], tolerance: float = 0.10, counted_tolerance: flo
             if entry.get("context") is None:
                 seen.setdefault(str(entry["cache"]))
     caches = list(seen)
-    comparison = Comparison(infos, caches, {}, [], tolerance, counted_tolerance, ops_tolerance,
-                            weight_passes_tolerance)
-    judged = [judge_against(run, runs[0], rules) for run in runs[1:]]
+    comparison = Comparison(infos, caches, {}, [], all_rules, variables=variables_that_differ(runs),
+                            overridden=tuple(override), rules_from=rules_from)
+    judged = [judge_against(run, runs[0], rules, base_min_r2=min_r2) for run, rules in zip(runs[1:], all_rules)]
     for cache in caches:
         base = _cell(runs[0], cache)
         row = [base]
-        for info, verdicts, run in zip(infos[1:], judged, runs[1:]):
+        for info, verdicts, run, rules in zip(infos[1:], judged, runs[1:], all_rules):
             cell, regressions = _against(_cell(run, cache), base, cache, info.label, verdicts.get(cache), rules)
             row.append(cell)
             comparison.regressions += regressions
         comparison.cells[cache] = row
+    if require_classes:
+        comparison.regressions += missing_classes(comparison)
     comparison.ledger = ledger_rows(runs, judged)
     return comparison
+
+
+def missing_classes(comparison: Comparison) -> list[Regression]:
+    """A regression of counted passes for every class that has counted passes in the first run and none in a later
+    one, named with the later run's reason (its skip reason, or why its counted passes are missing): a pull
+    request whose head skips a class, or whose class now raises Unsupported, is no clean pass."""
+    out = []
+    for cache in comparison.caches:
+        first, *later = comparison.cells[cache]
+        if first.counted is None:
+            continue
+        for info, cell in zip(comparison.runs[1:], later):
+            if cell.present and cell.counted is not None:
+                continue
+            if not cell.present:
+                why = f"skipped: {cell.reason}" if cell.reason else "not in this run (no skip reason recorded)"
+            else:
+                counted = (cell.judged or {}).get("counted") or {}
+                why = f"no counted passes: {counted.get('reason') or 'not measured'}"
+            out.append(Regression(cache, info.label, JUDGED["counted"],
+                                  f"the class is required (it has {first.counted:.2f} counted passes in the first "
+                                  f"run) and this run has none: {why}"))
+    return out
+
+
+def variables_that_differ(runs: Sequence[Run]) -> dict[str, list[str | None]]:
+    """{NAME: value per run (None: not set)} of the environment variables the runs recorded
+    (``kv.environment.variables``, those known to change what runs) on which they differ."""
+    recorded = [(run.kv.get("environment") or {}).get("variables") for run in runs]
+    recorded = [r if isinstance(r, dict) else {} for r in recorded]
+    names = dict.fromkeys(str(name) for r in recorded for name in r)
+    out = {}
+    for name in names:
+        values = [None if r.get(name) is None else str(r.get(name)) for r in recorded]
+        if len(set(values)) > 1:
+            out[name] = values
+    return out
 
 
 def ledger_rows(runs: Sequence[Run], judged: list[dict[str, dict[str, Any]]]) -> dict[tuple[str, str], list[str]]:
@@ -288,6 +370,11 @@ def _against(cell: Cell, base: Cell, cache: str, label: str, verdicts: dict[str,
         change = CHANGE_OF.get(status) or (IMPROVED if cell.ops < base.ops else SAME)
         changes.update(ops_change=change if status != "no-baseline" else "", ops_delta=cell.ops - base.ops)
     changes["intercept_change"] = CHANGE_OF.get(verdicts.get("intercept", {}).get("status"), "")
+    if cell.memory is not None and base.memory is not None:
+        status = verdicts.get("memory", {}).get("status")
+        improved = cell.memory < base.memory - rules.memory_tolerance
+        change = CHANGE_OF.get(status) or (IMPROVED if improved else SAME)
+        changes.update(memory_change=change if status != "no-baseline" else "", memory_delta=cell.memory - base.memory)
     return replace(cell, **changes), regressions
 
 
@@ -322,6 +409,9 @@ def cell_texts(cell: Cell, measures: Sequence[str]) -> list[str]:
             texts.append(_marked(num(cell.ops, ".0f", DASH), cell.ops_change, cell.ops_delta, "+.0f"))
         elif measure == "weight_passes":
             texts.append(num(cell.weight_passes, ".3f", DASH))
+        elif measure == "memory":
+            held = num(cell.memory, missing=DASH) + (f"/{num(cell.peak)}" if cell.peak is not None else "")
+            texts.append(_marked(held, cell.memory_change, cell.memory_delta))
         elif measure == "r2":
             texts.append(num(cell.r2, ".3f", DASH))
         else:
@@ -346,11 +436,18 @@ def _preamble(comparison: Comparison) -> list[str]:
         lines.append(f"Device: {comparison.devices[0]}.")
     else:
         lines.append("Runs come from different devices: timed changes may be the machine's, not the release's.")
-    lines.append(
-        f"Tolerance: timed ×{1 + comparison.tolerance:.2f} (interval lower bound), "
-        f"counted +{comparison.counted_tolerance:.2f} passes; ops per step +{comparison.ops_tolerance:g} per layer, "
-        f"weight passes +{comparison.weight_passes_tolerance:g}; intercept ×{1 + comparison.tolerance:.2f}."
-    )
+    own = "the first run's" if comparison.rules_from == "first" else "each run's own"
+    source = (f"{own} (as its gate judged it)" if not comparison.overridden else
+              f"{own}, with {', '.join('--' + n.replace('_', '-') for n in comparison.overridden)} as given")
+    described = [rules.describe() for rules in comparison.rules]
+    if described and len(set(described)) == 1:
+        lines.append(f"Tolerance, {source}: {described[0]}.")
+    else:
+        lines += [f"Tolerance of {info.label}, {source}: {text}." for info, text in zip(comparison.runs[1:], described)]
+    for name, values in comparison.variables.items():
+        shown = ", ".join(f"{Path(info.path).name}: {'unset' if v is None else v}"
+                          for info, v in zip(comparison.runs, values))
+        lines.append(f"Environment variable {name} differs ({shown}).")
     return lines
 
 
@@ -397,7 +494,8 @@ def render_text(comparison: Comparison) -> str:
 
 def render_markdown(comparison: Comparison) -> str:
     """A GitHub-flavoured Markdown table (for ``$GITHUB_STEP_SUMMARY``), with the regressions listed below."""
-    lines = ["### KV-cache passes across runs", "", *_preamble(comparison), "", *tables.markdown(table(comparison))]
+    preamble = [escape_markdown(line) for line in _preamble(comparison)]
+    lines = ["### KV-cache passes across runs", "", *preamble, "", *tables.markdown(table(comparison))]
     ledger = ledger_table(comparison)
     if ledger is not None:
         lines += ["", "#### Per-op timed ledger", "", *tables.markdown(ledger)]
@@ -419,20 +517,24 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("runs", nargs="+", metavar="RUN.json", help="pytest --benchmark-json files; first = baseline")
     parser.add_argument("--markdown", action="store_true", help="print a GitHub-flavoured Markdown table")
-    parser.add_argument(
-        "--tolerance", type=float, default=0.10, help="timed: allowed relative increase (default 0.10)"
-    )
-    parser.add_argument(
-        "--counted-tolerance", type=float, default=0.05, help="counted: allowed absolute increase (default 0.05)"
-    )
-    parser.add_argument(
-        "--ops-tolerance", type=float, default=0.5,
-        help="ATen ops per step: allowed increase per layer (default 0.5)"
-    )
-    parser.add_argument(
-        "--weight-passes-tolerance", type=float, default=0.05,
-        help="weight passes per step: allowed absolute increase (default 0.05)"
-    )
+    own = "(default: each run's own --kv-* setting, as its gate judged it)"
+    parser.add_argument("--tolerance", type=float, help=f"timed passes, intercept: allowed relative increase {own}")
+    parser.add_argument("--counted-tolerance", type=float, help=f"counted passes: allowed absolute increase {own}")
+    parser.add_argument("--memory-tolerance", type=float,
+                        help=f"counted memory (allocated, peak, held passes): allowed absolute increase {own}")
+    parser.add_argument("--ops-tolerance", type=float, help=f"ATen ops per step: allowed increase per layer {own}")
+    parser.add_argument("--weight-passes-tolerance", type=float,
+                        help=f"weight passes per step: allowed absolute increase {own}")
+    parser.add_argument("--ledger-tolerance", type=float,
+                        help=f"per-op ledger: timed passes an op may rise by besides --tolerance {own}")
+    parser.add_argument("--min-r2", type=float, help=f"the R² a timed fit needs to be judged, from 0 to 1 {own}")
+    parser.add_argument("--rules", choices=RULES_FROM, default="each",
+                        help="whose recorded --kv-* rules judge each later run: its own (each, the default) or the "
+                        "first run's (first: a pull request's head cannot loosen its own gate)")
+    parser.add_argument("--require-classes", action="store_true",
+                        help="every class with counted passes in the first run must have counted passes in each "
+                        "later run: one skipped, unsupported or not run there is a regression (a pull request's "
+                        "head cannot drop a class from its own gate)")
     parser.add_argument(
         "--allow-mismatch", "--allow-device-mismatch", dest="allow_mismatch", action="store_true",
         help="compare runs whose identity differs (device, model, dtype, threads) anyway",
@@ -445,16 +547,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
         return exc.code if isinstance(exc.code, int) else 2
+    options = {name: getattr(args, name) for name in ("tolerance", "counted_tolerance", "ops_tolerance",
+                                                        "weight_passes_tolerance", "ledger_tolerance", "min_r2",
+                                                        "memory_tolerance")}
     try:
-        gate.Rules(tolerance=args.tolerance, counted_tolerance=args.counted_tolerance,
-                   ops_tolerance=args.ops_tolerance, weight_passes_tolerance=args.weight_passes_tolerance)
+        gate.Rules(**{name: value for name, value in options.items() if value is not None})
     except ValueError as exc:
         print(f"kvcache compare: --{str(exc).replace('_', '-')}", file=sys.stderr)
         return 2
     runs = []
     for path in args.runs:
         try:
-            runs.append(load_run(path))
+            runs.extend(load_runs(path))  # an A/B run (kvcache ab --json) is its two sides
         except RecordError as exc:
             print(f"kvcache compare: {exc}", file=sys.stderr)
             return 2
@@ -463,8 +567,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kvcache compare: refusing to compare runs that differ in {problem}; pass --allow-mismatch to "
               "compare anyway", file=sys.stderr)
         return 2
-    comparison = compare(runs, args.tolerance, args.counted_tolerance, ops_tolerance=args.ops_tolerance,
-                         weight_passes_tolerance=args.weight_passes_tolerance)
+    try:
+        comparison = compare(runs, **options, rules_from=args.rules, require_classes=args.require_classes)
+    except RecordError as exc:  # a run's own settings cannot judge
+        print(f"kvcache compare: {exc}", file=sys.stderr)
+        return 2
     print(render_markdown(comparison) if args.markdown else render_text(comparison), flush=True)
     if args.markdown:  # stdout goes to the step summary; say it in the log too
         for regression in comparison.regressions:

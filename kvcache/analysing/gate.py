@@ -15,6 +15,11 @@ tree (:func:`failures`).
 - Counted overhead (exact, like counted passes): *regression* when ATen ops per step rise by more than
   ``ops_tolerance`` per layer, or weight passes (bytes that do not grow with context / weight bytes) by more
   than ``weight_passes_tolerance``. Its baseline is keyed by the torch release as well.
+- Counted memory (exact: bytes one decode step allocates, peaks at and leaves held, per logical KV byte,
+  ``kv.memory.<cache>``): *regression* when any of allocated, peak or held passes rises by more than
+  ``memory_tolerance`` above the baseline's; keyed by the torch release like the overhead, since allocation
+  behaviour may change with it. A class whose measured peak needs more cache sizes than its declared
+  ``memory_factor`` is named in the reason (it does not fail the build: the factor only decides which points fit).
 - The timed intercept (ms per step with an empty cache) is judged like timed passes, by its interval
   against baseline × (1 + ``tolerance``), inconclusive on a poor fit or drift.
 - The per-op ledger (timed passes per op, ``kv.ledger``): each op that moves cache bytes (counted passes in
@@ -43,9 +48,9 @@ from typing import Any
 
 from kvcache.analysing.records import jsonable
 
-MEASURES = ("counted", "timed", "overhead", "intercept", "ledger")
+MEASURES = ("counted", "timed", "overhead", "intercept", "ledger", "memory")
 # Measures that are counted, not timed: never inconclusive for noise, so --kv-strict leaves them alone.
-EXACT = ("counted", "overhead")
+EXACT = ("counted", "overhead", "memory")
 STATUSES = ("pass", "regression", "inconclusive", "no-baseline", "not-measured")
 # Higher wins when the measures of a class are shown as one status.
 PRIORITY = {"not-measured": 0, "no-baseline": 1, "pass": 2, "inconclusive": 3, "regression": 4}
@@ -57,7 +62,9 @@ OP_CHANGE = 0.005
 
 @dataclass(frozen=True)
 class Rules:
-    """What the judge allows: tolerances (finite, non-negative), absolute bounds, the fit quality asked for."""
+    """What the judge allows: tolerances (finite, non-negative), absolute bounds, the fit quality asked for, the
+    drift allowed against the timed baseline's decode speed. Every value is checked when made (ValueError, one line
+    naming the rule and the value): a NaN would fail every comparison and so pass anything."""
 
     tolerance: float = 0.10
     counted_tolerance: float = 0.05
@@ -67,19 +74,43 @@ class Rules:
     ops_tolerance: float = 0.5  # ATen ops per layer per step: +1 op in every layer is a regression
     weight_passes_tolerance: float = 0.05
     ledger_tolerance: float = 0.5  # timed passes an op may rise by besides the relative tolerance
+    memory_tolerance: float = 0.05  # allocated, peak and held passes may each rise by this much
+    max_drift: float = 0.10  # the fraction the decode speed may shift from the timed baseline's (speed_shift)
+
+    #: Every rule a run's settings hold (``kv.settings``, the ``--kv-*`` options of the same names).
+    SETTINGS = ("tolerance", "counted_tolerance", "min_r2", "max_passes", "strict", "ops_tolerance",
+                "weight_passes_tolerance", "ledger_tolerance", "max_drift", "memory_tolerance")
 
     def __post_init__(self) -> None:
         for name in ("tolerance", "counted_tolerance", "min_r2", "ops_tolerance", "weight_passes_tolerance",
-                     "ledger_tolerance"):
+                     "ledger_tolerance", "max_drift", "memory_tolerance"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} {value!r} must be a finite number, at least 0")
+        if self.min_r2 > 1:
+            raise ValueError(f"min_r2 {self.min_r2!r} must be a number from 0 to 1")
+        if not isinstance(self.max_passes, dict) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+                for v in self.max_passes.values()):
+            raise ValueError(f"max_passes {self.max_passes!r} must map each cache to a finite number above 0")
+        if not isinstance(self.strict, bool):
+            raise ValueError(f"strict {self.strict!r} must be true or false")
 
     @classmethod
     def from_settings(cls, settings: dict[str, Any], **override: Any) -> Rules:
-        keys = ("tolerance", "counted_tolerance", "min_r2", "max_passes", "strict", "ops_tolerance",
-                "weight_passes_tolerance", "ledger_tolerance")
-        return cls(**{**{k: settings[k] for k in keys if settings.get(k) is not None}, **override})
+        """The rules a run was judged with: its settings (``kv.settings``; a rule it lacks keeps its default), each
+        rule in ``override`` replacing the run's. ValueError when a value cannot judge (NaN, out of range)."""
+        return cls(**{**{k: settings[k] for k in cls.SETTINGS if settings.get(k) is not None}, **override})
+
+    def describe(self) -> str:
+        """One line of the tolerances, for ``kvcache compare``'s preamble."""
+        bounds = "".join(f", {cache} at most {value:g} passes" for cache, value in self.max_passes.items())
+        return (f"timed ×{1 + self.tolerance:.2f} (interval lower bound), counted +{self.counted_tolerance:g} passes; "
+                f"ops per step +{self.ops_tolerance:g} per layer, weight passes +{self.weight_passes_tolerance:g}; "
+                f"intercept ×{1 + self.tolerance:.2f}; ledger ×{1 + self.tolerance:.2f} or "
+                f"+{self.ledger_tolerance:g} passes per op; memory (allocated, peak, held) "
+                f"+{self.memory_tolerance:g} passes; R² at least {self.min_r2:g}; decode speed within "
+                f"±{self.max_drift:.0%} of the timed baseline's{bounds}")
 
 
 @dataclass
@@ -274,6 +305,49 @@ def judge_overhead(traffic: dict[str, Any] | None, base: dict[str, Any] | None, 
     return verdict
 
 
+#: The figures of counted memory the gate judges (``kv.memory.<cache>``) and the baseline field of each.
+MEMORY_FIGURES = {"allocated_passes": "memory_allocated_passes", "peak_passes": "memory_peak_passes",
+                  "held_passes": "memory_held_passes"}
+
+
+def judge_memory(memory: dict[str, Any] | None, base: dict[str, Any] | None, *, rules: Rules, key: str) -> Verdict:
+    """Judge a class's counted memory (``kv.memory.<cache>``: allocated, peak and held passes, bytes per logical KV
+    byte) against its baseline entry (``memory_*_passes``, ``memory_allocated_by_op``): regression when any figure
+    rises by more than ``memory_tolerance``; ``value``/``allowed`` are held passes, ``parts`` has all three; the
+    reason names the ops that allocate more, and a declared ``memory_factor`` the measured peak exceeds."""
+    if not memory or memory.get("held_passes") is None:
+        return Verdict("not-measured", "counted memory was not measured")
+    note = f"; {memory['factor_problem']}" if memory.get("factor_problem") else ""
+    held = memory["held_passes"]
+    if not base or base.get("memory_held_passes") is None:
+        return Verdict("no-baseline", f"no baseline for {key!r} (memory is kept per torch release); record one with "
+                       f"--kv-update-baseline{note}", value=held)
+    parts: dict[str, dict[str, Any]] = {}
+    problems = []
+    for name, field_name in MEMORY_FIGURES.items():
+        value, reference = memory.get(name), base.get(field_name)
+        if value is None or reference is None:
+            continue
+        allowed = reference + rules.memory_tolerance
+        over = not math.isfinite(value) or value > allowed + abs(allowed) * COUNTED_RELATIVE_SLACK
+        parts[name] = {"value": value, "allowed": allowed, "status": "regression" if over else "pass"}
+        if over:
+            problems.append(f"{name.replace('_', ' ')} {fmt_figure(round(value, 4))} is above the allowed "
+                            f"{fmt_figure(round(allowed, 4))}")
+    allowed_held = parts.get("held_passes", {}).get("allowed")
+    verdict = Verdict("regression" if problems else "pass", "", value=held, allowed=allowed_held, parts=parts)
+    if problems:
+        grew = ops_that_grew(memory.get("allocated_by_op"), base.get("memory_allocated_by_op"))
+        verdict.grew = grew or None
+        verdict.reason = "; ".join(problems) + (
+            f"; allocates more: {', '.join(f'{op} {d:+.2f}' for op, d in grew.items())}" if grew else "")
+    else:
+        verdict.reason = ("memory " + ", ".join(f"{name.split('_')[0]} {part['value']:.3f}"
+                                                for name, part in parts.items()) + " passes within the baseline")
+    verdict.reason += note
+    return verdict
+
+
 LEDGER_UNJUDGED = ("(profiled step)",)  # the whole step is judged as timed passes already (and not an op)
 COUNTED_MATCH = 0.01  # counted passes within this make a renamed op the same op
 
@@ -388,7 +462,7 @@ def judge_run(kv: dict[str, Any], baseline: dict[str, dict[str, dict[str, Any]]]
     baseline key of each measure (for messages).
     """
     fits, traffic = kv.get("fit") or {}, kv.get("traffic") or {}
-    caches = dict.fromkeys([*(kv.get("settings") or {}).get("caches", []), *fits, *traffic])
+    caches = dict.fromkeys([*(kv.get("settings") or {}).get("caches", []), *fits, *traffic, *(kv.get("memory") or {})])
     out = {}
     for cache in caches:
         bound = rules.max_passes.get(cache)
@@ -403,8 +477,7 @@ def judge_run(kv: dict[str, Any], baseline: dict[str, dict[str, dict[str, Any]]]
             counted.reason = f"no fused count of the compiled step: {judged['why_missing']}"
         drift = kv.get("drift")
         if not drift_problem(drift):  # within the session it held: did the machine change since the baseline?
-            max_drift = (kv.get("settings") or {}).get("max_drift", 0.10)
-            drift = speed_shift(kv.get("speed"), timed_base.get("timed_weights_ms"), max_drift) or drift
+            drift = speed_shift(kv.get("speed"), timed_base.get("timed_weights_ms"), rules.max_drift) or drift
         timed = judge_timed(
             fits.get(cache), rules=rules, drift=drift, key=keys["timed"],
             allowed=allowed_passes(timed_base.get("timed_passes"), rules.tolerance, bound, relative=True))
@@ -425,6 +498,10 @@ def judge_run(kv: dict[str, Any], baseline: dict[str, dict[str, dict[str, Any]]]
             base_counted_by_op=counted_base.get("counted_by_op"))
         out[cache] = {"counted": counted.to_dict(), "timed": timed.to_dict(), "overhead": overhead.to_dict(),
                       "intercept": intercept.to_dict(), "ledger": ledger.to_dict()}
+        measured_memory, memory_base = (kv.get("memory") or {}).get(cache), baseline.get("memory", {}).get(cache)
+        if measured_memory or memory_base:  # a run from before counted memory existed has no verdict of it
+            out[cache]["memory"] = judge_memory(measured_memory, memory_base, rules=rules,
+                                                key=keys.get("memory", keys["overhead"])).to_dict()
     return out
 
 

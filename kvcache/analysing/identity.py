@@ -10,11 +10,19 @@ keys on the fields that change it:
   thread count, ``cpu: Intel Xeon (2 threads)``), the model and the dtype;
 - counted overhead (ATen ops per step, weight passes) depends on what counted passes depend on and on the
   torch release, whose operator decompositions change op counts: a run on another torch release finds no
-  baseline for it rather than a regression.
+  baseline for it rather than a regression;
+- counted memory (bytes a step allocates, peaks at, holds) keys like counted overhead: what an op allocates may
+  change with the torch release.
 
 Fields that later measures add (compile mode, driver, batch, ...) go in :data:`EXTRA_FIELDS` with
 their default: a run at the default keeps its key, so baselines recorded before the field existed
 stay valid.
+
+Environment variables: only those of :data:`VARIABLES`, an explicit allowlist of variables known to change what
+a run computes (not merely where it caches or how many threads it uses), join the identity, as the extra field
+``env`` (``TRANSFORMERS_SDPA_FORCE_GQA=1``). The measuring side records the allowlisted variables that are set in
+``kv.environment.variables``; one at its default value, or unset, leaves the run's identity and keys as they
+were. Cache directories, thread variables (the thread count is already a field) and the like stay out.
 """
 
 from __future__ import annotations
@@ -29,12 +37,20 @@ EXTRA_FIELDS: dict[str, Any] = {
     "driver": "loop",  # --kv-driver: generate() adds its own per-step work
     "batch": 1,  # --kv-batch
     "ragged": False,  # --kv-ragged
+    "env": "",  # allowlisted environment variables set away from their default (VARIABLES), "NAME=value,..."
+}
+#: Environment variables that change what a run computes, with the value that changes nothing (what unset means).
+VARIABLES: dict[str, str] = {
+    # "1": Transformers' SDPA integration passes enable_gqa=True whatever the mask (transformers 5.23 and later): a
+    # compiled StaticCache step then reads K/V once instead of expanding them to every query head (7 passes -> 1).
+    "TRANSFORMERS_SDPA_FORCE_GQA": "0",
 }
 #: The fields each measure's baseline key and comparability depend on.
 MEASURE_FIELDS = {
     "counted": ("device_type", "model", "dtype"),
     "timed": ("device_name", "model", "dtype"),  # a CPU's device name carries its thread count
     "overhead": ("device_type", "model", "dtype", "torch"),
+    "memory": ("device_type", "model", "dtype", "torch"),  # allocation behaviour may change with the torch release
 }
 #: How a field is spelled in a key, when not by its bare value.
 KEY_FORMS = {"torch": "torch {}"}
@@ -51,7 +67,26 @@ def of_run(kv: dict[str, Any]) -> dict[str, Any]:
     for name, default in EXTRA_FIELDS.items():  # only when not at its default: a default run keeps its identity
         if settings.get(name, default) != default:
             ident[name] = settings[name]
+    variables = env_field(env.get("variables"))
+    if variables:
+        ident["env"] = variables
     return ident
+
+
+def env_field(variables: Any) -> str:
+    """The identity's ``env`` field from ``kv.environment.variables`` ({NAME: value}): the allowlisted variables
+    (:data:`VARIABLES`) set away from their default, ``"NAME=value"`` joined by commas in name order; ``""`` for
+    none."""
+    if not isinstance(variables, dict):
+        return ""
+    return ",".join(f"{name}={variables[name]}" for name in sorted(variables)
+                    if name in VARIABLES and str(variables[name]) != VARIABLES[name])
+
+
+def variables_of(environ: Any) -> dict[str, str]:
+    """The allowlisted variables (:data:`VARIABLES`) set in ``environ`` (e.g. ``os.environ``), as recorded in
+    ``kv.environment.variables``: {NAME: value}, only those set."""
+    return {name: str(environ[name]) for name in sorted(VARIABLES) if name in environ}
 
 
 def key(ident: dict[str, Any], measure: str) -> str:

@@ -11,7 +11,8 @@ written; all times in ms unless a key says ``_s``/``_ns``)::
 
     kv.schema            2 (files of schema 1 still load: :func:`upgrade_kv`)
     kv.settings          the ``--kv-*`` settings of the run (:class:`kvcache.settings.Settings`)
-    kv.environment       {device_name, device_type, transformers, torch, python, platform, threads}
+    kv.environment       {device_name, device_type, transformers, torch, python, platform, threads, variables?:
+                          {NAME: value} of identity.VARIABLES that were set}
     kv.identity          {device_name, device_type, model, dtype, threads, torch}: what makes runs comparable
     kv.model             {name, layers, heads, kv_heads, head_dim, dtype, bytes_per_token, weight_bytes,
                           max_position_embeddings}
@@ -20,23 +21,38 @@ written; all times in ms unless a key says ``_s``/``_ns``)::
     kv.fit.<cache>       {intercept_ms, effective_gbps, passes, r2, n_points, passes_ci, intercept_ci,
                           confidence, weight_read_ms, crossover_tokens, contexts}, or {error, n_points}
                           when the points give no passes figure (error: why, one line)
-    kv.crossovers        {cache_holds_weights_tokens, <cache>: {timed_tokens, counted_tokens}}: contexts (tokens)
-                          at which the cache holds as many bytes as the weights (weight_bytes / bytes_per_token),
-                          and at which a step's cache traffic (timed or counted passes) equals one read of the
-                          weights (weight_bytes / (passes × bytes_per_token)); null where there is no figure
+    kv.crossovers        {cache_holds_weights_tokens, <cache>: {timed_tokens, counted_tokens, held_tokens?}}:
+                          contexts (tokens) at which the cache holds as many bytes as the weights (weight_bytes /
+                          bytes_per_token), at which a step's cache traffic (timed or counted passes) equals one
+                          read of the weights (weight_bytes / (passes × bytes_per_token)), and (held_tokens) at
+                          which the bytes the class holds, measured (kv.memory.<cache>.held_passes × KV bytes),
+                          equal the weights; null where there is no figure
     kv.drift             {cache, context, first_ms, last_ms, fraction, max_fraction, ok} or {reason}
     kv.traffic.<cache>   {passes, by_op: {op: passes}, contexts, step_bytes: {context: {read, written}},
                           bytes_per_token, calls, ops_per_step, data_ops_per_step, fixed_bytes, weight_bytes,
                           weight_passes, layers, kv_bytes: {context: logical KV bytes held}, stored_bytes,
                           stored_passes, beyond, kinds: {full|sliding|linear: {passes, grows, ...}}, compiled?};
                           compiled (--kv-compile): {mode, runs_as, fullgraph,
-                          unfused: {passes, by_op, ...}, fused: {passes, by_kernel, step_bytes}, kernels_per_step,
-                          graphs_per_step, compile_s} or {mode, error}: a compiled step counted unfused (the
-                          post-grad graph's ATen ops, the suite's rules) and fused (inductor's own byte count)
+                          unfused: {passes, by_op, ...}, fused: {passes, by_kernel, origins, step_bytes,
+                          inductor_passes}, kernels_per_step, graphs_per_step, compile_s} or {mode, error}: a
+                          compiled step counted unfused (the post-grad graph's ATen ops, the suite's rules) and
+                          fused (what its kernels load and store, per kernel: compiled.kernel_buffers)
     kv.probe.<cache>     {query, key, value, mask, attention, expansions, enable_gqa, calls}
+    kv.memory.<cache>    {allocated_passes, peak_passes, held_passes, peak_factor, allocated_by_op: {op: passes},
+                          peak_by_op, contexts, kv_bytes, steps: {context: {before, allocated, peak, held, by_op,
+                          peak_by_op, allocator?}}, source, declared_factor, factor_problem?, allocator?,
+                          per_allocated?, beyond?}: counted memory of the counted step (kvcache.measuring.memory),
+                          each figure the slope of the step's bytes against the KV bytes held between the counted
+                          contexts: bytes the step allocates, its high-water mark above what was live before it,
+                          bytes live after it; peak_factor: bytes live at its peak per KV byte, the cache sizes it
+                          needs, set against the class's declared memory_factor (factor_problem when it needs
+                          more); allocator (CUDA): the same from torch.cuda's statistics; per_allocated
+                          (--kv-batch, a padded class): per allocated KV byte; beyond (sliding windows): bytes
+                          held after steps past every window
     kv.verdict.<cache>.<measure>   {status, value, allowed, reason, interval?, grew?, parts?}; measures:
                           counted, timed (passes), overhead (ops per step; parts: ops_per_step, weight_passes),
-                          intercept (ms)
+                          intercept (ms), memory (held passes; parts: allocated_passes, peak_passes,
+                          held_passes)
     kv.points            [{cache, context, round, median_ms, samples_ms, kv_bytes, counted_bytes,
                            achieved_gbps, achieved_fraction, beyond_trained_context, name, compiled?}]
                           (compiled, with --kv-compile: {mode, compile_s, graphs_compiled, recompiles, graph_breaks,
@@ -347,9 +363,9 @@ class UnmeasuredDrift(Record):
 @dataclass
 class Verdict(Record):
     """``kv.verdict.<cache>.<measure>``: the judge's status (see :data:`kvcache.analysing.gate.STATUSES`) of the
-    measured ``value`` against the ``allowed`` one (passes; ``intercept``: ms; ``overhead``: ops per step);
-    ``interval`` (timed, intercept) its interval, ``grew`` (counted) {op: rise in passes}, ``parts``
-    (overhead) {figure: {status, value, allowed}}."""
+    measured ``value`` against the ``allowed`` one (passes; ``intercept``: ms; ``overhead``: ops per step; ``memory``:
+    held passes); ``interval`` (timed, intercept) its interval, ``grew`` (counted; memory: the ops that allocate more)
+    {op: rise in passes}, ``parts`` (overhead, memory) {figure: {status, value, allowed}}."""
 
     status: str
     reason: str = ""
@@ -465,6 +481,7 @@ class KV(Record):
     drift: Drift | UnmeasuredDrift | None = None
     traffic: dict[str, Traffic] = field(default_factory=dict)
     probe: dict[str, Probe] = field(default_factory=dict)
+    memory: dict[str, dict[str, Any]] = field(default_factory=dict)  # kv.memory.<cache>: plain figures (see above)
     verdict: dict[str, dict[str, Verdict]] = field(default_factory=dict)
     skipped: list[Skip] = field(default_factory=list)
     points: list[PointRecord] = field(default_factory=list)
@@ -649,6 +666,11 @@ def load_run(path: str | Path) -> Run:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise RecordError(f"{p}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    return run_of_doc(doc, p)
+
+
+def run_of_doc(doc: Any, p: Path) -> Run:
+    """A run from the parsed contents of a ``--benchmark-json`` file at ``p`` (see :func:`load_run`)."""
     if not isinstance(doc, dict) or not isinstance(doc.get("benchmarks"), list):
         raise RecordError(f"{p}: not a pytest-benchmark JSON file (no 'benchmarks' list)")
     kv = doc.get("kv")
@@ -670,6 +692,22 @@ def load_run(path: str | Path) -> Run:
         machine_info=doc.get("machine_info") or {},
         datetime=str(doc.get("datetime", "")),
     )
+
+
+def load_runs(path: str | Path) -> list[Run]:
+    """The runs of a file: one for a ``--benchmark-json`` file; two, side A then side B, for the output of
+    ``kvcache ab --json`` (side A's run under ``side_a``, its path shown as ``PATH[A]``, side B's ``PATH[B]``)."""
+    run = load_run(path)
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return [run]
+    side_a = doc.get("side_a") if isinstance(doc, dict) else None
+    if not isinstance(side_a, dict):
+        return [run]
+    first = run_of_doc(side_a, Path(f"{path}[A]"))
+    run.path = f"{path}[B]"
+    return [first, run]
 
 
 def jsonable(value: Any) -> Any:

@@ -29,6 +29,15 @@ def finite(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
+def interval(value: Any) -> tuple[float, float] | None:
+    """``value`` as a ``(low, high)`` interval when it is a pair of finite numbers (a recorded ``*_ci``); None for
+    anything else (a missing bound, NaN, text, another length)."""
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        return None
+    lo, hi = finite(value[0]), finite(value[1])
+    return None if lo is None or hi is None else (lo, hi)
+
+
 def percentile_interval(values: np.ndarray, lower: float, upper: float) -> tuple[float, float]:
     """(lower, upper) percentiles (0-100) of the finite values; (nan, nan) when there are none."""
     finite_values = values[np.isfinite(values)]

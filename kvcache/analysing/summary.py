@@ -31,7 +31,7 @@ def fit_rows(kv: dict[str, Any]) -> list[list[str]]:
         counted = (kv.get("traffic", {}).get(cache) or {}).get("passes")
         timed = fit.get("passes")
         ci = fit.get("passes_ci")
-        timed_text = "-" if timed is None else f"{timed:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+        timed_text = "-" if timed is None else num(timed) + (f" [{num(ci[0])}, {num(ci[1])}]" if ci else "")
         if fit.get("error"):
             timed_text = f"- ({fit['error']})"
         intercept, ici = fit.get("intercept_ms"), fit.get("intercept_ci")
@@ -103,6 +103,8 @@ def crossover_lines(crossovers: dict[str, Any]) -> list[str]:
            f"{num(crossovers.get('cache_holds_weights_tokens'), ',.0f')} tokens"]
     out += [f"crossover {cache}: a step's cache traffic equals one read of the weights at "
             f"{num(c.get('timed_tokens'), ',.0f')} tokens timed, {num(c.get('counted_tokens'), ',.0f')} counted"
+            + (f"; the bytes it holds (measured) equal the weights at {num(c.get('held_tokens'), ',.0f')} tokens"
+               if "held_tokens" in c else "")
             for cache, c in crossovers.items() if isinstance(c, dict)]
     return out
 
@@ -138,6 +140,33 @@ def compiled_lines(kv: dict[str, Any]) -> list[str]:
                    f"{sum(i.get('graphs_compiled') or 0 for i in infos)} graph(s) compiled; recompiles during timed "
                    f"steps {sum(i.get('recompiles') or 0 for i in infos)}; compiled graph calls per step "
                    f"{', '.join(num(c, '.0f') for c in calls)}" + (f"; {'; '.join(problems)}" if problems else ""))
+    return out
+
+
+def memory_lines(kv: dict[str, Any]) -> list[str]:
+    """Per class, counted memory (``kv.memory``): bytes a step allocates, its peak above what was live before it and
+    the bytes live after it, each per KV byte (slopes, like passes), what allocates, and a declared ``memory_factor``
+    the measured peak exceeds."""
+    out = []
+    for cache, m in (kv.get("memory") or {}).items():
+        if not isinstance(m, dict):
+            continue
+        by_op = ", ".join(f"{k} {v:.2f}" for k, v in (m.get("allocated_by_op") or {}).items()) or "-"
+        per = m.get("per_allocated") or {}
+        per_text = (f" (per allocated KV byte: allocated {num(per.get('allocated_passes'), '.3f')}, peak "
+                    f"{num(per.get('peak_passes'), '.3f')}, held {num(per.get('held_passes'), '.3f')})") if per else ""
+        verdict = ((kv.get("verdict") or {}).get(cache) or {}).get("memory") or {}
+        status = f"; {verdict['status']}" if verdict.get("status") else ""
+        out.append(f"memory {cache}: allocated {num(m.get('allocated_passes'), '.3f')}, peak "
+                   f"{num(m.get('peak_passes'), '.3f')}, held {num(m.get('held_passes'), '.3f')} per KV byte"
+                   f"{per_text}; allocates: {by_op}; peak needs {num(m.get('peak_factor'), '.2f')} cache sizes "
+                   f"(declares {num(m.get('declared_factor'), 'g')}){status}")
+        if m.get("factor_problem"):
+            out.append(f"memory {cache}: MEMORY FACTOR TOO SMALL: {m['factor_problem']}")
+        beyond = m.get("beyond")
+        if isinstance(beyond, dict):
+            out.append(f"memory {cache}: past every sliding window ({', '.join(map(str, beyond.get('contexts', [])))} "
+                       f"tokens) the bytes held grew by {num(beyond.get('held_growth_bytes'), ',.0f')} B")
     return out
 
 
@@ -178,7 +207,8 @@ def lines(kv: dict[str, Any]) -> list[str]:
         allocated = t.get("allocated_passes")
         per_allocated = f" ({allocated:.3f} per allocated KV byte)" if isinstance(allocated, (int, float)) and \
             t.get("batch", {}).get("ragged") else ""
-        out.append(f"counted {cache}: {t.get('passes', 0):.3f} passes{per_allocated} = {by_op}")
+        out.append(f"counted {cache}: {num(t.get('passes'), '.3f')} passes{per_allocated} = {by_op}")
+    out += memory_lines(kv)
     out += noted_table(OVERHEAD_HEADER, overhead_rows(kv),
                        "ops: ATen ops from the model's forward call to its return, one step; fixed: bytes a step moves "
                        "that do not grow with context; weight passes = fixed / weight bytes, 1 = each weight read once")

@@ -5,6 +5,7 @@ report's Markdown: a :class:`Table` is data (cells are already formatted text); 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,24 +71,61 @@ def text(table: Table) -> list[str]:
             *(grouped(r) for r in table.rows)]
 
 
-def escape_markdown(cell: str) -> str:
-    """Text safe inside a Markdown table row: ``|`` escaped."""
-    return cell.replace("|", "\\|")
+# Characters with a meaning in GitHub-flavoured Markdown inline text or tables: backslash-escaped. ``<``, ``>``
+# and ``&`` (raw HTML, autolinks, entities) become entities instead, so no raw ``<`` of the text survives.
+_MD_BACKSLASHED = frozenset("\\`*_[]|~#$")
+_MD_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+_NO_MENTION = "@&#8203;"  # @ then a zero-width space: renders as @, mentions nobody
+
+
+#: A list mark at the start of a line, a space after it: ``- x``, ``+ x``, ``12. x``, ``3) x`` (group 2 the mark).
+_LEADING_BLOCK_MARK = re.compile(r"^(\s*|\s*\d+)([-+]|(?<=\d)[.)])(?=\s)")
+
+
+def escape_markdown(text: object) -> str:
+    """``text`` as literal GitHub-flavoured Markdown, safe in a heading, a paragraph, emphasis or a table cell: it
+    renders as the text itself, never as HTML, a link, an image, emphasis, code, math or a new table column. The
+    one escape for everything that reaches Markdown from a run (cache and op names, model, device, reasons, labels).
+
+    - ``&``, ``<``, ``>`` become ``&amp;``, ``&lt;``, ``&gt;``.
+    - ``@`` is followed by a zero-width space (``@&#8203;``, as Renovate and Dependabot write it), so that a class
+      or op named ``@someone`` does not mention (notify) a GitHub user or team in a comment or job summary.
+    - ``\\ ` * _ [ ] | ~ # $`` are backslash-escaped, so the text stays literal whatever is written next to it
+      (``[2.85, 3.15]`` is written ``\\[2.85, 3.15\\]`` and renders as itself); ``_`` between two letters or digits
+      is left alone (GitHub never reads it as emphasis, so ``index_copy`` stays readable).
+    - Line breaks become spaces, and a leading list or ordered-list mark (``-``, ``+``, ``1.``, ``1)``) is
+      backslash-escaped: where the text starts a line (a paragraph), it never starts a block of its own (``#`` and
+      ``>`` are escaped already). A bare URL may still be auto-linked by GitHub: it shows as itself."""
+    chars = " ".join(str(text).splitlines())
+    out = []
+    for i, ch in enumerate(chars):
+        after = chars[i + 1:i + 2]
+        if ch in _MD_ENTITIES:
+            out.append(_MD_ENTITIES[ch])
+        elif ch == "@":
+            out.append(_NO_MENTION)
+        elif ch == "_" and i > 0 and chars[i - 1].isalnum() and after.isalnum():
+            out.append(ch)
+        elif ch in _MD_BACKSLASHED:
+            out.append("\\" + ch)
+        else:
+            out.append(ch)
+    return _LEADING_BLOCK_MARK.sub(r"\1\\\2", "".join(out), count=1)
 
 
 def markdown(table: Table) -> list[str]:
-    """A GitHub-flavoured Markdown table (``|`` in cells escaped); with groups, each header cell names its
-    group in bold."""
-    header = list(table.header)
+    """A GitHub-flavoured Markdown table, every cell and group label escaped (:func:`escape_markdown`); with
+    groups, each header cell names its group in bold."""
+    header = [escape_markdown(h) for h in table.header]
     if table.groups:
         col = 0
         for label, count in table.groups:
             for i in range(col, col + count):
-                header[i] = f"**{label}**<br>{header[i]}" if label else header[i]
+                header[i] = f"**{escape_markdown(label)}**<br>{header[i]}" if label else header[i]
             col += count
     align = ["---:" if i in table.right else ":---" for i in range(len(header))]
 
     def row(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(escape_markdown(str(c)) for c in cells) + " |"
+        return "| " + " | ".join(cells) + " |"
 
-    return [row(header), "| " + " | ".join(align) + " |", *(row(r) for r in table.rows)]
+    return [row(header), "| " + " | ".join(align) + " |", *(row([escape_markdown(c) for c in r]) for r in table.rows)]

@@ -43,6 +43,9 @@ def register_cache(name: str, build: Callable[[CacheRequest], Any] | None = None
     """Register a cache class under ``name`` (see :class:`CacheSpec` for ``options``) and return its spec."""
     if build is None:
         raise TypeError("register_cache needs a build function: build(request: CacheRequest) -> cache")
+    if "@" in str(name):
+        raise ValueError(f"cache class name {name!r} contains '@', which separates a class from its attention "
+                         "implementation in record keys (dynamic@eager): pick a name without it")
     _register_builtins()  # first, so that replace=True overrides a built-in and a clash is reported here
     if name in _REGISTRY and not replace:
         raise ValueError(f"cache class {name!r} is already registered (pass replace=True to override)")
@@ -89,10 +92,22 @@ def registry() -> dict[str, CacheSpec]:
 
 
 def get(name: str) -> CacheSpec:
+    """The spec of a registered class, or of ``<class>@<attention>`` (the class under that attention implementation:
+    :func:`kvcache.measuring.attention.derived`)."""
     specs = registry()
-    if name not in specs:
-        raise _unknown("", name, specs)
-    return specs[name]
+    if name in specs:
+        return specs[name]
+    base, attention = _split(name)
+    if attention is None or base not in specs:
+        raise _unknown("", base if attention is not None else name, specs)
+    from kvcache.measuring import attention as attentions
+
+    return attentions.derived(specs[base], attention)
+
+
+def _split(name: str) -> tuple[str, str | None]:
+    base, _, attention = name.partition("@")
+    return (base, attention) if _ else (name, None)
 
 
 def parse_caches(text: str) -> list[str]:
@@ -104,8 +119,16 @@ def parse_caches(text: str) -> list[str]:
     if not names:
         raise CacheError(f"--kv-caches {text!r} names no cache class; known: {', '.join(specs)}, or all")
     for name in names:
-        if name not in specs:
-            raise _unknown("--kv-caches: ", name, specs)
+        base, attention = _split(name)
+        if base not in specs:
+            raise _unknown("--kv-caches: ", base, specs)
+        if attention is not None:  # <class>@<attention>: checked against the release's implementations
+            from kvcache.measuring import attention as attentions
+
+            try:
+                attentions.check(attention, prefix=f"--kv-caches {name}: ")
+            except attentions.AttentionError as exc:
+                raise CacheError(str(exc)) from None
     return list(dict.fromkeys(names))
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from kvcache.measuring import compat, traffic
+from kvcache.measuring import attention, compat, traffic
 from kvcache.measuring.batch import BatchShape
 from kvcache.measuring.cachespec import CacheRequest, CacheSpec
 from kvcache.measuring.devices import Device
@@ -56,7 +56,7 @@ class DecodePoint:
         dtype = next(self.model.parameters()).dtype
         if self.cache_spec.prepare is not None:
             self.cache_spec.prepare()
-        compat.set_attention(self.model, self.cache_spec.attention)
+        attention.switch(self.model, self.cache_spec.attention)  # --kv-attn: <cache>@<attention> keys
         request = CacheRequest(self.model.config, self.max_tokens, self.device.torch_device, dtype, self.batch.size)
         self.cache = self.cache_spec.build(request)
         gen = torch.Generator(device="cpu").manual_seed(self.seed)
@@ -124,9 +124,17 @@ class DecodePoint:
         return out.logits
 
     def count_step(self, warmup: int = 0, scopes: dict[Any, str] | None = None) -> traffic.TrafficCount:
-        """The counted traffic of the next step (bytes read + written per op; ``scopes`` charge ops to modules).
-        ``warmup``: the steps taken before it, here already by :func:`open_point`."""
-        return traffic.count(self.step, scopes=scopes)[1]
+        """The counted traffic of one step (bytes read + written per op; ``scopes`` charge ops to modules), taken
+        once at least ``warmup`` decode steps have run on this point since its fill: those :func:`open_point`
+        already took count, the rest are taken here, uncounted. The point's slots must hold them (ValueError)."""
+        missing = max(0, warmup - (self.position - self.context))
+        if self.position + missing + 1 > self.max_tokens:
+            raise ValueError(f"count_step({warmup}): {missing} more warm-up steps and the counted one need "
+                             f"{self.position + missing + 1} slots; this point has {self.max_tokens}")
+        if missing:
+            self.warm_up(missing)
+        with attention.uncompiled(self.cache_spec.attention):
+            return traffic.count(self.step, scopes=scopes)[1]
 
     def before_step(self) -> None:
         """Untimed: wait for the device, then note the step's start on the monotonic clock."""
@@ -183,12 +191,35 @@ def open_point(model: Any, spec: ModelSpec, cache_spec: CacheSpec, device: Devic
     try:
         point.build()
         point.warm_up(warmup)
-    except (compat.Unsupported, ImportError, torch.OutOfMemoryError) as exc:
+    except (compat.Unsupported, ImportError, MemoryError, RuntimeError) as exc:
+        reason = attention.compile_failure(cache_spec.attention, exc)
+        if reason:  # the release's flex_attention, which Transformers always compiles, does not compile here
+            point.release()
+            raise PointSkip(f"{cache_spec.name}: {reason}") from None
+        if not isinstance(exc, (compat.Unsupported, ImportError)) and not out_of_memory(exc):
+            raise  # any other failure is the class's own: reported, not skipped
         point.release()  # whatever it built so far (a pool, a cache) goes now, not with the exception's frames
         if isinstance(exc, ImportError):
             raise PointSkip(f"{cache_spec.name} needs a package that is not installed ({exc})") from None
-        if isinstance(exc, torch.OutOfMemoryError):
-            raise PointSkip(f"out of memory on {device.type} at {context} tokens: {str(exc).splitlines()[0]}") \
-                from None
+        if out_of_memory(exc):
+            first = (str(exc).splitlines() or [type(exc).__name__])[0]
+            raise PointSkip(f"out of memory on {device.type} at {context} tokens: {first}") from None
         raise PointSkip(str(exc)) from None
     return point
+
+
+#: torch's out-of-memory exceptions in the installed release: ``torch.OutOfMemoryError`` from torch 2.5 (a
+#: RuntimeError), ``torch.cuda.OutOfMemoryError`` before it; CPU allocations that fail raise these or MemoryError.
+OUT_OF_MEMORY: tuple[type[BaseException], ...] = tuple(
+    dict.fromkeys(t for t in (getattr(torch, "OutOfMemoryError", None), getattr(torch.cuda, "OutOfMemoryError", None),
+                              MemoryError) if isinstance(t, type)))
+#: How an older torch words an allocation failure it raises as a plain RuntimeError (CPU, MPS, CUDA).
+OUT_OF_MEMORY_WORDS = ("out of memory", "can't allocate memory", "not enough memory")
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is an allocation failure: one of :data:`OUT_OF_MEMORY`, or a RuntimeError saying so (torch
+    releases before 2.5 have no ``torch.OutOfMemoryError``)."""
+    if isinstance(exc, OUT_OF_MEMORY):
+        return True
+    return isinstance(exc, RuntimeError) and any(w in str(exc).lower() for w in OUT_OF_MEMORY_WORDS)

@@ -246,13 +246,31 @@ def torch_dtype(name: str) -> Any:
     return getattr(torch, name)
 
 
+#: Deeper than this, a non-Llama config's parameters are counted on the meta device at a few shallow depths of the
+#: same layer pattern and extrapolated (building every layer, even on the meta device, takes about 1.5 ms a layer).
+META_LAYERS = 256
+
+
 def count_parameters(config: Any) -> int:
     """Parameters of a Llama-style decoder from its config (embeddings, attention, MLP, norms, head); any other
-    family's model is built on the meta device and its parameters counted."""
+    family's model is built on the meta device (nothing allocated) and its parameters counted, tied weights once.
+    Deeper than :data:`META_LAYERS` with a repeating layer pattern, it is counted at three shallow depths that
+    differ by one period of the pattern and extrapolated (parameters grow by the same amount each period); a
+    config whose count does not grow that way is built at its full depth."""
     if getattr(config, "model_type", "llama") != "llama":
         from kvcache.measuring import compat
 
-        return compat.meta_parameters(config)
+        layers = config.num_hidden_layers
+        period = layer_period(config)
+        if layers <= META_LAYERS or period is None:
+            return compat.meta_parameters(config)
+        first = period * -(-16 // period)  # past any dense first layers (DeepSeek's first_k_dense_replace)
+        a, b, c = (compat.meta_parameters(at_depth(config, first + i * period)) for i in range(3))
+        if b - a != c - b:
+            return compat.meta_parameters(config)
+        periods, rest = divmod(layers - first, period)
+        tail = compat.meta_parameters(at_depth(config, first + rest)) - a if rest else 0
+        return a + periods * (b - a) + tail
     h, layers, vocab = config.hidden_size, config.num_hidden_layers, config.vocab_size
     head_dim = getattr(config, "head_dim", None) or h // config.num_attention_heads
     q = h * config.num_attention_heads * head_dim
@@ -262,6 +280,30 @@ def count_parameters(config: Any) -> int:
     per_layer = q + kv + o + mlp + 2 * h
     head = 0 if getattr(config, "tie_word_embeddings", False) else vocab * h
     return vocab * h + layers * per_layer + h + head
+
+
+def layer_period(config: Any) -> int | None:
+    """The shortest period (at most 16 layers) that ``config.layer_types`` repeats with; 1 when the config has none
+    (every layer alike); None when it does not repeat."""
+    types = list(getattr(config, "layer_types", None) or [])
+    if not types:
+        return 1
+    return next((p for p in range(1, min(16, len(types)) + 1)
+                 if all(t == types[i % p] for i, t in enumerate(types))), None)
+
+
+def at_depth(config: Any, layers: int) -> Any:
+    """A copy of ``config`` with ``layers`` decoder layers: every per-layer list (``layer_types`` and the like, one
+    entry per layer) cut or repeated to that length."""
+    import copy
+
+    depth = config.num_hidden_layers
+    out = copy.deepcopy(config)
+    for name, value in vars(config).items():
+        if isinstance(value, (list, tuple)) and len(value) == depth and depth:
+            setattr(out, name, type(value)(value[i % depth] for i in range(layers)))
+    out.num_hidden_layers = layers
+    return out
 
 
 def kv_heads_of(config: Any) -> int:
@@ -356,6 +398,39 @@ def check_name(name: str) -> None:
                          "nor a directory with a config.json")
     if not (path / "config.json").is_file():
         raise ModelError(f"--kv-model {name!r}: directory has no config.json")
+
+
+#: Fields of a config.json that name where and with which release it was saved, not the model: left out of its hash.
+VOLATILE_CONFIG_FIELDS = ("_name_or_path", "transformers_version")
+
+
+def model_key(name: str) -> str:
+    """What a ``--kv-model`` value is called in a run's identity (``settings.model``, hence its baseline keys): a
+    preset or a hub id as given; a local directory as its name plus the first 8 hex digits of the SHA-256 of its
+    ``config.json`` (``mymodel@3f2a9c1b``), so the same model typed as a relative or an absolute path, or a moved
+    checkout, keeps its identity, and a changed config gets a new one. The JSON is hashed canonically (keys sorted,
+    no whitespace, without :data:`VOLATILE_CONFIG_FIELDS`); a file that is not a JSON object, by its bytes.
+    Stdlib only: nothing is imported or built."""
+    import hashlib
+
+    match = LAYERS_SUFFIX.match(name)
+    base = match["base"] if match else name
+    if base in PRESETS or base in FAMILY_PRESETS:
+        return name
+    path = Path(name).expanduser()
+    file = path / "config.json"
+    try:
+        data = file.read_bytes()
+    except OSError:
+        return name  # a hub id (or nothing the run can load: refused before it runs)
+    try:
+        raw = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raw = None
+    if isinstance(raw, dict):
+        raw = {k: v for k, v in raw.items() if k not in VOLATILE_CONFIG_FIELDS}
+        data = json.dumps(raw, sort_keys=True, separators=(",", ":")).encode()
+    return f"{path.resolve().name or path.resolve()}@{hashlib.sha256(data).hexdigest()[:8]}"
 
 
 def preset_names() -> list[str]:

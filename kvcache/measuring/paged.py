@@ -53,7 +53,7 @@ from typing import Any, Callable
 
 import torch
 
-from kvcache.measuring import compat
+from kvcache.measuring import attention, compat
 from kvcache.measuring.decode import FILL_CHUNK, DecodePoint
 
 PAGED_SINCE = (4, 53)
@@ -66,7 +66,7 @@ UNBOUNDED_MEMORY = 2**62  # what the pool's memory probe reports while this poin
 def unsupported_reason(version: str | None = None) -> str | None:
     """Why ``paged`` cannot run on Transformers ``version`` (default: the installed one), in one line, or None."""
     text = version or compat.TRANSFORMERS
-    if compat.parse_version(text) < PAGED_SINCE:
+    if compat.InstalledVersion(text) < PAGED_SINCE:
         return (f"paged: transformers {text} has no PagedAttentionCache "
                 f"(continuous batching arrived in {'.'.join(map(str, PAGED_SINCE))})")
     return None
@@ -401,7 +401,10 @@ class PagedPoint(DecodePoint):
                 pool = _pool_slots(self.cache)
                 self.read_buffers = [torch.empty(pool, dtype=r.index_dtype, device=device) for _ in self.slots]
                 self.mask_buffer = torch.empty(1, 1, n, pool, dtype=dtype, device=device)
-        compat.set_attention(self.model, r.attention)
+        # the release's paged SDPA, or the paged implementation this key names (``paged@paged|eager``: --kv-attn)
+        chosen = self.cache_spec.attention
+        named = attention.SEPARATOR in self.cache_spec.name and attention.paging(chosen)
+        compat.set_attention(self.model, chosen if named else r.attention)
         self.keeps_logits = supports_logits_to_keep(self.model)
         self.position = max(self.lengths)
         self.device.sync()

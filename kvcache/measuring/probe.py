@@ -59,8 +59,12 @@ class AttentionProbe:
 
 
 def probe(step: Callable[[], Any], heads: int, kv_heads: int) -> AttentionProbe:
-    """Run ``step()`` once with SDPA wrapped; return what attention received."""
+    """Run ``step()`` once with SDPA wrapped; return what attention received. A step that calls no SDPA (``eager``,
+    ``flex_attention``, an attention function of your own: ``--kv-attn``) is described by the attention functions it
+    called instead (:class:`FunctionProbe`): the first call's query/key/value/mask, and K/V expanded to the query
+    heads by the release's ``repeat_kv`` (``expansions``: its calls, K and V of each layer)."""
     result = AttentionProbe(heads=heads, kv_heads=kv_heads)
+    functions = FunctionProbe()
     original = torch.nn.functional.scaled_dot_product_attention
 
     def wrapped(query: Any, key: Any, value: Any, attn_mask: Any = None, *args: Any, **kwargs: Any) -> Any:
@@ -69,7 +73,97 @@ def probe(step: Callable[[], Any], heads: int, kv_heads: int) -> AttentionProbe:
 
     torch.nn.functional.scaled_dot_product_attention = wrapped
     try:
-        step()
+        with functions.watching():
+            step()
     finally:
         torch.nn.functional.scaled_dot_product_attention = original
+    if result.calls == 0 and (functions.calls or functions.expansions):
+        functions.fill(result)
     return result
+
+
+@dataclass
+class FunctionProbe:
+    """The attention functions one step called (the release's registry entries, each modeling module's
+    ``eager_attention_forward``) and its ``repeat_kv`` calls, found in the loaded Transformers modules and wrapped for
+    the step only."""
+
+    calls: int = 0
+    expansions: int = 0
+    first: dict[str, Any] = field(default_factory=dict)
+    names: dict[str, int] = field(default_factory=dict)
+
+    def watching(self) -> Any:
+        import contextlib
+        import sys
+
+        probe_ = self
+
+        @contextlib.contextmanager
+        def patched() -> Any:
+            undo: list[Callable[[], None]] = []
+
+            def attention_fn(name: str, fn: Callable) -> Callable:
+                def wrapped(module: Any, query: Any, key: Any, value: Any, attention_mask: Any = None, *args: Any,
+                            **kwargs: Any) -> Any:
+                    probe_.calls += 1
+                    probe_.names[name] = probe_.names.get(name, 0) + 1
+                    if not probe_.first:
+                        probe_.first = {"query": _shape(query), "key": _shape(key), "value": _shape(value),
+                                        "mask": _shape(attention_mask)}
+                    return fn(module, query, key, value, attention_mask, *args, **kwargs)
+                return wrapped
+
+            def repeat_fn(fn: Callable) -> Callable:
+                def wrapped(hidden_states: Any, n_rep: int, *args: Any, **kwargs: Any) -> Any:
+                    if n_rep != 1:
+                        probe_.expansions += 1
+                    return fn(hidden_states, n_rep, *args, **kwargs)
+                return wrapped
+
+            try:
+                for module in [m for n, m in list(sys.modules.items()) if n.startswith("transformers.") and m]:
+                    for attr, make in (("eager_attention_forward", lambda f: attention_fn("eager", f)),
+                                       ("repeat_kv", repeat_fn)):
+                        fn = vars(module).get(attr)
+                        if callable(fn):
+                            setattr(module, attr, make(fn))
+                            undo.append(lambda m=module, a=attr, f=fn: setattr(m, a, f))
+                mapping = _attention_mapping()
+                for name, fn in list(mapping.items()):
+                    if callable(fn):
+                        mapping[name] = attention_fn(name, fn)
+                        undo.append(lambda n=name, f=fn: mapping.__setitem__(n, f))
+                yield probe_
+            finally:
+                for restore in reversed(undo):
+                    restore()
+        return patched()
+
+    def fill(self, result: AttentionProbe) -> None:
+        """Describe a step without SDPA calls in ``result``'s terms (its keys unchanged)."""
+        named = ", ".join(self.names) or "the attention modules' own forward"  # up to 4.47: no attention function
+        if self.expansions:
+            mode = (f"expanded (K/V repeated to all query heads by repeat_kv; {named}): the copy writes "
+                    f"{result.heads // max(result.kv_heads, 1)} copies of K/V, attention reads the copies")
+        elif result.heads == result.kv_heads:
+            mode = f"mha (nothing to expand; {named})"
+        else:
+            mode = f"not expanded by repeat_kv ({named})"
+        result.first = {**self.first, "enable_gqa": False}
+        result.calls = self.calls or self.expansions // 2
+        result.modes = {mode: self.calls}
+        result.expanded_calls = self.expansions // 2
+
+
+def _attention_mapping() -> dict[str, Any]:
+    """The release's attention registry as a mutable mapping (``AttentionInterface._global_mapping`` 4.51+, the
+    ``ALL_ATTENTION_FUNCTIONS`` dict 4.48-4.50), or an empty dict."""
+    from transformers import modeling_utils
+
+    interface = getattr(modeling_utils, "AttentionInterface", None)
+    mapping = getattr(interface, "_global_mapping", None)
+    if isinstance(mapping, dict):
+        return mapping
+    functions = getattr(modeling_utils, "ALL_ATTENTION_FUNCTIONS", None)
+    return functions if isinstance(functions, dict) else {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import platform
 import time
 from dataclasses import dataclass, field
@@ -15,9 +16,10 @@ import pytest
 import torch
 import transformers
 
+from kvcache.analysing import identity
 from kvcache.analysing.analysis import achieved_gbps
 from kvcache.analysing.stats import median
-from kvcache.measuring import caches, compat, compiled, decode, ledger, traffic
+from kvcache.measuring import caches, compat, compiled, decode, ledger, memory, traffic
 from kvcache.measuring.bandwidth import measure_copy
 from kvcache.measuring.batch import BatchShape
 from kvcache.measuring.devices import Device
@@ -76,6 +78,8 @@ class KVSession:
     remeasure_started: float | None = None
     _compiled: Any = None  # --kv-compile: the model with its forward compiled (compiled.CompiledModel)
     settled: dict[str, dict[str, Any]] = field(default_factory=dict)  # class -> its settling compile
+    memories: dict[str, dict[str, Any]] = field(default_factory=dict)  # class -> kv.memory.<cache>
+    memory_steps: dict[int, Any] = field(default_factory=dict)  # context -> the last counted steps' memory.MemoryStep
 
     def __post_init__(self) -> None:
         if self.settings.threads is not None:  # before anything is measured: the copy bandwidth too
@@ -105,8 +109,15 @@ class KVSession:
         return self._spec
 
     def environment(self) -> dict[str, Any]:
-        return {**self.machine(), "python": platform.python_version(), "platform": platform.platform(),
-                "threads": torch.get_num_threads()}
+        """``kv.environment``: the machine and libraries, Python, platform, torch threads, and ``variables``: the
+        environment variables known to change what runs (:data:`kvcache.analysing.identity.VARIABLES`, e.g.
+        ``TRANSFORMERS_SDPA_FORCE_GQA``) that are set, {NAME: value}; absent when none is."""
+        env = {**self.machine(), "python": platform.python_version(), "platform": platform.platform(),
+               "threads": torch.get_num_threads()}
+        variables = identity.variables_of(os.environ)
+        if variables:
+            env["variables"] = variables
+        return env
 
     def machine(self) -> dict[str, Any]:
         """What identifies the machine and libraries, nothing that changes between two runs on it (pytest-benchmark's
@@ -404,10 +415,29 @@ class KVSession:
         self.traffic[cache] = traffic.counted_passes(counts, spec.bytes_per_token, kv_bytes=held, layers=spec.layers,
                                                      weight_bytes=spec.weight_bytes)
         self.traffic[cache].update(self._held_and_stored(cache, counts, tokens, stored=stored))
+        measured = self._memory(cache, tokens)
         if s.compile != "off":
             self.traffic[cache]["compiled"] = self.count_compiled(cache)
-        self.emit({"type": "traffic", "cache": cache, "traffic": self.traffic[cache], "probe": self.probes.get(cache)})
+        self.emit({"type": "traffic", "cache": cache, "traffic": self.traffic[cache], "probe": self.probes.get(cache),
+                   **({"memory": measured} if measured else {})})
         return self.traffic[cache]
+
+    def _memory(self, cache: str, tokens: dict[int, int]) -> dict[str, Any] | None:
+        """``kv.memory.<cache>`` from the memory of the steps just counted (:mod:`kvcache.measuring.memory`): slopes per
+        live KV byte, and with a left-padded batch per allocated KV byte too (``per_allocated``); None when not
+        measured."""
+        steps = self.memory_steps
+        if len(steps) < 2:
+            return None
+        spec, cache_spec = self.spec(), caches.get(cache)
+        held = {c: self.held(c, tokens[c]) for c in steps}
+        out = memory.memory_passes(steps, held, declared_factor=cache_spec.memory_factor)
+        if self.batch.size > 1 and cache_spec.pads:
+            allocated = {c: self.batch.allocated_bytes(spec, c, tokens[c] - c) for c in steps}
+            per = memory.memory_passes(steps, allocated)
+            out["per_allocated"] = {k: per[k] for k in ("allocated_passes", "peak_passes", "held_passes")}
+        self.memories[cache] = out
+        return out
 
     def _counted_steps(self, cache: str, contexts: tuple[int, ...], *, probe_at: int | None = None,
                        scopes: dict[Any, str] | None = None) -> tuple[dict[int, Any], dict[int, int], dict[int, int]]:
@@ -416,13 +446,18 @@ class KVSession:
         s = self.settings
         model, spec = self.model()
         counts, tokens, stored = {}, {}, {}
+        self.memory_steps = {}
         for context in contexts:
             warm = min(s.warmup, COUNT_WARMUP)
-            if self.generating:  # warmed up inside the counted generate call
-                dp = self.open(cache, context, warmup=0, steps=leading_steps(warm) + 1)
-            else:
-                dp = self.open(cache, context, warmup=warm, steps=1)
-            counts[context] = dp.count_step(warm, scopes)
+            tracker = memory.MemoryTracker(self.device.type)  # the memory of the counted step (its region only)
+            with tracker:
+                if self.generating:  # warmed up inside the counted generate call
+                    dp = self.open(cache, context, warmup=0, steps=leading_steps(warm) + 1)
+                else:
+                    dp = self.open(cache, context, warmup=warm, steps=1)
+                counts[context] = dp.count_step(warm, scopes)
+            if tracker.step is not None:
+                self.memory_steps[context] = tracker.step
             tokens[context] = dp.position  # after the step: the tokens its attention read
             stored[context] = compat.stored_bytes(dp.cache)
             if context == probe_at:
@@ -466,6 +501,7 @@ class KVSession:
         result = traffic.counted_passes(counts, spec.bytes_per_token, kv_bytes=held, layers=spec.layers,
                                         weight_bytes=spec.weight_bytes)
         result.update(self._held_and_stored(cache, counts, tokens, stored))
+        measured = self._memory(cache, tokens)
         kinds_held = {kind: {c: self.held(c, tokens[c], kind) for c in contexts} for kind in kind_layers}
         windows = {kind: value["window"] for kind, value in spec.kinds_dict().items()}
         far = spec.beyond_windows(contexts)
@@ -475,8 +511,15 @@ class KVSession:
             beyond_held = {kind: {c: self.held(c, far_tokens[c], kind) for c in far} for kind in kind_layers}
             result["beyond"] = {"contexts": list(far), "step_bytes": {str(c): beyond[c].total for c in far},
                                 "kv_bytes": {str(c): self.held(c, far_tokens[c]) for c in far}}
+            far_memory = self.memory_steps
+            if measured and len(far_memory) == len(far):  # past every window: a sliding layer must hold no more
+                held_far = {c: far_memory[c].held for c in far}
+                measured["beyond"] = {"contexts": list(far), "held": {str(c): held_far[c] for c in far},
+                                      "held_growth_bytes": held_far[far[-1]] - held_far[far[0]],
+                                      "kv_bytes": result["beyond"]["kv_bytes"]}
         result["kinds"] = traffic.kind_passes(counts, kind_layers, kinds_held, windows=windows, beyond=beyond,
                                               beyond_held=beyond_held)
         self.traffic[cache] = result
-        self.emit({"type": "traffic", "cache": cache, "traffic": result, "probe": self.probes.get(cache)})
+        self.emit({"type": "traffic", "cache": cache, "traffic": result, "probe": self.probes.get(cache),
+                   **({"memory": measured} if measured else {})})
         return result

@@ -226,6 +226,12 @@ class TrafficCount:
         return self.scopes.get(label) or TrafficCount()
 
 
+#: Objects told when a counted region starts and ends (``region_start()`` / ``region_end()``, called as a
+#: :class:`TrafficCounter` is entered and left) and handed every op in it (``observe(func, args, kwargs, out)``):
+#: :class:`kvcache.measuring.memory.MemoryTracker` measures the memory of exactly the step whose bytes are counted.
+REGION_LISTENERS: list[Any] = []
+
+
 class TrafficCounter(TorchDispatchMode):
     """Counts the bytes every dispatched ATen op reads and writes, by the rules in this module's docstring;
     with ``scopes``, also per label of the modules running (see the module docstring)."""
@@ -236,19 +242,27 @@ class TrafficCounter(TorchDispatchMode):
         self.scopes = dict(scopes or {})
         self.active: list[str] = []
         self.hooks: list[Any] = []
+        self.observers: list[Any] = []
 
     def __enter__(self) -> TrafficCounter:
         for module, label in self.scopes.items():
             self.hooks.append(module.register_forward_pre_hook(lambda *_, label=label: self.active.append(label)))
             self.hooks.append(module.register_forward_hook(lambda *_, label=label: self._leave(label),
                                                            always_call=True))
+        self.observers = list(REGION_LISTENERS)
+        for listener in self.observers:
+            listener.region_start()
         return super().__enter__()
 
     def __exit__(self, *exc: Any) -> None:
         for hook in self.hooks:
             hook.remove()
         self.hooks.clear()
-        return super().__exit__(*exc)
+        result = super().__exit__(*exc)
+        for listener in self.observers:
+            listener.region_end()
+        self.observers = []
+        return result
 
     def _leave(self, label: str) -> None:
         if label in self.active:
@@ -263,6 +277,8 @@ class TrafficCounter(TorchDispatchMode):
         except Exception:  # noqa: BLE001 - never let counting break the model; charge plainly
             read, written = _distinct_read(_tensors((args, kwargs))), 0
         self.count.add(name, read, written)
+        for observer in self.observers:
+            observer.observe(func, args, kwargs, out)
         for label in dict.fromkeys(self.active):
             self.count.scopes.setdefault(label, TrafficCount()).add(name, read, written)
         return out

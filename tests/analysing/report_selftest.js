@@ -1,5 +1,6 @@
 // Injected by tests/analysing/test_report.py into a copy of report.html, after the page's own script: drives the
-// chart (slider, hover) and writes what it found as JSON into a pre element (id "selftest"). Never shipped in the report.
+// chart (slider, hover), lists what could have been injected (tag names, on* attributes, scripts) and writes what it
+// found as JSON into a pre element (id "selftest"). Never shipped in the report.
 (function () {
   "use strict";
   var chart = document.getElementById("latency-chart");
@@ -22,6 +23,20 @@
     result.tooltip = tip.textContent;
     tip.style.display = "none";
   }
+  // What could have been injected: every tag name on the page, event-handler attributes, script elements.
+  var all = document.getElementsByTagName("*"), tags = {};
+  result.handlers = [];
+  Array.prototype.forEach.call(all, function (e) {
+    tags[e.localName] = true;
+    Array.prototype.forEach.call(e.attributes, function (a) {
+      if (/^on/i.test(a.name)) result.handlers.push(e.localName + "[" + a.name + "]");
+    });
+  });
+  result.tags = Object.keys(tags).sort();
+  result.scripts = document.scripts.length;
+  result.title = document.querySelector(".chart-box h2").textContent;
+  result.legend = Array.prototype.map.call(document.querySelectorAll("#chart-legend button"),
+                                           function (b) { return b.textContent; });
   result.errors = window.__kvErrors || [];
   var pre = document.createElement("pre");
   pre.id = "selftest";

@@ -147,3 +147,121 @@ def test_concurrent_writers_lose_no_update(tmp_path):
     assert [p.wait(timeout=120) for p in procs] == [0] * writers
     recorded = baseline.load(path)["devices"]["cpu | tiny | bfloat16"]
     assert len(recorded) == writers * count
+
+
+# --- every figure finite and in its range, read from a file or recorded from a run (issue 21, section 2) ---
+
+ENTRY = "devices['cpu | tiny | bfloat16']['dynamic']"
+
+
+@pytest.mark.parametrize(
+    ("field", "text", "shown"),
+    [
+        ("counted_passes", "NaN", "counted_passes is nan"),
+        ("counted_passes", "1e309", "counted_passes is inf"),  # reads as infinity
+        ("counted_passes", "-Infinity", "counted_passes is -inf"),
+        ("counted_passes", "1e300", "counted_passes is 1e+300"),
+        ("counted_passes", "0", "counted_passes is 0"),
+        ("timed_passes", "-3.0", "timed_passes is -3.0"),
+        ("timed_intercept_ms", "-0.697", "timed_intercept_ms is -0.697"),
+        ("timed_r2", "NaN", "timed_r2 is nan"),
+        ("timed_r2", "1.5", "timed_r2 is 1.5"),
+        ("timed_weights_ms", "-5", "timed_weights_ms is -5"),
+        ("ops_per_step", "1e30", "ops_per_step is 1e+30"),
+        ("ops_per_step", "1680.5", "ops_per_step is 1680.5"),
+        ("weight_passes", "-0.1", "weight_passes is -0.1"),
+        ("layers", "0", "layers is 0"),
+        ("fixed_bytes", "1" + "0" * 400, "fixed_bytes is 1000000000"),  # an integer no float holds
+        ("counted_by_op", '{"cat": NaN}', "counted_by_op['cat'] is nan"),
+        ("timed_ledger", '{"cat": 1e300}', "timed_ledger['cat'] is 1e+300"),
+        ("op_calls", '{"add": -1}', "op_calls['add'] is -1"),
+        ("counted_by_op", "3", "counted_by_op is 3"),
+        ("transformers", "5", "transformers is 5"),
+    ],
+)
+def test_a_baseline_file_with_a_figure_out_of_range_is_refused_naming_the_entry_and_the_value(
+        tmp_path, field, text, shown):
+    """NaN or 1e309 passes were accepted ("within the allowed nan": the gate then passes anything), and so were a
+    negative intercept, R² NaN, weights_ms -5, 1e300 passes and 1e30 ops per step."""
+    path = tmp_path / "b.json"
+    entry = '{"counted_passes": 3.0, "' + field + '": ' + text + "}"  # NaN, 1e309: json.loads reads them
+    path.write_text('{"schema": 2, "devices": {"cpu | tiny | bfloat16": {"dynamic": ' + entry + "}}}")
+    with pytest.raises(baseline.BaselineError) as info:
+        baseline.load(path)
+    message = str(info.value)
+    assert "\n" not in message and str(path) in message, message
+    assert f"{ENTRY}.{shown}" in message and "expected" in message, message
+    assert len(message) < 300, message
+
+
+def test_figures_in_range_and_nulls_load():
+    """In range, falling per-op slopes and a negative fixed-bytes intercept included (an op seen at the low counted
+    context only has a falling slope: traffic.op_passes keeps it)."""
+    entry = {"counted_passes": 3.0, "counted_by_op": {"cat": 2.0, "sdpa": 1.0, "copy_": -0.1}, "timed_passes": 1e4,
+             "timed_r2": 1.0, "timed_intercept_ms": 0.0, "timed_weights_ms": None, "timed_ledger": {"norm": -0.2},
+             "ops_per_step": 0, "data_ops_per_step": 1290, "weight_passes": 0.0, "fixed_bytes": -(10**6),
+             "layers": 30, "op_calls": {"add": 30}, "recorded": "now", "torch": None, "something_new": "kept"}
+    assert baseline.problem_of({"schema": 2, "devices": {"k": {"dynamic": entry}}}) is None
+
+
+def test_update_never_writes_a_figure_out_of_range(tmp_path):
+    path = tmp_path / "b.json"
+    baseline.update(path, {TYPE_KEY: {"dynamic": {"counted_passes": 3.0}}})
+    before = path.read_text()
+    with pytest.raises(baseline.BaselineError, match="counted_passes is nan"):
+        baseline.update(path, {TYPE_KEY: {"dynamic": {"counted_passes": float("nan")}}})
+    assert path.read_text() == before
+
+
+def out_of_range_runs():
+    good = kv()
+    fit = good["fit"]["dynamic"]
+    yield "timed R² NaN", kv(fit={**good["fit"], "dynamic": {**fit, "r2": float("nan")}}), "R² is nan"
+    settings = {**good["settings"], "min_r2": float("nan")}
+    yield "min_r2 NaN", kv(settings=settings, fit={**good["fit"], "dynamic": {**fit, "r2": 0.01}}), "min_r2 is nan"
+    yield "1e300 passes", kv(fit={**good["fit"], "dynamic": {**fit, "passes": 1e300}}), "timed passes is 1e+300"
+
+
+@pytest.mark.parametrize(("case", "run", "why"), list(out_of_range_runs()), ids=[c for c, _, _ in out_of_range_runs()])
+def test_timed_figures_out_of_range_are_not_recorded(tmp_path, case, run, why):
+    path = tmp_path / "b.json"
+    baseline.update(path, {DEVICE_KEY: {"dynamic": {"timed_passes": 3.1, "timed_r2": 0.99}}})
+    _, refused = baseline.record(path, run, "now")
+    assert any(line.startswith("dynamic: timed passes not recorded") and why in line for line in refused), refused
+    recorded = baseline.load(path)["devices"][DEVICE_KEY]
+    assert recorded["dynamic"]["timed_passes"] == 3.1 and recorded["dynamic"]["timed_r2"] == 0.99  # the old stays
+    if case != "min_r2 NaN":  # a run's min_r2 judges every class of it
+        assert recorded["static"]["timed_passes"] == 1.0
+
+
+def test_a_negative_intercept_or_decode_speed_is_recorded_as_null_beside_the_passes(tmp_path):
+    """A fit with a negative intercept (-0.697 ms at R² 0.95) entered the baseline; compare then called a clean run
+    a regression against an allowed -0.767. Now its passes are recorded and the intercept is not (null: the
+    intercept is not judged against it); so is a decode speed of -5 ms."""
+    good = kv()
+    run = kv(fit={**good["fit"], "dynamic": {**good["fit"]["dynamic"], "intercept_ms": -0.697, "r2": 0.95}},
+             speed={"weights_ms": -5.0})
+    path = tmp_path / "b.json"
+    baseline.update(path, {DEVICE_KEY: {"dynamic": {"timed_passes": 3.1, "timed_intercept_ms": 30.0}}})
+    _, refused = baseline.record(path, run, "now")
+    assert any("dynamic: timed_intercept_ms is -0.697" in line and "recorded as null" in line for line in refused)
+    assert any("dynamic: timed_weights_ms is -5.0" in line for line in refused), refused
+    recorded = baseline.load(path)["devices"][DEVICE_KEY]["dynamic"]
+    assert recorded["timed_passes"] == 3.0 and recorded["timed_intercept_ms"] is None
+    assert recorded["timed_weights_ms"] is None
+
+
+def test_counted_figures_out_of_range_are_not_recorded(tmp_path):
+    """1e300 counted passes and 1e30 ATen ops per step were recorded."""
+    good = kv()
+    traffic = {"dynamic": {**good["traffic"]["dynamic"], "passes": 1e300},
+               "static": {**good["traffic"]["static"], "ops_per_step": 1e30}}
+    path = tmp_path / "b.json"
+    entries, refused = baseline.record(path, kv(traffic=traffic), "now")
+    assert "dynamic: counted passes not recorded: counted_passes is 1e+300, expected a finite number above 0 and at " \
+           "most 10000, or null" in refused
+    assert any(line.startswith("static: counted overhead not recorded: ops_per_step is 1e+30") for line in refused)
+    devices = baseline.load(path)["devices"]
+    assert "dynamic" not in devices[TYPE_KEY] and devices[TYPE_KEY]["static"]["counted_passes"] == 1.0
+    overhead = identity.key(identity.of_run(good), "overhead")
+    assert "static" not in devices[overhead] and devices[overhead]["dynamic"]["ops_per_step"] == 1680

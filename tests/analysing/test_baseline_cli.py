@@ -69,3 +69,17 @@ def test_garbage_timed_passes_are_not_recorded(tmp_path, capsys):
     doc = json.loads(path.read_text())
     assert "cpu: test machine | smollm2-135m | bfloat16" not in doc["devices"]
     assert doc["devices"]["cpu | smollm2-135m | bfloat16"]["dynamic"]["counted_passes"] == 3.0
+
+
+def test_a_baseline_file_with_a_figure_out_of_range_is_one_line_and_left_alone(tmp_path, capsys):
+    """A baseline holding counted passes NaN was accepted and written back; it is a one-line error (exit 2)
+    naming the file, the entry and the value, before anything is recorded."""
+    run = write_run(tmp_path / "run.json", make_run({"dynamic": 3.0}))
+    path = tmp_path / "kv-baseline.json"
+    text = '{"schema": 2, "devices": {"cpu | smollm2-135m | bfloat16": {"dynamic": {"counted_passes": NaN}}}}'
+    path.write_text(text)
+    assert main(["baseline", str(run), "--baseline", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("kvcache baseline: ") and "\n" not in err and str(path) in err
+    assert "devices['cpu | smollm2-135m | bfloat16']['dynamic'].counted_passes is nan" in err
+    assert path.read_text() == text

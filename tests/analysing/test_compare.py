@@ -249,3 +249,154 @@ def test_recorded_run_against_itself_and_a_planted_copy(tmp_path, capsys):
     assert main(["compare", base, planted]) == 1
     (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("regression:")]
     assert "dynamic" in line and "counted passes" in line and "grew: clone +2.00" in line
+
+
+# --- compare judges each run by the rules its gate judged it with (issue 21, section 6) ---
+
+OWN_RULES = {"tolerance": 0.3, "counted_tolerance": 0.5, "ops_tolerance": 2.0, "weight_passes_tolerance": 0.2,
+             "ledger_tolerance": 1.0, "min_r2": 0.5, "max_drift": 0.3}
+
+
+def with_ledger(run: dict, *, weights_ms: float, **ops: tuple[float, float, float]) -> dict:
+    """``run`` with a profiled decode speed and a per-op ledger of ``dynamic`` ({op: (timed, lo, hi)}), every fit
+    with an intercept interval (so that the intercept is judged)."""
+    kv = run["kv"]
+    kv["speed"] = {"weights_ms": weights_ms}
+    kv["ledger"] = {"dynamic": {op: {"timed": v, "timed_ci": [lo, hi]} for op, (v, lo, hi) in ops.items()}}
+    for fit in kv["fit"].values():
+        fit["intercept_ci"] = [fit["intercept_ms"] - 1, fit["intercept_ms"] + 1]
+    return run
+
+
+def test_gate_and_compare_agree_on_runs_judged_with_their_own_rules(tmp_path, capsys):
+    """A run judged with non-default rules for every measure (tolerance, counted, ops, weight passes, ledger, R²,
+    drift): compare, given no option, gives the verdicts its gate gave. It took min_r2 from the run but every
+    tolerance from its own defaults and had no ledger tolerance, so here it called four measures regressions."""
+    from fakerun import planted
+
+    from kvcache.analysing import analysis, baseline, gate
+
+    base = with_ledger(make_run(), weights_ms=60.0, cat=(2.0, 1.9, 2.1), scaled_dot_product_attention=(1.0, 0.9, 1.1))
+    run = with_ledger(make_run(), weights_ms=75.0, cat=(2.0, 1.9, 2.1), scaled_dot_product_attention=(1.0, 0.9, 1.1),
+                      clone=(0.8, 0.7, 0.9))  # a new op, 0.9 within 0 + 1.0 passes, not within 0 + 0.5
+    kv = run["kv"]
+    kv["settings"].update(OWN_RULES)
+    kv["fit"]["dynamic"].update(passes=3.6, passes_ci=[3.4, 3.8], r2=0.7, intercept_ms=35.0, intercept_ci=[34.0, 36.0])
+    dynamic = planted(kv["traffic"]["dynamic"], 3.3)  # clone +0.3 counted passes
+    dynamic.update(ops_per_step=1680 + 30, weight_passes=kv["traffic"]["dynamic"]["weight_passes"] + 0.1)
+    kv["traffic"]["dynamic"] = dynamic
+    path = tmp_path / "baseline.json"
+    base_run = load_run(write_run(tmp_path / "base.json", base))
+    baseline.record(path, base_run.kv, "2026-11-29T00:00:00")
+    judged_run = load_run(write_run(tmp_path / "run.json", run))
+    at_gate = analysis.judge(judged_run.kv, baseline.load(path))
+    assert {m: v["status"] for m, v in at_gate["dynamic"].items()} == dict.fromkeys(at_gate["dynamic"], "pass")
+    defaults = {name: getattr(gate.Rules(), name) for name in OWN_RULES}
+    by_default = analysis.judge(judged_run.kv, baseline.load(path), **defaults)  # what compare judged by
+    assert {m for m, v in by_default["dynamic"].items() if v["status"] != "pass"} == set(at_gate["dynamic"])
+    comparison = compare([base_run, judged_run])
+    for cache, measures in at_gate.items():
+        judged = comparison.cells[cache][1].judged
+        for measure, verdict in measures.items():
+            assert judged[measure]["status"] == verdict["status"], (cache, measure, judged[measure]["reason"])
+            assert judged[measure]["allowed"] == verdict["allowed"], (cache, measure)
+    assert comparison.regressions == []
+    assert main(["compare", str(tmp_path / "base.json"), str(tmp_path / "run.json")]) == 0
+    out = capsys.readouterr().out
+    assert "each run's own (as its gate judged it): timed ×1.30" in out and "+1 passes per op" in out
+    assert main(["compare", str(tmp_path / "base.json"), str(tmp_path / "run.json"), "--ledger-tolerance", "0.5",
+                 "--counted-tolerance", "0.05"]) == 1  # told otherwise: an option replaces the run's rule
+    out = capsys.readouterr().out
+    assert "with --counted-tolerance, --ledger-tolerance as given" in out
+    regressions = [line for line in out.splitlines() if line.startswith("regression:")]
+    assert len(regressions) == 2 and "): counted passes: " in regressions[0] and "): per-op ledger: " in regressions[1]
+
+
+def test_rules_first_judges_a_later_run_by_the_first_runs_rules(tmp_path, capsys):
+    """A pull request's head that raises its own counted tolerance must not pass its own regression: with
+    ``--rules first`` (what the PR gate runs) the head is judged by the base's recorded rules."""
+    base = recorded(tmp_path, "base.json")
+    run = make_run(counted={"dynamic": 5.0, "static": 1.0})
+    run["kv"]["settings"]["counted_tolerance"] = 5.0  # the head loosens its own gate
+    head = str(write_run(tmp_path / "head.json", run))
+    assert main(["compare", base, head]) == 0  # judged by its own rules, as its gate judged it
+    capsys.readouterr()
+    assert main(["compare", base, head, "--rules", "first"]) == 1
+    out = capsys.readouterr().out
+    assert "the first run's (as its gate judged it)" in out and "counted passes 5 is above the allowed 3.05" in out
+    assert main(["compare", base, head, "--rules", "last"]) == 2
+    assert "invalid choice: 'last'" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(("setting", "value"), [("min_r2", float("nan")), ("min_r2", 1.5), ("tolerance", -0.1),
+                                                ("max_drift", float("inf"))])
+def test_a_run_whose_own_rules_cannot_judge_is_one_line(tmp_path, capsys, setting, value):
+    """settings.min_r2 NaN in a run let an R² of 0.01 through (NaN compares false); compare then raised."""
+    a = recorded(tmp_path, "a.json")
+    run = make_run()
+    run["kv"]["settings"][setting] = value
+    run["kv"]["fit"]["dynamic"]["r2"] = 0.01
+    b = str(write_run(tmp_path / "b.json", run))
+    assert main(["compare", a, b]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert line.startswith("kvcache compare: ") and b in line and f"{setting} {value}" in line
+
+
+@pytest.mark.parametrize("option", ["--ledger-tolerance", "--min-r2"])
+def test_new_rule_options_are_checked(tmp_path, capsys, option):
+    a = recorded(tmp_path, "a.json")
+    assert main(["compare", a, a, option, "nan"]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert option in line and "nan" in line
+
+
+def test_a_negative_intercept_in_the_first_run_is_no_baseline_for_the_intercept(tmp_path, capsys):
+    """The first run's fit had intercept -0.697 ms (R² 0.95): compare called a clean run a regression against
+    an allowed -0.767. Now the first run's intercept is no baseline; its passes still are."""
+    first = make_run()
+    first["kv"]["fit"]["dynamic"].update(intercept_ms=-0.697, intercept_ci=[-0.9, -0.5], r2=0.95)
+    clean = make_run(intercept_ms=0.5)
+    clean["kv"]["fit"]["dynamic"].update(intercept_ci=[0.4, 0.6])
+    runs = [str(write_run(tmp_path / n, r)) for n, r in (("first.json", first), ("clean.json", clean))]
+    assert main(["compare", *runs]) == 0
+    comparison = compare([load_run(p) for p in runs])
+    judged = comparison.cells["dynamic"][1].judged
+    assert judged["intercept"]["status"] == "no-baseline" and judged["timed"]["status"] == "pass"
+
+
+def test_environment_variables_are_shown_where_runs_differ(tmp_path, capsys):
+    """kv.environment.variables ({NAME: value}, the variables known to change what runs): a line names each that
+    differs, with every run's value; none when they agree."""
+    runs = []
+    for name, variables in (("a.json", {}), ("b.json", {"TRANSFORMERS_SDPA_FORCE_GQA": "1"}),
+                            ("c.json", {"TRANSFORMERS_SDPA_FORCE_GQA": "1"})):
+        run = make_run()
+        run["kv"]["environment"]["variables"] = variables
+        runs.append(str(write_run(tmp_path / name, run)))
+    assert main(["compare", *runs, "--allow-mismatch"]) == 0
+    out = capsys.readouterr().out
+    assert "Environment variable TRANSFORMERS_SDPA_FORCE_GQA differs (a.json: unset, b.json: 1, c.json: 1)." in out
+    assert main(["compare", *runs, "--allow-mismatch", "--markdown"]) == 0
+    markdown = capsys.readouterr().out
+    assert "TRANSFORMERS" in markdown and "FORCE" in markdown and "(a.json: unset, b.json: 1, c.json: 1)" in markdown
+    assert main(["compare", runs[1], runs[2]]) == 0
+    assert "Environment variable" not in capsys.readouterr().out
+
+
+def test_the_first_run_is_a_baseline_by_its_own_min_r2_as_when_it_is_recorded(tmp_path):
+    """The first run (R² 0.8, its own min_r2 0.9) could not be recorded as a timed baseline; a later run judged with
+    min_r2 0.5 does not make it one, at the gate or in compare; --min-r2 given makes it one for both."""
+    from kvcache.analysing import analysis, baseline
+
+    first = make_run()
+    first["kv"]["fit"]["dynamic"]["r2"] = 0.8
+    later = make_run()
+    later["kv"]["settings"]["min_r2"] = 0.5
+    runs = [load_run(write_run(tmp_path / n, r)) for n, r in (("first.json", first), ("later.json", later))]
+    path = tmp_path / "b.json"
+    baseline.record(path, runs[0].kv, "now")
+    at_gate = analysis.judge(runs[1].kv, baseline.load(path))
+    judged = compare(runs).cells["dynamic"][1].judged
+    assert at_gate["dynamic"]["timed"]["status"] == judged["timed"]["status"] == "no-baseline"
+    assert "R² 0.8 < 0.9" in judged["timed"]["reason"]
+    assert compare(runs, min_r2=0.5).cells["dynamic"][1].judged["timed"]["status"] == "pass"

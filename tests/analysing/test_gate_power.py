@@ -109,7 +109,7 @@ def test_summarize_counts_exit_statuses(tmp_path):
     text = gate_power.summarize(tmp_path)
     assert "- clean: builds failed 1/3 (timed verdicts: pass 1, inconclusive 2)" in text
     assert "- planted: builds failed 3/3 (timed verdicts: regression 1, inconclusive 1, missing 1)" in text
-    assert "| 1 | twin-planted | red (1) | regression | missing | +1.0% | 7.30 [7.10, 7.50] | - |" in text
-    assert "| 2 | twin-clean | red (1) | inconclusive | missing | -12.0% (beyond) | 6.20 [6.00, 6.40] | - |" in text
+    assert "| 1 | twin-planted | red (1) | regression | missing | +1.0% | 7.30 \\[7.10, 7.50\\] | - |" in text
+    assert "| 2 | twin-clean | red (1) | inconclusive | missing | -12.0% (beyond) | 6.20 \\[6.00, 6.40\\] | - |" in text
     assert "| 3 | twin-planted | error (3) | missing | missing | - | - | - |" in text
     assert "twin-clean 6.10 timed passes" in text and "tolerance 0.1" in text

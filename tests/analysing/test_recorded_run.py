@@ -49,7 +49,7 @@ def test_reanalysis_reproduces_what_the_plugin_wrote(written, again):
 
 def test_synthetic_runs_have_the_recorded_layout(written):
     """make_run writes every key the plugin writes, in the same places (kv.points only when asked for)."""
-    real, fake = written, make_run(points=True)
+    real, fake = written, make_run(points=True, memory=True)
     assert set(fake["kv"]) == set(real["kv"])
     real_kv, fake_kv = real["kv"], fake["kv"]
     assert set(fake_kv["settings"]) == set(real_kv["settings"])
@@ -63,7 +63,7 @@ def test_synthetic_runs_have_the_recorded_layout(written):
     assert set(fake_kv["traffic"]["dynamic"]["by_op"]) == set(real_kv["traffic"]["dynamic"]["by_op"])
     assert set(fake_kv["probe"]["dynamic"]) == set(real_kv["probe"]["dynamic"])
     assert fake_kv["probe"]["dynamic"]["attention"] == real_kv["probe"]["dynamic"]["attention"]
-    measures = {"counted", "timed", "overhead", "intercept", "ledger"}
+    measures = {"counted", "timed", "overhead", "intercept", "ledger", "memory"}
     assert set(fake_kv["verdict"]["dynamic"]) == set(real_kv["verdict"]["dynamic"]) == measures
     assert set(fake_kv["verdict"]["dynamic"]["counted"]) == set(real_kv["verdict"]["dynamic"]["counted"])
     assert set(fake_kv["points"][0]) == set(real_kv["points"][0])

@@ -3,6 +3,7 @@ and report.html in headless Chromium (skipped when no Chromium is installed)."""
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 from fakerun import BYTES_PER_TOKEN, WEIGHT_BYTES, analysed, make_run, without, write_run
 
-from kvcache.analysing import report
+from kvcache.analysing import report, tables
 from kvcache.analysing.records import Run, load_run, points_from_benchmarks
 
 OUTPUTS = ("report.md", "report.html", "latency.png", "traffic.png")
@@ -26,6 +27,7 @@ def render_dicts(tmp_path: Path, *runs: dict, out: str = "out") -> Path:
     paths = [write_run(tmp_path / f"run{i}.json", run) for i, run in enumerate(runs)]
     written = report.render([load_run(p) for p in paths], tmp_path / out)
     ledger = ("ledger.png",) if any(run["kv"].get("ledger") for run in runs) else ()
+    ledger += ("memory.png",) if any(run["kv"].get("memory") for run in runs) else ()
     assert sorted(p.name for p in written) == sorted(OUTPUTS + ledger)
     for name in OUTPUTS:
         assert (tmp_path / out / name).stat().st_size > 0, name
@@ -51,8 +53,8 @@ def test_one_run_all_outputs(tmp_path):
     out = render_dicts(tmp_path, make_run())
     md = (out / "report.md").read_text()
     assert "| cache | intercept ms | effective GB/s |" in md
-    assert "| dynamic | 30.00 | 6.67 | 3.00 [2.85, 3.15]" in md
-    assert "| static | 30.00 | 20.00 | 1.00 [0.95, 1.05]" in md
+    assert "| dynamic | 30.00 | 6.67 | 3.00 \\[2.85, 3.15\\]" in md
+    assert "| static | 30.00 | 20.00 | 1.00 \\[0.95, 1.05\\]" in md
     for text in ("transformers 5.24.0", "torch 2.13.0+cpu", "smollm2-135m", "bfloat16", "CPU test cpu",
                  "start 20.00 GB/s, end 20.00 GB/s", "Drift: dynamic at 512 tokens", "native gqa (enable_gqa)",
                  "1×3×1024×64", "counted no-baseline: no baseline for", "cat 2.00"):
@@ -98,7 +100,7 @@ def test_without_traffic(tmp_path):
     out = render_dicts(tmp_path, without(make_run(), "traffic"))
     md = (out / "report.md").read_text()
     assert "no counted traffic in this run" in md
-    assert "| dynamic | 30.00 | 6.67 | 3.00 [2.85, 3.15] | 0.990 | — | — |" in md
+    assert "| dynamic | 30.00 | 6.67 | 3.00 \\[2.85, 3.15\\] | 0.990 | — | — |" in md
     assert "no counted traffic in this run" in (out / "report.html").read_text()
 
 
@@ -548,13 +550,18 @@ def chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
            "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
            "--hide-scrollbars", "--enable-logging=stderr", "--v=0", f"--user-data-dir={tmp_path / 'profile'}", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    return subprocess.run(cmd, capture_output=True, text=True, encoding="utf-8", errors="replace", timeout=120)
 
 
+# Errors and console errors go to window.__kvErrors; so does any alert/confirm/prompt (what an injected handler
+# would call), which also leaves a <pre class="kv-alert"> in the DOM however late it fires.
 CAPTURE_ERRORS = ("window.__kvErrors=[];window.addEventListener('error',function(e){window.__kvErrors.push(String("
                   "e.message||e.type));});(function(){var o=console.error;console.error=function(){"
                   "window.__kvErrors.push(Array.prototype.map.call(arguments,String).join(' '));"
-                  "return o.apply(console,arguments);};})();")
+                  "return o.apply(console,arguments);};})();"
+                  "window.alert=window.confirm=window.prompt=function(m){window.__kvErrors.push('alert: '+m);"
+                  "var p=document.createElement('pre');p.className='kv-alert';p.textContent=String(m);"
+                  "(document.body||document.documentElement).appendChild(p);};")
 
 
 def with_selftest(page: Path) -> Path:
@@ -639,3 +646,88 @@ def test_recorded_run_report(tmp_path):
     assert f"{held:,.0f}" in md
     for name in ("latency.png", "traffic.png", "report.html"):
         assert (out / name).stat().st_size > 0
+
+
+# ----------------------------------------------------------------------------------------------- injection
+
+# What every string of the poisoned run starts with: HTML that runs script, a comment opener that swallows the page's
+# own script, a script-element breakout, attribute breakouts, Markdown table, link, image, code, emphasis and
+# strikethrough syntax, an entity, mathtext that matplotlib cannot parse, and a JavaScript line terminator.
+PAYLOAD = ("<img src=x onerror=alert(1)><!--<script></script><script>alert(1)</script>| x |\"'><svg onload=alert(1)>"
+           "[l](javascript:alert(1))![i](x)`c`*e*_u_~s~&lt;$\\frac$\u2028 ")
+# Every element report.html (with the test's hooks) is made of; an injected <img>, <b>, <a>... is none of these.
+PAGE_TAGS = {"html", "head", "meta", "title", "style", "script", "body", "h1", "h2", "h3", "h4", "section", "p", "div",
+             "label", "input", "span", "svg", "g", "line", "text", "path", "circle", "button", "table", "thead",
+             "tbody", "tr", "th", "td", "ul", "li", "strong", "pre"}
+
+
+def poisoned_run() -> dict:
+    """A run with every part the report shows (fakerun.make_run plus a per-op ledger, a ledger error and a skipped
+    point) in which every string value, and every key that names a cache class or an op, starts with PAYLOAD. Only
+    ``extra_info.kind`` is kept: it says which benchmarks are timed points."""
+    run = drop_points(make_run(), "static", 8192)
+    kv = run["kv"]
+    kv["skipped"] = [{"cache": "static", "context": 8192, "reason": "out of memory"}]
+    kv["ledger"] = {"dynamic": {"cat": {"timed": 2.1, "timed_ci": [1.9, 2.3], "ms": 1.5},
+                                "(unattributed)": {"timed": 0.2, "timed_ci": [0.1, 0.3], "ms": 0.4}}}
+    kv["ledger_errors"] = {"static": "the profiler failed"}
+    names = set(kv["fit"]) | {op for t in kv["traffic"].values() for op in t["by_op"]} | {
+        op for rows in kv["ledger"].values() for op in rows} | {m for p in kv["probe"].values() for m in p["modes"]}
+
+    def poison(value, key=None):
+        if isinstance(value, dict):
+            return {(PAYLOAD + k if k in names else k): poison(v, k) for k, v in value.items()}
+        if isinstance(value, list):
+            return [poison(v, key) for v in value]
+        return PAYLOAD + value if isinstance(value, str) and key != "kind" else value
+
+    return poison(run)
+
+
+LONG_NAMES = pytest.mark.filterwarnings("ignore:.*layout not applied:UserWarning")  # PAYLOAD-long tick labels
+
+
+@LONG_NAMES
+def test_poisoned_run_markdown_is_escaped(tmp_path):
+    """report.md of a run whose every string is an injection attempt: no raw < > of the run survives, no table
+    gains a column, no Markdown syntax of the run is left unescaped; each string is there, escaped once."""
+    md = (render_dicts(tmp_path, poisoned_run()) / "report.md").read_text(encoding="utf-8")
+    assert "<" not in md and ">" not in md
+    assert re.findall(r"(?<!\\)[`*~$\[\]]", md.replace("- **", "").replace("**: ", "")) == []
+    for name in ("smollm2-135m", "dynamic", "static", "cat", "out of memory", "the profiler failed", "5.24.0",
+                 "cpu: test machine", "bfloat16", "test cpu"):
+        assert tables.escape_markdown(PAYLOAD + name) in md, name
+    widths = [len(re.findall(r"(?<!\\)\|", line)) for line in md.splitlines() if line.startswith("|")]
+    tables_md = [block for block in md.split("\n\n") if block.startswith("|")]
+    assert len(tables_md) == 6 and len(widths) == sum(len(t.splitlines()) for t in tables_md)
+    for block in tables_md:
+        assert len({len(re.findall(r"(?<!\\)\|", line)) for line in block.splitlines()}) == 1, block[:200]
+
+
+@LONG_NAMES
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium (apt-get install chromium); CI installs it")
+def test_poisoned_run_in_headless_chromium(tmp_path):
+    """report.html of a run whose every string is an injection attempt, in headless Chromium: nothing injected (no
+    element the page does not make, no handler, no extra script, no alert), the data intact, the chart drawn with
+    every name shown literally."""
+    page = render_dicts(tmp_path, poisoned_run()) / "report.html"
+    text = page.read_text(encoding="utf-8")
+    for raw in ("<img", "<svg onload", "<!--", "<script>alert"):
+        assert raw not in text.replace('<script type="application/json" id="report-data">', ""), raw
+    data = embedded_data(text)
+    assert [s["label"] for s in data["series"]] == [PAYLOAD + "dynamic", PAYLOAD + "static"]
+    assert data["series"][1]["skipped"] == {"8192": PAYLOAD + "out of memory"}
+
+    dom = chromium(tmp_path, "--dump-dom", with_selftest(page).as_uri())
+    assert 'class="kv-alert"' not in dom.stdout
+    m = selftest_result(dom.stdout)
+    assert m, f"no self-test result in the DOM (rc {dom.returncode}): {dom.stderr[-2000:]}"
+    result = json.loads(html.unescape(m.group(1)))
+    assert result["errors"] == [] and console_errors(dom.stderr) == []
+    assert result["handlers"] == [] and set(result["tags"]) <= PAGE_TAGS, result["tags"]
+    assert result["scripts"] == 4  # the test's two hooks, the page's data and report.js
+    assert result["svg"] == 1 and result["points"] == 9 and result["lines"] == 2 and result["contexts"] == 5
+    assert result["changed"] and f"skipped: {PAYLOAD}out of memory" in result["before"]
+    assert f"— {PAYLOAD}smollm2-135m, {PAYLOAD}bfloat16" in result["title"]
+    assert result["legend"] == [PAYLOAD + "dynamic", PAYLOAD + "static"]
+    assert result["tooltip"].startswith(PAYLOAD + "dynamic")

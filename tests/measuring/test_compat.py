@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -67,6 +68,22 @@ def expected_counts(version: tuple[int, ...]) -> dict[str, float | str] | None:
     return None
 
 
+def unknown_release(release: str) -> str:
+    """What a test says of a release it has no figures for: it fails (a new release must not pass unseen)."""
+    return (f"transformers {release} has no figures here: add its figures (run `make versions VERSIONS_ARGS="
+            f"\"--releases {release}\"`, then add its row to COUNTED_BY_RELEASE and the README table), or install "
+            f"the release the Makefile pins ({MAKEFILE_PIN})")
+
+
+def makefile_pin() -> str | None:
+    """The Transformers release ``make test`` installs (the Makefile's ``TRANSFORMERS ?= transformers==X``)."""
+    match = re.search(r"^TRANSFORMERS \?= transformers==(\S+)$", (ROOT / "Makefile").read_text(), re.MULTILINE)
+    return match[1] if match else None
+
+
+MAKEFILE_PIN = makefile_pin()
+
+
 def check_counts(counted: dict[str, float], skipped: dict[str, str], expected: dict[str, float | str]) -> list[str]:
     """One line per class whose counted passes (``counted``) or skip reason (``skipped``) is not the expected one."""
     wrong = []
@@ -94,6 +111,27 @@ def test_expected_counts_cover_the_measured_releases():
         f"sink: expected a skip saying {NO_SINK!r}, got 9.0 passes"]
 
 
+def test_the_pinned_release_has_figures():
+    """``make test`` installs a pinned release (as it pins torch), and this module knows its figures: a fresh clone
+    is not turned red by a release that ships after it."""
+    assert MAKEFILE_PIN, "the Makefile pins no Transformers release (TRANSFORMERS ?= transformers==X)"
+    assert expected_counts(compat.parse_version(MAKEFILE_PIN)) is not None, unknown_release(MAKEFILE_PIN)
+
+
+def test_an_unknown_release_fails_saying_add_its_figures(monkeypatch):
+    """A release the table does not cover is a failure naming what to do, not a skip."""
+    monkeypatch.setattr(compat, "VERSION", (9, 99, 0))
+    monkeypatch.setattr(compat, "TRANSFORMERS", "9.99.0")
+    try:
+        test_counted_passes_are_this_releases(({}, {}))
+    except AssertionError as exc:
+        assert "transformers 9.99.0 has no figures here: add its figures" in str(exc), exc
+    except pytest.skip.Exception as exc:
+        pytest.fail(f"an unknown release is skipped, so it passes unseen: {exc}")
+    else:
+        pytest.fail("an unknown release passed")
+
+
 @pytest.fixture(scope="module")
 def default_model_counts(one_torch_thread):
     """Counted passes of every class in CLASSES on the default model (skip reasons for those this release lacks)."""
@@ -111,9 +149,7 @@ def default_model_counts(one_torch_thread):
 def test_counted_passes_are_this_releases(default_model_counts):
     """Every class counts exactly what the README table says for the installed release."""
     expected = expected_counts(compat.VERSION)
-    if expected is None:
-        pytest.skip(f"transformers {compat.TRANSFORMERS} was never measured: run `make versions` and add its row "
-                    "to COUNTED_BY_RELEASE and the README table")
+    assert expected is not None, unknown_release(compat.TRANSFORMERS)
     counted, skipped = default_model_counts
     assert check_counts(counted, skipped, expected) == [], (compat.TRANSFORMERS, counted, skipped)
 

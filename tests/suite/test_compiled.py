@@ -47,6 +47,20 @@ def test_counted_both_ways_and_printed(compiled_run):
     assert dynamic["fused"]["passes"] == pytest.approx(3.0, abs=0.01)
 
 
+def test_fused_count_is_what_the_kernels_load_and_store(compiled_run):
+    """StaticCache compiled: 1 + 2g passes (g = 3 query heads per KV head on tiny): the kernel that expands K/V to
+    every query head reads them once and writes g copies, attention reads the g copies. Inductor's own count_bytes
+    also charges the kernel that adds 1 to the position counters the whole K and V buffers it is only ordered
+    after (8.01): no kernel of the fused count is charged that."""
+    doc, _ = compiled_run
+    fused = doc["kv"]["traffic"]["static"]["compiled"]["fused"]
+    assert fused["passes"] == pytest.approx(7.0, abs=0.02)
+    assert sorted(fused["by_kernel"].values()) == pytest.approx([3.0, 4.0], abs=0.01)
+    assert set(fused["origins"]) == set(fused["by_kernel"])
+    assert "scaled_dot_product_attention" in fused["origins"]["extern scaled_dot_product_attention"]
+    assert fused["inductor_passes"] >= fused["passes"]
+
+
 def test_timed_steps_ran_compiled_after_counting(compiled_run):
     """Counting (eager counter and counting compiles) ran first in this session; every timed step of the classes
     that compile still called one compiled graph, and nothing compiled during the timed steps."""

@@ -21,7 +21,8 @@ CASES = [  # the keys of _cases (they need a directory to write files in)
     "order", "max-passes-abc", "max-passes-zero", "max-passes-unknown", "model-missing", "model-no-config",
     "counted-contexts", "steps", "min-r2", "min-r2-nan", "tolerance-nan", "tolerance-inf",
     "counted-tolerance-inf", "max-drift-nan", "baseline-corrupt",
-    "baseline-shape", "driver", "batch-0", "ragged-alone", "generate-compiled",
+    "baseline-shape", "baseline-nan", "baseline-negative-intercept", "driver", "batch-0", "ragged-alone",
+    "generate-compiled",
 ]
 COMMAND_LINES = ("dtype", "baseline-corrupt")  # also run as real command lines
 
@@ -35,6 +36,11 @@ def _cases(tmp) -> dict[str, tuple[list[str], list[str]]]:
     corrupt.write_text('{"schema": 1, "devices": {')
     wrong_shape = tmp / "wrong-shape-baseline.json"
     wrong_shape.write_text('{"schema": 1, "devices": {"cpu | tiny | bfloat16": {"dynamic": {"counted_passes": "3"}}}}')
+    nan = tmp / "nan-baseline.json"  # was accepted: "within the allowed nan", the gate then passed anything
+    nan.write_text('{"schema": 2, "devices": {"cpu | tiny | bfloat16": {"dynamic": {"counted_passes": NaN}}}}')
+    negative = tmp / "negative-intercept-baseline.json"
+    negative.write_text('{"schema": 2, "devices": {"cpu: x | tiny | bfloat16": {"static": {"timed_passes": 1.0, '
+                        '"timed_intercept_ms": -0.697}}}}')
     return {
         "device-nonsense": (["--kv-device", "nonsense"], ["--kv-device 'nonsense'", "auto, cpu, cuda, mps"]),
         "device-cuda": (["--kv-device", "cuda"], ["--kv-device 'cuda'", "no cuda device", "(available: cpu"]),
@@ -77,6 +83,10 @@ def _cases(tmp) -> dict[str, tuple[list[str], list[str]]]:
                               ["--kv-driver generate with --kv-compile default", "not supported"]),
         "baseline-shape": (["--kv-baseline", str(wrong_shape)], [str(wrong_shape), "not a kvcache baseline",
                                                                  "expected a number or null"]),
+        "baseline-nan": (["--kv-baseline", str(nan)], [
+            str(nan), "devices['cpu | tiny | bfloat16']['dynamic'].counted_passes is nan", "above 0"]),
+        "baseline-negative-intercept": (["--kv-baseline", str(negative)], [
+            str(negative), "devices['cpu: x | tiny | bfloat16']['static'].timed_intercept_ms is -0.697", "at least 0"]),
     }
 
 

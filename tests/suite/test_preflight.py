@@ -1,5 +1,6 @@
 """Fail fast: what would only fail after the whole sweep (a path the run cannot write, a copy tensor larger
-than free memory) or in every test (a model directory whose config is unusable), and a hub id that would
+than free memory) or in every test (a model directory whose config is unusable, weights larger than free memory,
+counted from the config without building anything), and a hub id that would
 wait half a minute for a network that is not there, stop ``pytest benchmarks`` at start-up: exit 4 and one
 line naming the value. A hub id already in the local Hugging Face cache loads without the network.
 
@@ -29,6 +30,17 @@ BERT = {"model_type": "bert", "hidden_size": 768, "num_hidden_layers": 12, "num_
 T5 = {"model_type": "t5", "d_model": 512, "num_layers": 6, "num_heads": 8, "d_ff": 2048, "vocab_size": 32128,
       "is_encoder_decoder": True}
 CACHED, CONFIG_ONLY, NOT_CACHED = "kvcache-test/tiny-llama", "kvcache-test/config-only", "kvcache-test/absent"
+HUGE_VOCAB = 10**9  # 576 x 1e9 embedding parameters: about 1 TiB in bf16, more than any machine here has free
+DEEP = "qwen3-0.6b@layers=100000"  # about 3 TiB of weights
+
+
+def tiny_parameters(vocab: int) -> int:
+    """Parameters of ``tiny`` with a vocabulary of ``vocab`` (tied embeddings: the matrix counted once)."""
+    from transformers import LlamaConfig
+
+    from kvcache.measuring.models import count_parameters
+
+    return count_parameters(LlamaConfig(**{**PRESETS["tiny"], "vocab_size": vocab}))
 
 
 def model_dir(tmp: Path, name: str, config: str | dict) -> Path:
@@ -75,13 +87,14 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], list[str]]]:
                          ["--kv-copy-mib 100000000", "195312.50 GiB", "source and destination", "GiB free"]),
     }
     if Path("/proc/self").is_dir():  # a directory nobody can create files in, root included
-        cases["baseline-unwritable-dir"] = (["--kv-update-baseline", "--kv-baseline", "/proc/kv-baseline.json"],
-                                            ["--kv-baseline", "/proc/kv-baseline.json", "cannot write in /proc"])
+        cases["baseline-unwritable-dir"] = (
+            ["--kv-update-baseline", "--kv-baseline", "/proc/kv-baseline.json"],
+            ["--kv-baseline", "/proc/kv-baseline.json", "cannot create a file in /proc"])
     if os.geteuid() != 0:  # permissions do not stop root
         read_only = tmp / "read-only"
         read_only.mkdir(mode=0o500)
         cases["baseline-read-only-dir"] = (["--kv-update-baseline", "--kv-baseline", str(read_only / "kv.json")],
-                                           ["--kv-baseline", f"cannot write in {read_only}"])
+                                           ["--kv-baseline", f"cannot create a file in {read_only}"])
     models = {
         "model-corrupt": ('{"model_type": "llama", "hidden_size": ', ["is not JSON"]),
         "model-empty": ("", ["is empty"]),
@@ -99,6 +112,13 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], list[str]]]:
     for name, (config, expected) in models.items():
         d = model_dir(tmp, name, config)
         cases[name] = (["--kv-model", str(d)], [f"--kv-model '{d}'", str(d / "config.json"), *expected])
+    huge_vocab = model_dir(tmp, "model-huge-vocab", {**TINY_LLAMA, "vocab_size": HUGE_VOCAB})
+    cases["model-huge-vocab"] = (["--kv-model", str(huge_vocab)], [
+        f"--kv-model '{huge_vocab}': its weights need", f"{tiny_parameters(HUGE_VOCAB):,} parameters x 2 B, bfloat16",
+        "while built in float32", "GiB free"])
+    cases["model-100000-layers"] = (["--kv-model", DEEP], [
+        f"--kv-model '{DEEP}': its weights need 2930.41 GiB (1,573,249,983,488 parameters x 2 B, bfloat16)",
+        "and its smallest point's cache", "GiB free"])
     cases["hub-offline-not-cached"] = (["--kv-model", NOT_CACHED], [
         f"--kv-model '{NOT_CACHED}'", "not in the local Hugging Face cache", "HF_HUB_OFFLINE"])
     return cases
@@ -155,7 +175,8 @@ def one_error_line(done) -> str:
 CASE_NAMES = ["json-under-file", "json-is-dir", "baseline-under-file", "baseline-unwritable-dir",
               "baseline-read-only-dir", "storage-under-file", "copy-too-big", "model-corrupt", "model-empty",
               "model-list", "model-no-type", "model-unknown-type", "model-missing-fields", "model-bad-value",
-              "model-bert", "model-t5", "hub-offline-not-cached", "hub-not-cached", "hub-cached-config-only"]
+              "model-bert", "model-t5", "hub-offline-not-cached", "hub-not-cached", "hub-cached-config-only",
+              "model-huge-vocab", "model-100000-layers"]
 
 
 @pytest.mark.parametrize("case", CASE_NAMES)
@@ -217,3 +238,79 @@ def test_traffic_command_gets_the_same_one_line(tmp_path, capsys, config, expect
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith(f"kvcache traffic: --model '{d}': "), err
     assert expected in err, err
+
+
+# --- memory: the weights and the smallest point against free memory, before anything is built ----------------
+
+def test_traffic_command_refuses_weights_larger_than_free_memory(tmp_path, capsys):
+    from kvcache import traffic_cli
+
+    d = model_dir(tmp_path, "model", {**TINY_LLAMA, "vocab_size": HUGE_VOCAB})
+    assert traffic_cli.main(["--model", str(d), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"kvcache traffic: --model '{d}': its weights need"), err
+    assert "GiB free" in err, err
+
+
+def memory(settings, free_gib: float, device: str = "cpu", host_gib: float | None = None) -> str | None:
+    """What :func:`preflight.memory_problem` says of ``settings``' run with ``free_gib`` GiB free on ``device`` (and
+    ``host_gib`` in host memory, when another device)."""
+    from kvcache.measuring import preflight
+
+    free = {device: int(free_gib * 2**30), "cpu": int((host_gib if host_gib is not None else free_gib) * 2**30)}
+    return preflight.memory_problem(preflight.model_memory(settings), device, free)
+
+
+def test_the_weights_and_the_smallest_point_must_fit():
+    """``tiny``: 8.3 M parameters (33 MB while built in float32); its smallest point (static, the counted context
+    256 with two warm-up steps, one counted and the margin) must fit beside them; larger points are skipped when they
+    open, with their numbers."""
+    from kvcache.settings import Settings
+
+    settings = Settings(model="tiny", dtype="bfloat16", caches=("dynamic", "static"))
+    assert memory(settings, 1.0) is None
+    line = memory(settings, 0.02)
+    assert line.startswith("--kv-model 'tiny': its weights need 0.02 GiB (8,260,416 parameters x 2 B, bfloat16, "
+                           "0.03 GiB while built in float32 and cast)"), line
+    assert "static at 267 tokens" in line and "cpu has 0.02 GiB free" in line, line
+    batch = memory(Settings(model="tiny", batch=64, counted_contexts=(4096, 8192), contexts=(8192,)), 0.1)
+    assert batch and "at 4107 tokens x 64 sequences" in batch, batch  # the batch's sequences count
+
+
+def test_on_a_gpu_the_host_builds_the_weights_first():
+    from kvcache.settings import Settings
+
+    deep = Settings(model="smollm2-135m@layers=3000")  # 10.6 G parameters: 39.6 GiB in float32, 19.8 in bf16
+    assert memory(deep, 100.0, "cuda", host_gib=100.0) is None
+    line = memory(deep, 100.0, "cuda", host_gib=30.0)
+    assert line and "(built in host memory first); cpu has 30.00 GiB free" in line, line
+    line = memory(deep, 20.0, "cuda", host_gib=100.0)
+    assert line and "; cuda has 20.00 GiB free" in line, line
+
+
+def test_check_model_memory_is_a_settings_error():
+    from kvcache.measuring import preflight
+    from kvcache.settings import Settings, SettingsError
+
+    with pytest.raises(SettingsError, match="^--kv-model 'tiny': its weights need"):
+        preflight.check_model_memory(Settings(model="tiny", device="cpu"), free={"cpu": 2**20})
+    preflight.check_model_memory(Settings(model="tiny", device="cpu"), free={"cpu": 2**40})
+
+
+@pytest.mark.parametrize("name, layers", [("qwen3-0.6b", 40), ("gemma3-270m", 42), ("gemma3-270m", 40),
+                                          ("deepseek-v2-lite", 37)])
+def test_deep_configs_are_counted_without_building_every_layer(monkeypatch, name, layers):
+    """Past META_LAYERS (here lowered to 8) the parameters are counted at three shallow depths and extrapolated: the
+    same figure as building every layer on the meta device, with a layer pattern (gemma3: 5 sliding, 1 full), a
+    depth that ends part-way through it (40 = 6 x 6 + 4), and dense first layers (DeepSeek)."""
+    from kvcache.measuring import compat, models
+
+    config = models.at_depth(models.preset_config(name), layers)
+    exact = compat.meta_parameters(config)
+    monkeypatch.setattr(models, "META_LAYERS", 8)
+    built: list[int] = []
+    real = compat.meta_parameters
+    monkeypatch.setattr(compat, "meta_parameters", lambda c: built.append(c.num_hidden_layers) or real(c))
+    assert models.count_parameters(config) == exact
+    assert built and max(built) < layers, built  # never built at its full depth
+

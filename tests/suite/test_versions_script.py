@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from kvcache import releases
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "versions.py"
 spec = importlib.util.spec_from_file_location("versions_script", SCRIPT)
 versions = importlib.util.module_from_spec(spec)
@@ -24,21 +26,35 @@ Available versions: 5.24.0, 5.10.4, 5.10.2, 5.0.0, 5.0.0rc1, 4.57.6, 4.57.5, 4.4
 
 
 def test_parse_pip_index_keeps_final_releases():
-    found = versions.parse_pip_index(PIP_INDEX)
+    found = releases.parse_pip_index(PIP_INDEX)
     assert "5.0.0rc1" not in found
     assert found[:3] == ["5.24.0", "5.10.4", "5.10.2"] and found[-1] == "3.5.1"
 
 
 def test_parse_pip_index_rejects_other_output():
     with pytest.raises(ValueError):
-        versions.parse_pip_index("ERROR: No matching distribution found for transformers")
+        releases.parse_pip_index("ERROR: No matching distribution found for transformers")
 
 
 def test_newest_patch_per_minor_since_4_45_numeric_order():
-    releases = versions.newest_per_minor(versions.parse_pip_index(PIP_INDEX))
+    newest = versions.newest_per_minor(releases.parse_pip_index(PIP_INDEX))
     # 5.10 sorts after 5.0 and 4.9/4.44 are before 4.45, numerically not lexically.
-    assert releases == ["4.45.2", "4.46.3", "4.57.6", "5.0.0", "5.10.4", "5.24.0"]
+    assert newest == ["4.45.2", "4.46.3", "4.57.6", "5.0.0", "5.10.4", "5.24.0"]
     assert versions.newest_per_minor(["4.9.2", "4.45.2"], since="4.9") == ["4.9.2", "4.45.2"]
+
+
+def test_default_releases_come_from_the_one_installer(monkeypatch):
+    """The release list is kvcache.releases.published's (versions.py no longer runs pip index itself); the built-in
+    list when it cannot be had."""
+    monkeypatch.setattr(versions, "published", lambda: releases.parse_pip_index(PIP_INDEX)[::-1])
+    assert versions.default_releases() == (["4.45.2", "4.46.3", "4.57.6", "5.0.0", "5.10.4", "5.24.0"],
+                                           "pip index versions transformers")
+
+    def offline():
+        raise releases.ReleaseError("cannot list the releases of transformers")
+
+    monkeypatch.setattr(versions, "published", offline)
+    assert versions.default_releases() == (list(versions.RELEASES), "built-in list (pip index versions failed)")
 
 
 def test_fallback_list_is_newest_per_minor_and_ordered():
@@ -53,6 +69,23 @@ def test_releases_option_sorted_deduplicated_validated():
         versions.parse_args(["--releases", "4.48.x"])
     with pytest.raises(SystemExit):
         versions.parse_args(["--releases", "5.0.0rc1"])
+
+
+def test_short_release_is_read_as_its_dot_zero_and_said_before_installing(tmp_path, monkeypatch, capsys):
+    """``--releases 4.45`` used to install 4.45.0 (pip pads ``==4.45``) and then fail: the release imported as
+    ``4.45.0``, not ``4.45``. It is read as 4.45.0, said before anything runs, and deduplicated against 4.45.0."""
+    args = versions.parse_args(["--releases", "4.45,5.0.0,4.45.0"])
+    assert args.releases == ["4.45.0", "5.0.0"] and args.releases.notes == ["4.45 is read as 4.45.0"]
+    asked = []
+
+    def fake_run_release(release, args, constraints, installed, model=None):
+        asked.append(release)
+        assert "--releases: 4.45 is read as 4.45.0" in capsys.readouterr().out  # said before installing
+        return versions.Outcome(release, "skipped", "no install here")
+
+    monkeypatch.setattr(versions, "run_release", fake_run_release)
+    versions.main(["--releases", "4.45", "--out", str(tmp_path / "out"), "--dir", str(tmp_path / "dir")])
+    assert asked == ["4.45.0"]
 
 
 @pytest.mark.parametrize(("argv", "says"), [
@@ -164,3 +197,17 @@ def test_families_are_the_presets():
     assert sorted(m.split("@")[0] for m in versions.FAMILIES) == sorted(models.FAMILY_PRESETS)
     for name in versions.FAMILIES:
         models.split_layers(name)  # a depth the preset accepts (a multiple of its layer pattern)
+
+
+def test_run_release_checks_the_install_through_the_one_installer(tmp_path):
+    """A release installed in ``--dir`` that imports as another version is skipped with kvcache.releases.ensure's
+    reason (no pytest run)."""
+    target = tmp_path / "dir" / "5.0.0"
+    (target / "transformers").mkdir(parents=True)
+    (target / "transformers" / "__init__.py").write_text("__version__ = '5.0.1'\n")
+    (target / releases.MARKER).write_text("transformers==5.0.0\n")
+    args = versions.parse_args(["--out", str(tmp_path / "out"), "--dir", str(tmp_path / "dir")])
+    args.out.mkdir()
+    outcome = versions.run_release("5.0.0", args, tmp_path / "unused-constraints.txt", {})
+    assert (outcome.status, outcome.reason) == ("skipped", "imported transformers 5.0.1 instead of 5.0.0")
+    assert "import transformers" in (args.out / "5.0.0.log").read_text()

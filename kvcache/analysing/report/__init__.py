@@ -2,7 +2,9 @@
 
 Writes into ``--out DIR``: ``latency.png`` (median step time in ms against context in tokens, with IQR error
 bars, the fitted line and the model's trained context), ``traffic.png`` (counted passes per cache class, stacked
-by operation), ``ledger.png`` (per op, counted beside timed passes; runs with a per-op ledger), ``report.md``
+by operation), ``ledger.png`` (per op, counted beside timed passes; runs with a per-op ledger), ``memory.png``
+(per class, MB held after the counted step and live at its peak against context; runs with counted memory),
+``report.md``
 (headline and tables, ready for a GitHub job summary) and ``report.html`` (one self-contained file: interactive
 chart and the same tables).
 
@@ -21,12 +23,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvcache.analysing.records import RecordError, Run, load_run
+from kvcache.analysing.records import RecordError, Run, load_runs
+from kvcache.analysing.report.ab import write_ab
 from kvcache.analysing.report.charts import (
     latency_figure,
     ledger_figure,
+    memory_figure,
     plot_latency,
     plot_ledger,
+    plot_memory,
     plot_traffic,
     traffic_figure,
 )
@@ -44,13 +49,14 @@ from kvcache.analysing.report.page import render_html
 from kvcache.analysing.report.sections import build_doc
 
 __all__ = ["Doc", "ReportError", "build_doc", "chart_data", "crossovers", "fit_line", "fit_problem",
-           "latency_figure", "ledger_figure", "main", "plot_latency", "plot_ledger", "plot_traffic",
+           "latency_figure", "ledger_figure", "main", "memory_figure", "plot_latency", "plot_ledger",
+           "plot_memory", "plot_traffic",
            "points_by_cache", "render", "render_html", "run_names", "to_html", "to_markdown", "traffic_figure"]
 
 
 def render(runs: list[Run], out_dir: Path) -> list[Path]:
-    """Write report.md, report.html, latency.png, traffic.png (and ledger.png when a run has a per-op ledger)
-    into ``out_dir``; return their paths.
+    """Write report.md, report.html, latency.png, traffic.png (ledger.png when a run has a per-op ledger, memory.png
+    when one has counted memory) into ``out_dir``; return their paths.
 
     The Markdown and HTML are written first, so they exist even when matplotlib is missing (ReportError).
     """
@@ -68,6 +74,9 @@ def render(runs: list[Run], out_dir: Path) -> list[Path]:
         ledger = plot_ledger(runs, out_dir / "ledger.png")
         if ledger is not None:
             written.append(ledger)
+        memory = plot_memory(runs, out_dir / "memory.png")
+        if memory is not None:
+            written.append(memory)
     except OSError as exc:
         raise ReportError(f"{exc.filename or out_dir}: cannot write ({exc.strerror or exc})") from None
     return written
@@ -80,8 +89,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", type=Path, default=Path("report"), help="output directory (default: report)")
     args = parser.parse_args(argv)
     try:
-        runs = [load_run(path) for path in args.runs]
+        runs = [run for path in args.runs for run in load_runs(path)]  # an A/B run: its two sides
         paths = render(runs, args.out)
+        paths += [p for path in args.runs for p in write_ab(path, runs, args.out)]  # kvcache ab --json: the pair
     except (RecordError, ReportError) as exc:
         print(f"kvcache report: {exc}", file=sys.stderr)
         return 2

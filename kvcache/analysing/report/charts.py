@@ -4,15 +4,21 @@ latency.png: median step time (ms) against context (tokens), one panel per run, 
 fitted line and the trained context; the legend sits below each panel, off the data. traffic.png: counted
 passes per cache class stacked by op, in rows of at most BARS_PER_ROW bars (RUNS_PER_ROW runs), so 20+ runs
 stay readable. ledger.png (runs with a per-op ledger only): per class, each op's counted passes beside its timed
-passes (with the interval), so where the time goes lines up with what is moved. Every title names the run, its
-model and dtype.
+passes (with the interval), so where the time goes lines up with what is moved. memory.png (runs with counted memory
+only): per class, the bytes held after the counted step and live at its peak against context. Every title names the
+run, its model and dtype.
+
+Text from a run (names of runs, models, caches and ops) is drawn as it is: mathtext is off while a figure is built
+and saved (:func:`_plain_text`), so a ``$`` in a name can neither typeset nor break the chart.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -54,6 +60,23 @@ def _pyplot() -> Any:
     return plt
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _plain_text(func: F) -> F:
+    """``func`` run with matplotlib's mathtext off (rcParam ``text.parse_math``): every text the figure gets
+    is drawn literally, never parsed as ``$...$`` math."""
+
+    @functools.wraps(func)
+    def plain(*args: Any, **kwargs: Any) -> Any:
+        plt = _pyplot()
+        with plt.rc_context({"text.parse_math": False} if "text.parse_math" in plt.rcParams else {}):
+            return func(*args, **kwargs)
+
+    return plain  # type: ignore[return-value]
+
+
+@_plain_text
 def _save(fig: Any, path: Path) -> Path:
     fig.savefig(path, dpi=110, bbox_inches="tight")
     _pyplot().close(fig)
@@ -70,12 +93,65 @@ def plot_traffic(runs: list[Run], path: Path) -> Path:
     return _save(traffic_figure(runs), path)
 
 
+def plot_memory(runs: list[Run], path: Path) -> Path | None:
+    """Write memory.png (:func:`memory_figure`) when some run has counted memory; None otherwise."""
+    figure = memory_figure(runs)
+    return None if figure is None else _save(figure, path)
+
+
+def memory_rows(run: Run) -> dict[str, tuple[list[int], list[float], list[float]]]:
+    """{cache: (contexts, MB held after the step, MB live at its peak)} of a run's counted memory (``kv.memory``; MB =
+    1e6 bytes): the bytes of the storages the counted step made or touched, after it and at its high-water mark."""
+    out = {}
+    for cache, entry in mapping(run.kv.get("memory")).items():
+        steps = mapping(mapping(entry).get("steps"))
+        contexts, held, peak = [], [], []
+        for context in sorted(steps, key=lambda c: int(c) if str(c).isdigit() else 0):
+            step = mapping(steps[context])
+            values = [finite(step.get(k)) for k in ("held", "before", "peak")]
+            if not str(context).isdigit() or None in values:
+                continue
+            contexts.append(int(context))
+            held.append(values[0] / 1e6)
+            peak.append((values[1] + values[2]) / 1e6)
+        if contexts:
+            out[cache] = (contexts, held, peak)
+    return out
+
+
+@_plain_text
+def memory_figure(runs: list[Run]) -> Any:
+    """One panel per run with counted memory: per class, MB held after the counted step (solid) and live at its
+    peak (dashed) against context (tokens); None when no run has counted memory."""
+    with_memory = [(run, name) for run, name in zip(runs, run_names(runs)) if memory_rows(run)]
+    if not with_memory:
+        return None
+    plt = _pyplot()
+    colours = cache_colours(runs)
+    ncols = min(len(with_memory), 3)
+    nrows = math.ceil(len(with_memory) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(6.4 * ncols, 4.8 * nrows), squeeze=False, layout="constrained")
+    for ax in axes.flat[len(with_memory):]:
+        ax.set_axis_off()
+    for ax, (run, name) in zip(axes.flat, with_memory):
+        for cache, (contexts, held, peak) in memory_rows(run).items():
+            colour = colours.get(cache, PALETTE[0])
+            ax.plot(contexts, held, "o-", color=colour, label=f"{cache}: held")
+            ax.plot(contexts, peak, "s--", color=colour, alpha=0.7, label=f"{cache}: peak")
+        ax.set_xlabel("context (tokens)")
+        ax.set_ylabel("MB live (storages the counted step made or touched)")
+        ax.set_title(f"{run_title(run, name)}: memory per decode step", fontsize=10)
+        ax.legend(fontsize=7, loc="upper left")
+    return fig
+
+
 def plot_ledger(runs: list[Run], path: Path) -> Path | None:
     """Write ledger.png (:func:`ledger_figure`) when some run has a ledger; None otherwise."""
     figure = ledger_figure(runs)
     return None if figure is None else _save(figure, path)
 
 
+@_plain_text
 def ledger_figure(runs: list[Run]) -> Any:
     """One panel per run with a ledger: horizontal bars per (class, op), counted passes and timed passes (with
     their interval) side by side; None when no run has a ledger."""
@@ -116,6 +192,7 @@ def ledger_figure(runs: list[Run]) -> Any:
 # ----------------------------------------------------------------------------------------------- latency
 
 
+@_plain_text
 def latency_figure(runs: list[Run]) -> Any:
     """Median step time (ms) against context (tokens), one panel per run, three panels a row."""
     plt = _pyplot()
@@ -201,6 +278,7 @@ def traffic_rows(runs: list[Run]) -> list[list[int]]:
     return rows
 
 
+@_plain_text
 def traffic_figure(runs: list[Run]) -> Any:
     """Counted passes per cache class, stacked by op; one group of bars per run, runs wrapped into rows."""
     plt = _pyplot()

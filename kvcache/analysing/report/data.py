@@ -224,7 +224,8 @@ def crossovers(kv: dict[str, Any]) -> dict[str, Any]:
     recorded = kv.get("crossovers")
     if isinstance(recorded, dict):
         return recorded
-    return analysis.crossovers(mapping(kv.get("model")), mapping(kv.get("fit")), mapping(kv.get("traffic")))
+    return analysis.crossovers(mapping(kv.get("model")), mapping(kv.get("fit")), mapping(kv.get("traffic")),
+                               mapping(kv.get("memory")))
 
 
 # ----------------------------------------------------------------------------------------------- HTML chart

@@ -1,5 +1,9 @@
 """The report as a document: typed blocks (headings, paragraphs, notes, facts, tables) and their two renderers,
-Markdown (tables through :mod:`kvcache.analysing.tables`) and HTML (the body of report.html)."""
+Markdown (tables through :mod:`kvcache.analysing.tables`) and HTML (the body of report.html).
+
+Blocks hold plain text, much of it from the run (cache, op, model and device names, reasons), never markup: each
+renderer escapes every piece of text it writes, Markdown with :func:`kvcache.analysing.tables.escape_markdown`,
+HTML with :func:`html_text`, so a run's strings can inject neither HTML nor Markdown."""
 
 from __future__ import annotations
 
@@ -61,31 +65,35 @@ class Doc:
         self.blocks.append(Table(header, rows))
 
 
-def _one_line(cell: object) -> str:
-    return str(cell).replace("\n", " ")
+def html_text(text: object) -> str:
+    """``text`` as HTML character data or a quoted attribute value (``& < > " '`` as entities): the one escape
+    for everything report.html shows as text."""
+    return html.escape(str(text), quote=True)
 
 
 def to_markdown(doc: Doc) -> str:
-    """report.md: GitHub-flavoured Markdown, ready for a job summary."""
+    """report.md: GitHub-flavoured Markdown, ready for a job summary; all text escaped
+    (:func:`kvcache.analysing.tables.escape_markdown`, tables through :func:`kvcache.analysing.tables.markdown`)."""
+    e = tables.escape_markdown
     out: list[str] = []
     for block in doc.blocks:
         if isinstance(block, Heading):
-            out.append("#" * block.level + " " + block.text)
+            out.append("#" * block.level + " " + e(block.text))
         elif isinstance(block, Paragraph):
-            out.append(block.text)
+            out.append(e(block.text))
         elif isinstance(block, Note):
-            out.append(f"_{block.text}_")
+            out.append(f"_{e(block.text)}_")
         elif isinstance(block, Facts):
-            out.append("\n".join(f"- **{k}**: {v}" for k, v in block.items))
+            out.append("\n".join(f"- **{e(k)}**: {e(v)}" for k, v in block.items))
         else:
-            one_line = Table([_one_line(h) for h in block.header], [[_one_line(c) for c in r] for r in block.rows])
-            out.append("\n".join(tables.markdown(one_line)))
+            out.append("\n".join(tables.markdown(block)))
     return "\n\n".join(out).rstrip() + "\n"
 
 
 def to_html(doc: Doc) -> str:
-    """The blocks as HTML elements, text escaped; headings one level down (the page has its own <h1>)."""
-    e = html.escape
+    """The blocks as HTML elements, all text escaped (:func:`html_text`); headings one level down (the page has its
+    own <h1>)."""
+    e = html_text
     out: list[str] = []
     for block in doc.blocks:
         if isinstance(block, Heading):
@@ -100,7 +108,7 @@ def to_html(doc: Doc) -> str:
             out.append(f'<ul class="facts">{items}</ul>')
         else:
             head = "".join(f"<th>{e(h)}</th>" for h in block.header)
-            rows = "".join("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in row) + "</tr>" for row in block.rows)
+            rows = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in block.rows)
             out.append(f'<div class="table-wrap"><table><thead><tr>{head}</tr></thead>'
                        f"<tbody>{rows}</tbody></table></div>")
     return "\n".join(out)

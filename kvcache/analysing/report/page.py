@@ -1,6 +1,9 @@
 """report.html: one self-contained page (no network): the interactive latency chart, the context slider and the
 document's tables, with report.css, report.js (package data files beside this module) and the chart data
-inlined at render time. Nothing for tests ships in it: a test that drives the page injects its own script."""
+inlined at render time. Nothing for tests ships in it: a test that drives the page injects its own script.
+
+Every string from a run is escaped: text of the page through :func:`~kvcache.analysing.report.documents.html_text`,
+the chart data through :func:`script_json` (no ``<``, ``>`` or ``&`` inside the data's ``<script>`` element)."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from importlib import resources
 
 from kvcache.analysing.records import Run
 from kvcache.analysing.report.data import chart_data, dtype, model_name
-from kvcache.analysing.report.documents import Doc, to_html
+from kvcache.analysing.report.documents import Doc, html_text, to_html
 
 ASSETS = ("report.css", "report.js")
 
@@ -24,16 +27,29 @@ def asset(name: str) -> str:
     return text
 
 
+# In a <script> element, "</script" ends it and "<!--" with "<script" makes later markup part of it: inside the JSON
+# (only in its strings) these characters are written as \u escapes, which JSON.parse reads back unchanged.
+# U+2028/U+2029 too, for any reader that takes the data as JavaScript.
+_SCRIPT_UNSAFE = str.maketrans({ch: f"\\u{ord(ch):04x}" for ch in "<>&\u2028\u2029"})
+
+
+def script_json(data: object) -> str:
+    """``data`` as JSON to inline in a ``<script type="application/json">`` element: ``< > &`` and U+2028/U+2029
+    as ``\\uXXXX`` escapes, so no string in it can close the element, open a comment or inject markup."""
+    text = json.dumps(data, separators=(",", ":"), allow_nan=False)
+    return text.translate(_SCRIPT_UNSAFE)
+
+
 def render_html(runs: list[Run], doc: Doc) -> str:
     """report.html: inline CSS, JS and data."""
     data = chart_data(runs)
     n = len(data["contexts"])
-    payload = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    payload = script_json(data)
     beyond = ""
     if data["trained_beyond"]:
         beyond = (f'<p class="note">trained context {", ".join(f"{t:,}" for t in data["trained_beyond"])} tokens '
                   "lies beyond the measured contexts (not drawn)</p>")
-    what = ", ".join(dict.fromkeys(f"{model_name(run)}, {dtype(run)}" for run in runs))
+    what = html_text(", ".join(dict.fromkeys(f"{model_name(run)}, {dtype(run)}" for run in runs)))
     disabled = "" if n else " disabled"
     return f"""<!doctype html>
 <html lang="en">

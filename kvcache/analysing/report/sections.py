@@ -46,6 +46,7 @@ def build_doc(runs: list[Run]) -> Doc:
         doc.para(f"Drift: {drift_text(run)}")
         traffic_section(doc, run, caches)
         overhead_section(doc, run, caches)
+        memory_section(doc, run, caches)
         ledger_section(doc, run, caches)
         probe_section(doc, run, caches)
         skipped_section(doc, run)
@@ -231,6 +232,34 @@ def overhead_section(doc: Doc, run: Run, caches: list[str]) -> None:
              "intercept verdict judges the timed intercept (ms per step with an empty cache) by its interval.")
     doc.table(["cache", "ops/step", "data ops/step", "ops/layer", "fixed MB", "weight passes", "overhead verdict",
                "intercept verdict"], rows)
+
+
+def memory_section(doc: Doc, run: Run, caches: list[str]) -> None:
+    """Counted memory per class (``kv.memory``): allocated, peak and held passes, the cache sizes the peak needs beside
+    the declared memory factor, what allocates, and the memory verdict."""
+    memory, verdicts = mapping(run.kv.get("memory")), mapping(run.kv.get("verdict"))
+    rows = []
+    for cache in caches:
+        m = mapping(memory.get(cache))
+        if not m:
+            continue
+        ops = "; ".join(f"{op} {fmt(finite(v))}" for op, v in mapping(m.get("allocated_by_op")).items()) or MISSING
+        factor = f"{fmt(finite(m.get('peak_factor')))} (declares {fmt(finite(m.get('declared_factor')))})"
+        if m.get("factor_problem"):
+            factor += f": {m['factor_problem']}"
+        rows.append([cache, fmt(finite(m.get("allocated_passes")), 3), fmt(finite(m.get("peak_passes")), 3),
+                     fmt(finite(m.get("held_passes")), 3), factor, ops,
+                     str(mapping(mapping(verdicts.get(cache)).get("memory")).get("status", MISSING))])
+    if not rows:
+        return
+    doc.heading(3, "Memory per decode step")
+    doc.para("Bytes per KV byte (slopes between the counted contexts, like passes): allocated by one decode step, its "
+             "high-water mark above what was live before it (peak), live after it (held: 1 = the cache holds its K/V "
+             "once; above 1, something keeps more). Peak needs: bytes live at the step's peak per KV byte, the cache "
+             "sizes a point needs, beside the class's declared memory_factor. Measured from the storages each op "
+             "makes and frees (memory.png: held and peak against context).")
+    doc.table(["cache", "allocated", "peak", "held", "peak needs (declared)", "allocated by op", "memory verdict"],
+              rows)
 
 
 def ledger_section(doc: Doc, run: Run, caches: list[str]) -> None:

@@ -1,0 +1,125 @@
+"""One side of ``kvcache ab``: a pytest plugin (``-p kvcache.ab_worker --kv-ab-control R,W``) that turns an
+ordinary run of the suite into a worker the driver steps item by item.
+
+The run is the suite as the side's own ``pytest`` would run it (its environment, its ``-p`` plugins and conftest
+files, its Transformers): one process, one model build, for the whole A/B session. Once the items are collected,
+the worker writes one JSON line to file descriptor W: ``{"hello": {...}}`` with the item ids in measuring order and
+their roles (``counted``, ``point``, ``copy``, ``ledger``, ``drift``...), the side's settings (``kv.settings``), its
+environment (``kv.environment``: device, threads, releases) and baseline; then before each item it writes
+``{"ready": nodeid}`` and waits for a line on R: ``go`` runs the item, ``stop`` (or the pipe closing: the driver is
+gone) ends the session there, as an interrupted one. After
+the item it writes ``{"done": nodeid, "failed": bool, "records": [...]}``: the measurement records the item produced
+(what the driver analyses, so that a side that dies later loses nothing already sent). Standard library only at
+import; the suite's own plugin (:mod:`kvcache.plugin`) does the measuring.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import pytest
+
+CONTROL = pytest.StashKey["Control"]()
+
+
+class Control:
+    """The two pipe ends to the driver: requests in (``R``), answers out (``W``)."""
+
+    def __init__(self, spec: str) -> None:
+        try:
+            read_fd, write_fd = (int(part) for part in spec.split(","))
+        except ValueError:
+            raise pytest.UsageError(f"--kv-ab-control {spec!r}: expected two file descriptors R,W") from None
+        self.requests = os.fdopen(read_fd, "r", buffering=1)
+        self.answers = os.fdopen(write_fd, "w", buffering=1)
+        self.records: list[dict[str, Any]] = []
+        self.failed = False
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.answers.write(json.dumps(message, default=str) + "\n")
+        self.answers.flush()
+
+    def wait(self) -> str:
+        """The driver's next word (``go`` or ``stop``); ``stop`` when the driver is gone."""
+        line = self.requests.readline()
+        return line.strip() or "stop"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--kv-ab-control", default=None, help="(internal: kvcache ab) the driver's pipes, R,W")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    spec = config.getoption("kv_ab_control")
+    if spec:
+        config.stash[CONTROL] = Control(spec)
+
+
+def _identity(config: pytest.Config) -> dict[str, Any]:
+    """What must match between the sides, from the suite's state: settings, the device and torch threads as the
+    session resolves them, the Transformers and torch releases (which may differ)."""
+    from kvcache.plugin import STATE
+
+    state = config.stash.get(STATE, None)
+    if state is None:
+        return {}
+    session = state.session
+    env = session.environment()
+    settings = state.settings.to_dict()
+    return {"settings": settings, "environment": env, "baseline": state.baseline}
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    control = session.config.stash.get(CONTROL, None)
+    if control is None:
+        return
+    from kvcache.plugin import _role
+
+    hello = {"items": [item.nodeid for item in session.items],
+             "roles": [_role(item)[0] for item in session.items], **_identity(session.config)}
+    control.send({"hello": hello})
+    if control.wait() != "go":
+        session.shouldstop = "kvcache ab: stopped by the driver before measuring"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+    control = item.config.stash.get(CONTROL, None)
+    if control is None:
+        return None
+    if item.session.shouldstop:
+        return True  # not run: pytest stops the session after this call
+    control.records, control.failed = [], False
+    control.send({"ready": item.nodeid})
+    if control.wait() != "go":
+        item.session.shouldstop = "kvcache ab: stopped by the driver"
+        return True
+    return None
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    for name, value in getattr(report, "user_properties", ()):
+        if name == "kv_record" and _CURRENT:
+            _CURRENT[0].records.append(value)
+    if report.failed and _CURRENT:
+        _CURRENT[0].failed = True
+
+
+_CURRENT: list[Control] = []  # the control of this process (pytest_runtest_logreport is given no config)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    control = session.config.stash.get(CONTROL, None)
+    if control is not None:
+        _CURRENT[:] = [control]
+
+
+def pytest_runtest_logfinish(nodeid: str, location: Any) -> None:
+    if _CURRENT:
+        control = _CURRENT[0]
+        control.send({"done": nodeid, "failed": control.failed, "records": control.records})
+        control.records, control.failed = [], False

@@ -1,0 +1,138 @@
+"""Files a run writes (the ``--benchmark-json`` run, the baseline): written atomically through symlinks, probed
+before a run starts, never two outputs (or an output and the baseline read) on one file. Analysing wing: stdlib
+only.
+
+A symlink is written through to its target: the temp file is made beside the target and replaces it, so the link
+stays a link and a reader sees the old or the new file, never part of one. A signal during the write leaves the
+old file in place (the temp file is removed). A target that is not a regular file (``/dev/stdout``, a named pipe)
+cannot be replaced: it is written in place, as pytest-benchmark would.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+
+def target(path: str | Path) -> Path:
+    """The file a write to ``path`` lands in: symlinks followed (a dangling link's target included), absolute."""
+    return Path(os.path.realpath(path))
+
+
+def shown(path: str | Path) -> str:
+    """``path`` as given, with its target when it is a symlink (``link -> target``), for messages."""
+    real = target(path)
+    return str(path) if real == Path(os.path.abspath(path)) else f"{path} (-> {real})"
+
+
+def same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether ``a`` and ``b`` are one file: the same target after symlinks, or (both existing) the same inode, as
+    hard links or paths through a bind mount are."""
+    if target(a) == target(b):
+        return True
+    try:
+        sa, sb = os.stat(a), os.stat(b)
+    except OSError:
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+def outputs_problem(found: list[tuple[str, str | Path, bool]]) -> str | None:
+    """Before anything runs: ``found`` is ``[(option, path, written)]``, the files a command reads and writes. No
+    written file may be another one of them (compared by :func:`same_file`), and every written one must pass
+    :func:`write_problem`. The problem is one line naming the options and files; None when there is none."""
+    for i, (option_a, a, written_a) in enumerate(found):
+        for option_b, b, written_b in found[i + 1:]:
+            if not (written_a or written_b) or not same_file(a, b):
+                continue
+            if written_a and written_b:
+                what = "one would be written over the other"
+            else:
+                what = f"{option_b if written_b else option_a} would replace it"
+            return f"{option_a} {a} and {option_b} {b} are one file ({target(a)}): {what}; give each its own path"
+    for option, path, written in found:
+        problem = write_problem(path) if written else None
+        if problem:
+            return f"{option} {problem}"
+    return None
+
+
+def write_problem(path: str | Path) -> str | None:
+    """Why :func:`write_text_atomically` could not write ``path``, found by trying without changing anything:
+    a temp file is created and removed in the target's folder (what the atomic replace needs), and an existing
+    target is opened for writing without truncating (no ``O_TRUNC``, no ``O_APPEND``: an immutable file, ``chattr
+    +i``, and an append-only one, ``chattr +a``, refuse that, root or not, as they refuse being replaced; a
+    read-only one refuses it to anyone but root). A folder that does not exist yet is probed at its nearest
+    existing ancestor, where :func:`write_text_atomically` will create it. None when all of this works. The problem
+    names ``path`` (and its target if it is a symlink)."""
+    real = target(path)
+    if real.is_dir():
+        return f"{shown(path)}: is a directory, expected a file"
+    if _special(real):
+        return None  # written in place (a terminal, a pipe): opening a pipe to probe it could block
+    folder = real.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{shown(path)}: {folder} is not a directory"
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=f".{real.name}.", suffix=".probe")
+    except OSError as exc:
+        return f"{shown(path)}: cannot create a file in {folder} ({_reason(exc)})"
+    os.close(fd)
+    try:
+        os.unlink(probe)
+    except OSError as exc:
+        return f"{shown(path)}: cannot remove a file in {folder} ({_reason(exc)}; the probe {probe} is left there)"
+    if real.exists():
+        try:
+            os.close(os.open(real, os.O_WRONLY))
+        except OSError as exc:
+            return f"{shown(path)}: cannot be written ({_reason(exc)}; immutable, append-only or read-only?)"
+    return None
+
+
+def write_text_atomically(path: str | Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to a temp file beside ``path``'s target (symlinks followed; its folder created when
+    missing), flush it to disk, then replace the target with it. The target keeps its mode (a new file gets the
+    umask's); a symlink stays a link. On any error or signal the temp file is removed and the old file is left as
+    it was."""
+    real = target(path)
+    if _special(real):
+        with open(real, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        return
+    try:
+        mode = real.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    data = text.encode("utf-8")  # before the temp file exists: nothing to clean up if this fails
+    real.parent.mkdir(parents=True, exist_ok=True)  # a folder that does not exist yet (probed at its ancestor)
+    fd, tmp = tempfile.mkstemp(dir=real.parent, prefix=f".{real.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, real)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _special(real: Path) -> bool:
+    """Whether ``real`` exists and is neither a regular file nor a directory (a device, a pipe, a socket)."""
+    try:
+        mode = real.stat().st_mode
+    except OSError:
+        return False
+    return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
+
+
+def _reason(exc: OSError) -> str:
+    return " ".join(str(exc.strerror or exc).split())

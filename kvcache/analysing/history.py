@@ -1,0 +1,394 @@
+"""``kvcache history add|plot``: runs across commits or releases, and their trend.
+
+``kvcache history add RUN.json --store history.jsonl [--commit REV | --release VERSION]`` appends one entry, one
+JSON line: the run's figures per class (counted passes and their ops, ATen ops per step, weight passes, timed
+passes and intercept with their intervals), keyed by the commit (``--commit REV`` resolved to its full sha by
+``git rev-parse --verify REV^{commit}``; by default ``git rev-parse HEAD``) or the release
+together with the run's identity (:mod:`kvcache.analysing.identity`). An entry whose key is already in the store
+is refused (exit 2): results already recorded are never replaced. The store is rewritten atomically (a temp file
+replaces it) under a lock, so a reader sees the old or the new file, never part of one.
+
+``kvcache history plot --store history.jsonl --out DIR`` draws one trend PNG per measure (``counted.png``,
+``ops.png``, ``weight_passes.png``, ``timed.png``, ``intercept.png``), each class a line across the entries (commits in
+the order they were added; a store of releases by version, :func:`ordered`), and writes ``steps.json``, the steps
+found (asv's regressions feed, in short), and ``steps.md``, the same as a Markdown table for a job summary. Steps
+are marked with their commit or release (:mod:`kvcache.analysing.steps`):
+
+- counted figures (exact): every change is a step (every change the tables show: 0.001 passes, one op);
+- timed figures: asv's approach (a piecewise-constant fit with a penalty per segment) weighted by each entry's
+  interval, after which a step is kept only where the intervals of the two levels it separates do not overlap: a
+  move within the noise the intervals describe is not a step.
+
+Exit 0, or 2 on bad input (unreadable run or store, duplicate entry, no commit). No torch here (matplotlib, Agg,
+for the PNGs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from kvcache.analysing import files, identity
+from kvcache.analysing.records import RecordError, Run, load_run
+from kvcache.analysing.report.data import ReportError
+from kvcache.analysing.stats import finite, interval
+from kvcache.analysing.steps import COUNTED_RESOLUTION, Step, counted_steps, steps_markdown, timed_steps
+
+SCHEMA = 1
+#: measure (also the PNG's file stem) -> (axis label, is the figure exact (counted)?)
+MEASURES: dict[str, tuple[str, bool]] = {
+    "counted": ("counted passes (bytes moved per step / KV-cache bytes)", True),
+    "ops": ("ATen ops per step", True),
+    "weight_passes": ("weight passes (fixed bytes per step / weight bytes)", True),
+    "timed": ("timed passes (copy bandwidth × latency slope)", False),
+    "intercept": ("intercept (ms per step, empty cache)", False),
+}
+#: The smallest change of an exact figure that is a step: what its tables show (passes to 3 decimals; whole ops).
+#: A few bytes more per step (a reduction's one-number output) move weight passes by 1e-7: not a step.
+RESOLUTION = {"counted": COUNTED_RESOLUTION, "ops": 0.5, "weight_passes": 0.0005}
+
+
+class HistoryError(ValueError):
+    """Bad input to ``kvcache history``: a one-line message."""
+
+
+# --- entries -------------------------------------------------------------------------------------------------
+
+
+def figures_of(run: Run) -> dict[str, dict[str, Any]]:
+    """``{cache: {measure: value, ...}}``: what an entry keeps of a run (see the module docstring for units)."""
+    out: dict[str, dict[str, Any]] = {}
+    for cache in run.caches():
+        traffic = (run.kv.get("traffic") or {}).get(cache) or {}
+        fit = (run.kv.get("fit") or {}).get(cache) or {}
+        figures: dict[str, Any] = {
+            "counted": finite(traffic.get("passes")),
+            "by_op": {str(k): v for k, v in (traffic.get("by_op") or {}).items() if finite(v) is not None},
+            "ops": traffic.get("ops_per_step") if isinstance(traffic.get("ops_per_step"), int) else None,
+            "weight_passes": finite(traffic.get("weight_passes")),
+            "timed": finite(fit.get("passes")),
+            "timed_ci": interval(fit.get("passes_ci")),
+            "intercept": finite(fit.get("intercept_ms")),
+            "intercept_ci": interval(fit.get("intercept_ci")),
+        }
+        out[cache] = {k: v for k, v in figures.items() if v not in (None, {})}
+    return out
+
+
+def entry_of(run: Run, *, commit: str | None = None, release: str | None = None) -> dict[str, Any]:
+    """One store line for ``run`` at ``commit`` (or ``release``)."""
+    ident = identity.of_run(run.kv)
+    return {"schema": SCHEMA, "commit": commit, "release": release, "identity": ident,
+            "setup": identity.describe(ident), "transformers": run.transformers, "datetime": run.datetime,
+            "run": Path(run.path).name, "caches": figures_of(run)}
+
+
+def key_of(entry: dict[str, Any]) -> tuple[str, str]:
+    """What makes an entry unique: its commit (or release) and its identity."""
+    where = f"commit {entry['commit']}" if entry.get("commit") else f"release {entry.get('release')}"
+    return where, json.dumps(entry.get("identity"), sort_keys=True)
+
+
+def label_of(entry: dict[str, Any]) -> str:
+    """The entry's name on an axis: the commit's first 8 characters, or the release."""
+    return str(entry["commit"])[:8] if entry.get("commit") else str(entry.get("release"))
+
+
+def read_store(path: str | Path) -> list[dict[str, Any]]:
+    """The entries of a store (a missing store has none); HistoryError naming the file and line when unreadable."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise HistoryError(f"{p}: cannot read ({exc.strerror or exc})") from None
+    entries = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise HistoryError(f"{p}:{n}: not JSON ({exc.msg})") from None
+        if not isinstance(entry, dict) or not isinstance(entry.get("caches"), dict) or \
+                not (entry.get("commit") or entry.get("release")):
+            raise HistoryError(f"{p}:{n}: not a history entry (no commit or release, or no caches)")
+        entries.append(entry)
+    return entries
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``path``'s sibling ``.lock`` file, where the platform has ``fcntl``."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not on POSIX
+        yield
+        return
+    with open(path.with_name(path.name + ".lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def add(store: str | Path, entry: dict[str, Any]) -> None:
+    """Append ``entry`` to ``store`` atomically; HistoryError when the store has its key already."""
+    path = files.target(store)
+    if not path.parent.is_dir():
+        raise HistoryError(f"--store {store}: folder {path.parent} does not exist")
+    with _locked(path):
+        entries = read_store(path)
+        where, ident = key_of(entry)
+        if any(key_of(e) == (where, ident) for e in entries):
+            raise HistoryError(f"{store} already has an entry for {where} on {entry['setup']}; an entry is never "
+                               "replaced (give another --commit or --release, or another store)")
+        text = "".join(json.dumps(e, sort_keys=True) + "\n" for e in [*entries, entry])
+        try:
+            files.write_text_atomically(path, text)
+        except OSError as exc:
+            raise HistoryError(f"--store {store}: cannot write ({exc.strerror or exc})") from None
+
+
+FULL_SHA = re.compile(r"[0-9a-fA-F]{40}|[0-9a-fA-F]{64}")
+
+
+def _rev_parse(rev: str, cwd: str | Path | None) -> tuple[str, str]:
+    """``(full sha, "")`` of commit ``rev`` in ``cwd``, else ``("", why)``."""
+    try:
+        done = subprocess.run(["git", "rev-parse", "--verify", "--end-of-options", f"{rev}^{{commit}}"], cwd=cwd,
+                              capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return "", f"git could not run: {exc}"
+    if done.returncode != 0 or not done.stdout.strip():
+        return "", " ".join(done.stderr.split()) or f"git rev-parse exit {done.returncode}"
+    return done.stdout.strip(), ""
+
+
+def resolve_commit(rev: str, cwd: str | Path | None = None) -> str:
+    """The full sha of commit ``rev`` (``git rev-parse --verify REV^{commit}`` in ``cwd``), so that ``HEAD``, a short
+    sha and the full one are one entry. A full sha that git cannot resolve here (no git, another clone's commit) is
+    kept as given, lower-cased; anything else is a HistoryError naming ``rev``."""
+    sha, why = _rev_parse(rev, cwd)
+    if sha:
+        return sha
+    if FULL_SHA.fullmatch(rev):
+        return rev.lower()
+    raise HistoryError(f"--commit {rev!r} is not a commit of the repository here ({why}); give a commit git can "
+                       "resolve (HEAD, a branch, a sha), a full 40-character sha, or --release VERSION")
+
+
+def git_head(cwd: str | Path | None = None) -> str:
+    """``git rev-parse HEAD`` in ``cwd`` (the full sha); HistoryError when there is no git or no repository."""
+    sha, why = _rev_parse("HEAD", cwd)
+    if not sha:
+        raise HistoryError(f"no --commit given and git rev-parse HEAD failed ({why}); pass --commit REV or "
+                           "--release VERSION")
+    return sha
+
+
+def release_key(release: str) -> tuple[tuple[int, Any], ...]:
+    """Sort key of a release by version: numbers as numbers (``4.9`` before ``4.10``), a pre-release (``5.0.0rc1``)
+    before its release, a leading ``v`` ignored."""
+    text = release[1:] if release[:1] in ("v", "V") else release
+    parts = re.findall(r"\d+|[A-Za-z]+", text)
+    return (*((1, int(p)) if p.isdigit() else (-1, p.lower()) for p in parts), (0, ""))
+
+
+def ordered(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The entries in plotting order: releases (a store of releases only) by version, whatever order they were
+    added in; commits as added (the order they were measured in)."""
+    if entries and all(e.get("release") and not e.get("commit") for e in entries):
+        return sorted(entries, key=lambda e: release_key(str(e["release"])))
+    return list(entries)
+
+
+# --- steps ---------------------------------------------------------------------------------------------------
+
+
+#: The identity measure (:data:`kvcache.analysing.identity.MEASURE_FIELDS`) each plotted measure is comparable by.
+IDENTITY_OF = {"counted": "counted", "ops": "overhead", "weight_passes": "overhead", "timed": "timed",
+               "intercept": "timed"}
+
+
+def setup_of(entry: dict[str, Any], measure: str) -> str:
+    """What an entry's ``measure`` is comparable across: its identity key for that measure (counted passes do not
+    depend on which CPU ran them, so runs from runners with other CPUs make one line)."""
+    ident = entry.get("identity")
+    if not isinstance(ident, dict):
+        return str(entry.get("setup"))
+    return identity.key(ident, IDENTITY_OF[measure])
+
+
+def series(entries: list[dict[str, Any]], measure: str) -> dict[tuple[str, str], list[dict[str, Any] | None]]:
+    """``{(setup, cache): [figures per entry, None where the entry lacks the class or is of another setup]}``,
+    setups by :func:`setup_of` for ``measure``."""
+    out: dict[tuple[str, str], list[dict[str, Any] | None]] = {}
+    for i, entry in enumerate(entries):
+        for cache, figures in entry["caches"].items():
+            row = out.setdefault((setup_of(entry, measure), str(cache)), [None] * len(entries))
+            row[i] = figures if isinstance(figures, dict) else None
+    return out
+
+
+def steps_of(entries: list[dict[str, Any]], measure: str) -> list[Step]:
+    """The steps of every class's series of ``measure`` (see :func:`counted_steps`, :func:`timed_steps`)."""
+    exact = MEASURES[measure][1]
+    labels = [label_of(e) for e in entries]
+    out = []
+    for (setup, cache), row in series(entries, measure).items():
+        values = [finite((f or {}).get(measure)) for f in row]
+        intervals = [(f or {}).get(f"{measure}_ci") for f in row]
+        found = counted_steps(values, RESOLUTION[measure]) if exact else timed_steps(values, intervals)
+        out += [Step(measure, cache, setup, i, labels[i], before, after) for i, before, after in found]
+    return out
+
+
+# --- plot ----------------------------------------------------------------------------------------------------
+
+
+def plot(entries: list[dict[str, Any]], out: str | Path) -> tuple[list[Path], list[Step]]:
+    """One PNG per measure the entries have, in ``out``, and ``steps.json``; returns the PNGs and the steps."""
+    from kvcache.analysing.report.charts import _plain_text, _pyplot
+    from kvcache.analysing.report.data import PALETTE
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    labels = [label_of(e) for e in entries]
+    written, all_steps = [], []
+
+    @_plain_text
+    def draw(measure: str) -> Path | None:
+        plt = _pyplot()
+        rows = series(entries, measure)
+        setups = list(dict.fromkeys(setup for setup, _ in rows))
+        colours = {key: PALETTE[i % len(PALETTE)] for i, key in enumerate(rows)}
+        title, exact = MEASURES[measure]
+        drawn = {key: [finite((f or {}).get(measure)) for f in row] for key, row in rows.items()}
+        drawn = {key: values for key, values in drawn.items() if any(v is not None for v in values)}
+        if not drawn:
+            return None
+        steps = [s for s in steps_of(entries, measure) if (s.setup, s.cache) in drawn]
+        all_steps.extend(steps)
+        fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(entries) + 3), 4.2))
+        for key, values in drawn.items():
+            setup, cache = key
+            name = cache if len(setups) == 1 else f"{cache} ({setup})"
+            xs = [i for i, v in enumerate(values) if v is not None]
+            ys = [values[i] for i in xs]
+            ax.plot(xs, ys, marker="o", color=colours[key], label=name, drawstyle="steps-post" if exact else None)
+            if not exact:
+                cis = [(rows[key][i] or {}).get(f"{measure}_ci") for i in xs]
+                lo = [c[0] if c else y for c, y in zip(cis, ys)]
+                hi = [c[1] if c else y for c, y in zip(cis, ys)]
+                ax.fill_between(xs, lo, hi, color=colours[key], alpha=0.15, linewidth=0)
+        for step in steps:
+            colour = colours[(step.setup, step.cache)]
+            ax.axvline(step.index, color=colour, linestyle="--", linewidth=1, alpha=0.8)
+            last = step.index == len(entries) - 1
+            ax.annotate(f"{step.label}: {step.delta:+.3g}", (step.index, step.after), xytext=(-8 if last else 8, 8),
+                        textcoords="offset points", fontsize=8, color=colour, ha="right" if last else "left",
+                        bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "edgecolor": colour, "alpha": 0.9})
+            ax.plot([step.index], [step.after], marker="^" if step.delta > 0 else "v", markersize=11,
+                    color=colour, linestyle="none")
+        ax.set_xticks(range(len(entries)))
+        ax.set_xticklabels(labels, rotation=45, ha="right", fontsize=8)
+        ax.set_xlim(-0.5, len(entries) - 0.5)
+        ax.margins(y=0.2)
+        ax.set_ylabel(title.split(" (")[0])
+        kind = "every change is a step" if exact else "a step where the levels' intervals do not overlap"
+        by = "commit" if any(e.get("commit") for e in entries) else "release"
+        ax.set_title(f"{title} by {by}\n{'; '.join(setups)}; marked: {kind}", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=4, fontsize=8, frameon=False)
+        path = out / f"{measure}.png"
+        fig.savefig(path, dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        return path
+
+    for measure in MEASURES:
+        path = draw(measure)
+        if path is not None:
+            written.append(path)
+    feed = [{**asdict(s), "delta": s.delta} for s in all_steps]
+    files.write_text_atomically(out / "steps.json", json.dumps(feed, indent=2) + "\n")
+    files.write_text_atomically(out / "steps.md", steps_markdown(all_steps, entries, written))
+    return written, all_steps
+
+
+# --- command -------------------------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvcache history",
+        description="Keep runs across commits or releases and draw their trend. 'add RUN.json --store FILE' appends "
+        "one entry (the commit from --commit, by default git rev-parse HEAD, or --release), atomically, refusing "
+        "an entry whose commit or release and identity are stored already. 'plot --store FILE --out DIR' writes "
+        "one trend PNG per measure (classes as lines across the entries: commits as added, releases by version) "
+        "with the steps marked by their commit (counted: every change; timed: where the intervals of two levels "
+        "do not overlap), steps.json and steps.md. Exit 0, or 2 on bad input.",
+    )
+    sub = parser.add_subparsers(dest="action", required=True, metavar="add|plot")
+    adding = sub.add_parser("add", help="append a run to the store")
+    adding.add_argument("run", metavar="RUN.json", help="a pytest --benchmark-json file of the suite")
+    adding.add_argument("--store", required=True, metavar="FILE", help="the history, JSON lines")
+    where = adding.add_mutually_exclusive_group()
+    where.add_argument("--commit", metavar="REV", help="the commit the run measured, resolved to its full sha by git "
+                       "(default: git rev-parse HEAD)")
+    where.add_argument("--release", metavar="VERSION", help="a release the run measured, instead of a commit")
+    plotting = sub.add_parser("plot", help="draw the trend PNGs")
+    plotting.add_argument("--store", required=True, metavar="FILE", help="the history, JSON lines")
+    plotting.add_argument("--out", required=True, metavar="DIR", help="folder for the PNGs and steps.json")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
+        return exc.code if isinstance(exc.code, int) else 2
+    try:
+        if args.action == "add":
+            for name in ("commit", "release"):
+                value = getattr(args, name)
+                if value is not None and (not value.strip() or any(c.isspace() for c in value)):
+                    raise HistoryError(f"--{name} {value!r} must be one word, not empty")
+            try:
+                run = load_run(args.run)
+            except RecordError as exc:
+                raise HistoryError(str(exc)) from None
+            commit = resolve_commit(args.commit) if args.commit else None if args.release else git_head()
+            entry = entry_of(run, commit=commit, release=args.release)
+            add(args.store, entry)
+            print(f"kvcache history: added {key_of(entry)[0]} ({entry['setup']}, {len(entry['caches'])} classes) "
+                  f"to {args.store}")
+        else:
+            entries = ordered(read_store(args.store))
+            if not entries:
+                raise HistoryError(f"--store {args.store}: no entries (add some with kvcache history add)")
+            try:
+                written, steps = plot(entries, args.out)
+            except OSError as exc:
+                raise HistoryError(f"--out {args.out}: cannot write ({exc.strerror or exc})") from None
+            except ReportError as exc:  # no matplotlib
+                raise HistoryError(str(exc)) from None
+            for step in steps:
+                print(f"step: {step.cache} {step.measure} at {step.label}: {step.before:.4g} -> {step.after:.4g} "
+                      f"({step.delta:+.4g})")
+            print(f"kvcache history: {len(entries)} entries, {len(steps)} steps; wrote "
+                  f"{', '.join(p.name for p in written)}, steps.json and steps.md to {args.out}")
+    except HistoryError as exc:
+        print(f"kvcache history: {exc}", file=sys.stderr)
+        return 2
+    return 0

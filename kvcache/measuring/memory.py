@@ -1,0 +1,250 @@
+"""Counted memory: the bytes one decode step allocates, peaks at and leaves held, from the storages themselves.
+
+A :class:`MemoryTracker` watches exactly the step whose bytes are counted: it listens for the traffic counter's
+region (:class:`kvcache.measuring.traffic.TrafficCounter`, its first entry and exit), which hands it every ATen op it
+dispatches.
+Every storage an ATen op returns that is no input's storage and that the tracker has not seen is a new allocation of
+``storage.nbytes()`` bytes, charged to that op; every storage an op reads or writes that was made before the step is
+noted with its bytes (it was live when the step started). A ``weakref.finalize`` on each storage (torch keeps one
+Python object per storage for as long as the storage lives) tells the moment the allocator gets it back. So the
+tracker knows, after every op, how the live bytes stand against the step's start: deterministic on any device, op by
+op, with no sampling. Per counted step, in bytes:
+
+- ``allocated``: bytes newly allocated by the step's ops (``by_op``: per op);
+- ``peak``: the step's high-water mark of live bytes above what was live when it started (``peak_by_op``: the bytes
+  live at that moment that the step allocated, by the op that allocated them);
+- ``held``: bytes live after the step (after a garbage collection) in the storages it made or touched: the cache's
+  K/V, the weights (a constant), what the step made and something still holds; ``before``: the bytes of the storages
+  from before the step that it touched (all live when it started).
+
+What it does not see: a kernel's scratch space allocated and freed inside that one op (never an op's output), and a
+storage the step neither makes nor touches (a leak that keeps K/V of many steps back is seen only in the one it
+replaces each step). On CUDA the allocator's own statistics (``torch.cuda.memory_stats``) are kept beside them
+(``allocator``): they see kernel workspaces too.
+
+:func:`memory_passes` turns steps at two contexts into slopes per logical KV byte, like counted passes.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kvcache.measuring import traffic
+
+
+@dataclass
+class MemoryStep:
+    """The memory of one counted step (bytes; see the module docstring)."""
+
+    before: int = 0
+    allocated: int = 0
+    peak: int = 0
+    held: int = 0
+    by_op: dict[str, int] = field(default_factory=dict)
+    peak_by_op: dict[str, int] = field(default_factory=dict)
+    allocator: dict[str, int] | None = None  # CUDA: {allocated, peak, held, before} from torch.cuda's statistics
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"before": self.before, "allocated": self.allocated, "peak": self.peak, "held": self.held,
+               "by_op": dict(self.by_op), "peak_by_op": dict(self.peak_by_op)}
+        if self.allocator is not None:
+            out["allocator"] = dict(self.allocator)
+        return out
+
+
+def _storages(obj: Any, out: list[Any]) -> list[Any]:
+    """The storages of the tensors in ``obj`` (nested tuples, lists and dicts), appended to ``out``."""
+    if isinstance(obj, torch.Tensor):
+        try:
+            out.append(obj.untyped_storage())
+        except (RuntimeError, NotImplementedError):  # a tensor without storage (sparse, nested, fake)
+            pass
+    elif isinstance(obj, (tuple, list)):
+        for item in obj:
+            _storages(item, out)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            _storages(item, out)
+    return out
+
+
+class MemoryTracker:
+    """Measures the memory of the first traffic-counted region (:class:`kvcache.measuring.traffic.TrafficCounter`) run
+    while it is entered (see the module docstring): entering it only listens for that region; inside it the counter
+    hands it every op (:meth:`observe`), so nothing before the counted step pays for it. :attr:`step` is the region's
+    memory (None until one ran)."""
+
+    def __init__(self, device_type: str = "cpu") -> None:
+        self.device_type = device_type
+        self.live: dict[int, int] = {}  # id(storage) -> nbytes: storages the region allocated, still alive
+        self.pre: dict[int, int] = {}  # id(storage) -> nbytes: storages from before the region it touched, alive
+        self.origin: dict[int, str] = {}  # id(storage) -> the op that allocated it
+        self.finalizers: list[weakref.finalize] = []
+        self.current = 0  # bytes live now minus bytes live when the region started (of the storages known here)
+        self.before = 0  # bytes of the storages from before the region that it touched (all alive when it started)
+        self.counting = False
+        self.step: MemoryStep | None = None
+        self._cuda_start: dict[str, int] = {}
+
+    # --- the allocator's events, as storages come and go ---
+    def _freed(self, key: int, nbytes: int) -> None:
+        if self.live.pop(key, None) is not None:
+            self.current -= nbytes
+
+    def _freed_before(self, key: int, nbytes: int) -> None:
+        if self.pre.pop(key, None) is not None:
+            self.current -= nbytes
+
+    def observe(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        """One op of the counted region, after it ran: its outputs' new storages, its inputs' older ones."""
+        if not self.counting:
+            return
+        inputs = set()
+        for storage in _storages(kwargs, _storages(args, [])):
+            key = id(storage)
+            inputs.add(key)
+            if key not in self.live and key not in self.pre:  # made before the region: alive when it started
+                nbytes = storage.nbytes()
+                self.pre[key] = nbytes
+                self.before += nbytes
+                self.finalizers.append(weakref.finalize(storage, self._freed_before, key, nbytes))
+        for storage in _storages(out, []):
+            key = id(storage)
+            if key in inputs or key in self.pre:
+                continue
+            nbytes = storage.nbytes()
+            if key in self.live:  # an output resized in place (``resize_``): charge the growth
+                grown = nbytes - self.live[key]
+                if grown:
+                    self.live[key] = nbytes
+                    self.current += grown
+                    if grown > 0:
+                        self._charge(traffic.op_name(func), grown, key)
+                continue
+            if nbytes == 0:
+                continue
+            self.live[key] = nbytes
+            self.current += nbytes
+            self.finalizers.append(weakref.finalize(storage, self._freed, key, nbytes))
+            self._charge(traffic.op_name(func), nbytes, key)
+
+    def _charge(self, op: str, nbytes: int, key: int) -> None:
+        step = self.step
+        step.allocated += nbytes
+        step.by_op[op] = step.by_op.get(op, 0) + nbytes
+        self.origin[key] = op
+        if self.current > step.peak:
+            step.peak = self.current
+            at_peak: dict[str, int] = {}
+            for k, name in self.origin.items():
+                at_peak[name] = at_peak.get(name, 0) + self.live.get(k, 0)
+            step.peak_by_op = at_peak
+
+    # --- the counted region (the traffic counter's) ---
+    def region_start(self) -> None:
+        if self.step is not None or self.counting:
+            return
+        gc.freeze()  # what exists now is left out of the collection at the end: it then scans the step's objects only
+        self.step = MemoryStep()
+        self.counting = True
+        if self.device_type == "cuda" and torch.cuda.is_available():
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self._cuda_start = {"level": torch.cuda.memory_allocated(),
+                                "allocated": torch.cuda.memory_stats().get("allocated_bytes.all.allocated", 0)}
+
+    def region_end(self) -> None:
+        if not self.counting:
+            return
+        self.counting = False
+        step = self.step
+        if self._cuda_start:
+            torch.cuda.synchronize()
+            level = self._cuda_start["level"]
+            peak = torch.cuda.max_memory_allocated() - level
+            stats = torch.cuda.memory_stats()
+            allocated = stats.get("allocated_bytes.all.allocated", 0) - self._cuda_start["allocated"]
+        gc.collect()  # the step's own garbage cycles, if any, release what they hold
+        gc.unfreeze()
+        step.before = self.before
+        step.held = sum(self.live.values()) + sum(self.pre.values())
+        step.by_op = dict(sorted(step.by_op.items(), key=lambda kv: -kv[1]))
+        step.peak_by_op = {op: n for op, n in sorted(step.peak_by_op.items(), key=lambda kv: -kv[1]) if n}
+        if self._cuda_start:
+            step.allocator = {"before": level, "allocated": allocated, "peak": max(peak, 0),
+                              "held": torch.cuda.memory_allocated()}
+        self._detach()
+
+    def _detach(self) -> None:
+        for finalizer in self.finalizers:
+            finalizer.detach()
+        self.finalizers.clear()
+        self.live.clear()
+        self.pre.clear()
+        self.origin.clear()
+
+    def __enter__(self) -> MemoryTracker:
+        traffic.REGION_LISTENERS.append(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self in traffic.REGION_LISTENERS:
+            traffic.REGION_LISTENERS.remove(self)
+        if self.counting:  # the region never ended (an exception inside it)
+            self.counting = False
+            gc.unfreeze()
+        self._detach()
+
+
+def memory_passes(steps: dict[int, MemoryStep], kv_bytes: dict[int, float], *, declared_factor: float | None = None,
+                  min_op_passes: float = 0.005) -> dict[str, Any]:
+    """``kv.memory.<cache>`` from steps measured at two or more contexts: each figure's slope between the smallest
+    and largest context per logical KV byte (``kv_bytes``: {context: bytes held}), like counted passes.
+
+    ``allocated_passes`` (bytes the step allocates), ``peak_passes`` (its high-water mark above what was live before
+    it), ``held_passes`` (bytes live after it), ``peak_factor`` (bytes live at the step's peak, ``before + peak``: the
+    cache sizes it needs, what :attr:`CacheSpec.memory_factor` declares); ``allocated_by_op`` / ``peak_by_op`` per op
+    (slopes below ``min_op_passes`` left out); ``steps`` {context: the step's bytes}; ``declared_factor`` and, when the
+    measured peak needs more than it, ``factor_problem`` (one line)."""
+    contexts = sorted(steps)
+    if len(contexts) < 2:
+        raise ValueError("memory passes need steps measured at two contexts")
+    lo, hi = steps[contexts[0]], steps[contexts[-1]]
+    delta = kv_bytes[contexts[-1]] - kv_bytes[contexts[0]]
+
+    def slope(a: float, b: float) -> float:
+        return (b - a) / delta
+
+    def per_op(a: dict[str, int], b: dict[str, int]) -> dict[str, float]:
+        found = {op: round(slope(a.get(op, 0), b.get(op, 0)), 4) for op in {*a, *b}}
+        return dict(sorted(((op, v) for op, v in found.items() if abs(v) >= min_op_passes), key=lambda kv: -abs(kv[1])))
+
+    out: dict[str, Any] = {
+        "allocated_passes": slope(lo.allocated, hi.allocated),
+        "peak_passes": slope(lo.peak, hi.peak),
+        "held_passes": slope(lo.held, hi.held),
+        "peak_factor": slope(lo.before + lo.peak, hi.before + hi.peak),
+        "allocated_by_op": per_op(lo.by_op, hi.by_op),
+        "peak_by_op": per_op(lo.peak_by_op, hi.peak_by_op),
+        "contexts": contexts,
+        "kv_bytes": {str(c): kv_bytes[c] for c in contexts},
+        "steps": {str(c): steps[c].to_dict() for c in contexts},
+        "source": "storages",
+    }
+    if lo.allocator is not None and hi.allocator is not None:
+        a, b = lo.allocator, hi.allocator
+        out["allocator"] = {"allocated_passes": slope(a["allocated"], b["allocated"]),
+                            "peak_passes": slope(a["peak"], b["peak"]), "held_passes": slope(a["held"], b["held"]),
+                            "peak_factor": slope(a["before"] + a["peak"], b["before"] + b["peak"])}
+    if declared_factor is not None:
+        out["declared_factor"] = declared_factor
+        needed = max(out["peak_factor"], (out.get("allocator") or {}).get("peak_factor", 0.0))
+        if needed > declared_factor + 0.005:
+            out["factor_problem"] = (f"needs {needed:.2f} cache sizes at its peak, declares memory_factor "
+                                     f"{declared_factor:g}: a point judged to fit may not")
+    return out

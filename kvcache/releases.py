@@ -1,0 +1,213 @@
+"""Transformers releases side by side: the one installer behind ``scripts/versions.py`` (``make versions``),
+``kvcache bisect --releases`` and A/B runs of two releases. Standard library only (it runs pip, it imports
+neither torch nor transformers).
+
+A release is installed once into ``<root>/<release>`` with ``pip install --target``, with its own
+huggingface_hub/tokenizers/safetensors (:data:`FAMILY`) and every other package constrained to this
+interpreter's version (numpy included), so that nothing there shadows the environment with something different;
+copies identical to the environment's are then removed, and torch never lands there (:data:`NEVER`). A run then
+puts that directory first on ``PYTHONPATH`` (:func:`release_env`). A finished install is marked by
+``<root>/<release>/.kvcache-installed``; an unfinished one never is (it is built in a temporary folder beside
+it and renamed at the end), so an interrupted install is redone, never used.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from importlib import metadata
+from pathlib import Path
+from typing import IO
+
+# Released alongside transformers and pinned by it: these must come from each release's own resolution.
+FAMILY = {"transformers", "huggingface-hub", "tokenizers", "safetensors", "hf-xet"}
+NEVER = {"torch"}  # must come from the environment; transformers does not depend on it
+BINARY_ONLY = "tokenizers,safetensors,hf-xet,numpy"  # no Rust/C builds from source
+FINAL = re.compile(r"^\d+(\.\d+)+$")
+MARKER = ".kvcache-installed"
+
+
+class ReleaseError(ValueError):
+    """A release number that is not one, or one that is not published; the message is one line."""
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """Numeric sort key of a final release such as ``4.45.2``; ValueError for anything else."""
+    if not FINAL.match(version):
+        raise ValueError(f"not a final release number: {version!r}")
+    return tuple(int(part) for part in version.split("."))
+
+
+def normalise(text: str) -> tuple[str, str | None]:
+    """``(release, note)``: a release number as pip publishes it. ``4.45`` is read as ``4.45.0`` and ``v5.23.0`` (a
+    git tag) as ``5.23.0``, with a note saying so (None when taken as given); anything else that is not a final
+    release number is a :class:`ReleaseError`. (``pip install transformers==4.45`` installs 4.45.0, which then
+    reports ``4.45.0``: a run asked for ``4.45`` would not recognise its own release.)"""
+    given = text.strip()
+    release = given[1:] if given[:1] in ("v", "V") else given
+    if re.fullmatch(r"\d+\.\d+", release):
+        release += ".0"
+    if not FINAL.match(release):
+        raise ReleaseError(f"not a final release number: {text!r} (e.g. 4.45.2)")
+    return release, (None if release == given else f"{given} is read as {release}")
+
+
+def parse_pip_index(text: str) -> list[str]:
+    """Final releases listed by ``pip index versions PACKAGE`` (its ``Available versions:`` line), as listed."""
+    for line in text.splitlines():
+        if line.strip().startswith("Available versions:"):
+            listed = line.split(":", 1)[1].split(",")
+            return [v.strip() for v in listed if FINAL.match(v.strip())]
+    raise ValueError("no 'Available versions:' line in pip index output")
+
+
+def published(package: str = "transformers", timeout: float = 120) -> list[str]:
+    """Every final release of ``package`` on the package index, oldest first (``pip index versions``: needs the
+    network); :class:`ReleaseError` naming pip's complaint when it cannot be listed."""
+    cmd = [sys.executable, "-m", "pip", "index", "versions", package, "--disable-pip-version-check"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise ReleaseError(f"cannot list the releases of {package}: {exc}") from None
+    try:
+        return sorted(set(parse_pip_index(done.stdout)), key=version_key)
+    except ValueError:
+        raise ReleaseError(f"cannot list the releases of {package} (pip index versions: "
+                           f"{last_error(done.stderr or done.stdout)})") from None
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def venv_versions() -> dict[str, str]:
+    """Normalised name -> version of every distribution importable by this interpreter."""
+    found: dict[str, str] = {}
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"]
+        if name:
+            found.setdefault(_norm(name), dist.version)
+    return found
+
+
+def write_constraints(path: Path, installed: dict[str, str]) -> Path:
+    """Pin everything outside the transformers family (and this project) to the environment's version."""
+    own = _norm("kvcache-passes")
+    lines = [f"{name}=={version}" for name, version in sorted(installed.items()) if name not in FAMILY | {own}]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def prune(target: Path, installed: dict[str, str]) -> list[str]:
+    """Remove from ``target`` copies identical to the environment's and anything in NEVER; the names removed."""
+    removed = []
+    for dist in metadata.distributions(path=[str(target)]):
+        name, version = _norm(dist.metadata["Name"] or ""), dist.version
+        if name not in NEVER and installed.get(name) != version:
+            continue
+        for file in dist.files or []:
+            path = Path(dist.locate_file(file)).resolve()
+            if target.resolve() in path.parents and path.is_file():
+                path.unlink()
+        removed.append(f"{name}=={version}")
+    for folder in sorted((p for p in target.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        if not any(folder.iterdir()):
+            folder.rmdir()
+    return removed
+
+
+def last_error(text: str) -> str:
+    """The last ``ERROR:`` line of pip's output (else its last line), at most 300 characters."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("ERROR:")]
+    return (errors or lines or ["(no output)"])[-1][:300]
+
+
+def installed_at(release: str, root: Path) -> Path | None:
+    """``root/<release>`` when a finished install of ``release`` is there, else None."""
+    target = Path(root) / release
+    return target if (target / MARKER).exists() else None
+
+
+def install(release: str, root: Path, constraints: Path, installed: dict[str, str], log: IO[str]) -> str | None:
+    """Install ``release`` into ``root/<release>`` unless already there; None on success, else the reason (one line).
+    pip's command and output go to ``log``."""
+    root = Path(root)
+    target = root / release
+    if installed_at(release, root):
+        log.write(f"# {target} already installed\n")
+        return None
+    shutil.rmtree(target, ignore_errors=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{release}-", dir=root))
+    cmd = [sys.executable, "-m", "pip", "install", "--target", str(staging), "--no-input",
+           "--disable-pip-version-check", "--only-binary", BINARY_ONLY, "-c", str(constraints),
+           f"transformers=={release}"]
+    log.write("$ " + " ".join(cmd) + "\n")
+    log.flush()
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    log.write(done.stdout + done.stderr)
+    if done.returncode != 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        return f"pip install failed: {last_error(done.stderr or done.stdout)}"
+    removed = prune(staging, installed)
+    log.write(f"# removed (same as the environment, or never wanted here): {', '.join(removed) or 'nothing'}\n")
+    staging.rename(target)
+    (target / MARKER).write_text(f"transformers=={release}\n")
+    return None
+
+
+def release_env(target: Path, env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a run on the release installed in ``target``: it goes first on ``PYTHONPATH``."""
+    env = dict(os.environ if env is None else env)
+    env["COLUMNS"] = "300"  # pytest's short summary keeps more of a failure's message
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(target), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def imported_release(target: Path, cwd: Path | None = None) -> tuple[str | None, str]:
+    """``(version, output)``: the transformers version a Python started on ``target`` imports, or None with the
+    output that says why (the import failed)."""
+    probe = [sys.executable, "-c", "import transformers; print(transformers.__version__)"]
+    done = subprocess.run(probe, capture_output=True, text=True, cwd=cwd, env=release_env(target))
+    output = f"$ {' '.join(probe)}\n{done.stdout}{done.stderr}"
+    return (done.stdout.strip() or None) if done.returncode == 0 else None, output
+
+
+def ensure(release: str, root: Path, log: IO[str], cwd: Path | None = None, constraints: Path | None = None,
+           installed: dict[str, str] | None = None) -> Path:
+    """``root/<release>``, installed now unless it already is, and checked to import as ``release`` (a Python started
+    in ``cwd``); :class:`ReleaseError` with the reason otherwise. Constraints: ``constraints`` with the packages
+    ``installed`` when given (one file for many releases), else this interpreter's packages (written to a temporary
+    file of its own in ``root``, removed after)."""
+    root = Path(root).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    if not installed_at(release, root):
+        if constraints is not None:
+            reason = install(release, root, constraints, installed if installed is not None else venv_versions(), log)
+        else:
+            installed = venv_versions()
+            fd, name = tempfile.mkstemp(prefix=".constraints-", suffix=".txt", dir=root)
+            os.close(fd)
+            written = write_constraints(Path(name), installed)
+            try:
+                reason = install(release, root, written, installed, log)
+            finally:
+                written.unlink(missing_ok=True)
+        if reason:
+            raise ReleaseError(reason)
+    target = root / release
+    version, output = imported_release(target, cwd)
+    log.write(output)
+    if version is None:
+        raise ReleaseError(f"import failed: {last_error(output)}")
+    if version != release:
+        raise ReleaseError(f"imported transformers {version} instead of {release}")
+    return target

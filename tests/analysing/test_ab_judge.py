@@ -1,0 +1,114 @@
+"""The A/B judge (kvcache.analysing.ab) on synthetic paired data: regression, improvement, pass and inconclusive,
+shared drift against drift that differs between the sides, the ledger per op, and an A/B file read back by compare's
+loader as its two sides. No torch."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from kvcache.analysing import ab
+
+CONTEXTS = (1024, 4096, 16384)
+BYTES_PER_TOKEN = 1000.0
+
+
+def side(slope_s_per_byte: float, intercept_s: float, *, seed: int, rounds: int = 3, drift: float = 0.0,
+         round_speed: tuple[float, ...] = (), noise: float = 0.01, ledger: dict[str, float] | None = None,
+         cache: str = "dynamic") -> dict:
+    """A ``kv`` section: timed points of ``cache`` (each round slowed by ``round_speed[r]``: drift both sides share),
+    its drift, and optional ledger points with ops {op: slope}."""
+    rng = np.random.default_rng(seed)
+    points = []
+    for r in range(rounds):
+        speed = round_speed[r] if r < len(round_speed) else 1.0
+        for c in CONTEXTS:
+            kv_bytes = c * BYTES_PER_TOKEN
+            base = (intercept_s + slope_s_per_byte * kv_bytes) * speed
+            samples = base * (1 + noise * rng.standard_normal(10))
+            points.append({"cache": cache, "context": c, "round": r, "kv_bytes": kv_bytes,
+                           "samples_ms": [x * 1e3 for x in samples]})
+    kv = {"points": points, "settings": {"max_drift": 0.10, "ledger_tolerance": 0.5, "resamples": 400,
+                                         "confidence": 0.95, "seed": 0},
+          "drift": {"fraction": drift, "ok": abs(drift) <= 0.10}}
+    if ledger:
+        def steps(s: float, c: int) -> list[float]:
+            return list(s * c * BYTES_PER_TOKEN * (1 + noise * rng.standard_normal(8)) + 1e-4)
+        kv["ledger_points"] = [{"cache": cache, "context": c, "kv_bytes": c * BYTES_PER_TOKEN,
+                                "ops_s": {op: steps(s, c) for op, s in ledger.items()}} for c in CONTEXTS]
+        kv["ledger"] = {cache: {op: {"timed": s * 1e10, "timed_ci": [s * 0.9e10, s * 1.1e10]}
+                                for op, s in ledger.items()}}
+    return kv
+
+
+def judged(a: dict, b: dict, **kw) -> dict:
+    return ab.judge(a, b, resamples=400, **kw)["dynamic"]
+
+
+def test_a_slower_slope_on_b_is_a_regression_and_the_verdict_has_the_judges_shape():
+    v = judged(side(1e-9, 2e-3, seed=1), side(1.6e-9, 2e-3, seed=2))["timed"]
+    assert v["status"] == "regression", v
+    assert {"status", "value", "allowed", "reason", "ratio", "ratio_ci", "a", "b"} <= set(v)
+    assert 1.45 < v["ratio"] < 1.75 and v["ratio_ci"][0] > 1.1 and v["allowed"] == 1.1
+
+
+def test_a_faster_b_is_an_improvement_and_the_same_is_a_pass():
+    assert judged(side(1e-9, 2e-3, seed=1), side(0.6e-9, 2e-3, seed=2))["timed"]["status"] == "improvement"
+    same = judged(side(1e-9, 2e-3, seed=1), side(1e-9, 2e-3, seed=2))
+    assert same["timed"]["status"] == "pass", same["timed"]
+    assert same["intercept"]["status"] == "pass", same["intercept"]
+
+
+def test_a_wide_interval_is_inconclusive_with_the_reason():
+    v = judged(side(1e-9, 2e-3, seed=1, noise=0.3), side(1.1e-9, 2e-3, seed=2, noise=0.3))["timed"]
+    assert v["status"] == "inconclusive" and v["reason"]
+
+
+def test_drift_both_sides_share_leaves_the_verdict_but_drift_that_differs_makes_it_inconclusive():
+    slow = (1.0, 1.25, 1.5)  # the machine slowed down round by round, for both sides alike
+    shared = judged(side(1e-9, 2e-3, seed=1, drift=0.5, round_speed=slow),
+                    side(1.6e-9, 2e-3, seed=2, drift=0.5, round_speed=slow))["timed"]
+    assert shared["status"] == "regression", shared
+    differing = judged(side(1e-9, 2e-3, seed=1, drift=0.0), side(1.6e-9, 2e-3, seed=2, drift=0.3))["timed"]
+    assert differing["status"] == "inconclusive" and "drift differs" in differing["reason"]
+
+
+def test_too_few_paired_contexts_and_no_points_are_inconclusive():
+    a = side(1e-9, 2e-3, seed=1)
+    b = side(1e-9, 2e-3, seed=2)
+    b["points"] = [p for p in b["points"] if p["context"] == CONTEXTS[0]]
+    assert judged(a, b)["timed"]["status"] == "inconclusive"
+
+
+def test_the_ledger_is_judged_per_op():
+    a = side(1e-9, 2e-3, seed=1, ledger={"scaled_dot_product_attention": 1e-9, "cat": 4e-10, "tiny": 1e-12})
+    b = side(1e-9, 2e-3, seed=2, ledger={"scaled_dot_product_attention": 2e-9, "cat": 4e-10, "tiny": 3e-12})
+    ledger = judged(a, b)["ledger"]
+    assert ledger["scaled_dot_product_attention"]["status"] == "regression"
+    assert ledger["cat"]["status"] == "pass"
+    assert ledger["tiny"]["status"] == "pass" and "not judged" in ledger["tiny"]["reason"]  # under the tolerance
+    assert all(v["status"] in ab.STATUSES for _, _, v in ab.statuses({"dynamic": judged(a, b)}))
+
+
+def test_counted_and_overhead_verdicts_are_kept_and_a_regression_is_listed():
+    a, b = side(1e-9, 2e-3, seed=1), side(1e-9, 2e-3, seed=2)
+    counted = {"dynamic": {"counted": {"status": "regression", "reason": "counted passes 5.00 above 3.05",
+                                       "value": 5.0, "allowed": 3.05}}}
+    found = ab.judge(a, b, resamples=200, counted=counted)
+    assert found["dynamic"]["counted"]["status"] == "regression"
+    assert any("counted" in line for line in ab.regressions(found))
+
+
+def test_an_ab_file_is_read_by_compare_as_its_two_sides(tmp_path):
+    from kvcache.analysing.records import load_runs
+
+    data = json.loads((__import__("pathlib").Path(__file__).parent.parent / "data" / "tiny-run.json").read_text())
+    doc = {**data, "ab": {}, "ab_run": {}, "side_a": data}
+    path = tmp_path / "ab.json"
+    path.write_text(json.dumps(doc))
+    runs = load_runs(path)
+    assert [r.path for r in runs] == [f"{path}[A]", f"{path}[B]"]
+    plain = tmp_path / "run.json"
+    plain.write_text(json.dumps(data))
+    assert len(load_runs(plain)) == 1

@@ -1,0 +1,48 @@
+"""``kvcache traffic --warmup``: the decode steps before the counted one, 0 to what the counted traffic takes (2);
+anything else is a one-line usage error (exit 2) before anything is imported or built, not a value silently
+used as 0 or capped."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvcache import traffic_cli
+
+
+@pytest.mark.parametrize("value, says", [("-5", "--warmup -5 is out of range"), ("3", "--warmup 3 is out of range"),
+                                         ("100", "--warmup 100 is out of range"),
+                                         ("two", "--warmup 'two' is not a whole number")])
+def test_warmup_out_of_range_is_a_usage_error(capsys, value, says):
+    assert traffic_cli.main(["--model", "tiny", "--device", "cpu", "--warmup", value]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"kvcache traffic: {says}"), err
+    assert "accepted: 0, 1, 2" in err, err
+    assert captured.out == ""  # nothing counted
+
+
+def test_warmup_choices_are_what_the_counted_traffic_takes():
+    from kvcache.measuring.session import COUNT_WARMUP
+
+    assert traffic_cli.WARMUP_CHOICES == tuple(range(COUNT_WARMUP + 1))
+
+
+def test_warmup_is_honoured(capsys, monkeypatch):
+    """The value given reaches the counted step: ``count_step`` is asked for that many warm-up steps."""
+    from kvcache.measuring import decode
+
+    asked: list[int] = []
+    real = decode.DecodePoint.count_step
+
+    def spy(self, warmup=0, scopes=None):
+        asked.append(warmup)
+        return real(self, warmup, scopes)
+
+    monkeypatch.setattr(decode.DecodePoint, "count_step", spy)
+    assert traffic_cli.main(["--model", "tiny", "--device", "cpu", "--cache", "dynamic", "--warmup", "1",
+                             "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["dynamic"]["traffic"]["passes"] > 0
+    assert asked and set(asked) == {1}, asked
