@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+from kvcache.analysing import arguments, gate, identity, tables
 from kvcache.analysing import compare as comparing
-from kvcache.analysing import gate, identity, tables
 from kvcache.analysing.files import write_text_atomically
 from kvcache.analysing.records import RecordError, Run, load_run
 from kvcache.analysing.stats import finite, interval
@@ -392,10 +392,9 @@ def _read_ab(path: str) -> dict[str, Any] | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
-        return exc.code if isinstance(exc.code, int) else 2
+    args = arguments.parse(_parser(), argv)
+    if isinstance(args, int):  # --help (0) or a usage error (2)
+        return args
     try:
         if args.max_chars < 1000:
             raise CommentError(f"--max-chars {args.max_chars} is too small; give at least 1000 (GitHub allows "

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from kvcache.analysing import arguments, gate, identity, tables
 from kvcache.analysing import baseline as baselines
-from kvcache.analysing import gate, identity, tables
 from kvcache.analysing.records import RecordError, Run, load_runs
 from kvcache.analysing.stats import finite, interval
 from kvcache.analysing.tables import Table, escape_markdown, num
@@ -543,10 +543,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
-        return exc.code if isinstance(exc.code, int) else 2
+    args = arguments.parse(_parser(), argv)
+    if isinstance(args, int):  # --help (0) or a usage error (2)
+        return args
     options = {name: getattr(args, name) for name in ("tolerance", "counted_tolerance", "ops_tolerance",
                                                         "weight_passes_tolerance", "ledger_tolerance", "min_r2",
                                                         "memory_tolerance")}

@@ -27,7 +27,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from kvcache.analysing import gate, identity
+from kvcache.analysing import arguments, gate, identity
 from kvcache.analysing.files import write_text_atomically
 from kvcache.analysing.records import RecordError, Run, load_run
 from kvcache.analysing.stats import finite, interval
@@ -105,10 +105,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
-        return exc.code if isinstance(exc.code, int) else 2
+    args = arguments.parse(_parser(), argv)
+    if isinstance(args, int):  # --help (0) or a usage error (2)
+        return args
     if args.format not in FORMATS:
         print(f"kvcache export: --format {args.format!r} is not known; choose from {', '.join(FORMATS)}",
               file=sys.stderr)

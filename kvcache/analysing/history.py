@@ -36,7 +36,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from kvcache.analysing import files, identity
+from kvcache.analysing import arguments, files, identity
 from kvcache.analysing.records import RecordError, Run, load_run
 from kvcache.analysing.report.data import ReportError
 from kvcache.analysing.stats import finite, interval
@@ -354,10 +354,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
-        return exc.code if isinstance(exc.code, int) else 2
+    args = arguments.parse(_parser(), argv)
+    if isinstance(args, int):  # --help (0) or a usage error (2)
+        return args
     try:
         if args.action == "add":
             for name in ("commit", "release"):

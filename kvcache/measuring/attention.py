@@ -26,7 +26,7 @@ import os
 import re
 from typing import Any
 
-from kvcache.measuring.cachespec import CacheSpec
+from kvcache.measuring.cachespec import CacheSpec, run_entry_points
 
 DEFAULT = "sdpa"  # what kvcache.measuring.compat.from_config builds every model with: its records keep plain names
 SEPARATOR = "@"
@@ -73,18 +73,7 @@ def load_entry_points() -> list[str]:
     if _entry_points_loaded:
         return []
     _entry_points_loaded = True
-    from importlib.metadata import entry_points
-
-    problems = []
-    try:
-        found = entry_points(group=ENTRY_POINT_GROUP)
-    except TypeError:  # Python 3.9
-        found = entry_points().get(ENTRY_POINT_GROUP, [])
-    for ep in found:
-        try:
-            ep.load()()
-        except Exception as exc:  # noqa: BLE001 - a broken plug-in must not stop the suite
-            problems.append(f"entry point {ep.name!r} ({ep.value}): {type(exc).__name__}: {exc}")
+    problems = run_entry_points(ENTRY_POINT_GROUP, lambda register: register())
     ENTRY_POINT_PROBLEMS.extend(problems)
     return problems
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any, Callable
 
-from kvcache.measuring.cachespec import CacheRequest, CacheSpec
+from kvcache.measuring.cachespec import CacheRequest, CacheSpec, run_entry_points
 
 __all__ = ["CacheError", "CacheRequest", "CacheSpec", "register_cache", "registry", "get", "parse_caches"]
 
@@ -60,22 +60,14 @@ def load_entry_points() -> list[str]:
     if _entry_points_loaded:
         return []
     _entry_points_loaded = True
-    from importlib.metadata import entry_points
 
-    problems = []
-    try:
-        found = entry_points(group=ENTRY_POINT_GROUP)
-    except TypeError:  # Python 3.9
-        found = entry_points().get(ENTRY_POINT_GROUP, [])
-    for ep in found:
-        try:
-            obj = ep.load()
-            if isinstance(obj, CacheSpec):
-                _REGISTRY.setdefault(obj.name, obj)
-            else:
-                obj()
-        except Exception as exc:  # noqa: BLE001 - a broken plug-in must not stop the suite
-            problems.append(f"entry point {ep.name!r} ({ep.value}): {type(exc).__name__}: {exc}")
+    def use(obj: Any) -> None:
+        if isinstance(obj, CacheSpec):
+            _REGISTRY.setdefault(obj.name, obj)
+        else:
+            obj()
+
+    problems = run_entry_points(ENTRY_POINT_GROUP, use)
     ENTRY_POINT_PROBLEMS.extend(problems)
     return problems
 

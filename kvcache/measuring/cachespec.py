@@ -53,3 +53,21 @@ class CacheSpec:
     kinds: tuple[str, ...] | None = None
     point: Callable[..., Any] | None = None
     pads: bool = True
+
+
+def run_entry_points(group: str, use: Callable[[Any], None]) -> list[str]:
+    """Load every installed entry point of ``group`` and pass what it names to ``use``; one line per entry point
+    that failed (a broken plug-in must not stop the suite: it is named where its name would be looked up)."""
+    from importlib.metadata import entry_points
+
+    try:
+        found = entry_points(group=group)
+    except TypeError:  # Python 3.9
+        found = entry_points().get(group, [])
+    problems = []
+    for ep in found:
+        try:
+            use(ep.load())
+        except Exception as exc:  # noqa: BLE001
+            problems.append(f"entry point {ep.name!r} ({ep.value}): {type(exc).__name__}: {exc}")
+    return problems
