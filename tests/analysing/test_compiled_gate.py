@@ -65,3 +65,18 @@ def test_a_recompile_in_the_timed_steps_makes_the_timed_verdict_inconclusive():
     assert verdict["status"] == "inconclusive"
     assert "3 recompile(s) during the timed steps" in verdict["reason"]
     assert baseline.timed_problem(kv, cache).startswith("compiled run:")
+
+
+def test_compare_shows_the_judged_counted_figure_of_a_compiled_run(tmp_path):
+    """compare judged the fused count of a compiled run but showed the eager one (1.00 beside a fused 7.01)."""
+    from fakerun import write_run
+
+    from kvcache.analysing.compare import compare
+    from kvcache.analysing.records import load_run
+
+    run = make_run(points=True)
+    run["kv"] = compiled_kv()
+    path = write_run(tmp_path / "compiled.json", run)
+    comparison = compare([load_run(path), load_run(path)])
+    for cache, row in comparison.cells.items():
+        assert [cell.counted for cell in row] == [8.0, 8.0], cache
