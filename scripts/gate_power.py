@@ -88,6 +88,25 @@ def measured_baseline(calibration: dict[str, Any], planted: list[str]) -> dict[s
     return doc
 
 
+
+def run_series(runs: list[dict], out: Path, manifest: str, competing: bool, label: str) -> list[dict]:
+    """Run each entry's command in turn (its log beside the manifest), with a CPU-bound competitor beside them when
+    ``competing``; the manifest is rewritten after every run, so a stopped series keeps the runs it finished."""
+    done = []
+    competitor = subprocess.Popen([sys.executable, "-c", COMPETITOR]) if competing else None
+    try:
+        for n, entry in enumerate(runs, 1):
+            print(f"{label} {n}/{len(runs)}: {entry['name']} ...", flush=True)
+            entry["exit"] = run(entry["cmd"], out / f"{entry['name']}.log")
+            entry["competing"] = bool(competing)
+            done.append(entry)
+            (out / manifest).write_text(json.dumps(done, indent=2) + "\n")
+    finally:
+        if competitor is not None:
+            competitor.kill()
+            competitor.wait()
+    return done
+
 def run(cmd: list[str], log: Path) -> int:
     with log.open("w") as fh:
         return subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, check=False).returncode
@@ -123,20 +142,7 @@ def measure(opts: argparse.Namespace, out: Path) -> None:
         raise SystemExit(f"calibration run recorded no timed baseline for {CLEAN} (exit {code}); "
                          f"see {out / 'calibration.log'}")
     (out / "baseline.json").write_text(json.dumps(baseline, indent=2, sort_keys=True) + "\n")
-    done = []
-    runs = measured_runs(opts, out)
-    competitor = subprocess.Popen([sys.executable, "-c", COMPETITOR]) if opts.competing else None
-    try:
-        for n, entry in enumerate(runs, 1):
-            print(f"run {n}/{len(runs)}: {entry['name']} ...", flush=True)
-            entry["exit"] = run(entry["cmd"], out / f"{entry['name']}.log")
-            entry["competing"] = bool(opts.competing)
-            done.append(entry)
-            (out / MANIFEST).write_text(json.dumps(done, indent=2) + "\n")  # a stopped series keeps its runs
-    finally:
-        if competitor is not None:
-            competitor.kill()
-            competitor.wait()
+    run_series(measured_runs(opts, out), out, MANIFEST, opts.competing, "run")
 
 
 # --- reading the runs back ------------------------------------------------------------------------------------
@@ -299,19 +305,7 @@ def measure_ab(opts: argparse.Namespace, out: Path) -> None:
         for entry in json.loads((out / AB_MANIFEST).read_text()):
             (out / entry["json"]).unlink(missing_ok=True)
         (out / AB_MANIFEST).unlink()
-    done = []
-    competitor = subprocess.Popen([sys.executable, "-c", COMPETITOR]) if opts.competing else None
-    try:
-        for n, entry in enumerate(runs := ab_runs(opts, out), 1):
-            print(f"A/B run {n}/{len(runs)}: {entry['name']} ...", flush=True)
-            entry["exit"] = run(entry["cmd"], out / f"{entry['name']}.log")
-            entry["competing"] = bool(opts.competing)
-            done.append(entry)
-            (out / AB_MANIFEST).write_text(json.dumps(done, indent=2) + "\n")  # a stopped series keeps its runs
-    finally:
-        if competitor is not None:
-            competitor.kill()
-            competitor.wait()
+    run_series(ab_runs(opts, out), out, AB_MANIFEST, opts.competing, "A/B run")
 
 
 def ab_status(doc: dict[str, Any], measure: str) -> str:
