@@ -60,11 +60,11 @@ def pytest_configure(config: pytest.Config) -> None:
 def _identity(config: pytest.Config) -> dict[str, Any]:
     """What must match between the sides, from the suite's state: settings, the device and torch threads as the
     session resolves them, the Transformers and torch releases (which may differ)."""
-    from kvcache.plugin import STATE
+    from kvcache.plugin.state import STATE
 
     state = config.stash.get(STATE, None)
     if state is None:
-        return {}
+        return {"settings": {}, "environment": {}, "baseline": {}}
     session = state.session
     env = session.environment()
     settings = state.settings.to_dict()
@@ -76,10 +76,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     control = session.config.stash.get(CONTROL, None)
     if control is None:
         return
-    from kvcache.plugin import _role
+    from kvcache.plugin.discovery import item_role
 
     hello = {"items": [item.nodeid for item in session.items],
-             "roles": [_role(item)[0] for item in session.items], **_identity(session.config)}
+             "roles": [item_role(item)[0] for item in session.items], **_identity(session.config)}
     control.send({"hello": hello})
     if control.wait() != "go":
         session.shouldstop = "kvcache ab: stopped by the driver before measuring"

@@ -30,7 +30,7 @@ def main(argv: list[str]) -> int:
     try:
         run = load_run(args.run)
         recorded = run.datetime or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        entries, refused = baselines.record(args.baseline, run.kv, recorded)
+        entries, refused = baselines.record(args.baseline, run.record, recorded)
     except (RecordError, baselines.BaselineError) as exc:
         print(f"kvcache baseline: {exc}", file=sys.stderr)
         return 2

@@ -148,12 +148,9 @@ def release_range(text: str, say: Callable[[str], None]) -> tuple[str, str]:
     ends = []
     for part in text.split(".."):
         try:
-            release, note = installer.normalise(part)
+            ends.append(installer.normalised(part, "--releases", say))
         except installer.ReleaseError as exc:
             raise BisectError(f"--releases {text!r}: {exc}") from None
-        if note:
-            say(f"--releases: {note}")
-        ends.append(release)
     if installer.version_key(ends[0]) >= installer.version_key(ends[1]):
         raise BisectError(f"--releases {text!r} is an empty range: {ends[0]} is not older than {ends[1]}")
     return ends[0], ends[1]
@@ -162,7 +159,7 @@ def release_range(text: str, say: Callable[[str], None]) -> tuple[str, str]:
 def prepare(args: argparse.Namespace, extra: list[str], workdir: Path, say: Callable[[str], None]) -> Plan:
     """Check every input and build the plan; BisectError (one line) on bad input. Runs git, and with ``--releases``
     ``pip index versions``; measures nothing."""
-    from kvcache.measuring.models import ModelError, check_name  # standard library only
+    from kvcache.measuring.presets import ModelError, check_name  # standard library only
 
     try:
         check_name(args.model)
@@ -277,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             files.write_text_atomically(args.json, json.dumps(doc, indent=1) + "\n")
             say(f"written: {args.json}")
-        return int(result["exit"])
+        return result.exit
     except KeyboardInterrupt:
         where = plan.cache.folder if plan is not None else None
         print("kvcache bisect: interrupted" + (f"; the probes finished so far are kept in {where}" if where else ""),

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from kvcache import releases as installer
 from kvcache.analysing import files
+from kvcache.analysing.records import KV, RecordError, Skip, load_run
 from kvcache.bisect_server import ForkServer, ServerRefused
 
 EXIT_FOUND, EXIT_SAME, EXIT_USAGE, EXIT_AMBIGUOUS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -50,10 +51,10 @@ class Item:
 
 @dataclass
 class Probe:
-    """What one probe of one item gave: the run's ``kv`` section, or the reason it has none."""
+    """What one probe of one item gave: the run's ``kv`` section as records, or the reason it has none."""
 
     item: Item
-    kv: dict[str, Any] | None = None
+    kv: KV | None = None
     reason: str | None = None
     transformers: str | None = None
     untrusted: list[str] = field(default_factory=list)
@@ -163,12 +164,13 @@ class ProbeCache:
             return None
         try:
             doc = json.loads((self.folder / f"{item.key}.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            if doc["identity"] != self.identity_hash:
+                return None
+            kv = None if doc["kv"] is None else KV.from_json(doc["kv"], f"{item.key}.json: kv")
+            return Probe(item, kv=kv, reason=doc["reason"], transformers=doc["transformers"],
+                         untrusted=list(doc["untrusted"]), cached=True, seconds=float(doc["seconds"]))
+        except (OSError, ValueError, KeyError, TypeError):  # no probe :meth:`put` wrote (RecordError is a ValueError)
             return None
-        if not isinstance(doc, dict) or doc.get("identity") != self.identity_hash:
-            return None
-        return Probe(item, kv=doc.get("kv"), reason=doc.get("reason"), transformers=doc.get("transformers"),
-                     untrusted=list(doc.get("untrusted") or []), cached=True, seconds=float(doc.get("seconds") or 0))
 
     def put(self, probe: Probe) -> None:
         if self.folder is None or not probe.cacheable:
@@ -177,7 +179,8 @@ class ProbeCache:
         identity = self.folder / "identity.json"
         if not identity.exists():
             files.write_text_atomically(identity, json.dumps(self.identity, indent=1, sort_keys=True))
-        doc = {"identity": self.identity_hash, "item": probe.item.name, "kv": probe.kv, "reason": probe.reason,
+        kv = None if probe.kv is None else probe.kv.to_json()
+        doc = {"identity": self.identity_hash, "item": probe.item.name, "kv": kv, "reason": probe.reason,
                "transformers": probe.transformers, "untrusted": probe.untrusted, "seconds": round(probe.seconds, 1)}
         files.write_text_atomically(self.folder / f"{probe.item.key}.json", json.dumps(doc))
 
@@ -187,6 +190,12 @@ class ProbeCache:
 
 FAILED_COUNT = re.compile(r"^FAILED \S*test_traffic\.py::test_traffic\[(?P<cache>[^\]]+)\] - (?P<why>.*)$")
 ERROR_LINE = re.compile(r"^(?:E\s+|INTERNALERROR>\s*)?(?P<what>[A-Za-z_][\w.]*(?:Error|Exception|Exit)\b:.*)$")
+
+
+def failed_counts(log: str) -> dict[str, str]:
+    """``{class: message}`` of the counted tests that failed, from the short summary of a pytest log
+    (``FAILED ...test_traffic.py::test_traffic[static] - RuntimeError: ...``)."""
+    return {m["cache"]: m["why"].strip() for m in map(FAILED_COUNT.match, log.splitlines()) if m}
 
 
 def failure_reason(log: str, returncode: int) -> str:
@@ -235,7 +244,7 @@ class Suite:
         return opts + list(self.extra)
 
     def identity(self) -> dict[str, Any]:
-        from kvcache.measuring.models import model_key  # standard library only
+        from kvcache.measuring.presets import model_key  # standard library only
 
         opts = self.options()
         opts = [*opts[:1], model_key(self.model), *opts[2:len(opts) - len(self.extra)], *extra_identity(self.extra)]
@@ -271,29 +280,27 @@ class Suite:
             text = log.read()
         probe.seconds = time.monotonic() - start
         try:
-            probe.kv = json.loads(out.read_text(encoding="utf-8")).get("kv")
-        except (OSError, ValueError, AttributeError):
+            probe.kv = load_run(out).record
+        except RecordError:
             probe.kv = None
         try:
             found = json.loads(gates.read_text(encoding="utf-8"))
-            probe.transformers = found.get("transformers")
-            probe.untrusted = list(found.get("ambiguous") or [])
-        except (OSError, ValueError, AttributeError):
+            probe.transformers, probe.untrusted = found["transformers"], list(found["ambiguous"])
+        except (OSError, ValueError, KeyError, TypeError):  # not written (kvcache.bisect_probe): the run stopped early
             pass
-        if isinstance(probe.kv, dict):
-            probe.transformers = (probe.kv.get("environment") or {}).get("transformers") or probe.transformers
-            failed = {m["cache"]: m["why"].strip() for m in map(FAILED_COUNT.match, text.splitlines()) if m}
-            if failed:  # a class whose count failed: its message stands in for a figure
-                probe.kv.setdefault("skipped", [])
-                probe.kv["skipped"] += [{"cache": c, "reason": f"failed: {why[:240]}"} for c, why in failed.items()]
+        if probe.kv is not None:
+            probe.transformers = probe.kv.environment.get("transformers") or probe.transformers
+            # a class whose count failed: its message (the run's record of it, else pytest's log) stands in for a figure
+            session = probe.kv.session
+            failed = session.reasons if session is not None and session.reasons else failed_counts(text)
+            probe.kv.skipped += [Skip(cache=c, reason=f"failed: {why[:240]}") for c, why in failed.items()]
         if returncode is None:
             probe.kv, probe.cacheable = None, False
             probe.reason = f"the counted run took longer than {self.timeout:g} s (--probe-timeout)"
         elif returncode < 0:
             probe.kv, probe.cacheable = None, False
             probe.reason = f"the counted run was killed by signal {-returncode}"
-        elif not isinstance(probe.kv, dict):
-            probe.kv = None
+        elif probe.kv is None:
             probe.reason = failure_reason(text, returncode)
         if probe.reason:  # the probe's temporary folders mean nothing once it is cached
             probe.reason = probe.reason.replace(str(first_on_path.parent) + os.sep, "").replace(str(folder), "")

@@ -9,7 +9,7 @@ from kvcache import bisect_search as search
 from kvcache.bisect_probes import DEFAULT_CACHES, EXIT_AMBIGUOUS, JSON_FORMAT
 
 if TYPE_CHECKING:
-    from kvcache.bisect_walk import Bisect, Plan, Step
+    from kvcache.bisect_walk import Bisect, Plan, Result, Step
 
 
 def step_json(bisect: Bisect, step: Step) -> dict[str, Any]:
@@ -46,29 +46,30 @@ def probe_json(bisect: Bisect, index: int, cls: str | None) -> dict[str, Any]:
     return doc
 
 
-def report(bisect: Bisect, result: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+def report(bisect: Bisect, result: Result) -> tuple[list[str], dict[str, Any]]:
     """The closing lines for the terminal and the ``--json`` document."""
     plan, measure = bisect.plan, bisect.plan.measure
-    cls = result.get("cls")
+    cls = result.cls
     lines: list[str] = []
-    steps = [step_json(bisect, s) for s in result.get("changes", [])]
+    steps = [step_json(bisect, s) for s in result.changes]
     probes = [probe_json(bisect, i, cls) for i in bisect.order]
     doc: dict[str, Any] = {"kvcache_bisect": JSON_FORMAT, "where": plan.where, "mode": plan.mode,
                            "good": plan.ends[0].name, "bad": plan.ends[1].name, "notes": plan.notes,
                            "identity": plan.cache.identity,
                            "measure": {"name": measure.name, "label": measure.label, "unit": measure.unit,
-                                       "class": cls, "tolerance": result.get("tolerance")},
+                                       "class": cls, "tolerance": result.tolerance},
                            "first_bad": None, "before": None, "after": None, "changes": steps, "probes": probes,
-                           "others": result.get("others", {}), "exit": result["exit"]}
-    if result.get("hint"):
-        doc["hint"] = result["hint"]
+                           "others": {c: other.to_json() for c, other in result.others.items()},
+                           "exit": result.exit}
+    if result.hint:
+        doc["hint"] = result.hint
     if steps:
         first = steps[0]
         doc.update(first_bad=first["first_bad"], subject=first["subject"], date=first["date"],
                    parent=first["parent"], before=first["before"], after=first["after"], ops=first["ops"])
-        doc["accounts_for_all"] = len(steps) == 1 and not (result["exit"] == EXIT_AMBIGUOUS)
+        doc["accounts_for_all"] = len(steps) == 1 and not (result.exit == EXIT_AMBIGUOUS)
     kind = "release" if plan.mode == "releases" else "commit"
-    for i, (step, sj) in enumerate(zip(result.get("changes", []), steps)):
+    for i, (step, sj) in enumerate(zip(result.changes, steps)):
         label = f"first bad {kind}" if i == 0 else f"then the first bad {kind} after it"
         if step.skipped:
             lines.append(f"{label}: one of {len(sj['candidates'])} (the others could not be measured): "
@@ -92,17 +93,16 @@ def report(bisect: Bisect, result: dict[str, Any]) -> tuple[list[str], dict[str,
     if steps and len(steps) > 1:
         lines.append(f"  the first bad {kind} does not account for the whole change: {len(steps)} changes found")
     if plan.mode == "releases" and steps and steps[0]["first_bad"]:
-        first = result["changes"][0]
-        good, bad = bisect.item(first.good).name, bisect.item(first.first_bad).name
+        first_change = result.changes[0]
+        good, bad = bisect.item(first_change.good).name, bisect.item(first_change.first_bad).name
         lines.append(f"  next, in a Transformers checkout: kvcache bisect --repo transformers --good v{good} "
                      f"--bad v{bad} {bisect_options(plan)}".rstrip())
-    others = result.get("others") or {}
-    if cls and others:
+    if cls and result.others:
         lines.append("other classes: " + "; ".join(
-            f"{c} {search.fmt_value(o['good'], measure)} -> {search.fmt_value(o['bad'], measure)}"
-            + (" (changed too: --class " + c + " bisects it)" if o["changed"] else " (unchanged)" if o["good"]
-               is not None and o["bad"] is not None else f" ({o['reason']})")
-            for c, o in others.items()))
+            f"{c} {search.fmt_value(o.good, measure)} -> {search.fmt_value(o.bad, measure)}"
+            + (" (changed too: --class " + c + " bisects it)" if o.changed else " (unchanged)" if o.good
+               is not None and o.bad is not None else f" ({o.reason})")
+            for c, o in result.others.items()))
     skipped = sum(1 for i, p in bisect.probes.items()
                   if p.kv is None or bisect.judged.get(i, (None,))[0] == search.SKIP)
     cached = sum(1 for p in bisect.probes.values() if p.cached)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from kvcache import releases as installer
 from kvcache.bisect_probes import BisectError, Item, Probe, Suite, version_of
+from kvcache.cli import one_line
 
 
 def git(repo: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -20,11 +21,6 @@ def git(repo: Path, *args: str, check: bool = True) -> subprocess.CompletedProce
     if check and done.returncode != 0:
         raise BisectError(f"git {' '.join(args)} failed in {repo}: {one_line(done.stderr or done.stdout)}")
     return done
-
-
-def one_line(text: str, limit: int = 300) -> str:
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return (lines[-1] if lines else "(no output)")[:limit]
 
 
 def resolve(top: Path, rev: str, option: str) -> str:

@@ -1,5 +1,6 @@
 """The pure part of ``kvcache bisect``: which figure of a counted run is bisected, when a probe counts as changed,
-and which commit to probe next. Standard library only (plus the judge's tolerances, :mod:`kvcache.analysing.gate`);
+and which commit to probe next, from the records of each probe's run (:mod:`kvcache.analysing.records`) and the
+counted judge's tolerances (:mod:`kvcache.analysing.rules`, :mod:`kvcache.analysing.judges`); no torch, and
 nothing here runs anything.
 
 Counted figures are exact, so every probe gives a definite answer. A probe is *bad* when its figure differs from the
@@ -16,97 +17,104 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from kvcache.analysing.gate import COUNTED_RELATIVE_SLACK, OP_CHANGE, Rules, counted_traffic
+from kvcache.analysing.judges import COUNTED_RELATIVE_SLACK, OP_CHANGE
+from kvcache.analysing.records import KV
+from kvcache.analysing.rules import Rules
+from kvcache.analysing.tables import MISSING
 
 GOOD, BAD, SKIP = "good", "bad", "skip"
 
 
 @dataclass(frozen=True)
 class Measure:
-    """A figure of a run's ``kv`` section that a bisect can follow."""
+    """A figure of a run's ``kv`` section that a bisect can follow: the record field ``key`` of
+    ``kv.<section>.<cache>`` and ``detail``, the field of its per-op parts (None: it has none)."""
 
     name: str
     label: str  # for messages: "counted passes"
     unit: str  # "passes", "ops", "weight passes"
     section: str  # "traffic" or "memory"
-    key: str  # the figure's key in kv.<section>.<cache>
+    key: str
+    detail: str | None = None
 
 
 MEASURES = {
-    "passes": Measure("passes", "counted passes", "passes", "traffic", "passes"),
-    "ops": Measure("ops", "ATen ops per step", "ops", "traffic", "ops_per_step"),
+    "passes": Measure("passes", "counted passes", "passes", "traffic", "passes", "by_op"),
+    "ops": Measure("ops", "ATen ops per step", "ops", "traffic", "ops_per_step", "calls"),
     "weight": Measure("weight", "weight passes", "weight passes", "traffic", "weight_passes"),
-    "held": Measure("held", "memory held per step", "held passes", "memory", "held_passes"),
-    "peak": Measure("peak", "memory peak per step", "peak passes", "memory", "peak_passes"),
-    "allocated": Measure("allocated", "memory allocated per step", "allocated passes", "memory", "allocated_passes"),
+    "held": Measure("held", "memory held per step", "held passes", "memory", "held_passes", "allocated_by_op"),
+    "peak": Measure("peak", "memory peak per step", "peak passes", "memory", "peak_passes", "peak_by_op"),
+    "allocated": Measure("allocated", "memory allocated per step", "allocated passes", "memory", "allocated_passes",
+                         "allocated_by_op"),
 }
 
 
 @dataclass
 class Figure:
     """One class's figure in one run: ``value`` (None when it was not measured, with ``reason``) and ``detail``, the
-    per-op parts (counted passes by op, or ATen calls by op) the difference between two commits is named by."""
+    per-op parts (counted passes by op, ATen calls by op, or memory passes by op) the difference between two commits
+    is named by."""
 
     value: float | None
     detail: dict[str, float]
     reason: str | None = None
 
 
-def classes(kv: dict[str, Any]) -> list[str]:
+def classes(kv: KV) -> list[str]:
     """The classes of a run, in its own order: its settings' classes, then any it measured besides."""
-    settings = kv.get("settings") or {}
-    names = [*settings.get("caches", []), *(kv.get("traffic") or {}), *(kv.get("memory") or {})]
+    names = [*kv.settings.get("caches", []), *kv.traffic, *kv.memory]
     return [c for c in dict.fromkeys(names) if c != "all"]
 
 
-def skip_reason(kv: dict[str, Any], cache: str) -> str | None:
+def skip_reason(kv: KV, cache: str) -> str | None:
     """Why the run recorded no figure for ``cache`` (``kv.skipped``), or None."""
-    for entry in kv.get("skipped") or []:
-        if entry.get("cache") == cache:
-            return str(entry.get("reason") or "skipped")
+    for entry in kv.skipped:
+        if entry.cache == cache:
+            return entry.reason or "skipped"
     return None
 
 
-def figure(kv: dict[str, Any], measure: Measure, cache: str) -> Figure:
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def figure(kv: KV, measure: Measure, cache: str) -> Figure:
     """``cache``'s figure of ``measure`` in a run's ``kv`` section (counted passes: the fused count under
     ``--kv-compile``, as the gate judges it)."""
-    section = (kv.get(measure.section) or {}).get(cache)
-    if measure.name == "passes":
-        section = counted_traffic(section)
-    value = (section or {}).get(measure.key) if isinstance(section, dict) else None
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-        why = skip_reason(kv, cache)
-        if why is None and isinstance(section, dict) and section.get("why_missing"):
-            why = str(section["why_missing"])
-        if why is None and measure.section == "memory" and not kv.get("memory"):
+    why_missing = None
+    if measure.section == "memory":
+        record: Any = kv.memory.get(cache)
+    elif measure.name == "passes":  # the fused count under --kv-compile, else the eager one
+        traffic = kv.traffic.get(cache)
+        record = traffic.counted() if traffic is not None else None
+        why_missing = record.why_missing if record is not None else None
+    else:
+        record = kv.traffic.get(cache)
+    value = None if record is None else getattr(record, measure.key)
+    if not _number(value):
+        why = skip_reason(kv, cache) or why_missing
+        if why is None and measure.section == "memory" and not kv.memory:
             why = "the run has no memory figures (kv.memory)"
         return Figure(None, {}, why or f"no {measure.label} of {cache} in the run")
-    if measure.name == "passes":
-        detail = section.get("by_op") or {}
-    elif measure.name == "ops":
-        detail = section.get("calls") or {}
-    elif measure.section == "memory":
-        detail = section.get("by_op") or {}
-    else:
-        detail = {}
-    detail = {str(k): float(v) for k, v in detail.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    parts = getattr(record, measure.detail) if measure.detail else None
+    detail = {str(op): float(v) for op, v in (parts or {}).items() if _number(v)}
     return Figure(float(value), detail)
 
 
-def tolerance(kv: dict[str, Any], measure: Measure, cache: str) -> float:
+def tolerance(kv: KV, measure: Measure, cache: str) -> float:
     """How far the figure may move and still count as unchanged: the counted judge's tolerance for it, from the rules
     the run was judged with (``--kv-counted-tolerance``; ``--kv-ops-tolerance`` × layers for ops;
-    ``--kv-weight-passes-tolerance``; memory: ``memory_tolerance`` where the run has one, else the counted one)."""
-    settings = kv.get("settings") or {}
-    rules = Rules.from_settings(settings)
+    ``--kv-weight-passes-tolerance``; memory: ``--kv-memory-tolerance`` where the run has one, else the counted
+    one)."""
+    rules = Rules.from_settings(kv.settings)
     if measure.name == "ops":
-        layers = ((kv.get("traffic") or {}).get(cache) or {}).get("layers") or (kv.get("model") or {}).get("layers")
+        traffic = kv.traffic.get(cache)
+        layers = traffic.layers if traffic is not None and traffic.layers else kv.model.get("layers")
         return rules.ops_tolerance * (layers or 1)
     if measure.name == "weight":
         return rules.weight_passes_tolerance
     if measure.section == "memory":
-        value = settings.get("memory_tolerance")
-        return float(value) if isinstance(value, (int, float)) else rules.counted_tolerance
+        return rules.memory_tolerance if "memory_tolerance" in kv.settings else rules.counted_tolerance
     return rules.counted_tolerance
 
 
@@ -168,7 +176,7 @@ def op_changes(before: dict[str, float], after: dict[str, float]) -> dict[str, f
 def fmt_value(value: float | None, measure: Measure) -> str:
     """A figure for the terminal: ops as a whole number, passes with two decimals (weight passes three)."""
     if value is None:
-        return "-"
+        return MISSING
     if measure.name == "ops":
         return f"{value:g}"
     return f"{value:.3f}" if measure.name == "weight" else f"{value:.2f}"

@@ -1,9 +1,9 @@
 """A fork server for the probes of ``kvcache bisect`` (POSIX): ``python -m kvcache.bisect_server MODULES-JSON``, and
 its client, :class:`ForkServer`.
 
-Importing torch, pytest and their dependencies costs about two thirds of a counted run of one class on ``tiny``, and
-is the same for every commit. This process imports them once (the modules named in its argument, never
-transformers, which is what differs) and says whether it is safe to fork: its first answer is ``{"ready": true,
+Importing torch, pytest and their dependencies is the same for every commit (docs/bisect.md says what it costs).
+This process imports them once (the modules named in its argument, never transformers, which is what differs) and
+says whether it is safe to fork: its first answer is ``{"ready": true,
 "threads": N, "cuda": B, "transformers": B}``, and the client uses it only when one thread is alive (a fork copies
 other threads' locks half-held) and CUDA is not initialised (a forked child cannot use it); otherwise every probe is
 a new interpreter. For each request on stdin (one JSON line: ``args``, ``cwd``, ``env``, ``path``, ``log``,
@@ -153,14 +153,14 @@ def serve(preload: list[str]) -> None:
                     break
                 order = requests.read(0.2)
                 gone = requests.closed or os.getppid() != parent
-                if gone or (order or {}).get("kill") or time.monotonic() > deadline:
+                killed = order is not None and bool(order.get("kill"))
+                if gone or killed or time.monotonic() > deadline:
                     kill_group(pid)
                     os.waitpid(pid, 0)
                     pid = None
                     if gone:
                         return
-                    answers.write(json.dumps({"rc": -signal.SIGKILL, "timed_out": not (order or {}).get("kill")})
-                                  + "\n")
+                    answers.write(json.dumps({"rc": -signal.SIGKILL, "timed_out": not killed}) + "\n")
                     break
     finally:
         if pid:

@@ -4,10 +4,12 @@ probes the ends, picks the class whose figure changed and bisects the range with
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from kvcache import bisect_search as search
+from kvcache.analysing.records import KV
+from kvcache.analysing.tables import MISSING
 from kvcache.bisect_probes import EXIT_AMBIGUOUS, EXIT_FOUND, EXIT_SAME, BisectError, Item, Probe, ProbeCache
 
 
@@ -37,6 +39,47 @@ class Step:
     after: search.Figure
 
 
+@dataclass
+class Ends:
+    """One class's figure at the good and at the bad end, and the tolerance it is judged with."""
+
+    good: search.Figure
+    bad: search.Figure
+    tolerance: float
+
+    @property
+    def changed(self) -> bool:
+        return (self.good.value is not None and self.bad.value is not None
+                and search.differs(self.bad.value, self.good.value, self.tolerance))
+
+
+@dataclass
+class Other:
+    """``others.<class>`` of the output: a class the bisect did not follow, its figures at the ends."""
+
+    good: float | None
+    bad: float | None
+    tolerance: float
+    changed: bool
+    reason: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Result:
+    """What a bisect found: its exit status, the class it followed (None: no change) with its tolerance, the
+    changes in order, the other classes, and a hint naming a figure that did change."""
+
+    exit: int = EXIT_SAME
+    cls: str | None = None
+    tolerance: float | None = None
+    changes: list[Step] = field(default_factory=list)
+    others: dict[str, Other] = field(default_factory=dict)
+    hint: str | None = None
+
+
 class Bisect:
     def __init__(self, plan: Plan, say: Callable[[str], None]):
         self.plan, self.say = plan, say
@@ -59,7 +102,7 @@ class Bisect:
         self.order.append(index)
         return found
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> Result:
         plan, measure = self.plan, self.plan.measure
         n = len(plan.items)
         for index, end in ((-1, "good"), (n - 1, "bad")):
@@ -68,46 +111,43 @@ class Bisect:
             if probe.kv is None:
                 raise BisectError(f"the {end} end {probe.item.short} cannot be measured: {probe.reason}")
         good_kv, bad_kv = self.probes[-1].kv, self.probes[n - 1].kv
+        assert good_kv is not None and bad_kv is not None
         names = list(dict.fromkeys([*([plan.cls] if plan.cls else []), *search.classes(good_kv),
                                     *search.classes(bad_kv)]))
-        ends = {c: (search.figure(good_kv, measure, c), search.figure(bad_kv, measure, c),
-                    search.tolerance(good_kv, measure, c)) for c in names}
+        ends = {c: Ends(search.figure(good_kv, measure, c), search.figure(bad_kv, measure, c),
+                        search.tolerance(good_kv, measure, c)) for c in names}
         if plan.cls:
-            for end, fig in (("good", ends[plan.cls][0]), ("bad", ends[plan.cls][1])):
+            for end, fig in (("good", ends[plan.cls].good), ("bad", ends[plan.cls].bad)):
                 if fig.value is None:
                     raise BisectError(f"--class {plan.cls}: no {measure.label} at the {end} end: {fig.reason}")
-        if not any(g.value is not None and b.value is not None for g, b, _ in ends.values()):
-            why = next((g.reason or b.reason for g, b, _ in ends.values() if g.reason or b.reason), "no figure")
+        if not any(e.good.value is not None and e.bad.value is not None for e in ends.values()):
+            why = next((e.good.reason or e.bad.reason for e in ends.values() if e.good.reason or e.bad.reason),
+                       "no figure")
             raise BisectError(f"--measure {measure.name}: no class has {measure.label} at both ends ({why})")
-        changed = [c for c, (g, b, tol) in ends.items()
-                   if g.value is not None and b.value is not None and search.differs(b.value, g.value, tol)]
-        result: dict[str, Any] = {"others": {}, "changes": []}
-        for c, (g, b, tol) in ends.items():
-            result["others"][c] = {"good": g.value, "bad": b.value, "tolerance": tol,
-                                   "changed": c in changed, "reason": g.reason or b.reason}
-        hint = None
+        changed = [c for c, e in ends.items() if e.changed]
+        result = Result(others={c: Other(e.good.value, e.bad.value, e.tolerance, e.changed,
+                                         e.good.reason or e.bad.reason) for c, e in ends.items()})
         if plan.cls:  # the class asked for, or nothing
             others = [c for c in changed if c != plan.cls]
             if others and plan.cls not in changed:
-                g, b, _ = ends[others[0]]
-                hint = (f"{measure.label} of {others[0]} did change ({self.pair(g, b)}): --class {others[0]} "
-                        "bisects it")
+                first = ends[others[0]]
+                result.hint = (f"{measure.label} of {others[0]} did change ({self.pair(first.good, first.bad)}): "
+                               f"--class {others[0]} bisects it")
             changed = [plan.cls] if plan.cls in changed else []
         if not changed:
             shown = {plan.cls: ends[plan.cls]} if plan.cls else ends
             self.say(f"no change in {measure.label} between the ends: " + "; ".join(
-                f"{c} {self.pair(g, b)}" for c, (g, b, _) in shown.items())
-                + f" (tolerance {self.tol_text(next(iter(shown.values()))[2]) if shown else '-'})")
-            hint = hint or self.other_measures(good_kv, bad_kv)
-            if hint:
-                self.say(hint)
-                result["hint"] = hint
-            result.update(cls=None, exit=EXIT_SAME)
+                f"{c} {self.pair(e.good, e.bad)}" for c, e in shown.items())
+                + f" (tolerance {self.tol_text(next(iter(shown.values())).tolerance) if shown else MISSING})")
+            result.hint = result.hint or self.other_measures(good_kv, bad_kv)
+            if result.hint:
+                self.say(result.hint)
             return result
         chosen = changed[0]
-        result["others"].pop(chosen)
-        good_fig, bad_fig, tol = ends[chosen]
-        result.update(cls=chosen, tolerance=tol)
+        result.others.pop(chosen)
+        good_fig, bad_fig, tol = ends[chosen].good, ends[chosen].bad, ends[chosen].tolerance
+        assert good_fig.value is not None and bad_fig.value is not None
+        result.cls, result.tolerance = chosen, tol
         steps = max(1, (n - 1).bit_length())
         self.say(f"bisecting {measure.label} of {chosen}: {search.fmt_value(good_fig.value, measure)} at the good "
                  f"end, {search.fmt_value(bad_fig.value, measure)} at the bad end (tolerance {self.tol_text(tol)}); "
@@ -128,7 +168,7 @@ class Bisect:
             good, first_bad, skipped = search.outcome(lo, n - 1, verdicts)
             before = self.figure(good, chosen)
             after = self.figure(first_bad, chosen)
-            result["changes"].append(Step(good, first_bad, skipped, before, after))
+            result.changes.append(Step(good, first_bad, skipped, before, after))
             if skipped or after.value is None or not search.differs(bad_fig.value, after.value, tol):
                 break
             if first_bad == n - 1:
@@ -137,8 +177,7 @@ class Bisect:
                      f"{search.fmt_value(after.value, measure)} of {search.fmt_value(good_fig.value, measure)} -> "
                      f"{search.fmt_value(bad_fig.value, measure)}: going on after it")
             lo, reference = first_bad, after.value
-        first = result["changes"][0]
-        result["exit"] = EXIT_AMBIGUOUS if first.skipped else EXIT_FOUND
+        result.exit = EXIT_AMBIGUOUS if result.changes[0].skipped else EXIT_FOUND
         return result
 
     def figure(self, index: int, cls: str) -> search.Figure:
@@ -161,17 +200,17 @@ class Bisect:
                 f"good end: {good.reason}" if good.value is None else f"bad end: {bad.reason}") + ")"
         return f"{search.fmt_value(good.value, m)} -> {search.fmt_value(bad.value, m)}"
 
-    def other_measures(self, good_kv: dict[str, Any], bad_kv: dict[str, Any]) -> str | None:
+    def other_measures(self, good_kv: KV, bad_kv: KV) -> str | None:
         """A hint naming a figure of another measure that did change between the ends."""
         for name, measure in search.MEASURES.items():
             if name == self.plan.measure.name:
                 continue
             for c in dict.fromkeys(search.classes(good_kv) + search.classes(bad_kv)):
-                g, b = search.figure(good_kv, measure, c), search.figure(bad_kv, measure, c)
-                tol = search.tolerance(good_kv, measure, c)
-                if g.value is not None and b.value is not None and search.differs(b.value, g.value, tol):
-                    return (f"{measure.label} of {c} did change ({search.fmt_value(g.value, measure)} -> "
-                            f"{search.fmt_value(b.value, measure)}): --measure {name} bisects it")
+                ends = Ends(search.figure(good_kv, measure, c), search.figure(bad_kv, measure, c),
+                            search.tolerance(good_kv, measure, c))
+                if ends.changed:
+                    return (f"{measure.label} of {c} did change ({search.fmt_value(ends.good.value, measure)} -> "
+                            f"{search.fmt_value(ends.bad.value, measure)}): --measure {name} bisects it")
         return None
 
     def probe_line(self, index: int, verdict: str, cls: str | None = None) -> str:

@@ -1,6 +1,5 @@
-"""The ``kvcache`` command: ``traffic`` (counted bytes of one decode step), ``compare`` (runs across
-releases, exit 1 on a regression), ``report`` (charts and a Markdown/HTML report) and ``baseline``
-(record a finished run as the baseline)."""
+"""The ``kvcache`` command: ``kvcache COMMAND [ARGS...]`` runs the ``main`` of that command's module (:data:`COMMANDS`,
+one module per command, imported only when it runs), and the text helpers the commands share."""
 
 from __future__ import annotations
 
@@ -8,12 +7,13 @@ import sys
 
 COMMANDS = {
     "traffic": ("kvcache.traffic_cli", "count the bytes one decode step moves, per op, and probe attention"),
-    "compare": ("kvcache.analysing.compare", "compare benchmark JSON runs; exit 1 on a regression"),
+    "compare": ("kvcache.analysing.compare_cli", "compare benchmark JSON runs; exit 1 on a regression"),
     "report": ("kvcache.analysing.report", "write latency.png, traffic.png, report.md and report.html"),
     "baseline": ("kvcache.baseline_cli", "record a finished run's passes in the baseline file"),
     "ab": ("kvcache.ab", "two environments side by side, interleaved: B judged against A; exit 1 on a regression"),
     "bisect": ("kvcache.bisect", "find the Transformers commit or release that changed a counted figure"),
-    "comment": ("kvcache.analysing.comment", "a pull request's comment (Markdown): HEAD against BASE, verdict first"),
+    "comment": ("kvcache.analysing.comment_cli",
+                "a pull request's comment (Markdown): HEAD against BASE, verdict first"),
     "history": ("kvcache.analysing.history", "add a run to a history across commits; plot its trend with steps"),
     "export": ("kvcache.analysing.export", "a run's figures for github-action-benchmark (customSmallerIsBetter)"),
 }
@@ -31,6 +31,13 @@ def usage() -> str:
 def description(doc: str) -> str:
     """A command's ``--help`` description: its module docstring, every paragraph, without reST markup."""
     return " ".join(doc.replace("``", "").split())
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """The last non-blank line of a command's output, at most ``limit`` characters (``(no output)`` when blank): what
+    a command quotes of a subprocess that failed."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return (lines[-1] if lines else "(no output)")[:limit]
 
 
 def main(argv: list[str] | None = None) -> int:

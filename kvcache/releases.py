@@ -21,7 +21,7 @@ import sys
 import tempfile
 from importlib import metadata
 from pathlib import Path
-from typing import IO
+from typing import IO, Callable
 
 # Released alongside transformers and pinned by it: these must come from each release's own resolution.
 FAMILY = {"transformers", "huggingface-hub", "tokenizers", "safetensors", "hf-xet"}
@@ -54,6 +54,15 @@ def normalise(text: str) -> tuple[str, str | None]:
     if not FINAL.match(release):
         raise ReleaseError(f"not a final release number: {text!r} (e.g. 4.45.2)")
     return release, (None if release == given else f"{given} is read as {release}")
+
+
+def normalised(text: str, option: str, say: Callable[[str], None]) -> str:
+    """``text`` as pip publishes it (:func:`normalise`), saying how it was read when given short (``OPTION: 4.45 is
+    read as 4.45.0``); ReleaseError otherwise."""
+    release, note = normalise(text)
+    if note:
+        say(f"{option}: {note}")
+    return release
 
 
 def parse_pip_index(text: str) -> list[str]:

@@ -1,13 +1,20 @@
-"""The suite's settings (the ``--kv-*`` options), validated: bad values raise SettingsError, one line
-naming the value and the accepted ones."""
+"""The suite's settings (the ``--kv-*`` options), validated: bad values raise SettingsError, one line naming the
+value and the accepted ones.
+
+Each option's text becomes its :class:`Settings` field through the option's parser (:data:`PARSERS`), and each field
+set by an option defaults to the options table's default (:mod:`kvcache.analysing.options`) read by that parser, so
+``Settings()`` is what ``pytest benchmarks`` runs with when no option is given. What needs the cache registry or the
+model presets (the class names, ``--kv-attn``, the dtype's names) is checked by the plugin
+(:func:`kvcache.plugin.options.settings_from`)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
-DEFAULT_CONTEXTS = (1024, 2048, 4096, 8192, 16384)
+from kvcache.analysing.options import BY_FLAG, OPTIONS
+
 ORDERS = ("interleaved", "ascending")
 FILLS = ("synthetic", "prefill")
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")  # kvcache.measuring.compiled.MODES
@@ -18,66 +25,7 @@ class SettingsError(ValueError):
     """A bad ``--kv-*`` value; the message is one line."""
 
 
-@dataclass(frozen=True)
-class Settings:
-    model: str = "smollm2-135m"
-    device: str = "auto"
-    dtype: str = "bfloat16"
-    caches: tuple[str, ...] = ("dynamic", "static")
-    contexts: tuple[int, ...] = DEFAULT_CONTEXTS
-    counted_contexts: tuple[int, int] = (256, 512)
-    fill: str = "synthetic"
-    warmup: int = 3
-    steps: int = 12
-    rounds: int = 3
-    order: str = "interleaved"
-    seed: int = 0
-    copy_bytes: int = 1 << 30
-    copy_repeats: int = 20
-    max_drift: float = 0.10
-    baseline: str = "kv-baseline.json"
-    update_baseline: bool = False
-    tolerance: float = 0.10
-    counted_tolerance: float = 0.05
-    memory_tolerance: float = 0.05  # counted memory: allocated, peak and held passes may each rise by this much
-    ops_tolerance: float = 0.5
-    weight_passes_tolerance: float = 0.05
-    ledger_tolerance: float = 0.5
-    max_passes: dict[str, float] = field(default_factory=dict)
-    min_r2: float = 0.90
-    confidence: float = 0.95
-    resamples: int = 2000
-    gate: bool = True
-    strict: bool = False
-    remeasure: int = 0
-    remeasure_seconds: float = 120.0
-    ledger_steps: int = 8
-    threads: int | None = 1  # torch's CPU threads for the whole session; None: torch's default (auto)
-    compile: str = "off"
-    driver: str = "loop"
-    batch: int = 1
-    ragged: bool = False
-
-    @property
-    def profiles_ledger(self) -> bool:
-        """Whether ledger points are profiled: not with ``--kv-ledger-steps 0``, nor under ``--kv-compile`` (the
-        ledger times eager ATen ops, a compiled step runs fused kernels; the analysis says so per class)."""
-        return self.ledger_steps > 0 and self.compile == "off"
-
-    def to_dict(self) -> dict[str, Any]:
-        """The settings as a run records them (``kv.settings``). ``model`` is the model's identity
-        (:func:`kvcache.measuring.models.model_key`: a local directory as ``name@confighash``), and a directory's
-        path as given is kept beside it as ``model_path``."""
-        from kvcache.measuring.models import model_key  # stdlib only at import: no torch
-
-        d = asdict(self)
-        d["caches"], d["contexts"], d["counted_contexts"] = list(self.caches), list(self.contexts), list(
-            self.counted_contexts)
-        d["model"] = model_key(self.model)
-        if d["model"] != self.model:
-            d["model_path"] = self.model
-        return d
-
+# --- parsers: (flag, value as given) -> the Settings value; a bad value is a one-line SettingsError ------------
 
 def parse_ints(option: str, text: str, *, minimum: int = 1) -> tuple[int, ...]:
     """``"512,1024"`` -> ``(512, 1024)``; an empty item, a repeated value (``1k`` and ``1024`` are one value) or
@@ -140,3 +88,177 @@ def check_number(option: str, value: float, *, low: float, high: float | None = 
         bound = f"from {low} to {high}" if high is not None else f"a finite number, at least {low}"
         raise SettingsError(f"{option} {value} is out of range (accepted: {bound})")
     return value
+
+
+Parser = Callable[[str, Any], Any]
+
+
+def _text(option: str, text: Any) -> str:
+    return str(text)
+
+
+def _names(option: str, text: Any) -> tuple[str, ...]:
+    """Comma-separated names as given (the plugin checks cache classes against the registry)."""
+    return tuple(name.strip() for name in str(text).split(",") if name.strip())
+
+
+def _given(option: str, given: Any) -> bool:
+    return bool(given)
+
+
+def _not_given(option: str, given: Any) -> bool:
+    return not given
+
+
+def _choice(choices: tuple[str, ...]) -> Parser:
+    return lambda option, text: check_choice(option, str(text), choices)
+
+
+def _whole(low: int) -> Parser:
+    return lambda option, text: int(number(option, text, low=low, whole=True))
+
+
+def _real(low: float, high: float | None = None) -> Parser:
+    return lambda option, text: number(option, text, low=low, high=high)
+
+
+def _mib_as_bytes(option: str, text: Any) -> int:
+    return int(number(option, text, low=1, whole=True)) << 20
+
+
+def _two_contexts(option: str, text: Any) -> tuple[int, ...]:
+    counted = parse_ints(option, text)
+    if len(counted) != 2:
+        raise SettingsError(f"{option} {text!r}: give two different contexts")
+    return tuple(sorted(counted))
+
+
+def _threads(option: str, text: Any) -> int | None:
+    return parse_threads(text)
+
+
+def _max_passes(option: str, text: Any) -> dict[str, float]:
+    """``cache=passes,...`` (:func:`kvcache.analysing.gate.parse_max_passes`); none (the default) imports nothing."""
+    if not str(text).strip():
+        return {}
+    from kvcache.analysing import gate
+
+    try:
+        return gate.parse_max_passes(str(text))
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
+
+
+#: How each option that sets a :class:`Settings` field (``Option.setting``) reads its value, by flag.
+PARSERS: dict[str, Parser] = {
+    "--kv-model": _text,
+    "--kv-device": _text,
+    "--kv-dtype": _text,
+    "--kv-caches": _names,
+    "--kv-contexts": parse_ints,
+    "--kv-counted-contexts": _two_contexts,
+    "--kv-fill": _choice(FILLS),
+    "--kv-warmup": _whole(0),
+    "--kv-steps": _whole(3),
+    "--kv-rounds": _whole(1),
+    "--kv-order": _choice(ORDERS),
+    "--kv-seed": _whole(0),
+    "--kv-copy-mib": _mib_as_bytes,
+    "--kv-threads": _threads,
+    "--kv-compile": _choice(COMPILE_MODES),
+    "--kv-driver": _choice(DRIVERS),
+    "--kv-batch": _whole(1),
+    "--kv-ragged": _given,
+    "--kv-ledger-steps": _whole(0),
+    "--kv-remeasure": _whole(0),
+    "--kv-remeasure-seconds": _real(0),
+    "--kv-baseline": _text,
+    "--kv-update-baseline": _given,
+    "--kv-no-gate": _not_given,
+    "--kv-strict": _given,
+    "--kv-tolerance": _real(0),
+    "--kv-counted-tolerance": _real(0),
+    "--kv-memory-tolerance": _real(0),
+    "--kv-ops-tolerance": _real(0),
+    "--kv-weight-passes-tolerance": _real(0),
+    "--kv-ledger-tolerance": _real(0),
+    "--kv-min-r2": _real(0, 1),
+    "--kv-max-drift": _real(0),
+    "--kv-max-passes": _max_passes,
+}
+
+
+def parse_options(given: dict[str, Any]) -> dict[str, Any]:
+    """The :class:`Settings` fields the options set, from their values as given (flag -> text, or True/False for a
+    flag), each read by its parser in the table's order; the first bad value raises a one-line SettingsError."""
+    return {o.setting: PARSERS[o.flag](o.flag, given[o.flag]) for o in OPTIONS if o.setting}
+
+
+def _default(flag: str) -> Any:
+    """The table's default of ``flag``, read by its parser: the field's value when the option is not given."""
+    option = BY_FLAG[flag]
+    return PARSERS[flag](flag, False if option.is_flag else option.default)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A session's settings; every field an option sets defaults to that option's default. Sizes in bytes, times in
+    seconds, tolerances in passes (relative where the option says so)."""
+
+    model: str = _default("--kv-model")
+    device: str = _default("--kv-device")
+    dtype: str = _default("--kv-dtype")
+    caches: tuple[str, ...] = _default("--kv-caches")
+    contexts: tuple[int, ...] = _default("--kv-contexts")  # tokens
+    counted_contexts: tuple[int, int] = _default("--kv-counted-contexts")  # tokens, ascending
+    fill: str = _default("--kv-fill")
+    warmup: int = _default("--kv-warmup")  # decode steps
+    steps: int = _default("--kv-steps")  # decode steps
+    rounds: int = _default("--kv-rounds")
+    order: str = _default("--kv-order")
+    seed: int = _default("--kv-seed")
+    copy_bytes: int = _default("--kv-copy-mib")  # bytes of the copy-bandwidth tensor (--kv-copy-mib MiB)
+    copy_repeats: int = 20  # copies timed per copy-bandwidth measurement
+    max_drift: float = _default("--kv-max-drift")  # fraction
+    baseline: str = _default("--kv-baseline")
+    update_baseline: bool = _default("--kv-update-baseline")
+    tolerance: float = _default("--kv-tolerance")  # fraction of the baseline's timed passes
+    counted_tolerance: float = _default("--kv-counted-tolerance")  # passes
+    memory_tolerance: float = _default("--kv-memory-tolerance")  # passes: allocated, peak and held, each
+    ops_tolerance: float = _default("--kv-ops-tolerance")  # ATen ops per step, per layer
+    weight_passes_tolerance: float = _default("--kv-weight-passes-tolerance")  # passes
+    ledger_tolerance: float = _default("--kv-ledger-tolerance")  # timed passes per op, besides tolerance
+    max_passes: dict[str, float] = field(default_factory=lambda: _default("--kv-max-passes"))  # cache -> passes
+    min_r2: float = _default("--kv-min-r2")
+    confidence: float = 0.95  # of the bootstrap intervals
+    resamples: int = 2000  # bootstrap resamples
+    gate: bool = _default("--kv-no-gate")
+    strict: bool = _default("--kv-strict")
+    remeasure: int = _default("--kv-remeasure")  # points
+    remeasure_seconds: float = _default("--kv-remeasure-seconds")
+    ledger_steps: int = _default("--kv-ledger-steps")  # profiled decode steps per (class, context)
+    threads: int | None = _default("--kv-threads")  # torch's CPU threads for the whole session; None: torch's default
+    compile: str = _default("--kv-compile")
+    driver: str = _default("--kv-driver")
+    batch: int = _default("--kv-batch")  # sequences per decode step
+    ragged: bool = _default("--kv-ragged")
+
+    @property
+    def profiles_ledger(self) -> bool:
+        """Whether ledger points are profiled: not with ``--kv-ledger-steps 0``, nor under ``--kv-compile`` (the
+        ledger times eager ATen ops, a compiled step runs fused kernels; the analysis says so per class)."""
+        return self.ledger_steps > 0 and self.compile == "off"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings as a run records them (``kv.settings``). ``model`` is the model's identity
+        (:func:`kvcache.measuring.presets.model_key`: a local directory as ``name@confighash``), and a directory's
+        path as given is kept beside it as ``model_path``."""
+        from kvcache.measuring.presets import model_key  # stdlib only: no torch
+
+        d = asdict(self)
+        d["caches"], d["contexts"], d["counted_contexts"] = list(self.caches), list(self.contexts), list(
+            self.counted_contexts)
+        d["model"] = model_key(self.model)
+        if d["model"] != self.model:
+            d["model_path"] = self.model
+        return d

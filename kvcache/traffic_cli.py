@@ -11,6 +11,8 @@ import json
 import sys
 from typing import Any
 
+from kvcache.analysing.records import Memory, Probe, Traffic
+from kvcache.analysing.tables import by_op
 from kvcache.cli import description
 from kvcache.settings import SettingsError, parse_ints
 
@@ -35,9 +37,9 @@ def main(argv: list[str]) -> int:
         print(f"kvcache traffic: {exc}", file=sys.stderr)
         return 2
 
-    from kvcache.measuring import caches, models, preflight
+    from kvcache.measuring import caches, configs, preflight, presets
     from kvcache.measuring.devices import Device, DeviceError
-    from kvcache.measuring.session import KVSession, Skip
+    from kvcache.measuring.session import KVSession, Skipped
     from kvcache.settings import Settings
 
     try:
@@ -45,13 +47,13 @@ def main(argv: list[str]) -> int:
         contexts = parse_ints("--contexts", args.contexts)
         if len(contexts) != 2:
             raise SettingsError(f"--contexts {args.contexts!r}: give two different contexts")
-        models.torch_dtype(args.dtype)
-        models.load_config(args.model)
+        presets.torch_dtype(args.dtype)
+        configs.load_config(args.model)
         device = Device.from_choice(args.device)
         settings = Settings(model=args.model, device=args.device, dtype=args.dtype, caches=tuple(names),
                             contexts=tuple(sorted(contexts)), counted_contexts=tuple(sorted(contexts)), warmup=warmup)
         preflight.check_model_memory(settings)  # the weights and the smallest point fit, before anything is built
-    except (caches.CacheError, SettingsError, DeviceError, models.ModelError) as exc:
+    except (caches.CacheError, SettingsError, DeviceError, presets.ModelError) as exc:
         message = str(exc)
         for option in ("caches", "model", "dtype", "device"):
             message = message.replace(f"--kv-{option}", f"--{option.rstrip('s')}")
@@ -64,7 +66,7 @@ def main(argv: list[str]) -> int:
     for name in names:
         try:
             result = session.count(name)
-        except Skip as exc:
+        except Skipped as exc:
             out[name] = {"skipped": str(exc)}
             if not args.json:
                 print(f"{name}: skipped: {exc}")
@@ -73,19 +75,20 @@ def main(argv: list[str]) -> int:
         if name in session.memories:
             out[name]["memory"] = session.memories[name]
         if not args.json:
-            print_one(name, result, session.probes.get(name) or {})
-            memory = session.memories.get(name)
-            if memory:
-                print(f"  memory per KV byte: allocated {memory['allocated_passes']:.3f}, peak "
-                      f"{memory['peak_passes']:.3f}, held {memory['held_passes']:.3f}; peak needs "
-                      f"{memory['peak_factor']:.2f} cache sizes (declares {memory.get('declared_factor')})")
+            probe = session.probes.get(name)
+            print_one(name, Traffic.from_json(result, name), None if probe is None else Probe.from_json(probe, name))
+            if name in session.memories:
+                memory = Memory.from_json(session.memories[name], name)
+                print(f"  memory per KV byte: allocated {memory.allocated_passes:.3f}, peak "
+                      f"{memory.peak_passes:.3f}, held {memory.held_passes:.3f}; peak needs "
+                      f"{memory.peak_factor:.2f} cache sizes (declares {memory.declared_factor})")
     if args.json:
         print(json.dumps(out, indent=2))
     return 0
 
 
 #: ``--warmup`` values: the counted traffic takes at most this many decode steps before the counted one
-#: (kvcache.measuring.session.COUNT_WARMUP), so each value is honoured exactly.
+#: (kvcache.measuring.counting.COUNT_WARMUP), so each value is honoured exactly.
 WARMUP_CHOICES = (0, 1, 2)
 
 
@@ -111,35 +114,34 @@ def header(session: Any) -> str:
             f"{machine['device_name']}; transformers {machine['transformers']}, torch {machine['torch']}")
 
 
-def print_one(name: str, result: dict, probe: dict) -> None:
-    from kvcache.measuring.traffic import describe_by_op
-
-    lo, hi = result["contexts"]
-    step = result["step_bytes"][str(hi)]
-    print(f"{name}: {result['passes']:.3f} counted passes per step (bytes read + written per KV byte, "
+def print_one(name: str, traffic: Traffic, probe: Probe | None) -> None:
+    """One class: counted passes per step, by op, the bytes of one step, what attention received, passes per kind."""
+    assert traffic.contexts and traffic.step_bytes, "a count has its contexts and step bytes"
+    lo, hi = traffic.contexts
+    step = traffic.step_bytes[str(hi)]
+    print(f"{name}: {traffic.passes:.3f} counted passes per step (bytes read + written per KV byte, "
           f"slope between {lo} and {hi} tokens)")
-    print(f"  by op: {describe_by_op(result['by_op'])}")
+    print(f"  by op: {by_op(traffic.by_op)}")
     print(f"  one step at {hi} tokens: {step['read']:,} B read, {step['written']:,} B written")
-    print(f"  attention: query {probe.get('query')} key {probe.get('key')} mask {probe.get('mask')}; "
-          f"{probe.get('attention')}; K/V expansions {probe.get('expansions')} over {probe.get('calls')} calls")
-    for line in kind_lines(result):
+    if probe is not None:
+        print(f"  attention: query {probe.query} key {probe.key} mask {probe.mask}; {probe.attention}; K/V "
+              f"expansions {probe.expansions} over {probe.calls} calls")
+    for line in kind_lines(traffic):
         print(f"  {line}")
 
 
-def kind_lines(result: dict) -> list[str]:
+def kind_lines(traffic: Traffic) -> list[str]:
     """Passes per layer kind, where each kind stops growing, and passes per byte stored where storage differs."""
-    from kvcache.measuring.traffic import describe_by_op
-
     lines = []
-    passes, stored = result.get("passes"), result.get("stored_passes")
+    passes, stored = traffic.passes, traffic.stored_passes
     if stored is not None and passes and abs(stored / passes - 1) > 0.01:
         lines.append(f"per byte stored: {stored:.3f} passes (the cache stores {stored / passes:.2f}x less than "
                      f"the logical bytes it holds)" if stored > passes else
                      f"per byte stored: {stored:.3f} passes")
-    for kind, entry in (result.get("kinds") or {}).items():
+    for kind, entry in (traffic.kinds or {}).items():
         head = f"{kind} ({entry['layers']} layers{', window ' + str(entry['window']) if entry.get('window') else ''})"
         if entry.get("passes") is not None:
-            lines.append(f"{head}: {entry['passes']:.3f} passes ({describe_by_op(entry.get('by_op') or {})})")
+            lines.append(f"{head}: {entry['passes']:.3f} passes ({by_op(entry['by_op'])})")
         else:
             lines.append(f"{head}: does not grow (state of fixed size): its step bytes changed by "
                          f"{entry['growth_bytes']:,} B between {' and '.join(entry['step_bytes'])} tokens")

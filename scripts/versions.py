@@ -1,4 +1,5 @@
-"""Counted passes across Transformers releases on this machine (``make versions``); stdlib only.
+"""Counted passes across Transformers releases on this machine (``make versions``); no torch (the runs are read as
+records, :mod:`kvcache.analysing.records`; ``counted.md`` is :mod:`kvcache.versions_table`'s).
 
     python scripts/versions.py [--releases 4.45.2,...] [--models M1,M2|families] [--out DIR] [--jobs 1] [--list]
                                [-- PYTEST ARGS]
@@ -22,7 +23,6 @@ compare's (1 on a regression), or 1 when a release's suite failed without writin
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import subprocess
 import sys
@@ -32,7 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvcache.measuring.models import ABSENT_ARCHITECTURE  # the standard library only: no torch needed
+from kvcache.analysing.records import RecordError, load_run
+from kvcache.measuring.presets import ABSENT_ARCHITECTURE  # the standard library only: no torch needed
 from kvcache.releases import (  # the one side-by-side installer (standard library only)
     ReleaseError,
     ensure,
@@ -43,6 +44,7 @@ from kvcache.releases import (  # the one side-by-side installer (standard libra
     version_key,
     write_constraints,
 )
+from kvcache.versions_table import counted_table
 
 ROOT = Path(__file__).resolve().parent.parent
 SINCE = "4.45"
@@ -54,8 +56,8 @@ RELEASES = (
     "5.0.0 5.1.0 5.2.0 5.3.0 5.4.0 5.5.4 5.6.2 5.7.0 5.8.1 5.9.0 5.10.4 5.11.0 5.12.1 5.13.1 5.14.1 "
     "5.15.1 5.16.1 5.17.0 5.18.0 5.19.0 5.20.2 5.21.1 5.22.2 5.23.0 5.24.0"
 ).split()
-# `--models families`: every family preset at the depth its README row uses (a multiple of its layer pattern;
-# tests/suite/test_versions_script.py checks these are kvcache.measuring.models.FAMILY_PRESETS).
+# `--models families`: every family preset at the depth its docs/models.md row uses (a multiple of its layer pattern;
+# tests/suite/test_versions_script.py checks these are kvcache.measuring.presets.FAMILY_PRESETS).
 FAMILIES = ("qwen3-0.6b@layers=4", "mistral-7b@layers=1", "gemma3-270m@layers=6", "qwen3-next-80b-a3b@layers=4",
             "deepseek-v2-lite@layers=1", "falcon-7b@layers=1")
 DEFAULT_MODEL = "smollm2-135m"
@@ -114,7 +116,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help=f"oldest minor of the default list ({SINCE})")
     parser.add_argument("--models", type=_argument(parse_models), default=None,
                         help="comma-separated --kv-model values, each run per release, or `families` (every family "
-                        "preset at its README depth); default: the --kv-model in the pytest arguments, else "
+                        "preset at its docs/models.md depth); default: the --kv-model in the pytest arguments, else "
                         f"{DEFAULT_MODEL}")
     parser.add_argument("--out", type=Path, default=ROOT / ".versions" / "results", help="JSON, logs, compare.md")
     parser.add_argument("--dir", type=Path, default=ROOT / ".versions", help="where releases are installed")
@@ -146,7 +148,7 @@ def parse_models(text: str) -> list[str]:
                 models.append(model)
     if not models:
         raise ValueError("--models is empty (give --kv-model values, or `families`)")
-    from kvcache.measuring.models import ModelError, check_name  # the standard library only: no torch needed
+    from kvcache.measuring.presets import ModelError, check_name  # the standard library only: no torch needed
 
     for model in models:
         try:
@@ -273,101 +275,14 @@ def recorded_releases(out: Path) -> list[str]:
 def _recorded_release(path: Path) -> str | None:
     """The transformers release a run JSON records, or None when there is no readable run."""
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-        return str(doc["kv"]["environment"]["transformers"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return str(load_run(path).record.environment["transformers"])
+    except (RecordError, KeyError):
         return None
 
 
 def _duration(seconds: float) -> str:
     minutes, secs = divmod(int(round(seconds)), 60)
     return f"{minutes}m {secs:02d}s" if minutes else f"{seconds:.1f}s"
-
-
-def _passes(value: object) -> str:
-    return f"{value:.2f}" if isinstance(value, (int, float)) else "?"
-
-
-def traffic_cell(t: dict, memory: dict | None = None) -> str:
-    """One class's counted figures: passes (per layer kind where the model mixes them; fused and unfused when
-    compiled, or the compile error), ATen ops per step and weight passes; with its counted memory (``kv.memory``),
-    held and peak passes ("held 1.00 / peak 0.02 mem") and, past every sliding window, how much more it held."""
-    kinds = t.get("kinds") or {}
-    if kinds:
-        parts = [", ".join(f"{kind} {_passes(k.get('passes'))}" + ("" if k.get("grows", True) else " (no growth)")
-                           for kind, k in kinds.items())]
-    else:
-        parts = [_passes(t.get("passes"))]
-    compiled = t.get("compiled") or {}
-    if compiled.get("error"):
-        parts.append("compile failed: " + str(compiled["error"])[:60])
-    elif compiled:
-        fused, unfused = compiled.get("fused") or {}, compiled.get("unfused") or {}
-        parts.append(f"fused {_passes(fused.get('passes'))} / unfused {_passes(unfused.get('passes'))}")
-    if isinstance(t.get("ops_per_step"), int):
-        parts.append(f"{t['ops_per_step']} ops")
-    if isinstance(t.get("weight_passes"), (int, float)):
-        parts.append(f"{t['weight_passes']:.3f} w")
-    if isinstance(memory, dict) and isinstance(memory.get("held_passes"), (int, float)):
-        parts.append(f"held {_passes(memory['held_passes'])} / peak {_passes(memory.get('peak_passes'))} mem")
-        growth = (memory.get("beyond") or {}).get("held_growth_bytes")
-        if isinstance(growth, int):
-            parts.append("holds no more past the window" if growth == 0 else f"holds +{growth:,} B past the window")
-    return " · ".join(parts)
-
-
-FAILED_COUNT = re.compile(r"^FAILED \S*test_traffic\.py::test_traffic\[(?P<cache>[^\]]+)\] - (?P<why>.*)$")
-
-
-def failed_counts(log_path: Path) -> dict[str, str]:
-    """{class: "failed: message"} for the counted tests that failed in a run's log (pytest's short summary)."""
-    try:
-        text = log_path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return {}
-    return {m["cache"]: "failed: " + m["why"].strip()[:80] for m in map(FAILED_COUNT.match, text.splitlines()) if m}
-
-
-def counted_cells(path: Path) -> tuple[str, dict[str, str]]:
-    """(release, {class: traffic_cell, "skipped: reason" or "failed: message"}) of one run JSON (and its log:
-    ``counted-<stem>.json`` beside ``<stem>.log``)."""
-    kv = json.loads(path.read_text(encoding="utf-8"))["kv"]
-    cells = failed_counts(path.with_name(path.name.removeprefix("counted-").removesuffix(".json") + ".log"))
-    for entry in kv.get("skipped") or []:  # a class skipped outright, else at the context where it was skipped
-        if entry.get("context") is None or entry["cache"] not in cells:
-            cells[entry["cache"]] = "skipped: " + str(entry.get("reason", ""))[:60]
-    for cache, t in (kv.get("traffic") or {}).items():
-        cells[cache] = traffic_cell(t, (kv.get("memory") or {}).get(cache))
-    return str(kv["environment"]["transformers"]), cells
-
-
-def counted_table(paths: list[Path], absent: dict[str, str] | None = None) -> str:
-    """Markdown: one row per group of consecutive releases with identical cells, one column per class;
-    ``absent`` ({release: reason}) adds the releases that lack the model, in release order."""
-    rows = [counted_cells(p) for p in paths]
-    rows += [(release, {"": "skipped: " + reason}) for release, reason in (absent or {}).items()]
-    rows.sort(key=lambda row: version_key(row[0]))
-    caches = list(dict.fromkeys(c for _, cells in rows for c in cells if c))
-    # A class skipped for the same reason in every release that has the model gets a line under the table.
-    present = [cells for _, cells in rows if "" not in cells]
-    always = {c: present[0][c] for c in caches if present and present[0].get(c, "").startswith("skipped")
-              and all(cells.get(c) == present[0][c] for cells in present)}
-    caches = [c for c in caches if c not in always]
-    groups: list[tuple[list[str], dict[str, str]]] = []
-    for release, cells in rows:
-        if groups and groups[-1][1] == cells:
-            groups[-1][0].append(release)
-        else:
-            groups.append(([release], cells))
-    lines = ["| releases | " + " | ".join(caches) + " |", "|---" * (len(caches) + 1) + "|"]
-    for releases, cells in groups:
-        if "" in cells:  # the release lacks the model: one cell across
-            lines.append("| " + ", ".join(releases) + " | " + cells[""] + " |" + " |" * (len(caches) - 1))
-        else:
-            lines.append("| " + ", ".join(releases) + " | " + " | ".join(cells.get(c, "—") for c in caches) + " |")
-    if always:
-        lines += [""] + [f"- `{c}` in every release: {why}" for c, why in always.items()]
-    return "\n".join(lines) + "\n"
 
 
 def run_releases(releases: list[str], models: list[str | None], args: argparse.Namespace) -> list[Outcome]:

@@ -21,7 +21,8 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from kvcache.analysing import analysis
+from kvcache.analysing import analysis, bandwidth, judges
+from kvcache.analysing.records import KV
 
 BYTES_PER_TOKEN = 23_040
 WEIGHT_BYTES = 269_030_016
@@ -50,7 +51,7 @@ def make_run(
 ) -> dict[str, Any]:
     """A run dict; ``caches`` maps class -> true timed passes, ``counted`` class -> counted passes; ``memory``: with
     counted memory (``kv.memory``) for every counted class, as the plugin writes it."""
-    from kvcache.analysing import analysis, identity
+    from kvcache.analysing import identity
     from kvcache.settings import Settings
 
     caches = {"dynamic": 3.0, "static": 1.0} if caches is None else caches
@@ -108,9 +109,11 @@ def make_run(
         "session": {"interrupted": False, "exit": "ok", "failed": []},
         "ledger": {}, "ledger_points": [], "ledger_errors": {}, "speed": None,
     }
-    kv["identity"] = identity.of_run(kv)
-    kv["crossovers"] = analysis.crossovers(kv["model"], kv["fit"], kv["traffic"])
-    kv["verdict"] = analysis.judge(kv, {})  # the real judge of this fit and traffic, against no baseline
+    kv["identity"] = identity.of(environment, settings)
+    record = KV.from_json(kv)
+    kv["crossovers"] = bandwidth.crossovers(record.model, record.fit, record.traffic, {}).to_json()
+    record.verdict = analysis.judge(record, {})  # the real judge of this fit and traffic, against no baseline
+    kv["verdict"] = record.to_json()["verdict"]
     if points:
         kv["points"] = [points_entry(b, copy_gbps) for b in benchmarks]
     return {"machine_info": {"node": "test", "cpu": {"brand_raw": "test cpu"}}, "commit_info": {},
@@ -173,7 +176,7 @@ def points_entry(bench: dict[str, Any], copy_gbps: float) -> dict[str, Any]:
     return {"cache": info["cache"], "context": info["context"], "round": info["round"], "median_ms": median(data) * 1e3,
             "samples_ms": [s * 1e3 for s in data], "kv_bytes": info["kv_bytes"], "counted_bytes": info["counted_bytes"],
             "achieved_gbps": info["achieved_gbps"],
-            "achieved_fraction": analysis.achieved_fraction(info["achieved_gbps"], copy_gbps),
+            "achieved_fraction": bandwidth.achieved_fraction(info["achieved_gbps"], copy_gbps),
             "beyond_trained_context": info["beyond_trained_context"], "name": bench["name"]}
 
 
@@ -235,7 +238,7 @@ def analysed(run: dict[str, Any], *, resamples: int | None = 200, baseline: dict
         settings["resamples"] = resamples
     session = {k: v for k, v in (kv.get("session") or {"interrupted": False, "exit": "ok"}).items() if k != "failed"}
     out = copy.deepcopy(run)
-    out["kv"] = analyse(records_of(run), settings, baseline or {}, session)
+    out["kv"] = analyse(records_of(run), settings, baseline or {}, session).to_json()
     return out
 
 
@@ -290,6 +293,6 @@ def schema_1(run: dict[str, Any]) -> dict[str, Any]:
     for cache, measures in kv["verdict"].items():
         old = {m: {"status": v["status"], "reason": v["reason"], "measured": v.get("value"),
                    "allowed": v.get("allowed")} for m, v in measures.items()}
-        status = max((v["status"] for v in old.values()), key=lambda s: analysis.gate.PRIORITY[s])
+        status = max((v["status"] for v in old.values()), key=lambda s: judges.PRIORITY[s])
         kv["verdict"][cache] = {"status": status, "reason": "; ".join(v["reason"] for v in old.values()), **old}
     return out

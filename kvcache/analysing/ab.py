@@ -1,5 +1,5 @@
 """The judge of an A/B run (``kvcache ab``): side B against side A from points measured in pairs, back to back in one
-session. No torch: two ``kv`` sections in, verdicts out.
+session. No torch: two ``kv`` sections (:class:`~kvcache.analysing.records.KV`) in, the ``ab`` section (JSON) out.
 
 Timed figures (per class):
 
@@ -36,41 +36,84 @@ Each verdict: ``status`` (:data:`STATUSES`), ``reason``, ``value`` (the ratio), 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from kvcache.analysing.jsonrecord import Record, absent_field, extra_field
+from kvcache.analysing.options import RULE_DEFAULTS
+from kvcache.analysing.records import KV, Drift, Fit, LedgerPoint, LedgerRow, Verdict
 from kvcache.analysing.stats import finite, median, percentile_interval
+from kvcache.analysing.tables import MISSING, figure, num
 
 STATUSES = ("pass", "regression", "improvement", "inconclusive")
 PAIRED = ("timed", "intercept", "ledger")  # judged here from the pairs; the gate's other measures are kept as judged
 MIN_CONTEXTS = 2  # a slope needs two contexts; the suite's fit needs three (fit.MIN_CONTEXTS), a ratio does not
+#: The bootstrap of a side's settings that lack one (the suite's defaults, ``kvcache.settings.Settings``).
+RESAMPLES, CONFIDENCE = 2000, 0.95
+
+
+@dataclass
+class PairedVerdict(Record):
+    """One verdict of an ``ab`` section: ``status`` (:data:`STATUSES`) and ``reason``; ``value`` and ``ratio``, B/A
+    of the figure, with ``ratio_ci`` [low, high] its paired bootstrap interval; ``allowed``, ``1 + tolerance``;
+    ``a`` and ``b``, the two sides' figures (timed passes; intercept ms; an op's timed passes). The exact measures
+    kept from the gate (``counted``, ``overhead``) have the gate's verdict shape: their other keys stay in
+    ``extra``."""
+
+    status: str = ""
+    reason: str = ""
+    value: float | None = None
+    allowed: float | None = None
+    ratio: float | None = None
+    ratio_ci: list[float | None] | None = None
+    a: float | None = None
+    b: float | None = None
+    extra: dict[str, Any] = extra_field()
+    absent: frozenset[str] = absent_field()
 
 
 def verdict(status: str, reason: str, *, ratio: float | None = None, ci: tuple[float, float] | None = None,
             allowed: float | None = None, a: float | None = None, b: float | None = None) -> dict[str, Any]:
-    """One paired verdict in the judge's shape plus the ratio and its interval."""
-    return {"status": status, "reason": reason, "value": finite(ratio), "allowed": allowed, "ratio": finite(ratio),
-            "ratio_ci": [finite(ci[0]), finite(ci[1])] if ci else None, "a": finite(a), "b": finite(b)}
+    """One paired verdict as the ``ab`` section holds it (:class:`PairedVerdict`'s JSON)."""
+    return PairedVerdict(status, reason, finite(ratio), allowed, finite(ratio),
+                         [finite(ci[0]), finite(ci[1])] if ci else None, finite(a), finite(b)).to_json()
+
+
+def read_section(ab: dict[str, Any]) -> dict[str, dict[str, PairedVerdict]]:
+    """The verdicts of an ``ab`` section (as written by :func:`judge`, read from a file), ``{cache: {measure:
+    verdict}}``, the per-op ledger's as ``ledger.<op>`` (see :func:`statuses`); RecordError naming the verdict when
+    one is not an object."""
+    out: dict[str, dict[str, PairedVerdict]] = {}
+    for cache, measure, value in statuses(ab):
+        out.setdefault(str(cache), {})[measure] = PairedVerdict.from_json(value, f"ab.{cache}.{measure}")
+    return out
 
 
 # --- pairing ------------------------------------------------------------------------------------------------------
 
 
-def paired_points(kv_a: dict[str, Any], kv_b: dict[str, Any], cache: str) -> dict[int, list[dict[str, Any]]]:
-    """{context: [{round, kv_bytes, a: [step s], b: [step s]}]} of the timed points both sides measured."""
-    def points(kv: dict[str, Any]) -> dict[tuple[int, int], dict[str, Any]]:
-        return {(int(p["context"]), int(p.get("round", 0))): p for p in kv.get("points") or []
-                if p.get("cache") == cache and p.get("samples_ms")}
+@dataclass(frozen=True)
+class Pair:
+    """One point measured on both sides back to back: its round, KV bytes held, and each side's step times (s)."""
+
+    round: int
+    kv_bytes: float
+    a: list[float]
+    b: list[float]
+
+
+def paired_points(kv_a: KV, kv_b: KV, cache: str) -> dict[int, list[Pair]]:
+    """{context: [Pair per round]} of the timed points of ``cache`` both sides measured."""
+    def points(kv: KV) -> dict[tuple[int, int], Any]:
+        return {(int(p.context), int(p.round)): p for p in kv.points if p.cache == cache and p.samples_ms}
     pa, pb = points(kv_a), points(kv_b)
-    out: dict[int, list[dict[str, Any]]] = {}
+    out: dict[int, list[Pair]] = {}
     for key in sorted(set(pa) & set(pb)):
-        out.setdefault(key[0], []).append({
-            "round": key[1], "kv_bytes": float(pa[key]["kv_bytes"]),
-            "a": [x / 1e3 for x in pa[key]["samples_ms"]], "b": [x / 1e3 for x in pb[key]["samples_ms"]]})
+        out.setdefault(key[0], []).append(Pair(key[1], float(pa[key].kv_bytes), [x / 1e3 for x in pa[key].samples_ms],
+                                               [x / 1e3 for x in pb[key].samples_ms]))
     return out
-
-
 def _lines(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Least-squares slope and intercept of each row of ``y`` (shape (n, k)) against ``x`` (shape (n, k))."""
     xm, ym = x.mean(axis=1, keepdims=True), y.mean(axis=1, keepdims=True)
@@ -85,7 +128,7 @@ def _medians(samples: list[float], count: int, rng: np.random.Generator) -> np.n
     return np.median(values[picks], axis=1)
 
 
-def paired_ratios(pairs: dict[int, list[dict[str, Any]]], *, resamples: int, seed: int) -> dict[str, Any]:
+def paired_ratios(pairs: dict[int, list[Pair]], *, resamples: int, seed: int) -> dict[str, Any]:
     """Slopes (s per KV byte) and intercepts (s) of both sides from the points' medians, and ``resamples`` paired
     bootstrap draws of each (see the module docstring): ``{"a": (slope, intercept), "b": ..., "draws": {"a": (slopes,
     intercepts), "b": ...}}``."""
@@ -94,9 +137,9 @@ def paired_ratios(pairs: dict[int, list[dict[str, Any]]], *, resamples: int, see
     xs, ys = [], {"a": [], "b": []}
     for c in contexts:
         for p in pairs[c]:
-            xs.append(p["kv_bytes"])
+            xs.append(p.kv_bytes)
             for side in ("a", "b"):
-                ys[side].append(median(p[side]))
+                ys[side].append(median(getattr(p, side)))
     x = np.asarray(xs, dtype=float)[None, :]
     point = {side: tuple(float(v[0]) for v in _lines(x, np.asarray(ys[side], dtype=float)[None, :]))
              for side in ("a", "b")}
@@ -106,9 +149,9 @@ def paired_ratios(pairs: dict[int, list[dict[str, Any]]], *, resamples: int, see
         rounds = pairs[c]
         picks = rng.integers(0, len(rounds), size=(resamples, len(rounds)))  # the same rounds for both sides
         for side in ("a", "b"):
-            med = np.stack([_medians(p[side], resamples, rng) for p in rounds], axis=1)  # (resamples, rounds)
+            med = np.stack([_medians(getattr(p, side), resamples, rng) for p in rounds], axis=1)  # (resamples, rounds)
             draws[side].append(np.take_along_axis(med, picks, axis=1))
-        bx.append(np.full((resamples, len(rounds)), rounds[0]["kv_bytes"]))
+        bx.append(np.full((resamples, len(rounds)), rounds[0].kv_bytes))
     x_draws = np.concatenate(bx, axis=1)
     lines = {side: _lines(x_draws, np.concatenate(draws[side], axis=1)) for side in ("a", "b")}
     return {"a": point["a"], "b": point["b"], "draws": lines}
@@ -149,13 +192,15 @@ def _ratio_verdict(a: float, b: float, a_draws: np.ndarray, b_draws: np.ndarray,
 
 
 # --- drift --------------------------------------------------------------------------------------------------------
+# --- drift --------------------------------------------------------------------------------------------------------
 
 
-def drift_of(kv: dict[str, Any]) -> float | None:
-    return finite((kv.get("drift") or {}).get("fraction"))
+def drift_of(kv: KV) -> float | None:
+    """The side's drift: its first timed point measured again at its end, last / first - 1; None when unmeasured."""
+    return finite(kv.drift.fraction) if isinstance(kv.drift, Drift) else None
 
 
-def drift_problem(kv_a: dict[str, Any], kv_b: dict[str, Any], max_drift: float) -> str | None:
+def drift_problem(kv_a: KV, kv_b: KV, max_drift: float) -> str | None:
     """Why the two sides drifted differently (beyond ``max_drift`` apart), or None: shared drift is no problem."""
     fa, fb = drift_of(kv_a), drift_of(kv_b)
     if fa is None or fb is None:
@@ -169,19 +214,21 @@ def drift_problem(kv_a: dict[str, Any], kv_b: dict[str, Any], max_drift: float) 
 # --- the judge ----------------------------------------------------------------------------------------------------
 
 
-def _fit_figure(kv: dict[str, Any], cache: str, key: str) -> float | None:
-    return finite(((kv.get("fit") or {}).get(cache) or {}).get(key))
+def _fit_figure(kv: KV, cache: str, key: str) -> float | None:
+    """``passes`` or ``intercept_ms`` of the side's fit of ``cache``; None when it has no fit with a figure."""
+    fit = kv.fit.get(cache)
+    return finite(getattr(fit, key)) if isinstance(fit, Fit) else None
 
 
-def judge_timed(kv_a: dict[str, Any], kv_b: dict[str, Any], cache: str, *, tolerance: float, max_drift: float,
-                resamples: int = 2000, seed: int = 0, confidence: float = 0.95) -> dict[str, dict[str, Any]]:
+def judge_timed(kv_a: KV, kv_b: KV, cache: str, *, tolerance: float, max_drift: float, resamples: int = RESAMPLES,
+                seed: int = 0, confidence: float = CONFIDENCE) -> dict[str, dict[str, Any]]:
     """``{"timed": verdict, "intercept": verdict}`` of one class (see the module docstring)."""
     pairs = paired_points(kv_a, kv_b, cache)
     figures = {"timed": (_fit_figure(kv_a, cache, "passes"), _fit_figure(kv_b, cache, "passes")),
                "intercept": (_fit_figure(kv_a, cache, "intercept_ms"), _fit_figure(kv_b, cache, "intercept_ms"))}
     if len(pairs) < MIN_CONTEXTS:
         reason = (f"{len(pairs)} context(s) measured on both sides: a slope needs {MIN_CONTEXTS} or more"
-                  if pairs or any(p.get("cache") == cache for p in kv_a.get("points") or []) else
+                  if pairs or any(p.cache == cache for p in kv_a.points) else
                   "no timed point of this class was measured on both sides")
         return {m: verdict("inconclusive", reason, allowed=1 + tolerance, a=f[0], b=f[1]) for m, f in figures.items()}
     found = paired_ratios(pairs, resamples=resamples, seed=seed)
@@ -195,36 +242,42 @@ def judge_timed(kv_a: dict[str, Any], kv_b: dict[str, Any], cache: str, *, toler
     return out
 
 
-def ledger_pairs(kv_a: dict[str, Any], kv_b: dict[str, Any], cache: str) -> dict[int, dict[str, Any]]:
-    """{context: {kv_bytes, a: {op: [s per step]}, b: {...}}} of the ledger points both sides profiled."""
-    def points(kv: dict[str, Any]) -> dict[int, dict[str, Any]]:
-        return {int(p["context"]): p for p in kv.get("ledger_points") or [] if p.get("cache") == cache}
+def ledger_pairs(kv_a: KV, kv_b: KV, cache: str) -> dict[int, tuple[LedgerPoint, LedgerPoint]]:
+    """{context: (A's ledger point, B's)} of the (cache, context) points both sides profiled."""
+    def points(kv: KV) -> dict[int, LedgerPoint]:
+        return {int(p.context): p for p in kv.ledger_points if p.cache == cache}
     pa, pb = points(kv_a), points(kv_b)
-    return {c: {"kv_bytes": float(pa[c]["kv_bytes"]), "a": pa[c].get("ops_s") or {}, "b": pb[c].get("ops_s") or {}}
-            for c in sorted(set(pa) & set(pb))}
+    return {c: (pa[c], pb[c]) for c in sorted(set(pa) & set(pb))}
 
 
-def _ledger_row(kv: dict[str, Any], cache: str, op: str) -> dict[str, Any]:
-    return ((kv.get("ledger") or {}).get(cache) or {}).get(op) or {}
+def _ledger_rows(kv: KV, cache: str) -> dict[str, LedgerRow]:
+    """The side's per-op ledger of ``cache``, {op: row}; empty when it has none."""
+    return kv.ledger[cache] if cache in kv.ledger else {}
 
 
-def judge_ledger(kv_a: dict[str, Any], kv_b: dict[str, Any], cache: str, *, tolerance: float, ledger_tolerance: float,
-                 max_drift: float, resamples: int = 2000, seed: int = 0,
-                 confidence: float = 0.95) -> dict[str, dict[str, Any]]:
+def _bound(row: LedgerRow | None, index: int) -> float | None:
+    """The lower (0) or upper (1) bound of a ledger row's timed passes interval, None when unknown."""
+    bounds = row.timed_ci if row is not None else None
+    return finite(bounds[index]) if isinstance(bounds, list) and len(bounds) == 2 else None
+
+
+def judge_ledger(kv_a: KV, kv_b: KV, cache: str, *, tolerance: float, ledger_tolerance: float, max_drift: float,
+                 resamples: int = RESAMPLES, seed: int = 0,
+                 confidence: float = CONFIDENCE) -> dict[str, dict[str, Any]]:
     """``{op: verdict}`` of one class's per-op ledger (see the module docstring); {} when not profiled on both."""
     pairs = ledger_pairs(kv_a, kv_b, cache)
     if len(pairs) < MIN_CONTEXTS:
         return {}
-    rows = [*((kv_a.get("ledger") or {}).get(cache) or {}), *((kv_b.get("ledger") or {}).get(cache) or {})]
-    ops = [op for op in dict.fromkeys(rows) if not op.startswith("(")]  # aggregates have no steps of their own
+    rows_a, rows_b = _ledger_rows(kv_a, cache), _ledger_rows(kv_b, cache)
+    ops = [op for op in dict.fromkeys([*rows_a, *rows_b]) if not op.startswith("(")]  # aggregates: no steps
     drifted = drift_problem(kv_a, kv_b, max_drift)
     out = {}
     for n, op in enumerate(ops):
-        ra, rb = _ledger_row(kv_a, cache, op), _ledger_row(kv_b, cache, op)
-        figures = (finite(ra.get("timed")), finite(rb.get("timed")))
-        upper = [finite((row.get("timed_ci") or [None, None])[1]) for row in (ra, rb)]
-        lower = [finite((row.get("timed_ci") or [None, None])[0]) for row in (ra, rb)]
-        present = [all(op in p[side] for p in pairs.values()) for side in ("a", "b")]
+        ra, rb = rows_a.get(op), rows_b.get(op)
+        figures = (finite(ra.timed) if ra else None, finite(rb.timed) if rb else None)
+        upper = [_bound(row, 1) for row in (ra, rb)]
+        lower = [_bound(row, 0) for row in (ra, rb)]
+        present = [all(op in pair[side].ops_s for pair in pairs.values()) for side in (0, 1)]
         if not present[0] or not present[1]:
             side, index = ("B", 1) if present[1] else ("A", 0)
             if lower[index] is not None and lower[index] > ledger_tolerance:
@@ -236,8 +289,7 @@ def judge_ledger(kv_a: dict[str, Any], kv_b: dict[str, Any], cache: str, *, tole
                 out[op] = verdict("pass", f"{op} runs on side {side} only, under {ledger_tolerance:g} timed passes",
                                   allowed=1 + tolerance, a=figures[0], b=figures[1])
             continue
-        as_points = {c: [{"round": 0, "kv_bytes": p["kv_bytes"], "a": p["a"][op], "b": p["b"][op]}]
-                     for c, p in pairs.items()}
+        as_points = {c: [Pair(0, a.kv_bytes, a.ops_s[op], b.ops_s[op])] for c, (a, b) in pairs.items()}
         found = paired_ratios(as_points, resamples=resamples, seed=seed + 1 + n)
         small = all(u is not None and u < ledger_tolerance for u in upper)
         judged = _ratio_verdict(found["a"][0], found["b"][0], found["draws"]["a"][0], found["draws"]["b"][0],
@@ -250,24 +302,24 @@ def judge_ledger(kv_a: dict[str, Any], kv_b: dict[str, Any], cache: str, *, tole
     return out
 
 
-def judge(kv_a: dict[str, Any], kv_b: dict[str, Any], *, tolerance: float = 0.10, max_drift: float | None = None,
+def judge(kv_a: KV, kv_b: KV, *, tolerance: float = RULE_DEFAULTS["tolerance"], max_drift: float | None = None,
           ledger_tolerance: float | None = None, resamples: int | None = None, seed: int = 0,
-          confidence: float | None = None, counted: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The ``ab`` section: ``{cache: {timed, intercept, ledger: {op: verdict}, counted?, overhead?}}`` for every class
-    either side measured; rules not given come from side B's settings. ``counted``: the gate's verdicts of B with A
-    as the baseline (compare's), whose measures other than :data:`PAIRED` (``counted``, ``overhead``, and any other
-    exact measure the gate has) are kept as they are."""
-    settings = kv_b.get("settings") or kv_a.get("settings") or {}
-    max_drift = float(settings.get("max_drift", 0.10) if max_drift is None else max_drift)
-    ledger_tolerance = float(settings.get("ledger_tolerance", 0.5) if ledger_tolerance is None else ledger_tolerance)
-    resamples = int(settings.get("resamples", 2000) if resamples is None else resamples)
-    confidence = float(settings.get("confidence", 0.95) if confidence is None else confidence)
+          confidence: float | None = None, counted: dict[str, dict[str, Verdict]] | None = None) -> dict[str, Any]:
+    """The ``ab`` section (JSON): ``{cache: {timed, intercept, ledger: {op: verdict}, counted?, overhead?}}`` for every
+    class either side measured; rules not given come from side B's settings (else A's; else the defaults).
+    ``counted``: the gate's verdicts of B with A as the baseline (:func:`kvcache.analysing.compare.judge_against`),
+    whose measures other than :data:`PAIRED` (``counted``, ``overhead``, and any other exact measure the gate has) are
+    kept as they are."""
+    settings = kv_b.settings or kv_a.settings
+    max_drift = float(settings.get("max_drift", RULE_DEFAULTS["max_drift"]) if max_drift is None else max_drift)
+    ledger_tolerance = float(settings.get("ledger_tolerance", RULE_DEFAULTS["ledger_tolerance"])
+                             if ledger_tolerance is None else ledger_tolerance)
+    resamples = int(settings.get("resamples", RESAMPLES) if resamples is None else resamples)
+    confidence = float(settings.get("confidence", CONFIDENCE) if confidence is None else confidence)
     caches: dict[str, None] = {}
     for kv in (kv_a, kv_b):
-        for p in kv.get("points") or []:
-            caches.setdefault(str(p["cache"]))
-        for name in kv.get("traffic") or {}:
-            caches.setdefault(str(name))
+        caches.update(dict.fromkeys(str(p.cache) for p in kv.points))
+        caches.update(dict.fromkeys(str(name) for name in kv.traffic))
     out: dict[str, Any] = {}
     for i, cache in enumerate(caches):
         entry: dict[str, Any] = judge_timed(kv_a, kv_b, cache, tolerance=tolerance, max_drift=max_drift,
@@ -275,13 +327,10 @@ def judge(kv_a: dict[str, Any], kv_b: dict[str, Any], *, tolerance: float = 0.10
         entry["ledger"] = judge_ledger(kv_a, kv_b, cache, tolerance=tolerance, ledger_tolerance=ledger_tolerance,
                                        max_drift=max_drift, resamples=resamples, seed=seed + 1000 * i + 100,
                                        confidence=confidence)
-        for measure, judged in ((counted or {}).get(cache) or {}).items():
-            if measure not in PAIRED and isinstance(judged, dict):  # counted, overhead (and any exact measure)
-                entry[measure] = dict(judged)
+        if counted and cache in counted:  # counted, overhead (and any exact measure), as the gate judged them
+            entry.update({m: v.to_json() for m, v in counted[cache].items() if m not in PAIRED})
         out[cache] = entry
     return out
-
-
 def statuses(ab: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
     """Every verdict of an ``ab`` section: ``(cache, measure, verdict)``, ledger ops as ``ledger.<op>``."""
     out = []
@@ -298,38 +347,29 @@ def statuses(ab: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
 
 def regressions(ab: dict[str, Any]) -> list[str]:
     """One line per regression of an ``ab`` section."""
-    return [f"{cache} {measure}: {v.get('reason', '')}" for cache, measure, v in statuses(ab)
-            if v.get("status") == "regression"]
+    return [f"{cache} {measure}: {v.reason}" for cache, measures in read_section(ab).items()
+            for measure, v in measures.items() if v.status == "regression"]
 
 
 # --- the terminal summary ---------------------------------------------------------------------------------------
 
 
-def _num(value: Any, spec: str = ".2f") -> str:
-    v = finite(value)
-    return "—" if v is None else format(v, spec)
-
-
-def _ratio_text(v: dict[str, Any]) -> str:
-    ratio, ci = finite(v.get("ratio")), v.get("ratio_ci") or [None, None]
-    if ratio is None:
-        return "—"
-    text = f"×{ratio:.3f}"
-    if finite(ci[0]) is not None and finite(ci[1]) is not None:
-        text += f" [{ci[0]:.3f}, {ci[1]:.3f}]"
-    return text
+def ratio_text(v: PairedVerdict) -> str:
+    """A paired verdict's ratio B/A and its interval: ``×1.234 [1.100, 1.300]``; the missing mark when it has none."""
+    return MISSING if finite(v.ratio) is None else "×" + figure(v.ratio, v.ratio_ci, ".3f")
 
 
 def summary_rows(ab: dict[str, Any]) -> list[list[str]]:
     """Rows ``[class, measure, A, B, B/A [interval], verdict]`` (ledger ops that passed are left out)."""
     rows = []
-    for cache, measure, v in statuses(ab):
-        if measure.startswith("ledger.") and v.get("status") == "pass":
-            continue
-        if measure not in PAIRED and not measure.startswith("ledger."):  # exact: B's value and the allowed one
-            a, b, ratio = "", _num(v.get("value")), f"allowed {_num(v.get('allowed'))}"
-        else:
-            spec = ".1f" if measure == "intercept" else ".2f"
-            a, b, ratio = _num(v.get("a"), spec), _num(v.get("b"), spec), _ratio_text(v)
-        rows.append([cache, measure, a, b, ratio, str(v.get("status", ""))])
+    for cache, measures in read_section(ab).items():
+        for measure, v in measures.items():
+            if measure.startswith("ledger.") and v.status == "pass":
+                continue
+            if measure not in PAIRED and not measure.startswith("ledger."):  # exact: B's value and the allowed one
+                a, b, ratio = "", num(v.value), f"allowed {num(v.allowed)}"
+            else:
+                spec = ".1f" if measure == "intercept" else ".2f"
+                a, b, ratio = num(v.a, spec), num(v.b, spec), ratio_text(v)
+            rows.append([cache, measure, a, b, ratio, v.status])
     return rows

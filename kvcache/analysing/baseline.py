@@ -18,11 +18,12 @@ Keys come from :mod:`kvcache.analysing.identity`: ``"cpu | tiny | bfloat16"`` ho
 torch 2.13.0+cpu"`` counted overhead (that torch release). Schema 1 files (counted passes also under machine
 keys) still load; they are upgraded in memory and written back as schema 2.
 
-Every figure an entry holds is finite and in its range (:data:`FIGURES`, :data:`OP_FIGURES`; checked by
-:func:`figure_problem`), whether it is read from a file (:func:`problem_of`: a file holding one out of range is
-refused, naming the entry and the value) or recorded from a run (:func:`entries_of_run`): passes above 0 and at
-most :data:`MAX_PASSES`, R² from 0 to 1, intercept from 0 ms, decode speed above 0 ms, op counts whole and from 0.
-null stands for a figure that is not known.
+Every figure an entry holds is finite and in its range (:data:`kvcache.analysing.entries.FIGURES`,
+:data:`~kvcache.analysing.entries.OP_FIGURES`; checked by :func:`~kvcache.analysing.entries.figure_problem`), whether
+it is read from a file (:func:`problem_of`: a file holding one out of range is refused, naming the entry and the
+value) or recorded from a run (:func:`entries_of_run`): passes above 0 and at most
+:data:`~kvcache.analysing.entries.MAX_PASSES`, R² from 0 to 1, intercept from 0 ms, decode speed above 0 ms, op counts
+whole and from 0. null stands for a figure that is not known.
 
 Nothing unjudgeable is recorded: timed passes only from a fit that would itself be judged (positive
 finite passes, R² from 0 to 1 and at least the run's own ``min_r2``, itself from 0 to 1, at least 3 distinct
@@ -40,13 +41,21 @@ import json
 import math
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kvcache.analysing import files, gate, identity
+from kvcache.analysing.entries import (
+    FIGURES,
+    TIMED_NULLABLE,
+    BaselineEntry,
+    entry_problem,
+    entry_problems,
+    figure_problem,
+)
 from kvcache.analysing.fit import record_problem
-from kvcache.analysing.records import jsonable
+from kvcache.analysing.judges import MEMORY_FIGURES
+from kvcache.analysing.records import KV, Drift, Fit, UnmeasuredDrift, jsonable
 
 SCHEMA = 2
 READABLE_SCHEMAS = (1, 2)
@@ -55,75 +64,6 @@ NUMBER_KEYS = (*PASSES_KEYS, "timed_intercept_ms", "ops_per_step", "data_ops_per
 #: The field whose presence makes an entry a baseline of each measure.
 PRESENT = {"counted": "counted_passes", "timed": "timed_passes", "overhead": "ops_per_step",
            "memory": "memory_held_passes"}
-
-# Upper bounds: far beyond any real figure, so that only garbage (1e300 passes, 1e30 ops) is refused.
-#: Passes of the KV cache per decode step. Eager grouped-query attention that expands K and V to every query
-#: head moves about 2g + 1 passes (g query heads per KV head: 129 for g = 64); 1e4 is two orders above that.
-MAX_PASSES = 1e4
-#: Milliseconds per decode step (intercept, decode speed): 1e6 ms is a step of 17 minutes.
-MAX_MS = 1e6
-#: ATen ops (or calls of one op) per decode step: 1e7 is 10,000 layers of 1,000 ops each.
-MAX_OPS = 10_000_000
-#: Bytes a step moves that do not grow with context: 1e15 is a petabyte.
-MAX_BYTES = 10**15
-#: Layers of a model.
-MAX_LAYERS = 1_000_000
-
-
-@dataclass(frozen=True)
-class Range:
-    """The range of one baseline figure: from ``low`` (excluded when ``above``) to ``high``; ``whole``: a whole
-    number (op counts, bytes, layers)."""
-
-    low: float
-    high: float
-    above: bool = False
-    whole: bool = False
-
-    def describe(self) -> str:
-        kind = "a whole number" if self.whole else "a finite number"
-        low = f"above {self.low:g}" if self.above else f"at least {self.low:g}"
-        return f"{kind} {low} and at most {self.high:g}"
-
-    def holds(self, value: float) -> bool:
-        try:
-            number = float(value)
-        except OverflowError:  # a JSON integer too large for a float
-            return False
-        return (math.isfinite(number) and (number > self.low if self.above else number >= self.low)
-                and number <= self.high and (not self.whole or number.is_integer()))
-
-
-#: Every number an entry holds, and its range (null: not known, allowed for each).
-FIGURES = {
-    "timed_passes": Range(0, MAX_PASSES, above=True),
-    "counted_passes": Range(0, MAX_PASSES, above=True),
-    "timed_r2": Range(0, 1),
-    "timed_intercept_ms": Range(0, MAX_MS),  # a step with an empty cache takes no negative time
-    "timed_weights_ms": Range(0, MAX_MS, above=True),
-    "ops_per_step": Range(0, MAX_OPS, whole=True),
-    "data_ops_per_step": Range(0, MAX_OPS, whole=True),
-    "weight_passes": Range(0, MAX_PASSES),
-    "fixed_bytes": Range(-MAX_BYTES, MAX_BYTES, whole=True),  # an intercept: bytes at an empty cache, may dip below 0
-    "layers": Range(1, MAX_LAYERS, whole=True),
-    # Counted memory: slopes of bytes per KV byte; allocated and peak may dip below 0 (a class that allocates less at a
-    # larger context), held is what the class keeps.
-    "memory_allocated_passes": Range(-MAX_PASSES, MAX_PASSES),
-    "memory_peak_passes": Range(-MAX_PASSES, MAX_PASSES),
-    "memory_held_passes": Range(-MAX_PASSES, MAX_PASSES),
-}
-#: Every ``{op: number}`` map an entry holds, and the range of each number. An op's passes may be below 0: a
-#: counted op seen at the low context only has a falling slope, and a ledger op's timed slope is noise around 0.
-OP_FIGURES = {
-    "counted_by_op": Range(-MAX_PASSES, MAX_PASSES),
-    "timed_ledger": Range(-MAX_PASSES, MAX_PASSES),
-    "op_calls": Range(0, MAX_OPS, whole=True),
-    "memory_allocated_by_op": Range(-MAX_PASSES, MAX_PASSES),
-}
-#: Text an entry holds (where the figures came from); a string or null.
-TEXTS = ("recorded", "transformers", "torch", "model", "dtype")
-#: Figures of a timed entry that are recorded as null when out of range, the passes beside them kept.
-TIMED_NULLABLE = ("timed_intercept_ms", "timed_weights_ms", "timed_ledger")
 
 
 class BaselineError(ValueError):
@@ -176,52 +116,6 @@ def problem_of(doc: Any) -> str | None:
     return None
 
 
-def figure_problem(value: Any, within: Range) -> str | None:
-    """Why ``value`` is not a number in ``within`` (``"is nan, expected ..."``), or None when it is one or null."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return f"is {value_shown(value)}, expected a number or null"
-    if not within.holds(value):
-        return f"is {value_shown(value)}, expected {within.describe()}, or null"
-    return None
-
-
-def value_shown(value: Any, width: int = 40) -> str:
-    """``repr(value)`` for a one-line message, cut to ``width`` characters (a 400-digit integer, a long string)."""
-    text = repr(value)
-    return text if len(text) <= width else text[:width - 3] + "..."
-
-
-def entry_problems(entry: dict[str, Any]) -> dict[str, str]:
-    """{field: what is wrong with it (``"timed_r2 is nan, expected ..."``)} over every figure, op map and text of a
-    baseline entry; empty when the entry is well formed. Fields it does not know are left alone."""
-    out = {}
-    for name, within in FIGURES.items():
-        problem = figure_problem(entry.get(name), within)
-        if problem:
-            out[name] = f"{name} {problem}"
-    for name, within in OP_FIGURES.items():
-        ops = entry.get(name)
-        if ops is not None and not isinstance(ops, dict):
-            out[name] = f"{name} is {value_shown(ops)}, expected an object of op: number, or null"
-            continue
-        for op, value in (ops or {}).items():
-            problem = figure_problem(value, within)
-            if problem:
-                out[name] = f"{name}[{value_shown(op)}] {problem}"
-                break
-    for name in TEXTS:
-        value = entry.get(name)
-        if value is not None and not isinstance(value, str):
-            out[name] = f"{name} is {value_shown(value)}, expected a string or null"
-    return out
-
-
-def entry_problem(entry: dict[str, Any]) -> str | None:
-    """The first of :func:`entry_problems`, or None."""
-    return next(iter(entry_problems(entry).values()), None)
-
 
 def upgrade(doc: dict[str, Any]) -> dict[str, Any]:
     """Schema 1 -> 2: counted passes recorded under a machine key (``"cpu: X (2 threads) | m | d"``) move to
@@ -248,30 +142,35 @@ def upgrade(doc: dict[str, Any]) -> dict[str, Any]:
     return {"schema": SCHEMA, "devices": devices}
 
 
-def for_run(doc: dict[str, Any], ident: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
-    """What a run of identity ``ident`` is judged against: ``({measure: {cache: entry}}, {measure: key})``."""
+
+def for_run(doc: dict[str, Any], ident: dict[str, Any]) -> tuple[dict[str, dict[str, BaselineEntry]], dict[str, str]]:
+    """What a run of identity ``ident`` is judged against: ``({measure: {cache: entry}}, {measure: key})``; ``doc``
+    is a loaded baseline file (:func:`load`), or ``{}`` for none."""
     keys = {m: identity.key(ident, m) for m in identity.MEASURE_FIELDS}
-    devices = doc.get("devices") or {}
-    entries = {m: {c: e for c, e in (devices.get(k) or {}).items() if e.get(PRESENT[m]) is not None}
-               for m, k in keys.items()}
+    devices = doc["devices"] if doc else {}
+    entries: dict[str, dict[str, BaselineEntry]] = {}
+    for measure, key in keys.items():
+        recorded = {c: BaselineEntry.from_json(e, f"baseline {key!r}: {c}") for c, e in devices[key].items()} \
+            if key in devices else {}
+        entries[measure] = {c: e for c, e in recorded.items() if getattr(e, PRESENT[measure]) is not None}
     return entries, keys
 
 
 # --- what a run may record ---------------------------------------------------------------------------------
 
-def timed_problem(kv: dict[str, Any], cache: str) -> str | None:
+def timed_problem(kv: KV, cache: str) -> str | None:
     """Why a run's timed passes of ``cache`` may not enter a baseline, or None when they may."""
-    fit = (kv.get("fit") or {}).get(cache) or {}
-    settings, session, drift = kv.get("settings") or {}, kv.get("session") or {}, kv.get("drift") or {}
-    passes, r2 = fit.get("passes"), fit.get("r2")
-    min_r2 = settings.get("min_r2", 0.90)
-    if session.get("interrupted"):
-        return f"the session did not finish ({session.get('exit')})"
-    if cache in (session.get("failed") or []):
+    fit, session, drift = kv.fit.get(cache), kv.session, kv.drift
+    min_r2 = kv.settings.get("min_r2", 0.90)
+    if session is not None and session.interrupted:
+        return f"the session did not finish ({session.exit})"
+    if session is not None and cache in session.failed:
         return "a timed point of this class failed"
-    if not isinstance(passes, (int, float)) or not math.isfinite(passes) or passes <= 0:
-        return f"no passes figure ({record_problem(fit) or f'timed passes {passes!r} is not a positive number'})"
-    problem = record_problem({"contexts": [], **fit})  # a fit that does not name its contexts has none
+    passes = fit.passes if isinstance(fit, Fit) else None
+    if isinstance(passes, bool) or not isinstance(passes, (int, float)) or not math.isfinite(passes) or passes <= 0:
+        why = record_problem(fit) if fit is not None else None
+        return f"no passes figure ({why or f'timed passes {passes!r} is not a positive number'})"
+    problem = record_problem(fit, named_contexts=True)
     if problem:
         return f"no passes figure ({problem})"
     problem = figure_problem(passes, FIGURES["timed_passes"])
@@ -279,23 +178,24 @@ def timed_problem(kv: dict[str, Any], cache: str) -> str | None:
         return f"timed passes {problem}"
     if min_r2 is None or figure_problem(min_r2, FIGURES["timed_r2"]):  # NaN would let any R² through
         return f"the run's min_r2 is {min_r2!r}, expected a number from 0 to 1: its fits cannot be judged"
+    r2 = fit.r2
     if r2 is None or figure_problem(r2, FIGURES["timed_r2"]):
         return f"no R² to judge the fit by (R² is {r2!r}, expected a number from 0 to 1)"
     if r2 < min_r2:
         return f"poor fit: R² {round(r2, 3)} < {min_r2}"
-    if "ok" not in drift:
-        return f"drift not checked ({drift.get('reason', 'no drift measurement')})"
-    if drift["ok"] is not True:
-        return f"drift {drift.get('fraction', 0):+.1%} beyond the allowed ±{drift.get('max_fraction', 0):.0%}"
-    problems = gate.compile_problems(kv.get("points"), cache)
+    if not isinstance(drift, Drift):
+        return f"drift not checked ({drift.reason if isinstance(drift, UnmeasuredDrift) else 'no drift measurement'})"
+    if drift.ok is not True:
+        return f"drift {drift.fraction or 0:+.1%} beyond the allowed ±{drift.max_fraction or 0:.0%}"
+    problems = gate.compile_problems(kv.points, cache)
     if problems:
         return f"compiled run: {problems[0]}"
     return None
 
 
-def entries_of_run(kv: dict[str, Any], recorded: str) -> tuple[dict[str, dict[str, dict[str, Any]]], list[str]]:
+def entries_of_run(kv: KV, recorded: str) -> tuple[dict[str, dict[str, dict[str, Any]]], list[str]]:
     """What recording a run writes, ``{key: {cache: entry}}``, and one line per timed figure left out (why)."""
-    ident, env, settings = identity.of_run(kv), kv.get("environment") or {}, kv.get("settings") or {}
+    ident, env, settings = identity.of_run(kv), kv.environment, kv.settings
     common = {"recorded": recorded, "transformers": env.get("transformers"), "torch": env.get("torch"),
               "model": settings.get("model"), "dtype": settings.get("dtype")}
     timed: dict[str, Any] = {}
@@ -303,52 +203,51 @@ def entries_of_run(kv: dict[str, Any], recorded: str) -> tuple[dict[str, dict[st
     overhead: dict[str, Any] = {}
     memory: dict[str, Any] = {}
     refused = []
-    for cache, fit in (kv.get("fit") or {}).items():
+    for cache, fit in kv.fit.items():
         problem = timed_problem(kv, cache)
-        if problem:
+        if problem or not isinstance(fit, Fit):
             refused.append(f"{cache}: timed passes not recorded: {problem}; the recorded entry, if any, stays")
-        else:
-            timed[cache] = {**common, "timed_passes": fit["passes"], "timed_r2": fit.get("r2"),
-                            "timed_intercept_ms": fit.get("intercept_ms"),
-                            "timed_weights_ms": (kv.get("speed") or {}).get("weights_ms")}
-            rows = (kv.get("ledger") or {}).get(cache)
-            if rows:
-                timed[cache]["timed_ledger"] = {op: row["timed"] for op, row in rows.items()
-                                                if isinstance(row, dict) and row.get("timed") is not None}
-            for name, problem in entry_problems(timed[cache]).items():
-                if name not in TIMED_NULLABLE:  # cannot happen after timed_problem; never write it
-                    refused.append(f"{cache}: timed passes not recorded: {problem}; the recorded entry, if any, stays")
-                    del timed[cache]
-                    break
-                timed[cache][name] = None
-                refused.append(f"{cache}: {problem}: recorded as null beside the timed passes (not judged against)")
-    for cache, entry in (kv.get("traffic") or {}).items():
-        traffic = gate.counted_traffic(entry) or {}  # under --kv-compile: the fused count
-        passes = traffic.get("passes")
+            continue
+        timed[cache] = {**common, "timed_passes": fit.passes, "timed_r2": fit.r2,
+                        "timed_intercept_ms": fit.intercept_ms,
+                        "timed_weights_ms": kv.speed.weights_ms if kv.speed is not None else None}
+        if kv.ledger.get(cache):
+            timed[cache]["timed_ledger"] = {op: row.timed for op, row in kv.ledger[cache].items()
+                                            if row.timed is not None}
+        for name, problem in entry_problems(timed[cache]).items():
+            if name not in TIMED_NULLABLE:  # cannot happen after timed_problem; never write it
+                refused.append(f"{cache}: timed passes not recorded: {problem}; the recorded entry, if any, stays")
+                del timed[cache]
+                break
+            timed[cache][name] = None
+            refused.append(f"{cache}: {problem}: recorded as null beside the timed passes (not judged against)")
+    for cache, traffic in kv.traffic.items():
+        judged = traffic.counted()  # under --kv-compile: the fused count
+        passes = judged.passes
         if isinstance(passes, (int, float)) and math.isfinite(passes) and passes > 0:
-            counted[cache] = {**common, "counted_passes": passes, "counted_by_op": dict(traffic.get("by_op") or {})}
+            counted[cache] = {**common, "counted_passes": passes, "counted_by_op": dict(judged.by_op)}
             problem = entry_problem(counted[cache])
             if problem:
                 del counted[cache]
                 refused.append(f"{cache}: counted passes not recorded: {problem}")
         else:
             refused.append(f"{cache}: counted passes {passes!r} not recorded")
-        ops = entry.get("ops_per_step")
+        ops = traffic.ops_per_step
         if isinstance(ops, (int, float)) and not isinstance(ops, bool) and ops > 0:  # eager ops, always
-            overhead[cache] = {**common, "op_calls": dict(entry.get("calls") or {}), **{
-                name: entry.get(name)
+            overhead[cache] = {**common, "op_calls": dict(traffic.calls) if traffic.calls else {}, **{
+                name: getattr(traffic, name)
                 for name in ("ops_per_step", "data_ops_per_step", "weight_passes", "fixed_bytes", "layers")}}
             problem = entry_problem(overhead[cache])
             if problem:
                 del overhead[cache]
                 refused.append(f"{cache}: counted overhead not recorded: {problem}")
-    for cache, entry in (kv.get("memory") or {}).items():
-        if not isinstance(entry, dict) or not all(isinstance(entry.get(name), (int, float)) and not isinstance(
-                entry.get(name), bool) for name in gate.MEMORY_FIGURES):
+    for cache, entry in kv.memory.items():
+        figures = {field_name: getattr(entry, name) for name, field_name in MEMORY_FIGURES.items()}
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in figures.values()):
             refused.append(f"{cache}: counted memory not recorded: no allocated, peak and held passes")
             continue
-        memory[cache] = {**common, **{field: entry[name] for name, field in gate.MEMORY_FIGURES.items()},
-                         "memory_allocated_by_op": dict(entry.get("allocated_by_op") or {})}
+        memory[cache] = {**common, **figures,
+                         "memory_allocated_by_op": dict(entry.allocated_by_op) if entry.allocated_by_op else {}}
         problem = entry_problem(memory[cache])
         if problem:
             del memory[cache]
@@ -365,7 +264,7 @@ def entries_of_run(kv: dict[str, Any], recorded: str) -> tuple[dict[str, dict[st
     return out, refused
 
 
-def record(path: str | Path, kv: dict[str, Any], recorded: str) -> tuple[dict[str, dict[str, Any]], list[str]]:
+def record(path: str | Path, kv: KV, recorded: str) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """Merge a run's recordable passes into the baseline file at ``path``; return them and what was refused."""
     entries, refused = entries_of_run(kv, recorded)
     if entries:

@@ -11,7 +11,7 @@ entry per (class, measure), every figure one where smaller is better:
   cache), with ``range``, their bootstrap interval, as text;
 - ``<class>: memory allocated passes``, ``... peak passes``, ``... held passes`` (unit ``passes``: bytes one decode
   step allocates, peaks at and leaves held / logical KV-cache bytes, exact) where the run records counted memory
-  (``kv.memory.<class>``; the gate's :data:`kvcache.analysing.gate.MEMORY_FIGURES`, nothing else of that section).
+  (``kv.memory.<class>``; the gate's :data:`kvcache.analysing.judges.MEMORY_FIGURES`, nothing else of that section).
 
 ``name`` is stable across runs (the action draws one line per name); ``extra`` names the run's identity (model,
 dtype, device, Transformers and torch releases). A figure the run lacks, or that is not finite, is left out.
@@ -27,13 +27,13 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from kvcache.analysing import arguments, gate, identity
+from kvcache.analysing import arguments, identity, judges
 from kvcache.analysing.files import write_text_atomically
-from kvcache.analysing.records import RecordError, Run, load_run
+from kvcache.analysing.records import Fit, RecordError, Run, load_run
 from kvcache.analysing.stats import finite, interval
 
 FORMATS = ("github-action-benchmark",)
-#: measure -> (name suffix, unit, section, field, interval field)
+#: measure -> (name suffix, unit, section (kv.traffic or kv.fit), the record's field, its interval field)
 MEASURES: dict[str, tuple[str, str, str, str, str | None]] = {
     "counted": ("counted passes", "passes", "traffic", "passes", None),
     "ops": ("ATen ops per step", "ops", "traffic", "ops_per_step", None),
@@ -46,7 +46,7 @@ ALL = (*MEASURES, "memory")
 
 def extra_of(run: Run) -> str:
     """The run's identity as one line: ``tiny, bfloat16 on cpu: ...; transformers 5.24.0; torch 2.13.0+cpu``."""
-    ident = identity.of_run(run.kv)
+    ident = identity.of_run(run.record)
     return f"{identity.describe(ident)}; transformers {run.transformers}; torch {ident.get('torch')}"
 
 
@@ -58,27 +58,28 @@ def _range(value: Any) -> str | None:
 def github_action_benchmark(run: Run, measures: Sequence[str] = ALL) -> list[dict[str, Any]]:
     """The ``customSmallerIsBetter`` entries of ``run``: ``name`` (str), ``unit`` (str), ``value`` (a finite
     number), ``range`` (str, where the figure has an interval) and ``extra`` (str, the identity)."""
+    kv = run.record
     extra = extra_of(run)
+    sections: dict[str, dict[str, Any]] = {"traffic": kv.traffic,
+                                           "fit": {c: f for c, f in kv.fit.items() if isinstance(f, Fit)}}
     entries = []
     for cache in run.caches():
         for measure in measures:
             if measure == "memory":
-                memory = (run.kv.get("memory") or {}).get(cache)
-                memory = memory if isinstance(memory, dict) else {}
-                for name in gate.MEMORY_FIGURES:  # allocated, peak, held passes
-                    value = finite(memory.get(name))
-                    if value is not None:
-                        entries.append({"name": f"{cache}: memory {name.replace('_', ' ')}", "unit": "passes",
-                                        "value": value, "extra": extra})
+                memory = kv.memory.get(cache)  # allocated, peak and held passes
+                figures = {} if memory is None else {n: finite(getattr(memory, n)) for n in judges.MEMORY_FIGURES}
+                entries += [{"name": f"{cache}: memory {name.replace('_', ' ')}", "unit": "passes", "value": value,
+                             "extra": extra} for name, value in figures.items() if value is not None]
                 continue
-            suffix, unit, section, key, interval = MEASURES[measure]
-            record = (run.kv.get(section) or {}).get(cache)
-            value = finite(record.get(key)) if isinstance(record, dict) else None
-            if value is None or isinstance(record.get(key), bool):
+            suffix, unit, section, key, interval_key = MEASURES[measure]
+            record = sections[section].get(cache)
+            raw = getattr(record, key) if record is not None else None
+            value = finite(raw)
+            if value is None:  # absent, not finite, or not a number (a bool included)
                 continue
             entry: dict[str, Any] = {"name": f"{cache}: {suffix}", "unit": unit,
-                                     "value": record[key] if isinstance(record[key], int) else value}
-            text = _range(record.get(interval)) if interval else None
+                                     "value": raw if isinstance(raw, int) else value}
+            text = _range(getattr(record, interval_key)) if interval_key else None
             if text:
                 entry["range"] = text
             entry["extra"] = extra

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 
-from kvcache.analysing.records import Point, jsonable
+from kvcache.analysing.bandwidth import crossover_context
+from kvcache.analysing.jsonrecord import jsonable
 from kvcache.analysing.stats import bootstrap_medians, finite, median, percentile_interval
+from kvcache.analysing.timed_records import Drift, Fit, FitFailure, Point
 
 GB = 1e9
 MS_PER_S = 1e3
@@ -62,51 +63,6 @@ def least_squares(x: Sequence[float], y: Sequence[float]) -> LineFit:
     return LineFit(intercept=intercept, slope=slope, r2=r2, n=len(xs))
 
 
-@dataclass
-class PassesFit:
-    """The latency-vs-KV-bytes line of one cache class, read as passes of the KV cache per decode step.
-
-    ``intercept_ms``: step time with an empty cache (ms). ``slope_ms_per_gb``: extra ms per GB of logical
-    KV cache. ``effective_gbps``: 1 / slope in GB/s. ``passes``: slope (s/byte) × copy bandwidth
-    (bytes/s). :func:`fit_passes` only makes a fit whose slope, and so whose passes, effective bandwidth
-    and crossover, are positive and finite. ``*_ci``: bootstrap percentile intervals at ``confidence``
-    over ``resamples`` resamples; a resampled line may still fall, so the passes interval's lower bound
-    can be <= 0 (the data cannot rule out no growth) and ``effective_gbps_ci`` bounds are None where
-    the slope bound is <= 0. ``weight_read_ms``: time to move the weights once at the copy bandwidth.
-    ``crossover_tokens``: context (tokens) at which per-step cache traffic (passes × bytes_per_token ×
-    context) equals ``weight_bytes``.
-    """
-
-    cache: str
-    intercept_ms: float
-    slope_ms_per_gb: float
-    effective_gbps: float | None
-    passes: float
-    r2: float
-    n_points: int
-    contexts: list[int]
-    copy_gbps: float
-    passes_ci: tuple[float, float]
-    intercept_ci: tuple[float, float]
-    effective_gbps_ci: tuple[float | None, float | None]
-    confidence: float
-    resamples: int
-    weight_read_ms: float
-    crossover_tokens: float | None
-
-    @property
-    def ci_relative_width(self) -> float:
-        """Width of the passes interval as a fraction of passes (inf when passes is 0)."""
-        lo, hi = self.passes_ci
-        return (hi - lo) / abs(self.passes) if self.passes else math.inf
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict of every field plus ``ci_relative_width`` (lists for tuples, None for NaN/inf)."""
-        out = asdict(self)
-        out["ci_relative_width"] = self.ci_relative_width
-        return jsonable(out)
-
-
 def fit_passes(
     points: Sequence[Point],
     copy_samples_gbps: Sequence[float],
@@ -116,13 +72,18 @@ def fit_passes(
     confidence: float = 0.95,
     resamples: int = 2000,
     seed: int = 0,
-) -> PassesFit:
+) -> Fit:
     """Fit the passes of one cache class from its timed points and the session's copy bandwidth samples.
 
     The point estimate fits every (context, round) point's median step time (s) against its
     ``kv_bytes``; the copy bandwidth is the median of ``copy_samples_gbps``. The intervals come from a
     seeded hierarchical bootstrap (rounds within each context, then steps within each round, plus the
-    copy samples), see :func:`bootstrap_lines`.
+    copy samples), see :func:`bootstrap_lines`. The figure is a :class:`~kvcache.analysing.timed_records.Fit`: passes =
+    slope (s/byte) × copy bandwidth (bytes/s), ``intercept_ms`` the step with an empty cache (ms),
+    ``effective_gbps`` 1 / slope (GB/s), ``*_ci`` bootstrap percentile intervals at ``confidence`` (a resampled line
+    may fall, so the passes interval may reach 0 or below and a bandwidth bound be None), ``weight_read_ms`` the time
+    to move the weights once at the copy bandwidth, ``crossover_tokens`` the context at which the step's cache
+    traffic equals ``weight_bytes``.
 
     No passes figure (FitError, one line saying why) from fewer than ``MIN_CONTEXTS`` distinct contexts,
     from step times that are not finite, or from a slope that is not positive and finite.
@@ -159,24 +120,26 @@ def fit_passes(
     passes_ci = percentile_interval(slopes * copies, lower, upper)
     slope_lo, slope_hi = percentile_interval(slopes, lower, upper)
 
-    return PassesFit(
-        cache=caches[0],
-        intercept_ms=line.intercept * MS_PER_S,
-        slope_ms_per_gb=line.slope * MS_PER_S * GB,
-        effective_gbps=gbps_from_slope(line.slope),
-        passes=passes,
-        r2=line.r2,
-        n_points=len(points),
-        contexts=contexts,
-        copy_gbps=copy_bps / GB,
-        passes_ci=passes_ci,
-        intercept_ci=tuple(v * MS_PER_S for v in percentile_interval(intercepts, lower, upper)),
-        effective_gbps_ci=(gbps_from_slope(slope_hi), gbps_from_slope(slope_lo)),
-        confidence=confidence,
-        resamples=resamples,
-        weight_read_ms=weight_bytes / copy_bps * MS_PER_S,
-        crossover_tokens=crossover_context(weight_bytes, bytes_per_token, passes),
-    )
+    lo, hi = passes_ci
+    return Fit(**jsonable({  # a bound that is not finite is None, as the record is written
+        "passes": passes,
+        "intercept_ms": line.intercept * MS_PER_S,
+        "effective_gbps": gbps_from_slope(line.slope),
+        "passes_ci": passes_ci,
+        "r2": line.r2,
+        "n_points": len(points),
+        "cache": caches[0],
+        "slope_ms_per_gb": line.slope * MS_PER_S * GB,
+        "contexts": contexts,
+        "copy_gbps": copy_bps / GB,
+        "intercept_ci": tuple(v * MS_PER_S for v in percentile_interval(intercepts, lower, upper)),
+        "effective_gbps_ci": (gbps_from_slope(slope_hi), gbps_from_slope(slope_lo)),
+        "confidence": confidence,
+        "resamples": resamples,
+        "weight_read_ms": weight_bytes / copy_bps * MS_PER_S,
+        "crossover_tokens": crossover_context(weight_bytes, bytes_per_token, passes),
+        "ci_relative_width": (hi - lo) / passes,  # passes > 0 here
+    }))
 
 
 def slope_passes(points: Sequence[Point], copy_samples_gbps: Sequence[float], *, confidence: float = 0.95,
@@ -242,22 +205,21 @@ def check_slope(slope_s_per_byte: float) -> None:
         raise FitError(f"slope is not positive ({as_bandwidth}): latency did not grow with context; {NO_FIGURE}")
 
 
-def record_problem(fit: dict[str, Any]) -> str | None:
+def record_problem(fit: Fit | FitFailure, *, named_contexts: bool = False) -> str | None:
     """Why a ``kv.fit.<cache>`` record gives no passes figure, or None when it gives one.
 
     Its ``error`` where the analysis recorded one; for runs written before fits were checked, the same
     rules applied to what the record holds (passes not positive and finite, fewer than MIN_CONTEXTS
-    distinct contexts)."""
-    if fit.get("error"):
-        return str(fit["error"])
-    passes = fit.get("passes")
-    if passes is None:  # a record with only the bandwidth: passes = copy bandwidth / effective bandwidth
-        passes = fit.get("effective_gbps")
-    if isinstance(passes, bool) or not isinstance(passes, (int, float)) or not math.isfinite(passes):
+    distinct contexts; with ``named_contexts``, a fit that does not name its contexts has none)."""
+    if isinstance(fit, FitFailure):
+        return fit.error
+    # a record with only the bandwidth: passes = copy bandwidth / effective bandwidth
+    passes = fit.passes if fit.passes is not None else fit.effective_gbps
+    if finite(passes) is None:
         return f"passes are not a finite number; {NO_FIGURE}"
     if passes <= 0:
         return f"slope is not positive: latency did not grow with context; {NO_FIGURE}"
-    contexts = fit.get("contexts")
+    contexts = [] if fit.contexts is None and named_contexts else fit.contexts
     if isinstance(contexts, list) and len(set(contexts)) < MIN_CONTEXTS:
         return too_few_contexts(len(set(contexts)))
     return None
@@ -266,19 +228,6 @@ def record_problem(fit: dict[str, Any]) -> str | None:
 def gbps_from_slope(slope_s_per_byte: float) -> float | None:
     """Effective bandwidth in GB/s of a slope in s/byte; None when the slope is not positive."""
     return 1 / slope_s_per_byte / GB if slope_s_per_byte > 0 else None
-
-
-def crossover_context(weight_bytes: float | None, bytes_per_token: float | None,
-                      passes: float | None = 1.0) -> float | None:
-    """The context (tokens) at which ``passes`` × the cache's bytes equal the weights' bytes:
-    ``weight_bytes / (passes × bytes_per_token)``. With ``passes`` 1, where the cache holds as many bytes as the
-    weights; with a step's passes, where its cache traffic equals one read of the weights. None when an input
-    is missing or not positive."""
-    values = [finite(v) for v in (weight_bytes, bytes_per_token, passes)]
-    if any(v is None or v <= 0 for v in values):
-        return None
-    weights, per_token, times = values
-    return weights / (times * per_token)
 
 
 def bootstrap_lines(points: Sequence[Point], resamples: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -312,30 +261,11 @@ def bootstrap_lines(points: Sequence[Point], resamples: int, rng: np.random.Gene
     return slopes, intercepts
 
 
-@dataclass
-class Drift:
-    """Median step time (ms) of the first timed point re-measured at the end of the session.
-
-    ``fraction`` = last / first - 1; ``ok`` when ``abs(fraction) <= max_fraction``; ``effect``: what a drift
-    beyond the limit does (it invalidates timed verdicts; it fails the build only under ``--kv-strict``).
-    """
-
-    cache: str
-    context: int
-    first_ms: float
-    last_ms: float
-    fraction: float
-    max_fraction: float
-    ok: bool
-    effect: str = "none: within the limit"
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict of the fields (None for a non-finite fraction)."""
-        return jsonable(asdict(self))
-
-
 def measure_drift(first: Point, last: Point, max_fraction: float) -> Drift:
-    """Relative change of the median step time between two measurements of the same point."""
+    """``kv.drift``: the relative change of the median step time (ms) between two measurements of the same point,
+    ``fraction`` = last / first - 1 (inf when the first is 0 ms; written as null), ``ok`` when within
+    ``max_fraction``; ``effect``: what a drift beyond the limit does (it invalidates timed verdicts; it fails the build
+    only under ``--kv-strict``)."""
     if (first.cache, first.context) != (last.cache, last.context):
         raise ValueError(
             f"drift compares one point twice, got {first.cache}@{first.context} and {last.cache}@{last.context}"

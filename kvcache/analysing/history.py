@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from kvcache.analysing import arguments, files, identity
-from kvcache.analysing.records import RecordError, Run, load_run
+from kvcache.analysing.records import Fit, RecordError, Run, load_run
 from kvcache.analysing.report.data import ReportError
 from kvcache.analysing.stats import finite, interval
 from kvcache.analysing.steps import COUNTED_RESOLUTION, Step, counted_steps, steps_markdown, timed_steps
@@ -65,27 +65,26 @@ class HistoryError(ValueError):
 
 def figures_of(run: Run) -> dict[str, dict[str, Any]]:
     """``{cache: {measure: value, ...}}``: what an entry keeps of a run (see the module docstring for units)."""
+    kv = run.record
     out: dict[str, dict[str, Any]] = {}
     for cache in run.caches():
-        traffic = (run.kv.get("traffic") or {}).get(cache) or {}
-        fit = (run.kv.get("fit") or {}).get(cache) or {}
-        figures: dict[str, Any] = {
-            "counted": finite(traffic.get("passes")),
-            "by_op": {str(k): v for k, v in (traffic.get("by_op") or {}).items() if finite(v) is not None},
-            "ops": traffic.get("ops_per_step") if isinstance(traffic.get("ops_per_step"), int) else None,
-            "weight_passes": finite(traffic.get("weight_passes")),
-            "timed": finite(fit.get("passes")),
-            "timed_ci": interval(fit.get("passes_ci")),
-            "intercept": finite(fit.get("intercept_ms")),
-            "intercept_ci": interval(fit.get("intercept_ci")),
-        }
+        traffic, fit = kv.traffic.get(cache), kv.fit.get(cache)
+        figures: dict[str, Any] = {}
+        if traffic is not None:
+            ops = traffic.ops_per_step
+            figures.update(counted=finite(traffic.passes),
+                           by_op={str(k): v for k, v in traffic.by_op.items() if finite(v) is not None},
+                           ops=ops if isinstance(ops, int) else None, weight_passes=finite(traffic.weight_passes))
+        if isinstance(fit, Fit):
+            figures.update(timed=finite(fit.passes), timed_ci=interval(fit.passes_ci),
+                           intercept=finite(fit.intercept_ms), intercept_ci=interval(fit.intercept_ci))
         out[cache] = {k: v for k, v in figures.items() if v not in (None, {})}
     return out
 
 
 def entry_of(run: Run, *, commit: str | None = None, release: str | None = None) -> dict[str, Any]:
     """One store line for ``run`` at ``commit`` (or ``release``)."""
-    ident = identity.of_run(run.kv)
+    ident = identity.of_run(run.record)
     return {"schema": SCHEMA, "commit": commit, "release": release, "identity": ident,
             "setup": identity.describe(ident), "transformers": run.transformers, "datetime": run.datetime,
             "run": Path(run.path).name, "caches": figures_of(run)}
@@ -230,14 +229,14 @@ def setup_of(entry: dict[str, Any], measure: str) -> str:
     return identity.key(ident, IDENTITY_OF[measure])
 
 
-def series(entries: list[dict[str, Any]], measure: str) -> dict[tuple[str, str], list[dict[str, Any] | None]]:
-    """``{(setup, cache): [figures per entry, None where the entry lacks the class or is of another setup]}``,
+def series(entries: list[dict[str, Any]], measure: str) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """``{(setup, cache): [figures per entry, {} where the entry lacks the class or is of another setup]}``,
     setups by :func:`setup_of` for ``measure``."""
-    out: dict[tuple[str, str], list[dict[str, Any] | None]] = {}
+    out: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for i, entry in enumerate(entries):
         for cache, figures in entry["caches"].items():
-            row = out.setdefault((setup_of(entry, measure), str(cache)), [None] * len(entries))
-            row[i] = figures if isinstance(figures, dict) else None
+            row = out.setdefault((setup_of(entry, measure), str(cache)), [{} for _ in entries])
+            row[i] = figures if isinstance(figures, dict) else {}
     return out
 
 
@@ -247,8 +246,8 @@ def steps_of(entries: list[dict[str, Any]], measure: str) -> list[Step]:
     labels = [label_of(e) for e in entries]
     out = []
     for (setup, cache), row in series(entries, measure).items():
-        values = [finite((f or {}).get(measure)) for f in row]
-        intervals = [(f or {}).get(f"{measure}_ci") for f in row]
+        values = [finite(f.get(measure)) for f in row]
+        intervals = [f.get(f"{measure}_ci") for f in row]
         found = counted_steps(values, RESOLUTION[measure]) if exact else timed_steps(values, intervals)
         out += [Step(measure, cache, setup, i, labels[i], before, after) for i, before, after in found]
     return out
@@ -274,7 +273,7 @@ def plot(entries: list[dict[str, Any]], out: str | Path) -> tuple[list[Path], li
         setups = list(dict.fromkeys(setup for setup, _ in rows))
         colours = {key: PALETTE[i % len(PALETTE)] for i, key in enumerate(rows)}
         title, exact = MEASURES[measure]
-        drawn = {key: [finite((f or {}).get(measure)) for f in row] for key, row in rows.items()}
+        drawn = {key: [finite(f.get(measure)) for f in row] for key, row in rows.items()}
         drawn = {key: values for key, values in drawn.items() if any(v is not None for v in values)}
         if not drawn:
             return None
@@ -288,7 +287,7 @@ def plot(entries: list[dict[str, Any]], out: str | Path) -> tuple[list[Path], li
             ys = [values[i] for i in xs]
             ax.plot(xs, ys, marker="o", color=colours[key], label=name, drawstyle="steps-post" if exact else None)
             if not exact:
-                cis = [(rows[key][i] or {}).get(f"{measure}_ci") for i in xs]
+                cis = [rows[key][i].get(f"{measure}_ci") for i in xs]
                 lo = [c[0] if c else y for c, y in zip(cis, ys)]
                 hi = [c[1] if c else y for c, y in zip(cis, ys)]
                 ax.fill_between(xs, lo, hi, color=colours[key], alpha=0.15, linewidth=0)

@@ -56,9 +56,14 @@ MEASURE_FIELDS = {
 KEY_FORMS = {"torch": "torch {}"}
 
 
-def of_run(kv: dict[str, Any]) -> dict[str, Any]:
-    """The identity of a run from its ``kv`` section (environment and settings)."""
-    env, settings = kv.get("environment") or {}, kv.get("settings") or {}
+def of_run(kv: Any) -> dict[str, Any]:
+    """The identity of a run from its ``kv`` section, a :class:`~kvcache.analysing.records.KV` (its ``environment``
+    and ``settings``)."""
+    return of(kv.environment, kv.settings)
+
+
+def of(env: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    """The identity of a run from its environment (``kv.environment``) and settings (``kv.settings``)."""
     ident = {
         "device_name": env.get("device_name"), "device_type": env.get("device_type"),
         "model": settings.get("model"), "dtype": settings.get("dtype"), "threads": env.get("threads"),

@@ -1,19 +1,21 @@
-"""One table model and its plain renderers, used by the terminal summary, ``kvcache compare`` and the
-report's Markdown: a :class:`Table` is data (cells are already formatted text); :func:`text` and
-:func:`markdown` lay it out; :func:`num` and :func:`unique_labels` make the cells. Standard library only (and
-:mod:`kvcache.analysing.stats` for what counts as a number)."""
+"""One table model and its plain renderers, used by the terminal summary, ``kvcache compare``, ``kvcache comment``
+and the report's Markdown: a :class:`Table` is data (cells are already formatted text); :func:`text` and
+:func:`markdown` lay it out; :func:`num`, :func:`figure`, :func:`interval`, :func:`by_op` and :func:`unique_labels`
+make the cells, :data:`MISSING` marks a cell without a figure, and :class:`Notes` numbers the reasons cells refer to.
+Standard library only (and :mod:`kvcache.analysing.stats` for what counts as a number)."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kvcache.analysing.stats import finite
 
-MISSING = "-"
+#: The one mark of a figure that is not there (a table cell, or a figure in a sentence): text, Markdown and HTML.
+MISSING = "—"
 
 
 def num(value: Any, spec: str = ".2f", missing: str = MISSING) -> str:
@@ -22,9 +24,53 @@ def num(value: Any, spec: str = ".2f", missing: str = MISSING) -> str:
     return missing if x is None else format(x, spec)
 
 
+def interval(bounds: Sequence[Any] | None, spec: str = ".2f") -> str:
+    """``[low, high]``, each bound in ``spec``; ``""`` unless there are two bounds, both finite numbers."""
+    if bounds is None or len(bounds) != 2 or finite(bounds[0]) is None or finite(bounds[1]) is None:
+        return ""
+    return f"[{num(bounds[0], spec)}, {num(bounds[1], spec)}]"
+
+
+def figure(value: Any, bounds: Sequence[Any] | None = None, spec: str = ".2f") -> str:
+    """A figure with its interval, ``3.00 [2.85, 3.15]``; the figure alone when the interval lacks a bound;
+    :data:`MISSING` when there is no figure."""
+    if finite(value) is None:
+        return MISSING
+    around = interval(bounds, spec)
+    return f"{num(value, spec)} {around}" if around else num(value, spec)
+
+
+def by_op(figures: Mapping[str, Any], spec: str = ".2f") -> str:
+    """Figures per op (or per kernel) in their given order, ``cat 2.00, scaled_dot_product_attention 1.00`` (each
+    in ``spec``); :data:`MISSING` when there are none."""
+    return ", ".join(f"{op} {num(value, spec)}" for op, value in figures.items()) or MISSING
+
+
 def unique_labels(labels: Sequence[str], paths: Sequence[str]) -> list[str]:
     """Column or run labels made unique: a label that repeats gets its file's name, ``label (run.json)``."""
     return [f"{label} ({Path(path).name})" if labels.count(label) > 1 else label for label, path in zip(labels, paths)]
+
+
+class Notes:
+    """Distinct texts (a verdict's reason), numbered in the order they are first referenced: a cell says
+    ``status [n]`` and the text is said once, as note n, under its table, however many cells share it."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    def ref(self, text: str) -> int:
+        """The number of ``text`` (1 for the first text referenced), giving it the next number when it is new."""
+        if text not in self.texts:
+            self.texts.append(text)
+        return self.texts.index(text) + 1
+
+    def cell(self, status: str, reason: str = "") -> str:
+        """``status [n]``: a status and the number of its reason; the status alone when there is no reason."""
+        return f"{status} [{self.ref(reason)}]" if reason else status
+
+    def lines(self) -> list[str]:
+        """``[n] text`` per note, in number order (plain text)."""
+        return [f"[{i}] {text}" for i, text in enumerate(self.texts, 1)]
 
 
 @dataclass

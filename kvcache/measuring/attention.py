@@ -26,7 +26,7 @@ import os
 import re
 from typing import Any
 
-from kvcache.measuring.cachespec import CacheSpec, run_entry_points
+from kvcache.measuring.cachespec import CacheSpec, Unsupported, failed_to_load, run_entry_points
 
 DEFAULT = "sdpa"  # what kvcache.measuring.compat.from_config builds every model with: its records keep plain names
 SEPARATOR = "@"
@@ -123,11 +123,10 @@ def known() -> list[str]:
 
 
 def _unknown(prefix: str, name: str) -> AttentionError:
-    failed = f" (failed to load: {'; '.join(ENTRY_POINT_PROBLEMS)})" if ENTRY_POINT_PROBLEMS else ""
     return AttentionError(f"{prefix}unknown attention implementation {name!r}; this release accepts: "
                           f"{', '.join(known())}, a Hub kernel owner/repo[:function], or a name registered in "
                           f"AttentionInterface by a -p module, conftest.py or an entry point in {ENTRY_POINT_GROUP}"
-                          f"{failed}")
+                          f"{failed_to_load(ENTRY_POINT_PROBLEMS)}")
 
 
 def check(name: str, prefix: str = "--kv-attn: ") -> str:
@@ -164,11 +163,9 @@ def derived(base: CacheSpec, attention: str) -> CacheSpec:
     runs = runs_as(attention)
 
     def prepare() -> None:
-        from kvcache.measuring import compat
-
         reason = pair_reason(base, attention) or unavailable_reason(runs)
         if reason:
-            raise compat.Unsupported(reason)
+            raise Unsupported(reason)
         if "flex" in attention:
             count_higher_order_ops()
         if own is not None:
@@ -283,10 +280,10 @@ def swap_attention_classes(model: Any, name: str) -> None:
 
 def uncompiled(attention: str) -> Any:
     """A context in which dynamo is off while a step under ``attention`` is counted, for the implementations whose
-    Transformers code compiles parts of itself (``flex_attention``: the kernel and ``create_block_mask``). Whether
-    dynamo runs such a cached graph or skips the frame under the counter's dispatch mode depends on what was compiled
-    before, so the count would too (the block mask's ``pad``/``sum`` seen in one session, not in another); with dynamo
-    off every op is dispatched and counted, each time. A no-op context for every other implementation."""
+    Transformers code compiles parts of itself (``flex_attention``: the kernel and ``create_block_mask``). With dynamo
+    on, whether such a cached graph runs or the frame is skipped under the counter's dispatch mode would depend on
+    what was compiled before in the session, and so would the count; with dynamo off every op is dispatched and
+    counted, each time. A no-op context for every other implementation."""
     import contextlib
 
     if "flex" not in attention:

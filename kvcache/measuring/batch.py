@@ -1,5 +1,5 @@
 """The batch a decode step serves (``--kv-batch N``, ``--kv-ragged``): how many sequences, how many tokens
-each holds, and the KV bytes that makes. Plain arithmetic over a :class:`~kvcache.measuring.models.ModelSpec`
+each holds, and the KV bytes that makes. Plain arithmetic over a :class:`~kvcache.measuring.geometry.ModelSpec`
 (no torch), shared by the decode loop, the generate driver and the paged class.
 
 Two denominators, both logical KV bytes in the model's dtype (``ModelSpec.kv_bytes`` per sequence, so sliding
@@ -46,11 +46,6 @@ class BatchShape:
     def allocated_bytes(self, spec: Any, context: int, added: float = 0) -> float:
         """Logical KV bytes of a rectangular batch cache: ``size`` rows of ``context + added`` tokens."""
         return self.size * spec.kv_bytes(context + added)
-
-    def live_share(self, spec: Any, context: int) -> float:
-        """Live over allocated bytes at ``context`` (1.0 without padding)."""
-        allocated = self.allocated_bytes(spec, context)
-        return self.live_bytes(spec, context) / allocated if allocated else 1.0
 
     def to_dict(self) -> dict[str, Any]:
         return {"size": self.size, "ragged": self.ragged}

@@ -21,7 +21,8 @@ from __future__ import annotations
 import importlib.util
 from typing import Any, Callable
 
-from kvcache.measuring.cachespec import CacheRequest, CacheSpec, run_entry_points
+from kvcache.measuring import attention as attentions
+from kvcache.measuring.cachespec import CacheRequest, CacheSpec, Unsupported, failed_to_load, run_entry_points
 
 __all__ = ["CacheError", "CacheRequest", "CacheSpec", "register_cache", "registry", "get", "parse_caches"]
 
@@ -43,7 +44,7 @@ def register_cache(name: str, build: Callable[[CacheRequest], Any] | None = None
     """Register a cache class under ``name`` (see :class:`CacheSpec` for ``options``) and return its spec."""
     if build is None:
         raise TypeError("register_cache needs a build function: build(request: CacheRequest) -> cache")
-    if "@" in str(name):
+    if attentions.SEPARATOR in str(name):
         raise ValueError(f"cache class name {name!r} contains '@', which separates a class from its attention "
                          "implementation in record keys (dynamic@eager): pick a name without it")
     _register_builtins()  # first, so that replace=True overrides a built-in and a clash is reported here
@@ -73,11 +74,12 @@ def load_entry_points() -> list[str]:
 
 
 def _unknown(prefix: str, name: str, specs: dict) -> CacheError:
-    failed = f" (failed to load: {'; '.join(ENTRY_POINT_PROBLEMS)})" if ENTRY_POINT_PROBLEMS else ""
-    return CacheError(f"{prefix}unknown cache class {name!r}; known: {', '.join(specs)}, or all{failed}")
+    return CacheError(f"{prefix}unknown cache class {name!r}; known: {', '.join(specs)}, or all"
+                      f"{failed_to_load(ENTRY_POINT_PROBLEMS)}")
 
 
 def registry() -> dict[str, CacheSpec]:
+    """Every registered class, ``{name: CacheSpec}``: the built-in ones, the entry points' and the registered ones."""
     _register_builtins()
     load_entry_points()
     return dict(_REGISTRY)
@@ -89,17 +91,10 @@ def get(name: str) -> CacheSpec:
     specs = registry()
     if name in specs:
         return specs[name]
-    base, attention = _split(name)
+    base, attention = attentions.split(name)
     if attention is None or base not in specs:
         raise _unknown("", base if attention is not None else name, specs)
-    from kvcache.measuring import attention as attentions
-
     return attentions.derived(specs[base], attention)
-
-
-def _split(name: str) -> tuple[str, str | None]:
-    base, _, attention = name.partition("@")
-    return (base, attention) if _ else (name, None)
 
 
 def parse_caches(text: str) -> list[str]:
@@ -111,12 +106,10 @@ def parse_caches(text: str) -> list[str]:
     if not names:
         raise CacheError(f"--kv-caches {text!r} names no cache class; known: {', '.join(specs)}, or all")
     for name in names:
-        base, attention = _split(name)
+        base, attention = attentions.split(name)
         if base not in specs:
             raise _unknown("--kv-caches: ", base, specs)
         if attention is not None:  # <class>@<attention>: checked against the release's implementations
-            from kvcache.measuring import attention as attentions
-
             try:
                 attentions.check(attention, prefix=f"--kv-caches {name}: ")
             except attentions.AttentionError as exc:
@@ -128,22 +121,22 @@ def unavailable_reason(spec: CacheSpec, device_type: str) -> str | None:
     """Why ``spec`` cannot run here (device, release, package), or None if it can.
 
     Runs the class's ``prepare``: whatever it raises is a skip with the reason, never an error of the
-    session (:class:`compat.Unsupported` is the reason itself; a missing package is named; any other
-    exception is named with its type).
+    session (:class:`Unsupported` is the reason itself; a missing package is named; any other exception is named
+    with its type).
     """
-    from kvcache.measuring import compat
-
     if spec.devices is not None and device_type not in spec.devices:
         return f"{spec.name} runs on {', '.join(spec.devices)} only, not {device_type}"
     if spec.prepare is None:
         return None
     try:
         spec.prepare()
-    except compat.Unsupported as exc:
+    except Unsupported as exc:
         return str(exc)
     except ImportError as exc:
         return f"{spec.name} needs a package that is not installed ({exc})"
     except Exception as exc:  # noqa: BLE001 - a class that cannot be prepared is skipped, not a crash
+        from kvcache.measuring import compat
+
         return f"{spec.name} could not be prepared: {compat.described(exc)}"
     return None
 
@@ -223,15 +216,13 @@ def _offloaded_static(req: CacheRequest) -> Any:
 def _prepare_offloaded() -> None:
     from kvcache.measuring import compat
 
-    if not compat.has_offloaded("dynamic"):
-        raise compat.release_lacks("an offloaded dynamic cache (OffloadedCache / DynamicCache(offloading=True))")
+    compat.check_offloaded("dynamic")
 
 
 def _prepare_offloaded_static() -> None:
     from kvcache.measuring import compat
 
-    if not compat.has_offloaded("static"):
-        raise compat.release_lacks("an offloaded static cache (OffloadedStaticCache / StaticCache(offloading=True))")
+    compat.check_offloaded("static")
 
 
 def _quantized(backend: str) -> Callable[[CacheRequest], Any]:
@@ -268,9 +259,7 @@ def _prepare_sink() -> None:
 def _paged_unbuilt(req: CacheRequest) -> Any:
     """``paged`` brings its own point (:class:`kvcache.measuring.paged.PagedPoint`), which builds the release's
     PagedAttentionCache for its batch itself; a bare request cannot say how many sequences it holds."""
-    from kvcache.measuring import compat
-
-    raise compat.Unsupported("paged: the cache is built by its own point (kvcache.measuring.paged.PagedPoint), "
+    raise Unsupported("paged: the cache is built by its own point (kvcache.measuring.paged.PagedPoint), "
                              "not from a bare CacheRequest")
 
 

@@ -1,6 +1,8 @@
-"""What a cache factory gets (:class:`CacheRequest`) and what a registered cache class is (:class:`CacheSpec`): plain
-data, imported by the registry (:mod:`kvcache.measuring.caches`) and by the decode step that builds caches, so that
-neither depends on the other."""
+"""The plug-in records of the cache registry: what a cache factory gets (:class:`CacheRequest`), what a registered
+cache class is (:class:`CacheSpec`) and what a class raises when it cannot run here (:class:`Unsupported`). Plain
+data, standard library only, imported by the registry (:mod:`kvcache.measuring.caches`), the compat layer and the
+decode step that builds caches, so that none of them depends on another. Users import them from
+:mod:`kvcache.caches`."""
 
 from __future__ import annotations
 
@@ -8,10 +10,22 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 
+class Unsupported(RuntimeError):
+    """The installed Transformers release, a package or the machine cannot provide a cache class or feature; the
+    message is the skip reason. Raise it from a class's ``prepare`` (or ``build``) to be skipped with that reason;
+    the compat layer (:mod:`kvcache.measuring.compat`) raises it for what a release lacks."""
+
+
 @dataclass(frozen=True)
 class CacheRequest:
-    """What a cache factory gets: the model config, the tokens each sequence's row must hold, where, in what dtype,
-    and the sequences per step (``--kv-batch``; rows of a preallocated buffer)."""
+    """What a cache factory (``CacheSpec.build``) gets, for one decode point.
+
+    ``config``: the model's Transformers config (``PretrainedConfig``: layers, KV heads, head size, layer types);
+    ``max_tokens``: the tokens each sequence's row must hold (the point's context, its warm-up and timed or counted
+    steps, and a margin: :func:`kvcache.measuring.decode.tokens_needed`); ``device``: the ``torch.device`` the
+    cache lives on; ``dtype``: the ``torch.dtype`` of K and V (``--kv-dtype``); ``batch``: sequences per step
+    (``--kv-batch``), the rows of a preallocated buffer (a factory that ignores it still works at batch 1).
+    """
 
     config: Any
     max_tokens: int
@@ -22,24 +36,36 @@ class CacheRequest:
 
 @dataclass(frozen=True)
 class CacheSpec:
-    """A registered cache class.
+    """A registered cache class; every field but ``name`` and ``build`` is a keyword of ``register_cache``.
 
-    ``build`` returns a fresh, empty cache for a :class:`CacheRequest`; ``prepare`` (optional) runs
-    before use, and anything it raises skips the class with the reason (:func:`unavailable_reason`);
-    ``attention`` is the attention implementation the model runs with for this class;
-    ``memory_factor`` is the cache sizes a step holds at its peak (2 for a class that copies on append);
-    ``kinds`` the layer kinds it can serve (``full``, ``sliding``, ``linear``; None: any), so that a model with
-    layers of another kind skips it with the reason (:func:`kind_reason`);
-    ``pads``: a batch's shorter sequences are left-padded to the longest in this class's cache (False: each holds
-    only its own tokens, as in a paged pool), so passes per allocated byte differ from passes per live byte;
-    ``point`` (optional) a class that brings its own decode point instead of
+    ``name``: the class's name in ``--kv-caches``, records and baselines (no ``@``: that separates a class from its
+    attention implementation, ``dynamic@eager``);
+    ``build``: ``build(request: CacheRequest)`` returns a fresh, empty cache;
+    ``description``: one line saying what the class is;
+    ``attention``: the attention implementation the model runs with for this class (a name Transformers' attention
+    registry knows; default ``"sdpa"``);
+    ``prepare`` (optional): called with no argument before the class is used; whatever it raises skips the class
+    with the reason (:class:`Unsupported`: its message; ``ImportError``: the missing package named; anything else:
+    named with its type; see ``kvcache.measuring.caches.unavailable_reason``);
+    ``devices``: the device types (``torch.device.type``: ``"cpu"``, ``"cuda"``...) the class runs on; None: any;
+    elsewhere it is skipped with the reason;
+    ``memory_factor``: the cache sizes a step holds at its peak, in units of the logical KV bytes of the point's
+    ``max_tokens`` × batch (2 for a class that copies on append): a point whose cache would not fit in free memory
+    is skipped before it is built, and the measured peak is checked against it;
+    ``in_all``: whether ``--kv-caches all`` includes the class (test-only classes say False);
+    ``kinds``: the layer kinds it can serve (``"full"``, ``"sliding"``, ``"linear"``); None: any; a model with
+    layers of another kind skips it with the reason (:func:`kvcache.measuring.caches.kind_reason`);
+    ``point`` (optional): a class that brings its own decode point instead of
     :class:`~kvcache.measuring.decode.DecodePoint`: a factory called with DecodePoint's constructor arguments
     (``model, spec, cache_spec, device, context, max_tokens``, keywords ``fill``, ``seed``) and ``batch=``
     (a :class:`~kvcache.measuring.batch.BatchShape`), returning an object with DecodePoint's interface (``build()``
     returning itself, ``step``, ``before_step``, ``timed_step``, ``warm_up``, ``release``, ``cache``, ``position``,
     ``step_seconds``). :func:`kvcache.measuring.decode.open_point` opens such a class's points with it; the point
     drives the model itself, so ``build`` serves only callers that want a bare cache from a :class:`CacheRequest`
-    (it may raise :class:`compat.Unsupported`), and ``attention`` names what the point runs under.
+    (it may raise :class:`Unsupported`), and ``attention`` names what the point runs under;
+    ``pads``: True when a batch's shorter sequences are left-padded to the longest in this class's cache (passes
+    are then also reported per allocated byte, padding included); False when each sequence holds only its own
+    tokens (a paged pool), where passes per allocated byte are passes per live byte.
     """
 
     name: str
@@ -71,3 +97,9 @@ def run_entry_points(group: str, use: Callable[[Any], None]) -> list[str]:
         except Exception as exc:  # noqa: BLE001
             problems.append(f"entry point {ep.name!r} ({ep.value}): {type(exc).__name__}: {exc}")
     return problems
+
+
+def failed_to_load(problems: list[str]) -> str:
+    """``" (failed to load: <problem>; <problem>)"``, the end of an unknown-name error naming the entry points that
+    failed (:func:`run_entry_points`); ``""`` when none did."""
+    return f" (failed to load: {'; '.join(problems)})" if problems else ""

@@ -15,7 +15,7 @@ from kvcache.measuring import attention, compat, traffic
 from kvcache.measuring.batch import BatchShape
 from kvcache.measuring.cachespec import CacheRequest, CacheSpec
 from kvcache.measuring.devices import Device
-from kvcache.measuring.models import ModelSpec
+from kvcache.measuring.geometry import ModelSpec
 
 MARGIN_TOKENS = 8
 FILL_CHUNK = 8192

@@ -7,7 +7,8 @@ the profiler's call tree: what :mod:`kvcache.measuring.traffic`'s counter is cha
 time including the kernels it calls (``scaled_dot_product_attention``'s fused CPU kernel, ``clone``'s
 ``copy_``), under the counter's display name. On CPU that is the op's CPU time; on CUDA the device time
 of the kernels it launches. The step's own time (wall on CPU; CPU time up to and including the closing
-device sync on CUDA) minus the attributed ops is :data:`UNATTRIBUTED` (Python, the dispatcher, hooks).
+device sync on CUDA) minus the attributed ops is the step's unattributed time (Python, the dispatcher,
+hooks), which the analysis (:mod:`kvcache.analysing.ledger`) derives.
 
 Seconds per step, per op: fitted against KV bytes by the analysis like the whole step.
 """
@@ -21,9 +22,8 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from kvcache.measuring.traffic import DISPLAY
 
-STEP = "kvcache-step"
-UNATTRIBUTED = "(unattributed)"
-US = 1e-6
+STEP_RANGE = "kvcache-step"  # the profiler range (record_function) around each profiled step
+US = 1e-6  # seconds per microsecond (the profiler's unit)
 
 
 def _top_level(event: Any) -> bool:
@@ -37,7 +37,7 @@ def _top_level(event: Any) -> bool:
 
 def _step_of(event: Any) -> Any:
     parent = event.cpu_parent
-    while parent is not None and parent.name != STEP:
+    while parent is not None and parent.name != STEP_RANGE:
         parent = parent.cpu_parent
     return parent
 
@@ -47,7 +47,7 @@ def profile_steps(step: Any, sync: Any, steps: int, *, cuda: bool = False) -> di
     "ops_s": {op: [seconds per step]}}``, an op absent from a step counting 0 there."""
     def drive() -> None:
         for _ in range(steps):
-            with record_function(STEP):
+            with record_function(STEP_RANGE):
                 step()
                 sync()
     return _profiled(drive, sync, cuda)
@@ -63,7 +63,7 @@ def profile_marked(run: Any, sync: Any, steps: int, *, cuda: bool = False) -> di
         if ranges:
             ranges.pop().__exit__(None, None, None)
         if i < steps:
-            ranges.append(record_function(STEP))
+            ranges.append(record_function(STEP_RANGE))
             ranges[-1].__enter__()
 
     return _profiled(lambda: run(on_mark), sync, cuda)
@@ -75,7 +75,7 @@ def _profiled(drive: Any, sync: Any, cuda: bool) -> dict[str, Any]:
     with profile(activities=activities) as prof:
         drive()
     events = prof.events()
-    ranges = sorted((e for e in events if e.name == STEP), key=lambda e: e.time_range.start)
+    ranges = sorted((e for e in events if e.name == STEP_RANGE), key=lambda e: e.time_range.start)
     index = {id(e): i for i, e in enumerate(ranges)}
     step_s = [e.cpu_time_total * US for e in ranges]
     ops: dict[str, list[float]] = {}
@@ -90,12 +90,6 @@ def _profiled(drive: Any, sync: Any, cuda: bool) -> dict[str, Any]:
         seconds = (event.device_time_total if cuda else event.cpu_time_total) * US
         ops.setdefault(name, [0.0] * len(ranges))[index[id(owner)]] += seconds
     return {"step_s": step_s, "ops_s": ops}
-
-
-def unattributed(record: dict[str, Any]) -> list[float]:
-    """Per step: the step's time minus the time attributed to ops (seconds)."""
-    ops = record["ops_s"].values()
-    return [total - sum(op[i] for op in ops) for i, total in enumerate(record["step_s"])]
 
 
 def profiler_available() -> str | None:

@@ -236,14 +236,16 @@ def memory_passes(steps: dict[int, MemoryStep], kv_bytes: dict[int, float], *, d
         "steps": {str(c): steps[c].to_dict() for c in contexts},
         "source": "storages",
     }
+    allocator_factor = 0.0  # cache sizes live at the peak by the allocator's statistics (CUDA)
     if lo.allocator is not None and hi.allocator is not None:
         a, b = lo.allocator, hi.allocator
         out["allocator"] = {"allocated_passes": slope(a["allocated"], b["allocated"]),
                             "peak_passes": slope(a["peak"], b["peak"]), "held_passes": slope(a["held"], b["held"]),
                             "peak_factor": slope(a["before"] + a["peak"], b["before"] + b["peak"])}
+        allocator_factor = out["allocator"]["peak_factor"]
     if declared_factor is not None:
         out["declared_factor"] = declared_factor
-        needed = max(out["peak_factor"], (out.get("allocator") or {}).get("peak_factor", 0.0))
+        needed = max(out["peak_factor"], allocator_factor)
         if needed > declared_factor + 0.005:
             out["factor_problem"] = (f"needs {needed:.2f} cache sizes at its peak, declares memory_factor "
                                      f"{declared_factor:g}: a point judged to fit may not")

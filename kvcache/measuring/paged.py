@@ -4,63 +4,48 @@
 warm_up, release) over ``batch.size`` concurrent sequences (``batch.lengths(context)`` tokens each, so ragged
 batches work). It drives the model's forward itself, in the calling thread (the traffic counter is a dispatch mode
 and must see every op of a step): never ``generate_batch``'s background thread or its scheduler. What it uses of
-the installed release is what continuous batching uses there:
-
-- the release's own ``PagedAttentionCache``, sized by the release's own configuration object (a GenerationConfig
-  to 5.3, a ContinuousBatchingConfig from 5.4) to ``num_blocks`` whole blocks of the release's default size (32
-  tokens to 5.3, 256 from 5.4) for every sequence's context + warm-up + steps + margin; blocks allocated by the
-  cache's own allocator, the physical slot of every position taken from the cache's own index helper;
-- the release's attention implementation for SDPA over a paged cache (``sdpa_paged`` 4.53-4.57, ``paged|sdpa``
-  5.0-5.18, plain ``sdpa`` from 5.19, where SDPA recognises the cache), so that the cache's own ``update`` writes the
-  new K/V at ``write_index`` and gathers every live sequence's K/V at ``read_index`` for attention, every layer,
-  every step: the gather this class exists to measure (advanced indexing, ``index``, up to 5.5; ``index_select``
-  from 5.6);
-- the forward keywords the release's batch preparation hands the model (its ``get_model_kwargs``): packed
-  ``input_ids``/``position_ids`` [1, N], cumulative query/key lengths, maximum lengths, read/write indices (one
-  tensor, or one per layer group from 4.57), ``logits_indices``, the block-diagonal additive mask built by the
-  release's own ``build_attention_mask`` (4.57+; before, its inline ``triu`` logic, copied), ``cache``,
-  ``use_cache=False``, and whatever else that release passes (``block_tables``, ``block_table``, ``is_causal``,
-  ``logits_to_keep``). 4.53-4.55 hand over their whole static buffers (a read index as long as the pool, padded
-  with -1, and a mask as wide): so does this class there. Not passed: ``logits_processor_args`` (5.6+), which only
-  the release's logits processors read, after the forward.
+the installed release is what continuous batching uses there (:mod:`kvcache.measuring.paged_api`): the release's
+own cache, sized and allocated by the release's own configuration and allocator; the release's attention
+implementation for SDPA over a paged cache, so that the cache's own ``update`` writes the new K/V at
+``write_index`` and gathers every live sequence's K/V at ``read_index`` for attention, every layer, every step (the
+gather this class exists to measure); and the forward keywords the release's batch preparation hands the model.
+Which release passes what is in docs/releases.md.
 
 Per step nothing waits for the device: the sequences' lengths are host integers the point advances itself (every
 sequence grows by one token a step), the read index is sliced from a slot table made once at build (one device
 tensor per layer group), the write index looked up in it at the device-resident positions, the cumulative key
-lengths advanced on the device, and the next tokens are the greedy argmax of the step's logits, kept there. The
-release builds the same indices on the host and copies them over every step; the values are the same.
+lengths advanced on the device, and the next tokens are the greedy argmax of the step's logits, kept there.
 
 Sequence ``i`` is filled (and its first token drawn) from a generator seeded ``seed + i``, as a DecodePoint with
 that seed and its length would be: at batch 1 the two decode the same tokens, and in a batch every sequence decodes
-what it decodes alone (tests/measuring/test_paged.py).
-
-Release differences are all here (:func:`release`); releases before 4.53 have no continuous batching and are
-skipped with the reason (:func:`unsupported_reason`). Layer kinds: full attention only (the registry says so).
+what it decodes alone. Releases before 4.53 have no continuous batching and are skipped with the reason
+(:func:`unsupported_reason`). Layer kinds: full attention only (the registry says so).
 """
 
 from __future__ import annotations
 
-import contextlib
-import importlib
-import inspect
-import logging
-import math
-from collections.abc import Iterator
-from dataclasses import dataclass, field, fields, is_dataclass
-from functools import cache
-from types import SimpleNamespace
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from kvcache.measuring import attention, compat
 from kvcache.measuring.decode import FILL_CHUNK, DecodePoint
+from kvcache.measuring.paged_api import (
+    PagedAPI,
+    allocate,
+    build_inline_mask,
+    check_geometry,
+    installed_api,
+    layer_types,
+    new_cache,
+    pool_slots,
+    slot_lists,
+    supports_logits_to_keep,
+)
 
 PAGED_SINCE = (4, 53)
-PAGED_MODULE = "transformers.generation.continuous_batching"
 REQUEST_ID = "kvcache-seq-{}"
-GENERATION_CONFIG_BLOCK = 32  # the block size while a GenerationConfig sizes the pool (4.53-5.3)
-UNBOUNDED_MEMORY = 2**62  # what the pool's memory probe reports while this point sizes the pool itself
 
 
 def unsupported_reason(version: str | None = None) -> str | None:
@@ -72,269 +57,13 @@ def unsupported_reason(version: str | None = None) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class PagedRelease:
-    """How the installed release's continuous batching drives its paged cache for SDPA (see the module docstring).
-    The attention name comes from the release's registry, ``update``'s form from its signature, the mask builder
-    from its modules; the rest by release range, each range read off that release's continuous batching code
-    (every release 4.53 ... 5.24)."""
-
-    version: tuple[int, ...]
-    cache_class: type
-    attention: str  # the attention implementation continuous batching runs SDPA under
-    whole_static: bool  # 4.53-4.55: the whole static buffers (read index padded with -1 to the pool, mask as wide)
-    seqlens_keys: tuple[str, str]  # cumulative query/key lengths: cumulative_seqlens_* to 4.55, cu_seq_lens_* after
-    max_keys: tuple[str, str]  # max_seqlen_q/k to 5.18, max_length_q/k from 5.19
-    grouped_index: bool  # read/write index one tensor per layer group (a list) from 4.57
-    k_by_type: bool  # cu_seq_lens_k / max_length_k as {layer type: value} from 5.19 (update picks its own)
-    update_takes_kwargs: bool  # cache.update(key, value, layer, kwargs) from 5.19; read_index=, write_index= before
-    index_dtype: torch.dtype  # int32 to 5.5, int64 from 5.6
-    block_tables: bool  # passes the cache's block tables dict (to 4.56)
-    block_table_key: bool  # passes block_table=None (5.4+: no kernel block table for SDPA)
-    is_causal: bool  # passes is_causal=False (5.19+)
-    logits_to_keep: bool  # the model slices its hidden states to logits_indices (5.13+, where the model takes it)
-    mask_builder: Callable[..., None] | None  # the release's build_attention_mask (4.57+), else its inline logic
-
-
-def _import(name: str) -> Any:
-    try:
-        return importlib.import_module(name)
-    except ImportError:
-        return None
-
-
-def _attention_name() -> str:
-    """The name SDPA over a paged cache is registered under: ``sdpa_paged`` (4.53-4.57), ``paged|sdpa`` (5.0-5.18),
-    else plain ``sdpa`` (5.19+: SDPA updates a paged cache it is handed)."""
-    from transformers import modeling_utils
-
-    interface = getattr(modeling_utils, "AttentionInterface", None)
-    names = set(getattr(interface, "_global_mapping", {}) or {})
-    for name in ("sdpa_paged", "paged|sdpa"):
-        if name in names:
-            return name
-    return "sdpa"
-
-
-def _mask_builder() -> Callable[..., None] | None:
-    for module in ("utils", "input_outputs", "input_ouputs", "continuous_api"):
-        found = getattr(_import(f"{PAGED_MODULE}.{module}"), "build_attention_mask", None)
-        if found is not None:
-            return found
-    return None
-
-
-def _takes_kwargs_dict(update: Callable[..., Any]) -> bool:
-    """Whether ``update`` takes the forward keywords as one dict argument ``kwargs`` (5.19+), not as ``**kwargs``."""
-    param = inspect.signature(update).parameters.get("kwargs")
-    return param is not None and param.kind is not inspect.Parameter.VAR_KEYWORD
-
-
-@cache
-def release() -> PagedRelease:
-    """The installed release's :class:`PagedRelease`, or :class:`compat.Unsupported` with the reason."""
+def prepare() -> PagedAPI:
+    """The registry's ``prepare``: the installed release's :class:`PagedAPI`, or :class:`compat.Unsupported` (the
+    class is skipped with the reason) where the release has no paged cache this class can drive."""
     reason = unsupported_reason()
     if reason:
         raise compat.Unsupported(reason)
-    module = _import(PAGED_MODULE)
-    cache_class = getattr(module, "PagedAttentionCache", None)
-    if cache_class is None:
-        raise compat.Unsupported(f"paged: transformers {compat.TRANSFORMERS} has no PagedAttentionCache "
-                                 f"in {PAGED_MODULE}")
-    v = compat.VERSION
-    return PagedRelease(
-        version=v, cache_class=cache_class, attention=_attention_name(),
-        whole_static=v < (4, 56),
-        seqlens_keys=(("cumulative_seqlens_q", "cumulative_seqlens_k") if v < (4, 56)
-                      else ("cu_seq_lens_q", "cu_seq_lens_k")),
-        max_keys=("max_seqlen_q", "max_seqlen_k") if v < (5, 19) else ("max_length_q", "max_length_k"),
-        grouped_index=v >= (4, 57), k_by_type=v >= (5, 19),
-        update_takes_kwargs=_takes_kwargs_dict(cache_class.update),
-        index_dtype=torch.int32 if v < (5, 6) else torch.int64,
-        block_tables=v < (4, 57), block_table_key=v >= (5, 4), is_causal=v >= (5, 19), logits_to_keep=v >= (5, 13),
-        mask_builder=_mask_builder() if v >= (4, 57) else None,
-    )
-
-
-def prepare() -> None:
-    """The registry's ``prepare``: :class:`compat.Unsupported` (the class is skipped with the reason) where the
-    installed release has no paged cache this class can drive."""
-    release()
-
-
-def build_inline_mask(attention_mask: torch.Tensor, cumulative_seqlens_q: list[int],
-                      cumulative_seqlens_k: list[int]) -> None:
-    """The block-diagonal mask as 4.53-4.56 build it inline in ``_build_tensors`` (copied; no sliding window then)."""
-    min_value = torch.finfo(attention_mask.dtype).min
-    for i in range(len(cumulative_seqlens_q) - 1):
-        seqlen_q = cumulative_seqlens_q[i + 1] - cumulative_seqlens_q[i]
-        seqlen_k = cumulative_seqlens_k[i + 1] - cumulative_seqlens_k[i]
-        if seqlen_q < seqlen_k and seqlen_q >= 1:
-            diagonal = cumulative_seqlens_k[i + 1] - seqlen_q + 1 - cumulative_seqlens_k[i]
-        else:
-            diagonal = 1
-        query_range = slice(cumulative_seqlens_q[i], cumulative_seqlens_q[i + 1])
-        key_range = slice(cumulative_seqlens_k[i], cumulative_seqlens_k[i + 1])
-        block = torch.full(attention_mask[..., query_range, key_range].shape, min_value,
-                           dtype=attention_mask.dtype, device=attention_mask.device)
-        attention_mask[..., query_range, key_range] = torch.triu(block, diagonal=diagonal)
-
-
-# --- building the release's cache ------------------------------------------------------------------------------
-
-def _cache_config(params: dict[str, inspect.Parameter], blocks: int, block_size: int, batch_tokens: int) -> Any:
-    """The configuration object the cache takes: a GenerationConfig (4.53-5.3: ``num_blocks``, ``block_size``,
-    ``max_batch_tokens``) or a ContinuousBatchingConfig (5.4+), with the pool sized by this point, as many batch
-    tokens as sequences, block sharing off and no kernel block table (SDPA has none)."""
-    if "generation_config" in params:
-        from transformers import GenerationConfig
-
-        return GenerationConfig(num_blocks=blocks, block_size=block_size, max_batch_tokens=batch_tokens)
-    wanted = dict(num_blocks=blocks, max_batch_tokens=batch_tokens, allow_block_sharing=False,
-                  max_blocks_per_request=0, max_requests_per_batch=batch_tokens, max_memory_percent=0.9)
-    from transformers.generation.configuration_utils import ContinuousBatchingConfig
-
-    names = {f.name for f in fields(ContinuousBatchingConfig)} if is_dataclass(ContinuousBatchingConfig) else set(
-        inspect.signature(ContinuousBatchingConfig).parameters)
-    size_key = "page_size" if "page_size" in names else "block_size"
-    return ContinuousBatchingConfig(**{size_key: block_size},
-                                    **{k: value for k, value in wanted.items() if k in names})
-
-
-def _default_block_size(params: dict[str, inspect.Parameter]) -> int:
-    """The release's own default block (page) size: 32 where a GenerationConfig carries it (4.53-5.3), the
-    ContinuousBatchingConfig default from 5.4 (256)."""
-    if "generation_config" in params:
-        return GENERATION_CONFIG_BLOCK
-    from transformers.generation.configuration_utils import ContinuousBatchingConfig
-
-    default = ContinuousBatchingConfig()
-    return int(getattr(default, "page_size", None) or default.block_size)
-
-
-@contextlib.contextmanager
-def _pool_sized_here(cache_class: type) -> Iterator[None]:
-    """While the pool is built: its memory probe (``PagedAttentionMemoryHandler.get_available_memory``) reports
-    unbounded memory, and the module's logger says only errors. This point sizes the pool itself (``num_blocks``) and
-    the suite checks free memory itself; the probe would read 0 on a CPU without psutil (a MemoryError) and empty the
-    CUDA allocator cache on a GPU, and 4.55-4.56 log the pool's size as a warning every time one is built."""
-    module = inspect.getmodule(cache_class)
-    handler = getattr(module, "PagedAttentionMemoryHandler", None)
-    logger = getattr(module, "logger", None)
-    level = logger.level if isinstance(logger, logging.Logger) else None
-    original = handler.__dict__.get("get_available_memory") if handler is not None else None
-    if original is not None:
-        handler.get_available_memory = lambda *args, **kwargs: UNBOUNDED_MEMORY
-    if level is not None:
-        logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        if original is not None:
-            handler.get_available_memory = original
-        if level is not None:
-            logger.setLevel(level)
-
-
-def _distributed_helper() -> Any:
-    """The DistributedHelper 5.9+ caches take: no device mesh (one process, nothing sharded)."""
-    helper = _import(f"{PAGED_MODULE}.distributed").DistributedHelper
-    params = inspect.signature(helper).parameters
-    return helper(**{name: None for name, p in params.items() if p.default is inspect.Parameter.empty})
-
-
-def new_cache(r: PagedRelease, model: Any, device: torch.device, dtype: torch.dtype,
-              tokens: list[int]) -> tuple[Any, int]:
-    """The release's PagedAttentionCache with room for ``tokens[i]`` tokens of every sequence (whole blocks of the
-    release's default size), and that block size."""
-    params = dict(inspect.signature(r.cache_class.__init__).parameters)
-    block_size = _default_block_size(params)
-    blocks = sum(math.ceil(n / block_size) for n in tokens)
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    offered = {
-        "config": config, "device": device, "dtype": dtype,
-        "generation_config": None, "continuous_batching_config": None,
-        "tp_size": None, "layer_device_map": None, "initial_prompt_shapes": None, "num_requests": len(tokens),
-        "allow_block_sharing": False, "tp_plan": {},
-        "model_supports_logits_to_keep": supports_logits_to_keep(model),
-    }
-    cache_config = _cache_config(params, blocks, block_size, len(tokens))
-    offered["generation_config" if "generation_config" in params else "continuous_batching_config"] = cache_config
-    if "distributed_helper" in params:
-        offered["distributed_helper"] = _distributed_helper()
-    kwargs = {name: offered[name] for name in params if name in offered}
-    with _pool_sized_here(r.cache_class):
-        return r.cache_class(**kwargs), block_size
-
-
-def page_geometry(cache: Any) -> tuple[int, int] | None:
-    """(KV heads, head dim) one token of one layer takes in the pool: the cache's own attributes (to 5.17), or its
-    allocators' (5.18+)."""
-    allocators = getattr(cache, "cache_allocators", None) or {}
-    for holder in (cache, *allocators.values()):
-        heads, dim = getattr(holder, "num_key_value_heads", None), getattr(holder, "head_dim", None)
-        if heads and dim:
-            return int(heads), int(dim)
-    return None
-
-
-def check_geometry(cache: Any, spec: Any) -> None:
-    """:class:`compat.Unsupported` unless every layer caches K and V of the pool's geometry: the pool is sized from the
-    config's KV heads and head dim, which a model caching something else (DeepSeek's latent) does not write."""
-    geometry = page_geometry(cache)
-    if geometry is None:
-        return
-    heads, dim = geometry
-    for layer, shape in enumerate(spec.cached_shapes()):
-        if shape is not None and tuple(shape) != (heads, dim, dim):
-            raise compat.Unsupported(
-                f"paged: transformers {compat.TRANSFORMERS}'s PagedAttentionCache holds {heads} KV heads x {dim} dims "
-                f"per token and layer, {spec.name} caches {shape[0]} x {shape[1]} (keys) and {shape[2]} (values) "
-                f"in layer {layer}")
-
-
-def supports_logits_to_keep(model: Any) -> bool:
-    """Whether the model slices its hidden states itself (``logits_to_keep``), as 5.13+ continuous batching asks."""
-    supports = getattr(model, "_supports_logits_to_keep", None)
-    return bool(callable(supports) and supports())
-
-
-def allocate(cache: Any, request_id: str, tokens: int, block_size: int) -> None:
-    """Blocks for ``tokens`` tokens of one sequence, through the cache's own allocator: ``allocate_blocks(n, id)``
-    (4.53-4.57), ``allocate_blocks(n, id, allocated_blocks)`` (5.0-5.17), ``can_store_request_tokens(state, n)``
-    (5.18+)."""
-    if hasattr(cache, "can_store_request_tokens"):
-        from transformers.generation.continuous_batching.requests import RequestState
-
-        ok = cache.can_store_request_tokens(RequestState(request_id=request_id, initial_tokens=[]), tokens)
-    else:
-        blocks = math.ceil(tokens / block_size)
-        if "allocated_blocks" in inspect.signature(cache.allocate_blocks).parameters:
-            ok = cache.allocate_blocks(blocks, request_id, 0)
-        else:
-            ok = cache.allocate_blocks(blocks, request_id)
-    if ok is None or ok is False:
-        raise RuntimeError(f"paged: the pool could not allocate {tokens} tokens for {request_id}")
-
-
-def slot_lists(cache: Any, request_id: str, tokens: int) -> list[list[int]]:
-    """Per layer group, the physical cache slot of each of positions 0..tokens-1 of one sequence, from the cache's
-    own index helper: ``_get_physical_indices`` (4.53-4.56), ``extend_write_indices`` (4.57-5.0),
-    ``extend_read_and_write_indices`` (5.1+) asked to write ``tokens`` tokens from position 0."""
-    if hasattr(cache, "_get_physical_indices"):
-        return [cache._get_physical_indices(SimpleNamespace(request_id=request_id), list(range(tokens)))]
-    groups = len(getattr(cache, "cache_allocators", None) or getattr(cache, "group_cache_managers", None) or [0])
-    write: list[list[int]] = [[] for _ in range(groups)]
-    if hasattr(cache, "extend_read_and_write_indices"):
-        cache.extend_read_and_write_indices(request_id, 0, tokens, [[] for _ in range(groups)], write)
-    else:
-        cache.extend_write_indices(request_id, 0, tokens, write)
-    return write
-
-
-def layer_types(cache: Any) -> list[str]:
-    """The layer types the cache's keyword dicts are keyed by (5.18+: one allocator per type)."""
-    return list(getattr(cache, "cache_allocators", None) or ["full_attention"])
+    return installed_api()
 
 
 # --- the point -------------------------------------------------------------------------------------------------
@@ -348,7 +77,7 @@ class PagedPoint(DecodePoint):
     """
 
     lengths: list[int] = field(default_factory=list)
-    paged: PagedRelease | None = None
+    api: PagedAPI | None = None  # what the installed release offers (kvcache.measuring.paged_api)
     slots: list[torch.Tensor] = field(default_factory=list)  # per layer group: [N, capacity] physical slots
     cu_q: torch.Tensor | None = None
     cu_k: torch.Tensor | None = None
@@ -362,7 +91,7 @@ class PagedPoint(DecodePoint):
     def build(self) -> PagedPoint:
         """Make the release's paged cache with room for every sequence, fill each to its length (untimed), switch the
         model to the release's paged SDPA and pick the first input token of every sequence."""
-        r = self.paged = release()  # Unsupported with the reason where this release has no paged cache to drive
+        r = self.api = prepare()  # Unsupported with the reason where this release has no paged cache to drive
         if getattr(self.model, "_supports_attention_backend", True) is False:
             raise compat.Unsupported(f"paged: {type(self.model).__name__} runs its own attention code, not a "
                                      "registered attention function, so it cannot read a paged cache")
@@ -398,7 +127,7 @@ class PagedPoint(DecodePoint):
             self.row_starts = torch.arange(n, device=device) * width
             self.logits_indices = torch.arange(n, dtype=r.index_dtype, device=device)
             if r.whole_static:
-                pool = _pool_slots(self.cache)
+                pool = pool_slots(self.cache)
                 self.read_buffers = [torch.empty(pool, dtype=r.index_dtype, device=device) for _ in self.slots]
                 self.mask_buffer = torch.empty(1, 1, n, pool, dtype=dtype, device=device)
         # the release's paged SDPA, or the paged implementation this key names (``paged@paged|eager``: --kv-attn)
@@ -414,7 +143,7 @@ class PagedPoint(DecodePoint):
     def _write(self, layer: int, keys: torch.Tensor, values: torch.Tensor, writes: list[torch.Tensor]) -> None:
         """Write K/V ([1, heads, n, dim]) at the slots ``writes`` (one tensor per group) through the cache's own
         ``update``, reading nothing back (an empty read index)."""
-        r = self.paged
+        r = self.api
         reads = [w[:0] for w in writes]
         if r.update_takes_kwargs:
             n = keys.shape[-2]
@@ -468,7 +197,7 @@ class PagedPoint(DecodePoint):
     def forward_kwargs(self) -> dict[str, Any]:
         """The keywords the release's batch preparation hands the model for this decode step (see the module
         docstring): built from the host lengths and device tensors, nothing copied from the host."""
-        r = self.paged
+        r = self.api
         n = self.batch.size
         seqlens_k = [length + 1 for length in self.lengths]
         cu_q, cu_k = list(range(n + 1)), _cumulative(seqlens_k)
@@ -541,8 +270,3 @@ def _cumulative(values: list[int]) -> list[int]:
     for value in values:
         out.append(out[-1] + value)
     return out
-
-
-def _pool_slots(cache: Any) -> int:
-    """Token slots of the pool the whole-static read index spans (4.53-4.55: ``num_blocks * block_size``)."""
-    return int(cache.num_blocks * cache.block_size)

@@ -1,7 +1,7 @@
 """Checks made before anything is measured, so that what would fail only after the whole sweep (a path the
 run cannot write) or part-way (a copy tensor, or a model's weights, larger than free memory) is a one-line
 SettingsError at start-up. A model's config is checked where it is loaded
-(:func:`kvcache.measuring.models.load_config`)."""
+(:func:`kvcache.measuring.configs.load_config`)."""
 
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ class ModelMemory:
 
 
 def check_model_memory(settings: Settings, *, free: dict[str, int] | None = None) -> None:
-    """The model's weights (from its config and dtype: :func:`kvcache.measuring.models.count_parameters`, nothing
+    """The model's weights (from its config and dtype: :func:`kvcache.measuring.geometry.count_parameters`, nothing
     built) plus the KV cache of the smallest point the run opens, against free memory (90%), before anything is
     built: over it, nothing could run, and a one-line SettingsError names the numbers. A point that does not fit
     beside the weights is skipped with its numbers when it opens (:func:`kvcache.measuring.decode.check_memory`).
@@ -137,12 +137,15 @@ def model_memory(settings: Settings) -> ModelMemory:
     """:class:`ModelMemory` of the run ``settings`` describe: its model's config (a one-line ModelError when it
     cannot be used) and its points (timed: each of ``contexts`` with warm-up and timed steps; counted: each of
     ``counted_contexts`` with a counted step), for each cache class of the run."""
-    from kvcache.measuring import caches, decode, models
-    from kvcache.measuring.session import COUNT_WARMUP
+    from kvcache.measuring import caches, decode
+    from kvcache.measuring.configs import load_config
+    from kvcache.measuring.counting import COUNT_WARMUP
+    from kvcache.measuring.geometry import spec_from_config
+    from kvcache.measuring.presets import FAMILY_PRESETS, split_layers
 
-    config, weights = models.load_config(settings.model)
-    spec = models.spec_from_config(settings.model, config, settings.dtype)
-    built_in_dtype = weights is not None or models.split_layers(settings.model)[0] in models.FAMILY_PRESETS
+    config, weights = load_config(settings.model)
+    spec = spec_from_config(settings.model, config, settings.dtype)
+    built_in_dtype = weights is not None or split_layers(settings.model)[0] in FAMILY_PRESETS
     tokens = {decode.tokens_needed(c, settings.warmup, settings.steps) for c in settings.contexts}
     tokens |= {decode.tokens_needed(c, min(settings.warmup, COUNT_WARMUP), 1) for c in settings.counted_contexts}
     points = []

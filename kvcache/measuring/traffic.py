@@ -1,31 +1,17 @@
-"""Counted traffic: the bytes each tensor operation of one decode step reads and writes.
+"""Counted traffic: the bytes each tensor operation of one decode step reads and writes, and the counted passes
+they make.
 
 Every ATen operation the step runs is intercepted at torch's dispatch level
-(:class:`torch.utils._python_dispatch.TorchDispatchMode`; no source is patched) and charged by these
-rules, which count *logical* traffic:
-
-1. A view (view, expand, slice, transpose, reshape of a viewable tensor, detach, ...: an output that
-   shares storage with an input, written by nothing) moves nothing.
-2. A write into part of a tensor (``copy_`` into a slice, ``index_copy_``, ``index_put_``,
-   ``slice_scatter_``-style in-place ops listed in ``PARTIAL_WRITES``) reads its sources and writes
-   only the elements it stores, not the whole destination, and does not read the destination.
-3. A broadcast input (stride 0 along a dimension) is read once: an input costs the bytes of the
-   distinct memory it spans, ``itemsize × Π size[d] over dims with stride[d] != 0``.
-4. A lookup (``embedding``, ``index_select``, advanced indexing ``index``) reads its indices and the rows it
-   selects, not the whole table: a decode step's embedding reads one row of the vocabulary matrix, and a paged
-   cache's gather of the live rows reads those rows, not the whole block pool.
-5. Any other op reads each distinct tensor input once and writes each output (an in-place op writes
-   the tensor it mutates); allocation without initialisation (``empty``) writes nothing.
+(:class:`torch.utils._python_dispatch.TorchDispatchMode`; no source is patched) and charged by the rules of
+:mod:`kvcache.measuring.op_bytes` (logical traffic, in bytes), per op name (:func:`op_name`).
 
 Scopes: a counter given modules (``scopes={module: label}``) also charges each op to the label of every
 module whose ``forward`` is running when the op is dispatched (``"forward"`` for the model's own call,
 ``"layer.3"`` for a decoder layer), so that one count answers both "the whole step" and "inside the
 model's forward" or "inside layer 3".
 
-Logical traffic is what the operations ask for, not what the hardware does: a fused kernel that
-re-reads data internally (attention tiles, cache misses) is counted once, and data served from caches
-is counted as if it came from memory. Counted passes are therefore a floor that the timed passes sit
-on top of; both are bytes moved (read + write), not bytes stored.
+Counted passes (:func:`counted_passes`, :func:`kind_passes`) are slopes between steps counted at two or more
+contexts: Δ(bytes the step moves) / Δ(KV-cache bytes held).
 """
 
 from __future__ import annotations
@@ -34,22 +20,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
-aten = torch.ops.aten
-
-NO_TRAFFIC = {
-    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "_local_scalar_dense",
-    "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "is_nonzero", "record_stream",
-    "set_", "resize_", "_has_compatible_shallow_copy_type", "lift_fresh",
-}
-
-# In-place ops that store into a part of their first argument: (name, index of the source argument or
-# None when the written elements come from a scalar).
-PARTIAL_WRITES = {"copy_", "index_copy_", "index_put_", "_index_put_impl_", "masked_scatter_", "scatter_",
-                  "index_fill_", "masked_fill_", "fill_", "zero_", "slice_scatter_"}
+from kvcache.measuring.op_bytes import charge, inputs_read
 
 DISPLAY = {
     "_scaled_dot_product_flash_attention_for_cpu": "scaled_dot_product_attention",
@@ -67,107 +40,6 @@ def op_name(func: Any) -> str:
     """``aten.cat.default`` -> ``cat``; the fused SDPA kernels of every device -> ``scaled_dot_product_attention``."""
     name = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else str(func)
     return DISPLAY.get(name, name)
-
-
-def span_bytes(t: torch.Tensor) -> int:
-    """Bytes of distinct memory a (possibly strided or broadcast) tensor covers: stride-0 dims count once."""
-    if t.numel() == 0:
-        return 0
-    n = 1
-    for size, stride in zip(t.shape, t.stride()):
-        if stride != 0:
-            n *= size
-    return n * t.element_size()
-
-
-def _storage_key(t: torch.Tensor) -> tuple:
-    try:
-        ptr = t.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError):
-        ptr = id(t)
-    return (ptr, t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
-
-
-def _shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
-    try:
-        return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and a.untyped_storage().nbytes() > 0
-    except (RuntimeError, NotImplementedError):
-        return False
-
-
-def _tensors(obj: Any) -> list[torch.Tensor]:
-    flat, _ = tree_flatten(obj)
-    return [x for x in flat if isinstance(x, torch.Tensor)]
-
-
-def _distinct_read(tensors: list[torch.Tensor]) -> int:
-    seen, total = set(), 0
-    for t in tensors:
-        key = _storage_key(t)
-        if key not in seen:
-            seen.add(key)
-            total += span_bytes(t)
-    return total
-
-
-def _mutated_args(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
-    """Tensors the op writes in place (schema arguments annotated as written, e.g. ``Tensor(a!)``)."""
-    out = []
-    schema = func._schema
-    for i, arg in enumerate(schema.arguments):
-        if arg.alias_info is not None and arg.alias_info.is_write:
-            value = args[i] if i < len(args) else kwargs.get(arg.name)
-            out.extend(_tensors(value))
-    return out
-
-
-def _index_put_elements(dst: torch.Tensor, indices: list) -> int:
-    """Elements ``dst.index_put_(indices, values)`` stores: a dimension indexed by None (a ``:`` in
-    ``dst[:, :, idx] = v``) counts whole, a boolean mask selects its true elements over the dimensions it
-    covers, integer indices broadcast together, and the dimensions after the indexed ones count whole."""
-    elements, dim, index_shapes = 1, 0, []
-    for index in indices:
-        if index is None:
-            elements *= dst.shape[dim]
-            dim += 1
-        elif index.dtype in (torch.bool, torch.uint8):
-            index_shapes.append((int(index.count_nonzero()),))
-            dim += index.dim()
-        else:
-            index_shapes.append(tuple(index.shape))
-            dim += 1
-    if index_shapes:
-        for size in torch.broadcast_shapes(*index_shapes):
-            elements *= size
-    for size in dst.shape[dim:]:
-        elements *= size
-    return elements
-
-
-def _partial_write(name: str, args: tuple, kwargs: dict) -> tuple[int, int]:
-    """(read, written) bytes of an in-place write into part of ``args[0]`` (rule 2)."""
-    dst = args[0]
-    es = dst.element_size()
-    if name == "copy_":
-        return _distinct_read([args[1]]), dst.numel() * es
-    if name == "index_copy_":
-        src, index = args[3], args[2]
-        return span_bytes(src) + span_bytes(index), src.numel() * es
-    if name in ("index_put_", "_index_put_impl_"):
-        indices = [i for i in args[1] if i is not None]
-        values = args[2]
-        return span_bytes(values) + sum(span_bytes(i) for i in indices), _index_put_elements(dst, args[1]) * es
-    if name in ("fill_", "zero_"):
-        return sum(span_bytes(t) for t in _tensors(args[1:])), dst.numel() * es
-    # masked_fill_, index_fill_, scatter_, masked_scatter_, slice_scatter_: sources + the written part
-    sources = _tensors(args[1:]) + _tensors(kwargs)
-    read = _distinct_read(sources)
-    biggest = max((t.numel() for t in sources), default=dst.numel())
-    return read, min(biggest, dst.numel()) * es
-
-
-# Lookups: the position of the indices argument (rule 4).
-LOOKUPS = {"embedding": 1, "index_select": 2, "index": 1}  # op -> position of its indices (a list for ``index``)
 
 
 @dataclass
@@ -233,8 +105,9 @@ REGION_LISTENERS: list[Any] = []
 
 
 class TrafficCounter(TorchDispatchMode):
-    """Counts the bytes every dispatched ATen op reads and writes, by the rules in this module's docstring;
-    with ``scopes``, also per label of the modules running (see the module docstring)."""
+    """Counts the bytes every dispatched ATen op reads and writes, by the rules of
+    :mod:`kvcache.measuring.op_bytes`; with ``scopes``, also per label of the modules running (see the module
+    docstring)."""
 
     def __init__(self, scopes: dict[Any, str] | None = None) -> None:
         super().__init__()
@@ -273,39 +146,15 @@ class TrafficCounter(TorchDispatchMode):
         out = func(*args, **kwargs)
         name = op_name(func)
         try:
-            read, written = self.charge(func, args, kwargs, out)
+            read, written = charge(func, args, kwargs, out)
         except Exception:  # noqa: BLE001 - never let counting break the model; charge plainly
-            read, written = _distinct_read(_tensors((args, kwargs))), 0
+            read, written = inputs_read(args, kwargs), 0
         self.count.add(name, read, written)
         for observer in self.observers:
             observer.observe(func, args, kwargs, out)
         for label in dict.fromkeys(self.active):
             self.count.scopes.setdefault(label, TrafficCount()).add(name, read, written)
         return out
-
-    @staticmethod
-    def charge(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[int, int]:
-        """(bytes read, bytes written) of one op call."""
-        name = func.overloadpacket.__name__
-        if name in NO_TRAFFIC:
-            return 0, 0
-        if name in LOOKUPS:
-            selected = sum(t.numel() * t.element_size() for t in _tensors(out))
-            indices = sum(span_bytes(t) for t in _tensors(args[LOOKUPS[name]]))
-            return selected + indices, selected
-        inputs = _tensors((args, kwargs))
-        outputs = _tensors(out)
-        mutated = _mutated_args(func, args, kwargs)
-        if mutated:
-            if name in PARTIAL_WRITES:
-                return _partial_write(name, args, kwargs)
-            written = sum(t.numel() * t.element_size() for t in mutated)
-            return _distinct_read(inputs), written
-        if outputs and all(any(_shares_storage(o, i) for i in inputs) for o in outputs):
-            return 0, 0  # a view
-        if not inputs:  # factory ops (zeros, arange, full, randn...) write what they make
-            return 0, sum(t.numel() * t.element_size() for t in outputs)
-        return _distinct_read(inputs), sum(t.numel() * t.element_size() for t in outputs)
 
 
 def count(fn: Any, *args: Any, scopes: dict[Any, str] | None = None, **kwargs: Any) -> tuple[Any, TrafficCount]:
@@ -398,13 +247,15 @@ def kind_bytes(count: TrafficCount, layers: list[int]) -> TrafficCount:
 
 
 def kind_passes(counts: dict[int, TrafficCount], kind_layers: dict[str, list[int]],
-                held: dict[str, dict[int, float]], *, windows: dict[str, int | None] | None = None,
+                held: dict[str, dict[int, float]], *, windows: dict[str, int | None],
                 beyond: dict[int, TrafficCount] | None = None, beyond_held: dict[str, dict[int, float]] | None = None,
                 min_op_passes: float = 0.005) -> dict[str, dict]:
     """Counted passes per layer kind: Δ(bytes of that kind's layers) / Δ(KV bytes those layers hold), between the
     smallest and largest counted context; a kind whose layers hold no more bytes there (a linear-attention state)
     has no passes figure, ``grows`` False and the bytes its step changed by (``growth_bytes``). ``beyond``: steps
-    counted past every sliding window, where a sliding kind must stop growing (its ``beyond.growth_bytes`` 0)."""
+    counted past every sliding window, where a sliding kind must stop growing (its ``beyond.growth_bytes`` 0).
+    ``windows``: {kind: its sliding window in tokens} (a kind without one may be absent). Bytes and tokens
+    throughout; contexts in tokens."""
     contexts = sorted(counts)
     lo, hi = contexts[0], contexts[-1]
     out = {}
@@ -414,12 +265,12 @@ def kind_passes(counts: dict[int, TrafficCount], kind_layers: dict[str, list[int
         growth = step[hi].total - step[lo].total
         entry: dict[str, Any] = {
             "layers": len(layers),
-            "window": (windows or {}).get(kind),
+            "window": windows.get(kind),
             "passes": growth / kv_delta if kv_delta else None,
             "by_op": op_passes(step[lo], step[hi], kv_delta, min_op_passes) if kv_delta else {},
             "grows": bool(kv_delta),
             "growth_bytes": growth,
-            "stops_growing_at": 0 if kind == "linear" else (windows or {}).get(kind),
+            "stops_growing_at": 0 if kind == "linear" else windows.get(kind),
             "step_bytes": {str(c): step[c].total for c in contexts},
             "kv_bytes": {str(c): held[kind][c] for c in contexts},
         }
@@ -431,8 +282,3 @@ def kind_passes(counts: dict[int, TrafficCount], kind_layers: dict[str, list[int
                                "growth_bytes": far_step[far[-1]] - far_step[far[0]]}
         out[kind] = entry
     return out
-
-
-def describe_by_op(by_op: dict[str, float]) -> str:
-    """``{"cat": 2.0, "scaled_dot_product_attention": 1.0}`` -> ``"cat 2.00, scaled_dot_product_attention 1.00"``."""
-    return ", ".join(f"{name} {value:.2f}" for name, value in by_op.items()) or "-"

@@ -3,8 +3,8 @@ replaced (``replace=True``) by a DynamicCache whose K and V are kept token-major
 head_dim]``, and handed to attention as transposed views, ``[batch, heads, tokens, head_dim]`` with non-contiguous
 strides. It moves exactly the counted bytes of ``dynamic`` (the ``cat`` of each step reads the cache and writes it
 again, 2.00 passes; attention reads it once, 1.00), in the same ops, but attention reads K and V across strides: a
-kernel-level slowdown with no counted byte (about 1.75x the step slope on the developers' CPU), what a new torch
-or Transformers release can ship and only timed figures can see. Test-only: loaded by ``-p`` alone."""
+kernel-level slowdown with no counted byte, what a new torch or Transformers release can ship and only timed figures can
+see. Test-only: loaded by ``-p`` alone."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-// Injected by tests/analysing/test_report.py into a copy of report.html, after the page's own script: drives the
+// Injected by tests/analysing/test_report_page.py into a copy of report.html, after the page's own script: drives the
 // chart (slider, hover), lists what could have been injected (tag names, on* attributes, scripts) and writes what it
 // found as JSON into a pre element (id "selftest"). Never shipped in the report.
 (function () {

@@ -9,6 +9,7 @@ import json
 import numpy as np
 
 from kvcache.analysing import ab
+from kvcache.analysing.records import KV, SCHEMA, Verdict
 
 CONTEXTS = (1024, 4096, 16384)
 BYTES_PER_TOKEN = 1000.0
@@ -16,9 +17,9 @@ BYTES_PER_TOKEN = 1000.0
 
 def side(slope_s_per_byte: float, intercept_s: float, *, seed: int, rounds: int = 3, drift: float = 0.0,
          round_speed: tuple[float, ...] = (), noise: float = 0.01, ledger: dict[str, float] | None = None,
-         cache: str = "dynamic") -> dict:
-    """A ``kv`` section: timed points of ``cache`` (each round slowed by ``round_speed[r]``: drift both sides share),
-    its drift, and optional ledger points with ops {op: slope}."""
+         cache: str = "dynamic") -> KV:
+    """A ``kv`` section (its records): timed points of ``cache`` (each round slowed by ``round_speed[r]``: drift both
+    sides share), its drift, and optional ledger points with ops {op: slope}."""
     rng = np.random.default_rng(seed)
     points = []
     for r in range(rounds):
@@ -39,10 +40,10 @@ def side(slope_s_per_byte: float, intercept_s: float, *, seed: int, rounds: int 
                                 "ops_s": {op: steps(s, c) for op, s in ledger.items()}} for c in CONTEXTS]
         kv["ledger"] = {cache: {op: {"timed": s * 1e10, "timed_ci": [s * 0.9e10, s * 1.1e10]}
                                 for op, s in ledger.items()}}
-    return kv
+    return KV.from_json({"schema": SCHEMA, **kv})
 
 
-def judged(a: dict, b: dict, **kw) -> dict:
+def judged(a: KV, b: KV, **kw) -> dict:
     return ab.judge(a, b, resamples=400, **kw)["dynamic"]
 
 
@@ -77,7 +78,7 @@ def test_drift_both_sides_share_leaves_the_verdict_but_drift_that_differs_makes_
 def test_too_few_paired_contexts_and_no_points_are_inconclusive():
     a = side(1e-9, 2e-3, seed=1)
     b = side(1e-9, 2e-3, seed=2)
-    b["points"] = [p for p in b["points"] if p["context"] == CONTEXTS[0]]
+    b.points = [p for p in b.points if p.context == CONTEXTS[0]]
     assert judged(a, b)["timed"]["status"] == "inconclusive"
 
 
@@ -93,8 +94,8 @@ def test_the_ledger_is_judged_per_op():
 
 def test_counted_and_overhead_verdicts_are_kept_and_a_regression_is_listed():
     a, b = side(1e-9, 2e-3, seed=1), side(1e-9, 2e-3, seed=2)
-    counted = {"dynamic": {"counted": {"status": "regression", "reason": "counted passes 5.00 above 3.05",
-                                       "value": 5.0, "allowed": 3.05}}}
+    counted = {"dynamic": {"counted": Verdict(status="regression", reason="counted passes 5.00 above 3.05", value=5.0,
+                                              allowed=3.05)}}
     found = ab.judge(a, b, resamples=200, counted=counted)
     assert found["dynamic"]["counted"]["status"] == "regression"
     assert any("counted" in line for line in ab.regressions(found))
@@ -112,3 +113,13 @@ def test_an_ab_file_is_read_by_compare_as_its_two_sides(tmp_path):
     plain = tmp_path / "run.json"
     plain.write_text(json.dumps(data))
     assert len(load_runs(plain)) == 1
+
+
+def test_the_section_reads_back_as_records_and_rows():
+    """The ``ab`` section as written (JSON) reads back as PairedVerdict records, every key kept; the summary rows
+    show its ratio and interval."""
+    section = json.loads(json.dumps(ab.judge(side(1e-9, 2e-3, seed=1), side(1.6e-9, 2e-3, seed=2), resamples=200)))
+    timed = ab.read_section(section)["dynamic"]["timed"]
+    assert timed.status == "regression" and timed.to_json() == section["dynamic"]["timed"]
+    (row,) = [r for r in ab.summary_rows(section) if r[1] == "timed"]
+    assert row[4] == ab.ratio_text(timed) and row[4].startswith("×1.") and row[5] == "regression"

@@ -1,12 +1,12 @@
 """Achieved bandwidth per point (counted bytes of a step over its median time, GB/s) and its share of the copy
-bandwidth: one rule (:mod:`kvcache.analysing.analysis`), against the session's median copy bandwidth."""
+bandwidth: one rule (:mod:`kvcache.analysing.bandwidth`), against the session's median copy bandwidth."""
 
 from __future__ import annotations
 
 import pytest
 from fakerun import analysed, make_run
 
-from kvcache.analysing.analysis import achieved_fraction, achieved_gbps
+from kvcache.analysing.bandwidth import achieved_fraction, achieved_gbps
 
 
 def test_achieved_gbps_is_counted_bytes_over_the_median_step():

@@ -12,18 +12,23 @@ import pytest
 from fakerun import make_run
 
 from kvcache.analysing import baseline, identity
+from kvcache.analysing.records import KV
 
 ROOT = Path(__file__).resolve().parents[2]
 DEVICE_KEY = "cpu: test machine | smollm2-135m | bfloat16"
 TYPE_KEY = "cpu | smollm2-135m | bfloat16"
 
 
-def kv(**changes) -> dict:
+def raw(**changes) -> dict:
     out = make_run({"dynamic": 3.0, "static": 1.0})["kv"]
     out = {**out, "session": {"interrupted": False, "exit": "ok", "failed": []}}
     for key, value in changes.items():
         out[key] = value
     return out
+
+
+def kv(**changes) -> KV:
+    return KV.from_json(raw(**changes))
 
 
 def test_keys_follow_run_identity():
@@ -42,7 +47,7 @@ def test_a_good_run_records_timed_on_the_machine_and_counted_on_the_device_type(
 
 
 def garbage_runs():
-    good = kv()
+    good = raw()
     fit = good["fit"]["dynamic"]
     yield "negative passes", kv(fit={**good["fit"], "dynamic": {**fit, "passes": -23.78}}), "slope is not positive"
     yield "poor fit", kv(fit={**good["fit"], "dynamic": {**fit, "r2": 0.23}}), "poor fit"
@@ -86,7 +91,7 @@ def test_the_committed_baseline_loads():
     doc = baseline.load(ROOT / "kv-baseline.json")
     entries, _ = baseline.for_run(doc, {"device_type": "cpu", "model": "tiny", "dtype": "bfloat16",
                                         "device_name": "cpu: somewhere (2 threads)"})
-    assert entries["counted"]["dynamic"]["counted_passes"] == pytest.approx(3.0)
+    assert entries["counted"]["dynamic"].counted_passes == pytest.approx(3.0)
 
 
 @pytest.mark.parametrize(
@@ -214,7 +219,7 @@ def test_update_never_writes_a_figure_out_of_range(tmp_path):
 
 
 def out_of_range_runs():
-    good = kv()
+    good = raw()
     fit = good["fit"]["dynamic"]
     yield "timed R² NaN", kv(fit={**good["fit"], "dynamic": {**fit, "r2": float("nan")}}), "R² is nan"
     settings = {**good["settings"], "min_r2": float("nan")}
@@ -238,7 +243,7 @@ def test_a_negative_intercept_or_decode_speed_is_recorded_as_null_beside_the_pas
     """A fit with a negative intercept (-0.697 ms at R² 0.95) entered the baseline; compare then called a clean run
     a regression against an allowed -0.767. Now its passes are recorded and the intercept is not (null: the
     intercept is not judged against it); so is a decode speed of -5 ms."""
-    good = kv()
+    good = raw()
     run = kv(fit={**good["fit"], "dynamic": {**good["fit"]["dynamic"], "intercept_ms": -0.697, "r2": 0.95}},
              speed={"weights_ms": -5.0})
     path = tmp_path / "b.json"
@@ -253,7 +258,7 @@ def test_a_negative_intercept_or_decode_speed_is_recorded_as_null_beside_the_pas
 
 def test_counted_figures_out_of_range_are_not_recorded(tmp_path):
     """1e300 counted passes and 1e30 ATen ops per step were recorded."""
-    good = kv()
+    good = raw()
     traffic = {"dynamic": {**good["traffic"]["dynamic"], "passes": 1e300},
                "static": {**good["traffic"]["static"], "ops_per_step": 1e30}}
     path = tmp_path / "b.json"
@@ -263,5 +268,5 @@ def test_counted_figures_out_of_range_are_not_recorded(tmp_path):
     assert any(line.startswith("static: counted overhead not recorded: ops_per_step is 1e+30") for line in refused)
     devices = baseline.load(path)["devices"]
     assert "dynamic" not in devices[TYPE_KEY] and devices[TYPE_KEY]["static"]["counted_passes"] == 1.0
-    overhead = identity.key(identity.of_run(good), "overhead")
+    overhead = identity.key(identity.of_run(KV.from_json(good)), "overhead")
     assert "static" not in devices[overhead] and devices[overhead]["dynamic"]["ops_per_step"] == 1680

@@ -7,6 +7,7 @@ import json
 from fakerun import make_run, write_run
 
 from kvcache.analysing import analysis, baseline
+from kvcache.analysing.records import KV
 from kvcache.cli import main
 
 
@@ -34,20 +35,21 @@ def test_bad_run_file_is_one_line(tmp_path, capsys):
     assert err.startswith("kvcache baseline: ") and str(bad) in err and "\n" not in err
 
 
-def judged(run: dict, doc: dict) -> dict:
+def judged(run: dict, doc: dict) -> KV:
     """The kv section of a recorded run judged again against the baseline ``doc``."""
-    kv = {**run["kv"], "settings": {**run["kv"]["settings"], "tolerance": 0.1, "counted_tolerance": 0.05}}
-    return {**kv, "verdict": analysis.judge(kv, doc)}
+    kv = KV.from_json({**run["kv"], "settings": {**run["kv"]["settings"], "tolerance": 0.1, "counted_tolerance": 0.05}})
+    kv.verdict = analysis.judge(kv, doc)
+    return kv
 
 
 def test_counted_gate_against_a_recorded_baseline(tmp_path):
     """A planted +2 counted passes against the recorded clean run is a regression; the clean run passes."""
     clean = make_run({"dynamic": 3.0})
     path = tmp_path / "b.json"
-    baseline.record(str(path), clean["kv"], "2026-11-29T00:00:00")
-    assert judged(clean, baseline.load(path))["verdict"]["dynamic"]["counted"]["status"] == "pass"
+    baseline.record(str(path), KV.from_json(clean["kv"]), "2026-11-29T00:00:00")
+    assert judged(clean, baseline.load(path)).verdict["dynamic"]["counted"].status == "pass"
     kv = judged(make_run({"dynamic": 3.0}, counted={"dynamic": 5.0}), baseline.load(path))
-    assert kv["verdict"]["dynamic"]["counted"]["status"] == "regression"
+    assert kv.verdict["dynamic"]["counted"].status == "regression"
     assert any("dynamic counted: counted passes 5 is above the allowed 3.05" in line
                for line in analysis.failures(kv))
 

@@ -11,6 +11,7 @@ from kvcache import bisect as bisect_cli
 from kvcache import bisect_probes as probes
 from kvcache import bisect_search as search
 from kvcache import releases
+from kvcache.analysing.records import KV, SCHEMA
 
 LAYERS = 2
 
@@ -26,7 +27,7 @@ def kv(passes: dict[str, float] | None = None, ops: dict[str, int] | None = None
         count = (ops or {}).get(cache, 132)
         traffic[cache] = {"passes": value, "by_op": by_op, "ops_per_step": count, "calls": {"view": count - 100},
                           "weight_passes": 1.01, "layers": LAYERS}
-    return {"settings": {"caches": list(passes), "counted_tolerance": 0.05, "ops_tolerance": 0.5,
+    return {"schema": SCHEMA, "settings": {"caches": list(passes), "counted_tolerance": 0.05, "ops_tolerance": 0.5,
                          "weight_passes_tolerance": 0.05, **settings},
             "traffic": traffic, "model": {"layers": LAYERS}, "skipped": [],
             "environment": {"transformers": "5.24.0.dev0"}}
@@ -43,7 +44,7 @@ class FakeRunner:
         found = self.table[item.name]
         if isinstance(found, str):
             return probes.Probe(item, reason=found)
-        return probes.Probe(item, kv=found, transformers="5.24.0.dev0")
+        return probes.Probe(item, kv=KV.from_json(found), transformers="5.24.0.dev0")
 
     def close(self):
         pass
@@ -62,7 +63,7 @@ def run(figures, measure="passes", cls=None, cache=None):
     bisect = bisect_cli.Bisect(plan, said.append)
     result = bisect.run()
     lines, doc = bisect_cli.report(bisect, result)
-    return result["exit"], doc, said + lines, runner
+    return result.exit, doc, said + lines, runner
 
 
 def series(values, skip=()):
@@ -165,7 +166,7 @@ def test_a_figure_the_runs_do_not_have_is_an_error():
         run(series([3.0, 5.0]), measure="held")
     table = series([3.0, 5.0])
     for name, held in (("g", 1.0), ("c0", 2.0)):
-        table[name]["memory"] = {"dynamic": {"held_passes": held, "by_op": {"cat": held}}}
+        table[name]["memory"] = {"dynamic": {"held_passes": held, "allocated_by_op": {"cat": held}}}
     code, doc, _, _ = run(table, measure="held")
     assert code == 0 and doc["first_bad"] == "c0" and doc["ops"] == {"cat": 1.0}
 

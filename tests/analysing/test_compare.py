@@ -205,8 +205,8 @@ def test_poor_fit_and_drift_are_inconclusive(tmp_path):
     assert comparison.regressions == []
     poor_cell, drift_cell = comparison.cells["static"][1], comparison.cells["static"][2]
     assert poor_cell.timed_change == drift_cell.timed_change == INCONCLUSIVE
-    assert "poor fit" in poor_cell.judged["timed"]["reason"]
-    assert "drift" in drift_cell.judged["timed"]["reason"]
+    assert "poor fit" in poor_cell.judged["timed"].reason
+    assert "drift" in drift_cell.judged["timed"].reason
 
 
 def test_gate_and_compare_give_identical_verdicts(tmp_path):
@@ -220,19 +220,19 @@ def test_gate_and_compare_give_identical_verdicts(tmp_path):
     others[1]["kv"]["fit"]["dynamic"].update(passes=3.5, passes_ci=[2.9, 4.1])
     path = tmp_path / "baseline.json"
     base_run = load_run(write_run(tmp_path / "base.json", base))
-    baseline.record(path, base_run.kv, "2026-11-29T00:00:00")
+    baseline.record(path, base_run.record, "2026-11-29T00:00:00")
     doc = baseline.load(path)
     for i, other in enumerate(others):
         run = load_run(write_run(tmp_path / f"run{i}.json", other))
         comparison = compare([base_run, run], tolerance=0.10, counted_tolerance=0.05)
-        at_gate = analysis.judge(run.kv, doc, tolerance=0.10, counted_tolerance=0.05)
+        at_gate = analysis.judge(run.record, doc, tolerance=0.10, counted_tolerance=0.05)
         for cache, measures in at_gate.items():
             judged = comparison.cells[cache][1].judged
             for measure, verdict in measures.items():
-                assert judged[measure]["status"] == verdict["status"], (cache, measure)
-                assert judged[measure]["value"] == verdict["value"]
-                assert judged[measure]["allowed"] == verdict["allowed"]
-    assert {c.judged["timed"]["status"] for c in (comparison.cells["static"][1], comparison.cells["dynamic"][1])} \
+                assert judged[measure].status == verdict.status, (cache, measure)
+                assert judged[measure].value == verdict.value
+                assert judged[measure].allowed == verdict.allowed
+    assert {c.judged["timed"].status for c in (comparison.cells["static"][1], comparison.cells["dynamic"][1])} \
         == {"regression", "inconclusive"}
 
 
@@ -287,19 +287,19 @@ def test_gate_and_compare_agree_on_runs_judged_with_their_own_rules(tmp_path, ca
     kv["traffic"]["dynamic"] = dynamic
     path = tmp_path / "baseline.json"
     base_run = load_run(write_run(tmp_path / "base.json", base))
-    baseline.record(path, base_run.kv, "2026-11-29T00:00:00")
+    baseline.record(path, base_run.record, "2026-11-29T00:00:00")
     judged_run = load_run(write_run(tmp_path / "run.json", run))
-    at_gate = analysis.judge(judged_run.kv, baseline.load(path))
-    assert {m: v["status"] for m, v in at_gate["dynamic"].items()} == dict.fromkeys(at_gate["dynamic"], "pass")
+    at_gate = analysis.judge(judged_run.record, baseline.load(path))
+    assert {m: v.status for m, v in at_gate["dynamic"].items()} == dict.fromkeys(at_gate["dynamic"], "pass")
     defaults = {name: getattr(gate.Rules(), name) for name in OWN_RULES}
-    by_default = analysis.judge(judged_run.kv, baseline.load(path), **defaults)  # what compare judged by
-    assert {m for m, v in by_default["dynamic"].items() if v["status"] != "pass"} == set(at_gate["dynamic"])
+    by_default = analysis.judge(judged_run.record, baseline.load(path), **defaults)  # what compare judged by
+    assert {m for m, v in by_default["dynamic"].items() if v.status != "pass"} == set(at_gate["dynamic"])
     comparison = compare([base_run, judged_run])
     for cache, measures in at_gate.items():
         judged = comparison.cells[cache][1].judged
         for measure, verdict in measures.items():
-            assert judged[measure]["status"] == verdict["status"], (cache, measure, judged[measure]["reason"])
-            assert judged[measure]["allowed"] == verdict["allowed"], (cache, measure)
+            assert judged[measure].status == verdict.status, (cache, measure, judged[measure].reason)
+            assert judged[measure].allowed == verdict.allowed, (cache, measure)
     assert comparison.regressions == []
     assert main(["compare", str(tmp_path / "base.json"), str(tmp_path / "run.json")]) == 0
     out = capsys.readouterr().out
@@ -361,7 +361,7 @@ def test_a_negative_intercept_in_the_first_run_is_no_baseline_for_the_intercept(
     assert main(["compare", *runs]) == 0
     comparison = compare([load_run(p) for p in runs])
     judged = comparison.cells["dynamic"][1].judged
-    assert judged["intercept"]["status"] == "no-baseline" and judged["timed"]["status"] == "pass"
+    assert judged["intercept"].status == "no-baseline" and judged["timed"].status == "pass"
 
 
 def test_environment_variables_are_shown_where_runs_differ(tmp_path, capsys):
@@ -394,9 +394,35 @@ def test_the_first_run_is_a_baseline_by_its_own_min_r2_as_when_it_is_recorded(tm
     later["kv"]["settings"]["min_r2"] = 0.5
     runs = [load_run(write_run(tmp_path / n, r)) for n, r in (("first.json", first), ("later.json", later))]
     path = tmp_path / "b.json"
-    baseline.record(path, runs[0].kv, "now")
-    at_gate = analysis.judge(runs[1].kv, baseline.load(path))
+    baseline.record(path, runs[0].record, "now")
+    at_gate = analysis.judge(runs[1].record, baseline.load(path))
     judged = compare(runs).cells["dynamic"][1].judged
-    assert at_gate["dynamic"]["timed"]["status"] == judged["timed"]["status"] == "no-baseline"
-    assert "R² 0.8 < 0.9" in judged["timed"]["reason"]
-    assert compare(runs, min_r2=0.5).cells["dynamic"][1].judged["timed"]["status"] == "pass"
+    assert at_gate["dynamic"]["timed"].status == judged["timed"].status == "no-baseline"
+    assert "R² 0.8 < 0.9" in judged["timed"].reason
+    assert compare(runs, min_r2=0.5).cells["dynamic"][1].judged["timed"].status == "pass"
+
+
+def test_the_rule_options_are_the_option_tables_rules():
+    """One home: compare's rule options are the table's rules (Option.rule), in its order, named without ``kv-``,
+    with the table's help (its default replaced by each run's own setting)."""
+    from kvcache.analysing import arguments
+    from kvcache.analysing.compare_cli import parser
+    from kvcache.analysing.options import OPTIONS, RULE_DEFAULTS
+
+    rules = [o for o in OPTIONS if o.rule]
+    actions = [a for a in parser()._actions if a.dest in RULE_DEFAULTS]
+    assert [a.option_strings for a in actions] == [[o.compare_flag] for o in rules]
+    for action, option in zip(actions, rules):
+        assert (action.dest, action.default, action.type) == (option.setting, None, float)
+        assert action.help == arguments.rule_help(option)
+        assert option.help.split(" (default")[0] in action.help
+        assert f"(default: each run's own {option.flag} setting, as its gate judged it)" in action.help
+
+
+def test_max_drift_is_a_compare_option(tmp_path):
+    """--max-drift came with the table: given, it replaces each run's own max_drift."""
+    runs = [load_run(write_run(tmp_path / n, make_run())) for n in ("a.json", "b.json")]
+    assert compare(runs, max_drift=0.3).rules[0].max_drift == 0.3
+    assert compare(runs).rules[0].max_drift == runs[1].record.settings.get("max_drift", 0.10)
+    with pytest.raises(TypeError, match="not_a_rule"):
+        compare(runs, not_a_rule=1.0)

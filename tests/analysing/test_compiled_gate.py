@@ -7,8 +7,9 @@ import copy
 
 from fakerun import make_run
 
-from kvcache.analysing import baseline, gate, identity
+from kvcache.analysing import baseline, identity
 from kvcache.analysing.analysis import judge
+from kvcache.analysing.records import KV
 
 COMPILED = {"mode": "default", "runs_as": "default", "fullgraph": True,
             "unfused": {"passes": 11.0, "by_op": {"clone": 4.0, "scaled_dot_product_attention": 3.0}},
@@ -26,9 +27,9 @@ def compiled_kv() -> dict:
 
 
 def test_compile_mode_is_part_of_the_identity_only_when_on():
-    eager = make_run()["kv"]
+    eager = KV.from_json(make_run()["kv"])
     assert "compile" not in identity.of_run(eager)
-    kv = compiled_kv()
+    kv = KV.from_json(compiled_kv())
     ident = identity.of_run(kv)
     assert ident["compile"] == "default"
     assert identity.key(ident, "counted").endswith("| compile=default")
@@ -37,11 +38,11 @@ def test_compile_mode_is_part_of_the_identity_only_when_on():
 
 
 def test_the_gated_counted_figure_is_the_fused_one():
-    kv = compiled_kv()
-    assert gate.counted_traffic(kv["traffic"]["dynamic"])["passes"] == 8.0
+    kv = KV.from_json(compiled_kv())
+    assert kv.traffic["dynamic"].counted().passes == 8.0
     verdicts = judge(kv, {}, max_passes={"dynamic": 7.5})
-    assert verdicts["dynamic"]["counted"]["status"] == "regression"
-    assert verdicts["dynamic"]["counted"]["value"] == 8.0
+    assert verdicts["dynamic"]["counted"].status == "regression"
+    assert verdicts["dynamic"]["counted"].value == 8.0
     entries, _ = baseline.entries_of_run(kv, "now")
     counted = entries[identity.key(identity.of_run(kv), "counted")]["dynamic"]
     assert counted["counted_passes"] == 8.0 and "kernel clone" in counted["counted_by_op"]
@@ -50,8 +51,8 @@ def test_the_gated_counted_figure_is_the_fused_one():
 def test_a_class_that_does_not_compile_is_not_measured_with_the_reason():
     kv = compiled_kv()
     kv["traffic"]["dynamic"]["compiled"] = {"mode": "default", "error": "does not compile (graph break)"}
-    verdict = judge(kv, {})["dynamic"]["counted"]
-    assert verdict["status"] == "not-measured" and "graph break" in verdict["reason"]
+    verdict = judge(KV.from_json(kv), {})["dynamic"]["counted"]
+    assert verdict.status == "not-measured" and "graph break" in verdict.reason
 
 
 def test_a_recompile_in_the_timed_steps_makes_the_timed_verdict_inconclusive():
@@ -61,10 +62,10 @@ def test_a_recompile_in_the_timed_steps_makes_the_timed_verdict_inconclusive():
     cache = kv["points"][0]["cache"]
     kv["points"][0]["compiled"].update(recompiles=3, problem="3 recompile(s) during the timed steps")
     bound = kv["fit"][cache]["passes"] * 10
-    verdict = judge(kv, {}, max_passes={cache: bound})[cache]["timed"]
-    assert verdict["status"] == "inconclusive"
-    assert "3 recompile(s) during the timed steps" in verdict["reason"]
-    assert baseline.timed_problem(kv, cache).startswith("compiled run:")
+    verdict = judge(KV.from_json(kv), {}, max_passes={cache: bound})[cache]["timed"]
+    assert verdict.status == "inconclusive"
+    assert "3 recompile(s) during the timed steps" in verdict.reason
+    assert baseline.timed_problem(KV.from_json(kv), cache).startswith("compiled run:")
 
 
 def test_compare_shows_the_judged_counted_figure_of_a_compiled_run(tmp_path):

@@ -1,6 +1,6 @@
 """``kv.crossovers``: the contexts at which the cache holds as many bytes as the weights, and at which a step's
 cache traffic (timed and counted passes) equals one read of the weights; one rule
-(:func:`kvcache.analysing.fit.crossover_context`), shown in the terminal summary. Numbers of the default model
+(:func:`kvcache.analysing.bandwidth.crossover_context`), shown in the terminal summary. Numbers of the default model
 (SmolLM2-135M geometry, bf16): 269,030,016 B of weights, 23,040 B of KV cache per token."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import pytest
 from fakerun import BYTES_PER_TOKEN, WEIGHT_BYTES, analysed, make_run
 
 from kvcache.analysing import summary
-from kvcache.analysing.fit import crossover_context
+from kvcache.analysing.bandwidth import crossover_context
+from kvcache.analysing.records import KV
 
 
 def test_the_default_models_crossovers():
@@ -52,7 +53,7 @@ def test_a_counted_only_class_has_no_timed_crossover():
 
 
 def test_the_summary_shows_the_crossovers():
-    lines = summary.lines(analysed(make_run({"dynamic": 3.0, "static": 1.0}, noise=0.0))["kv"])
+    lines = summary.lines(KV.from_json(analysed(make_run({"dynamic": 3.0, "static": 1.0}, noise=0.0))["kv"]))
     traffic = "a step's cache traffic equals one read of the weights at"
     assert [line for line in lines if line.startswith("crossover")] == [
         "crossover: the cache holds as many bytes as the weights at 11,677 tokens",
@@ -62,6 +63,6 @@ def test_the_summary_shows_the_crossovers():
 
 
 def test_the_summary_shows_a_dash_where_there_is_no_timed_crossover():
-    lines = summary.lines(analysed(make_run({"dynamic": -3.0}, counted={"dynamic": 3.0}))["kv"])
-    assert "crossover dynamic: a step's cache traffic equals one read of the weights at - tokens timed, 3,892 counted" \
+    lines = summary.lines(KV.from_json(analysed(make_run({"dynamic": -3.0}, counted={"dynamic": 3.0}))["kv"]))
+    assert "crossover dynamic: a step's cache traffic equals one read of the weights at — tokens timed, 3,892 counted" \
         in lines

@@ -2,7 +2,7 @@
 (:func:`kvcache.analysing.tables.escape_markdown`), the one HTML escape
 (:func:`kvcache.analysing.report.documents.html_text`), the page's JSON
 (:func:`kvcache.analysing.report.page.script_json`) and the PNGs' text (mathtext off). The whole poisoned run, in a
-browser, is in test_report.py."""
+browser, is in test_report_page.py."""
 
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def test_dollar_signs_in_names_are_drawn_not_typeset(tmp_path):
 
 def test_compare_markdown_of_poisoned_runs_has_no_raw_markup(tmp_path, capsys):
     """``kvcache compare --markdown`` (the job summary) of two runs whose strings are all injection attempts."""
-    from test_report import PAYLOAD, poisoned_run
+    from test_report_page import PAYLOAD, poisoned_run
 
     from kvcache.cli import main
 

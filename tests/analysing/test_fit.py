@@ -8,14 +8,14 @@ import re
 import pytest
 from fakerun import BYTES_PER_TOKEN, WEIGHT_BYTES, analysed, make_run, without
 
-from kvcache.analysing.fit import FitError, PassesFit, fit_passes, least_squares, measure_drift
-from kvcache.analysing.records import Point, points_from_benchmarks
+from kvcache.analysing.fit import FitError, fit_passes, least_squares, measure_drift
+from kvcache.analysing.records import KV, Fit, Point, points_from_benchmarks
 
 CONTEXTS = (512, 1024, 2048, 3072, 4096, 6144, 8192)
 
 
 def fitted(truth: float = 3.0, *, noise: float = 0.01, rounds: int = 3, steps: int = 50, seed: int = 0,
-           contexts: tuple[int, ...] = CONTEXTS, fit_seed: int = 0, copy_gbps: float = 20.0) -> PassesFit:
+           contexts: tuple[int, ...] = CONTEXTS, fit_seed: int = 0, copy_gbps: float = 20.0) -> Fit:
     run = make_run({"dynamic": truth}, contexts=contexts, rounds=rounds, steps=steps, noise=noise, seed=seed,
                    copy_gbps=copy_gbps)
     points = points_from_benchmarks(run["benchmarks"])
@@ -65,7 +65,7 @@ def test_interval_contains_truth():
 
 
 def test_bootstrap_is_deterministic_with_a_seed():
-    assert fitted(fit_seed=7).to_dict() == fitted(fit_seed=7).to_dict()
+    assert fitted(fit_seed=7).to_json() == fitted(fit_seed=7).to_json()
     assert fitted(fit_seed=7).passes_ci != fitted(fit_seed=8).passes_ci
 
 
@@ -76,8 +76,8 @@ def test_derived_quantities():
     assert fit.crossover_tokens == pytest.approx(WEIGHT_BYTES / (3.0 * BYTES_PER_TOKEN))
 
 
-def test_to_dict_is_json_ready():
-    data = fitted().to_dict()
+def test_the_fit_is_json_ready():
+    data = fitted().to_json()
     assert isinstance(data["passes_ci"], list)
     assert data["cache"] == "dynamic"
     assert set(data) >= {"intercept_ms", "effective_gbps", "passes", "r2", "n_points", "passes_ci", "intercept_ci",
@@ -195,7 +195,7 @@ def test_summary_shows_the_reason_and_no_number(case):
         run = make_run(contexts=(512, 1024))
         reason = "needs at least 3 distinct contexts"
     kv = analysed(run)["kv"]
-    lines = summary.lines(kv)
+    lines = summary.lines(KV.from_json(kv))
     row = summary_row(lines, "dynamic")
     assert reason in row, row
     figures = re.sub(r"\(.*\)", "", row)
@@ -212,7 +212,7 @@ def test_summary_shows_the_reason_in_a_timed_only_run():
 
     run = without(make_run({"dynamic": -3.0}, counted={"dynamic": 3.0}), "traffic")
     run["kv"]["traffic"] = {}
-    row = summary_row(summary.lines(analysed(run)["kv"]), "dynamic")
+    row = summary_row(summary.lines(KV.from_json(analysed(run)["kv"])), "dynamic")
     assert "slope is not positive" in row, row
 
 
@@ -232,7 +232,7 @@ def test_drift():
     assert drift.ok
     slowed = measure_drift(point(512, (0.100,)), point(512, (0.120,)), 0.1)
     assert not slowed.ok
-    assert slowed.to_dict()["fraction"] == pytest.approx(0.2)
+    assert slowed.to_json()["fraction"] == pytest.approx(0.2)
     sped_up = measure_drift(point(512, (0.100,)), point(512, (0.080,)), 0.1)
     assert not sped_up.ok
     assert math.isinf(measure_drift(point(512, (0.0,)), point(512, (0.1,)), 0.1).fraction)

@@ -9,36 +9,28 @@ import math
 import pytest
 from fakerun import BYTES_PER_TOKEN, WEIGHT_BYTES, make_run
 
-from kvcache.analysing.fit import PassesFit, fit_passes
-from kvcache.analysing.gate import (
-    Rules,
-    allowed_passes,
-    failures,
-    judge_counted,
-    judge_run,
-    judge_timed,
-    ops_that_grew,
-    parse_max_passes,
-    status_of,
-)
-from kvcache.analysing.records import points_from_benchmarks
+from kvcache.analysing.entries import BaselineEntry
+from kvcache.analysing.fit import fit_passes
+from kvcache.analysing.gate import failures, judge_run, parse_max_passes, status_of
+from kvcache.analysing.judges import allowed_passes, judge_counted, judge_timed, ops_that_grew
+from kvcache.analysing.records import KV, Counted, Drift, Fit, FitFailure, Traffic, points_from_benchmarks
+from kvcache.analysing.rules import Rules
 
 KEY = "cpu: test machine | smollm2-135m | bfloat16"
 CONTEXTS = (512, 1024, 2048, 4096, 6144, 8192)
 RULES = Rules(tolerance=0.25, min_r2=0.9)
-DRIFT_OK = {"cache": "dynamic", "context": 512, "fraction": 0.01, "max_fraction": 0.1, "ok": True}
-DRIFT_BAD = {"cache": "dynamic", "context": 512, "fraction": -0.13, "max_fraction": 0.1, "ok": False}
+DRIFT_OK = Drift(cache="dynamic", context=512, fraction=0.01, max_fraction=0.1, ok=True)
+DRIFT_BAD = Drift(cache="dynamic", context=512, fraction=-0.13, max_fraction=0.1, ok=False)
 
 
-def fitted(truth: float, *, noise: float = 0.01) -> dict:
+def fitted(truth: float, *, noise: float = 0.01) -> Fit:
     run = make_run({"dynamic": truth}, contexts=CONTEXTS, rounds=3, steps=30, noise=noise)
     points = points_from_benchmarks(run["benchmarks"])
-    fit: PassesFit = fit_passes(points, [20.0] * 5, bytes_per_token=BYTES_PER_TOKEN, weight_bytes=WEIGHT_BYTES,
-                                resamples=500)
-    return fit.to_dict()
+    return fit_passes(points, [20.0] * 5, bytes_per_token=BYTES_PER_TOKEN, weight_bytes=WEIGHT_BYTES, resamples=500)
 
 
-def judge(fit: dict | None, baseline: float | None = 3.0, *, drift: dict | None = DRIFT_OK, rules: Rules = RULES):
+def judge(fit: Fit | FitFailure | None, baseline: float | None = 3.0, *, drift: Drift | None = DRIFT_OK,
+          rules: Rules = RULES):
     allowed = allowed_passes(baseline, rules.tolerance, None, relative=True)
     return judge_timed(fit, allowed=allowed, rules=rules, drift=drift, key=KEY)
 
@@ -130,7 +122,7 @@ def test_planted_regression_is_caught():
 
 def test_poor_fit_is_inconclusive():
     fit = fitted(3.0, noise=3.0)
-    assert fit["r2"] < 0.9
+    assert fit.r2 < 0.9
     verdict = judge(fit)
     assert verdict.status == "inconclusive"
     assert verdict.reason.startswith("poor fit: R² ")
@@ -145,14 +137,14 @@ def test_drift_is_inconclusive_even_for_a_clear_regression():
 
 def test_straddling_interval_is_inconclusive():
     fit = fitted(3.0)
-    lo, hi = fit["passes_ci"]
+    lo, hi = fit.passes_ci
     verdict = judge_timed(fit, allowed=(lo + hi) / 2, rules=RULES, drift=None, key=KEY)
     assert verdict.status == "inconclusive"
     assert "straddles" in verdict.reason
 
 
 def test_a_fit_without_a_figure_is_inconclusive_with_its_reason():
-    verdict = judge({"error": "slope is not positive", "n_points": 6})
+    verdict = judge(FitFailure(error="slope is not positive", n_points=6))
     assert verdict.status == "inconclusive"
     assert "slope is not positive" in verdict.reason
     assert verdict.value is None
@@ -170,7 +162,7 @@ def test_no_fit_and_no_baseline():
 
 
 def counted(passes, by_op=None):
-    return {"passes": passes, "by_op": by_op or {"cat": passes - 1, "scaled_dot_product_attention": 1.0}}
+    return Counted(passes, by_op or {"cat": passes - 1, "scaled_dot_product_attention": 1.0})
 
 
 def test_counted_judge_is_exact():
@@ -189,7 +181,7 @@ def test_counted_judge_is_exact():
 def test_a_counted_regression_names_the_ops_that_grew():
     base = {"cat": 2.0, "scaled_dot_product_attention": 1.0}
     now = {"cat": 2.0, "clone": 2.0, "scaled_dot_product_attention": 1.0}
-    verdict = judge_counted({"passes": 5.0, "by_op": now}, allowed=3.05, base_by_op=base, key=KEY)
+    verdict = judge_counted(Counted(5.0, now), allowed=3.05, base_by_op=base, key=KEY)
     assert verdict.status == "regression"
     assert verdict.grew == {"clone": 2.0}
     assert "grew: clone +2.00" in verdict.reason
@@ -199,16 +191,18 @@ def test_a_counted_regression_names_the_ops_that_grew():
 # --- one run, the verdict tree and the failure lines ---
 
 
-def run_kv(*, drift=DRIFT_OK, strict=False, timed=5.0, counted_passes=5.0) -> dict:
-    return {"settings": {"caches": ["dynamic", "static"], "strict": strict}, "drift": drift,
-            "fit": {"dynamic": fitted(timed)},
-            "traffic": {"dynamic": counted(counted_passes), "static": counted(1.0, {"sdpa": 1.0})}}
+def run_kv(*, drift=DRIFT_OK, strict=False, timed=5.0, counted_passes=5.0) -> KV:
+    def traffic(figure: Counted) -> Traffic:
+        return Traffic(passes=figure.passes, by_op=figure.by_op)
+
+    return KV(settings={"caches": ["dynamic", "static"], "strict": strict}, drift=drift, fit={"dynamic": fitted(timed)},
+              traffic={"dynamic": traffic(counted(counted_passes)), "static": traffic(counted(1.0, {"sdpa": 1.0}))})
 
 
 DYNAMIC_OPS = {"cat": 2.0, "scaled_dot_product_attention": 1.0}
-BASE = {"timed": {"dynamic": {"timed_passes": 3.0}},
-        "counted": {"dynamic": {"counted_passes": 3.0, "counted_by_op": DYNAMIC_OPS},
-                    "static": {"counted_passes": 1.0}}}
+BASE = {"timed": {"dynamic": BaselineEntry(timed_passes=3.0)},
+        "counted": {"dynamic": BaselineEntry(counted_passes=3.0, counted_by_op=DYNAMIC_OPS),
+                    "static": BaselineEntry(counted_passes=1.0)}}
 KEYS = {"timed": KEY, "counted": "cpu | smollm2-135m | bfloat16",
         "overhead": "cpu | smollm2-135m | bfloat16 | torch 2.13.0"}
 
@@ -218,16 +212,16 @@ def test_verdicts_are_kept_per_cache_and_measure():
     assert set(verdicts) == {"dynamic", "static"}
     assert set(verdicts["dynamic"]) == {"counted", "timed", "overhead", "intercept", "ledger"}
     for v in (verdicts["dynamic"]["counted"], verdicts["dynamic"]["timed"]):
-        assert {"status", "value", "allowed", "reason"} <= set(v)
-    assert verdicts["static"]["timed"]["status"] == "not-measured"
+        assert {"status", "value", "allowed", "reason"} <= set(v.to_json())
+    assert verdicts["static"]["timed"].status == "not-measured"
     assert status_of(verdicts["dynamic"]) == "regression"
-    json.dumps(verdicts)
+    json.dumps({cache: {m: v.to_json() for m, v in measures.items()} for cache, measures in verdicts.items()})
 
 
 def test_failures_walk_the_verdicts():
     kv = run_kv()
     verdicts = judge_run(kv, BASE, RULES, KEYS)
-    lines = failures(verdicts, drift=kv["drift"])
+    lines = failures(verdicts, drift=kv.drift)
     assert len(lines) == 2
     assert all("\n" not in line for line in lines)
     counted_line = next(line for line in lines if " counted:" in line)
@@ -239,14 +233,14 @@ def test_failures_walk_the_verdicts():
 def test_drift_alone_never_fails_the_build_unless_strict():
     kv = run_kv(drift=DRIFT_BAD, timed=3.0, counted_passes=3.0)
     verdicts = judge_run(kv, BASE, RULES, KEYS)
-    assert verdicts["dynamic"]["timed"]["status"] == "inconclusive"
-    assert failures(verdicts, drift=kv["drift"]) == []
-    strict = failures(verdicts, drift=kv["drift"], strict=True)
+    assert verdicts["dynamic"]["timed"].status == "inconclusive"
+    assert failures(verdicts, drift=kv.drift) == []
+    strict = failures(verdicts, drift=kv.drift, strict=True)
     assert strict and all("drift" in line for line in strict)
 
 
 def test_drift_without_a_baseline_does_not_fail_the_build():
     kv = run_kv(drift=DRIFT_BAD, timed=3.0, counted_passes=3.0)
     verdicts = judge_run(kv, {"timed": {}, "counted": {}}, RULES, KEYS)
-    assert {verdicts["dynamic"][m]["status"] for m in ("counted", "timed", "intercept")} == {"no-baseline"}
-    assert failures(verdicts, drift=kv["drift"]) == []
+    assert {verdicts["dynamic"][m].status for m in ("counted", "timed", "intercept")} == {"no-baseline"}
+    assert failures(verdicts, drift=kv.drift) == []

@@ -3,18 +3,15 @@ runs, and the summary of fake runs (exit statuses and JSON written to a temporar
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gate_power.py"
-spec = importlib.util.spec_from_file_location("gate_power_script", SCRIPT)
-gate_power = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = gate_power
-spec.loader.exec_module(gate_power)
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+sys.path.insert(0, str(SCRIPTS))  # the scripts import each other as `python scripts/gate_power.py` lets them
+import gate_power  # noqa: E402
 
 DEVICE = "cpu: test cpu (2 threads) | tiny | bfloat16"
 TYPE = "cpu | tiny | bfloat16"
@@ -73,9 +70,13 @@ def test_planted_baseline_holds_only_the_clean_timed_passes():
     {"status": "regression", "reason": "", "timed": {"status": "regression"}, "counted": {"status": "no-baseline"}},
     {"timed": {"status": "regression", "value": 7.2, "allowed": 6.7, "reason": ""}, "counted": {"status": "pass"}},
 ])
-def test_timed_status_reads_both_verdict_shapes(verdict):
-    assert gate_power.timed_status({"verdict": {"twin-planted": verdict}}, "twin-planted") == "regression"
-    assert gate_power.timed_status({}, "twin-planted") == "missing"
+def test_timed_status_reads_both_verdict_shapes(verdict, tmp_path):
+    """A run of schema 1 (one combined verdict a class) and one of schema 2 (a verdict a measure) read alike."""
+    schema = 1 if "status" in verdict else 2
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"benchmarks": [], "kv": {"schema": schema, "verdict": {"twin-planted": verdict}}}))
+    assert gate_power.timed_status(gate_power.load_kv(path), "twin-planted") == "regression"
+    assert gate_power.timed_status(gate_power.load_kv(tmp_path / "none.json"), "twin-planted") == "missing"
 
 
 def fake_kv(cache: str, passes: float, status: str, drift: float, *, new_shape: bool = False) -> dict:
@@ -84,7 +85,8 @@ def fake_kv(cache: str, passes: float, status: str, drift: float, *, new_shape: 
     verdict = {"timed": timed, "counted": {"status": "pass"}}
     if not new_shape:
         verdict = {"status": status, "reason": "", **verdict}
-    return {"settings": {"tolerance": 0.1, "model": "tiny", "contexts": [512, 1024, 2048], "steps": 20, "rounds": 3},
+    return {"schema": 2 if new_shape else 1,
+            "settings": {"tolerance": 0.1, "model": "tiny", "contexts": [512, 1024, 2048], "steps": 20, "rounds": 3},
             "environment": {"device_name": "cpu: test cpu", "transformers": "5.24.0", "torch": "2.13.0"},
             "fit": {cache: {"passes": passes, "passes_ci": [passes - 0.2, passes + 0.2]}},
             "drift": {"fraction": drift, "ok": abs(drift) <= 0.1},
@@ -92,7 +94,8 @@ def fake_kv(cache: str, passes: float, status: str, drift: float, *, new_shape: 
 
 
 def test_summarize_counts_exit_statuses(tmp_path):
-    (tmp_path / "calibration.json").write_text(json.dumps({"kv": fake_kv("twin-clean", 6.1, "no-baseline", 0.01)}))
+    calibration = fake_kv("twin-clean", 6.1, "no-baseline", 0.01)
+    (tmp_path / "calibration.json").write_text(json.dumps({"benchmarks": [], "kv": calibration}))
     # (cache, exit, timed passes, timed verdict, drift, verdict shape); exit decides, not the verdict.
     runs = [("twin-clean", 0, 6.0, "pass", 0.02, False), ("twin-planted", 1, 7.3, "regression", 0.01, False),
             ("twin-planted", 1, 7.0, "inconclusive", -0.13, True), ("twin-clean", 1, 6.2, "inconclusive", -0.12, True),
@@ -103,13 +106,13 @@ def test_summarize_counts_exit_statuses(tmp_path):
         manifest.append({"name": name, "cache": cache, "repetition": i // 2 + 1, "json": f"{name}.json", "cmd": [],
                          "exit": code})
         if passes is not None:  # the last planted run crashed: no JSON
-            (tmp_path / f"{name}.json").write_text(json.dumps({"kv": fake_kv(cache, passes, status, drift,
-                                                                             new_shape=new_shape)}))
+            kv = fake_kv(cache, passes, status, drift, new_shape=new_shape)
+            (tmp_path / f"{name}.json").write_text(json.dumps({"benchmarks": [], "kv": kv}))
     (tmp_path / "runs.json").write_text(json.dumps(manifest))
     text = gate_power.summarize(tmp_path)
     assert "- clean: builds failed 1/3 (timed verdicts: pass 1, inconclusive 2)" in text
     assert "- planted: builds failed 3/3 (timed verdicts: regression 1, inconclusive 1, missing 1)" in text
-    assert "| 1 | twin-planted | red (1) | regression | missing | +1.0% | 7.30 \\[7.10, 7.50\\] | - |" in text
-    assert "| 2 | twin-clean | red (1) | inconclusive | missing | -12.0% (beyond) | 6.20 \\[6.00, 6.40\\] | - |" in text
-    assert "| 3 | twin-planted | error (3) | missing | missing | - | - | - |" in text
+    assert "| 1 | twin-planted | red (1) | regression | missing | +1.0% | 7.30 \\[7.10, 7.50\\] | — |" in text
+    assert "| 2 | twin-clean | red (1) | inconclusive | missing | -12.0% (beyond) | 6.20 \\[6.00, 6.40\\] | — |" in text
+    assert "| 3 | twin-planted | error (3) | missing | missing | — | — | — |" in text
     assert "twin-clean 6.10 timed passes" in text and "tolerance 0.1" in text

@@ -4,23 +4,21 @@ twins: caught by the paired timed verdict alone)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gate_power.py"
-spec = importlib.util.spec_from_file_location("gate_power_ab_script", SCRIPT)
-gate_power = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = gate_power
-spec.loader.exec_module(gate_power)
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+sys.path.insert(0, str(SCRIPTS))  # the scripts import each other as `python scripts/gate_power.py` lets them
+import gate_power  # noqa: E402
+import gate_power_ab  # noqa: E402
 
 
 def test_ab_runs_rotate_the_b_sides_and_load_each_twin_on_side_b_only(tmp_path):
     opts = gate_power.parser().parse_args(["--ab", "--runs", "2", "--model", "tiny", "--tolerance", "0.1"])
-    runs = gate_power.ab_runs(opts, tmp_path)
+    runs = gate_power_ab.ab_runs(opts, tmp_path)
     assert [r["side"] for r in runs] == ["clean", "copy", "layout", "copy", "layout", "clean"]
     for r in runs:
         cmd = r["cmd"]
@@ -33,12 +31,12 @@ def test_ab_runs_rotate_the_b_sides_and_load_each_twin_on_side_b_only(tmp_path):
         assert b_args == {"clean": "", "copy": "-p kvcache.measuring.twin_copy",
                           "layout": "-p kvcache.measuring.twin_layout"}[r["side"]]
     with pytest.raises(SystemExit):
-        gate_power.ab_sides("clean,nope")
+        gate_power_ab.ab_sides("clean,nope")
 
 
 def test_ab_summary_counts_false_alarms_by_exit_and_catches_by_the_timed_verdict(tmp_path):
     def doc(timed: str, counted: str = "pass") -> dict:
-        return {"kv": {"environment": {"device_name": "cpu: test"}, "settings": {"model": "tiny"}},
+        return {"kv": {"schema": 2, "environment": {"device_name": "cpu: test"}, "settings": {"model": "tiny"}},
                 "ab": {"dynamic": {"timed": {"status": timed, "ratio": 1.7, "ratio_ci": [1.5, 1.9]},
                                    "counted": {"status": counted}, "ledger": {"cat": {"status": "pass"}}}},
                 "ab_run": {"sides": {"a": {"drift": 0.01}, "b": {"drift": -0.02}}}}
@@ -48,8 +46,8 @@ def test_ab_summary_counts_false_alarms_by_exit_and_catches_by_the_timed_verdict
     for name, side, code, content in runs:
         (tmp_path / f"{name}.json").write_text(json.dumps(content))
         manifest.append({"name": name, "side": side, "repetition": 1, "json": f"{name}.json", "exit": code})
-    (tmp_path / gate_power.AB_MANIFEST).write_text(json.dumps(manifest))
-    text = gate_power.summarize_ab(tmp_path)
+    (tmp_path / gate_power_ab.AB_MANIFEST).write_text(json.dumps(manifest))
+    text = gate_power_ab.summarize_ab(tmp_path)
     assert "- clean: 0/1 false alarms" in text
     assert "- copy: 1/1 caught" in text
     assert "- layout: 0/1 caught" in text  # red by exit (overhead) is not a catch: the timed verdict decides

@@ -12,11 +12,11 @@ SETTINGS = {"model": "tiny", "dtype": "bfloat16", "compile": "default"}
 
 def run(variables=None) -> dict:
     env = dict(ENV, **({"variables": variables} if variables is not None else {}))
-    return {"environment": env, "settings": SETTINGS}
+    return {"env": env, "settings": SETTINGS}
 
 
 def test_an_allowlisted_variable_joins_the_identity_and_every_key():
-    ident = identity.of_run(run({"TRANSFORMERS_SDPA_FORCE_GQA": "1"}))
+    ident = identity.of(**run({"TRANSFORMERS_SDPA_FORCE_GQA": "1"}))
     assert ident["env"] == "TRANSFORMERS_SDPA_FORCE_GQA=1"
     assert identity.key(ident, "counted") == \
         "cpu | tiny | bfloat16 | compile=default | env=TRANSFORMERS_SDPA_FORCE_GQA=1"
@@ -25,19 +25,19 @@ def test_an_allowlisted_variable_joins_the_identity_and_every_key():
 
 
 def test_default_runs_keep_their_keys():
-    plain = identity.of_run(run())
+    plain = identity.of(**run())
     assert "env" not in plain
     assert identity.key(plain, "counted") == "cpu | tiny | bfloat16 | compile=default"
     for variables in ({}, {"TRANSFORMERS_SDPA_FORCE_GQA": "0"},  # at its default: changes nothing
                       {"TORCHINDUCTOR_CACHE_DIR": "/tmp/x", "OMP_NUM_THREADS": "1", "HF_HOME": "/h"}):  # not listed
-        ident = identity.of_run(run(variables))
+        ident = identity.of(**run(variables))
         assert "env" not in ident, variables
         assert {m: identity.key(ident, m) for m in identity.MEASURE_FIELDS} == \
             {m: identity.key(plain, m) for m in identity.MEASURE_FIELDS}
 
 
 def test_runs_that_differ_in_it_are_told_apart():
-    runs = [identity.of_run(run()), identity.of_run(run({"TRANSFORMERS_SDPA_FORCE_GQA": "1"}))]
+    runs = [identity.of(**run()), identity.of(**run({"TRANSFORMERS_SDPA_FORCE_GQA": "1"}))]
     assert identity.mismatches(runs, ["counted"]) == {"env": ["", "TRANSFORMERS_SDPA_FORCE_GQA=1"]}
 
 

@@ -10,7 +10,10 @@ import math
 import pytest
 from fakerun import analysed, make_run, write_run
 
-from kvcache.analysing import baseline, gate, identity, summary
+from kvcache.analysing import baseline, gate, identity, judges, summary
+from kvcache.analysing.entries import BaselineEntry
+from kvcache.analysing.records import KV, Memory
+from kvcache.analysing.rules import Rules
 from kvcache.cli import main
 
 DYNAMIC = {"allocated_passes": 1.0, "peak_passes": 0.0167, "held_passes": 1.0, "peak_factor": 1.0167,
@@ -22,6 +25,10 @@ BASE = {"memory_allocated_passes": 1.0, "memory_peak_passes": 0.0167, "memory_he
         "memory_allocated_by_op": {"cat": 1.0}}
 
 
+def judge_memory(memory: dict | None, base: dict | None, **kwargs):
+    return judges.judge_memory(None if memory is None else Memory.from_json(memory),
+                               None if base is None else BaselineEntry.from_json(base), **kwargs)
+
 def run_with(memory: dict, **kwargs) -> dict:
     run = make_run(**kwargs)
     run["kv"]["memory"] = copy.deepcopy(memory)
@@ -29,45 +36,45 @@ def run_with(memory: dict, **kwargs) -> dict:
 
 
 def test_memory_within_the_baseline_passes():
-    verdict = gate.judge_memory(DYNAMIC, BASE, rules=gate.Rules(), key="k")
+    verdict = judge_memory(DYNAMIC, BASE, rules=Rules(), key="k")
     assert verdict.status == "pass" and verdict.value == 1.0 and verdict.allowed == pytest.approx(1.05)
     assert set(verdict.parts) == {"allocated_passes", "peak_passes", "held_passes"}
 
 
 def test_a_leak_is_a_regression_of_held_passes_only():
     leak = {**DYNAMIC, "held_passes": 2.0}
-    verdict = gate.judge_memory(leak, BASE, rules=gate.Rules(), key="k")
+    verdict = judge_memory(leak, BASE, rules=Rules(), key="k")
     assert verdict.status == "regression"
     assert "held passes 2 is above the allowed 1.05" in verdict.reason
-    assert verdict.parts["held_passes"]["status"] == "regression"
-    assert verdict.parts["allocated_passes"]["status"] == "pass"
+    assert verdict.parts["held_passes"].status == "regression"
+    assert verdict.parts["allocated_passes"].status == "pass"
 
 
 def test_a_new_allocation_names_the_op():
     extra = {**DYNAMIC, "allocated_passes": 2.0, "allocated_by_op": {"cat": 1.0, "clone": 1.0}}
-    verdict = gate.judge_memory(extra, BASE, rules=gate.Rules(), key="k")
+    verdict = judge_memory(extra, BASE, rules=Rules(), key="k")
     assert verdict.status == "regression" and "allocates more: clone +1.00" in verdict.reason
 
 
 def test_the_tolerance_is_a_rule_checked_when_made():
-    assert gate.judge_memory({**DYNAMIC, "held_passes": 2.0}, BASE, rules=gate.Rules(memory_tolerance=1.5),
+    assert judge_memory({**DYNAMIC, "held_passes": 2.0}, BASE, rules=Rules(memory_tolerance=1.5),
                              key="k").status == "pass"
     with pytest.raises(ValueError, match="memory_tolerance nan"):
-        gate.Rules(memory_tolerance=math.nan)
-    assert gate.Rules.from_settings({"memory_tolerance": 0.2}).memory_tolerance == 0.2
-    assert "memory" in gate.EXACT  # counted: --kv-strict leaves it alone
+        Rules(memory_tolerance=math.nan)
+    assert Rules.from_settings({"memory_tolerance": 0.2}).memory_tolerance == 0.2
+    assert "memory" in judges.EXACT  # counted: --kv-strict leaves it alone
 
 
 def test_no_baseline_and_a_declared_factor_too_small_are_said():
     tight = {**DYNAMIC, "factor_problem": "needs 2.50 cache sizes at its peak, declares memory_factor 1.2: ..."}
-    verdict = gate.judge_memory(tight, None, rules=gate.Rules(), key="cpu | tiny | bfloat16 | torch 2.13.0+cpu")
+    verdict = judge_memory(tight, None, rules=Rules(), key="cpu | tiny | bfloat16 | torch 2.13.0+cpu")
     assert verdict.status == "no-baseline" and "per torch release" in verdict.reason
     assert "declares memory_factor 1.2" in verdict.reason
-    assert gate.judge_memory(None, BASE, rules=gate.Rules(), key="k").status == "not-measured"
+    assert judge_memory(None, BASE, rules=Rules(), key="k").status == "not-measured"
 
 
 def test_memory_is_keyed_like_the_overhead_and_recorded_beside_it():
-    kv = run_with({"dynamic": DYNAMIC, "static": STATIC})["kv"]
+    kv = KV.from_json(run_with({"dynamic": DYNAMIC, "static": STATIC})["kv"])
     ident = identity.of_run(kv)
     assert identity.key(ident, "memory") == identity.key(ident, "overhead") == \
         "cpu | smollm2-135m | bfloat16 | torch 2.13.0+cpu"
@@ -76,7 +83,7 @@ def test_memory_is_keyed_like_the_overhead_and_recorded_beside_it():
     assert entry["memory_held_passes"] == 1.0 and entry["memory_allocated_by_op"] == {"cat": 1.0}
     assert "ops_per_step" in entry  # one entry per class holds both
     found, keys = baseline.for_run({"schema": 2, "devices": entries}, ident)
-    assert found["memory"]["dynamic"]["memory_peak_passes"] == 0.0167
+    assert found["memory"]["dynamic"].memory_peak_passes == 0.0167
 
 
 def test_a_baseline_with_a_memory_figure_out_of_range_is_refused(tmp_path):
@@ -90,16 +97,16 @@ def test_a_baseline_with_a_memory_figure_out_of_range_is_refused(tmp_path):
 
 
 def test_the_session_gate_judges_memory_against_the_recorded_baseline():
-    base, _ = baseline.entries_of_run(run_with({"dynamic": DYNAMIC})["kv"], "now")
+    base, _ = baseline.entries_of_run(KV.from_json(run_with({"dynamic": DYNAMIC})["kv"]), "now")
     doc = {"schema": 2, "devices": base}
     leaking = make_run()
     leaking["kv"]["memory"] = {"dynamic": {**DYNAMIC, "held_passes": 2.0}}
     kv = analysed(leaking, resamples=50, baseline=doc)["kv"]
     assert kv["memory"]["dynamic"]["held_passes"] == 2.0
     assert kv["verdict"]["dynamic"]["memory"]["status"] == "regression"
-    lines = gate.failures(kv["verdict"])
+    lines = gate.failures(KV.from_json(kv).verdict)
     assert any("dynamic memory: held passes 2 is above the allowed 1.05" in line for line in lines)
-    text = "\n".join(summary.lines(kv))
+    text = "\n".join(summary.lines(KV.from_json(kv)))
     assert "memory dynamic: allocated 1.000, peak 0.017, held 2.000 per KV byte; allocates: cat 1.00" in text
     assert kv["crossovers"]["dynamic"]["held_tokens"] == pytest.approx(
         kv["crossovers"]["cache_holds_weights_tokens"] / 2)

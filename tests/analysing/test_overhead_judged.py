@@ -7,18 +7,22 @@ import pytest
 from fakerun import make_run
 
 from kvcache.analysing import analysis, baseline, identity
-from kvcache.analysing.gate import Rules, failures, judge_intercept, judge_overhead
+from kvcache.analysing.entries import BaselineEntry
+from kvcache.analysing.gate import failures
+from kvcache.analysing.judges import judge_intercept, judge_overhead
+from kvcache.analysing.records import KV, Fit, Traffic, Verdict
+from kvcache.analysing.rules import Rules
 
 OVERHEAD_KEY = "cpu | smollm2-135m | bfloat16 | torch 2.13.0+cpu"
 TIMED_KEY = "cpu: test machine | smollm2-135m | bfloat16"
 
 
-def traffic(ops=1680, weight=1.01, layers=30, calls=None):
-    return {"passes": 3.0, "ops_per_step": ops, "data_ops_per_step": ops - 400, "weight_passes": weight,
-            "layers": layers, "calls": calls or {"add": 100, "mul": 200}}
+def traffic(ops=1680, weight=1.01, layers=30, calls=None) -> Traffic:
+    return Traffic(passes=3.0, ops_per_step=ops, data_ops_per_step=ops - 400, weight_passes=weight, layers=layers,
+                   calls=calls or {"add": 100, "mul": 200})
 
 
-BASE = {"ops_per_step": 1680, "weight_passes": 1.01, "layers": 30, "op_calls": {"add": 100, "mul": 200}}
+BASE = BaselineEntry(ops_per_step=1680, weight_passes=1.01, layers=30, op_calls={"add": 100, "mul": 200})
 
 
 def test_ops_within_the_per_layer_tolerance_pass_and_one_more_per_layer_fails():
@@ -29,8 +33,8 @@ def test_ops_within_the_per_layer_tolerance_pass_and_one_more_per_layer_fails():
     assert verdict.status == "regression"
     assert verdict.value == 1710 and verdict.allowed == 1695
     assert "ops per step 1710 is above the allowed 1695" in verdict.reason and "calls grew: add +30" in verdict.reason
-    assert verdict.parts["ops_per_step"]["status"] == "regression"
-    assert verdict.parts["weight_passes"]["status"] == "pass"
+    assert verdict.parts["ops_per_step"].status == "regression"
+    assert verdict.parts["weight_passes"].status == "pass"
 
 
 def test_a_weight_read_more_fails_on_weight_passes():
@@ -44,7 +48,7 @@ def test_a_weight_read_more_fails_on_weight_passes():
 def test_no_overhead_baseline_or_no_count():
     assert judge_overhead(traffic(), None, rules=Rules(), key=OVERHEAD_KEY).status == "no-baseline"
     assert OVERHEAD_KEY in judge_overhead(traffic(), None, rules=Rules(), key=OVERHEAD_KEY).reason
-    assert judge_overhead({"passes": 3.0}, BASE, rules=Rules(), key=OVERHEAD_KEY).status == "not-measured"
+    assert judge_overhead(Traffic(passes=3.0), BASE, rules=Rules(), key=OVERHEAD_KEY).status == "not-measured"
 
 
 @pytest.mark.parametrize("option", ["ops_tolerance", "weight_passes_tolerance"])
@@ -53,33 +57,34 @@ def test_tolerances_must_be_finite(option):
         Rules(**{option: float("nan")})
 
 
-def run_kv(**changes):
+def run_kv(**changes) -> dict:
     kv = make_run({"dynamic": 3.0})["kv"]
     kv.update(changes)
     return kv
 
 
 def test_recorded_overhead_is_keyed_by_the_torch_release():
-    entries, _ = baseline.entries_of_run(run_kv(), "2026-11-30T00:00:00")
+    entries, _ = baseline.entries_of_run(KV.from_json(run_kv()), "2026-11-30T00:00:00")
     assert entries[OVERHEAD_KEY]["dynamic"]["ops_per_step"] == 1680
     assert entries[OVERHEAD_KEY]["dynamic"]["op_calls"]
     assert entries[TIMED_KEY]["dynamic"]["timed_intercept_ms"] == 30.0
     kv = run_kv()
     kv["environment"] = {**kv["environment"], "torch": "2.14.0+cpu"}
-    assert identity.key(identity.of_run(kv), "overhead") == "cpu | smollm2-135m | bfloat16 | torch 2.14.0+cpu"
+    assert identity.key(identity.of_run(KV.from_json(kv)), "overhead") == \
+        "cpu | smollm2-135m | bfloat16 | torch 2.14.0+cpu"
 
 
 def test_a_new_torch_release_finds_no_overhead_baseline_rather_than_a_regression():
     doc = {"schema": 2, "devices": {}}
-    entries, _ = baseline.entries_of_run(run_kv(), "2026-11-30T00:00:00")
+    entries, _ = baseline.entries_of_run(KV.from_json(run_kv()), "2026-11-30T00:00:00")
     for key, by_cache in entries.items():
         doc["devices"][key] = by_cache
     kv = run_kv()
     kv["traffic"]["dynamic"] = {**kv["traffic"]["dynamic"], "ops_per_step": 5000}
-    assert analysis.judge(kv, doc)["dynamic"]["overhead"]["status"] == "regression"
+    assert analysis.judge(KV.from_json(kv), doc)["dynamic"]["overhead"].status == "regression"
     kv["environment"] = {**kv["environment"], "torch": "2.14.0+cpu"}
-    verdict = analysis.judge(kv, doc)["dynamic"]["overhead"]
-    assert verdict["status"] == "no-baseline" and "torch 2.14.0+cpu" in verdict["reason"]
+    verdict = analysis.judge(KV.from_json(kv), doc)["dynamic"]["overhead"]
+    assert verdict.status == "no-baseline" and "torch 2.14.0+cpu" in verdict.reason
 
 
 FIT = {"passes": 3.0, "passes_ci": [2.9, 3.1], "r2": 0.99, "intercept_ms": 36.0, "intercept_ci": [35.0, 37.0]}
@@ -87,7 +92,7 @@ FIT = {"passes": 3.0, "passes_ci": [2.9, 3.1], "r2": 0.99, "intercept_ms": 36.0,
 
 def test_the_intercept_is_judged_by_its_interval():
     def judge(ci, allowed=33.0, **kw):
-        fit = {**FIT, "intercept_ci": ci, **kw}
+        fit = Fit.from_json({**FIT, "intercept_ci": ci, **kw})
         return judge_intercept(fit, allowed=allowed, rules=Rules(), drift=None, key=TIMED_KEY)
 
     assert judge([34.0, 35.0]).status == "regression"
@@ -103,17 +108,16 @@ def test_a_slower_intercept_fails_the_build_and_drift_makes_it_inconclusive():
     doc = {"schema": 2, "devices": {TIMED_KEY: {"dynamic": {"timed_passes": 3.0, "timed_intercept_ms": 20.0}}}}
     kv = run_kv()  # intercept 30 ms, its interval below
     kv["fit"]["dynamic"]["intercept_ci"] = [29.0, 31.0]
-    verdicts = analysis.judge(kv, doc)
-    assert verdicts["dynamic"]["intercept"]["status"] == "regression"
+    verdicts = analysis.judge(KV.from_json(kv), doc)
+    assert verdicts["dynamic"]["intercept"].status == "regression"
     assert any("dynamic intercept" in line for line in failures(verdicts))
     kv["drift"] = {**kv["drift"], "ok": False, "fraction": 0.3}
-    drifted = analysis.judge(kv, doc)["dynamic"]["intercept"]
-    assert drifted["status"] == "inconclusive" and "drift" in drifted["reason"]
+    drifted = analysis.judge(KV.from_json(kv), doc)["dynamic"]["intercept"]
+    assert drifted.status == "inconclusive" and "drift" in drifted.reason
 
 
 def test_strict_leaves_the_exact_overhead_alone():
-    verdicts = {"dynamic": {"overhead": {"status": "inconclusive", "reason": "x"},
-                            "intercept": {"status": "inconclusive", "reason": "y"}}}
+    verdicts = {"dynamic": {"overhead": Verdict("inconclusive", "x"), "intercept": Verdict("inconclusive", "y")}}
     lines = failures(verdicts, strict=True)
     assert len(lines) == 1 and "intercept" in lines[0]
 
@@ -129,7 +133,7 @@ def test_compare_judges_op_counts_on_one_torch_release_and_only_shows_them_acros
         doc = make_run({"dynamic": 3.0})
         doc["kv"]["traffic"]["dynamic"]["ops_per_step"] = ops
         doc["kv"]["environment"]["torch"] = torch
-        doc["kv"]["identity"] = identity.of_run(doc["kv"])
+        doc["kv"]["identity"] = identity.of_run(KV.from_json(doc["kv"]))
         return str(write_run(tmp_path / name, doc))
 
     base, more, other_torch = run("a.json", 1680), run("b.json", 1740), run("c.json", 1740, torch="2.14.0+cpu")
@@ -144,7 +148,7 @@ def test_compare_judges_op_counts_on_one_torch_release_and_only_shows_them_acros
     capsys.readouterr()
     assert main(["compare", base, other_torch]) == 0  # another torch release: shown, not judged
     verdict = compare([load_run(base), load_run(other_torch)]).cells["dynamic"][1].judged["overhead"]
-    assert verdict["status"] == "no-baseline" and "2.14.0+cpu" in verdict["reason"]
+    assert verdict.status == "no-baseline" and "2.14.0+cpu" in verdict.reason
 
 
 def test_the_summary_and_the_report_show_the_overhead(tmp_path):
@@ -154,7 +158,7 @@ def test_the_summary_and_the_report_show_the_overhead(tmp_path):
     from kvcache.cli import main
 
     kv = recorded_run()["kv"]
-    text = "\n".join(summary.lines(kv))
+    text = "\n".join(summary.lines(KV.from_json(kv)))
     dynamic = kv["traffic"]["dynamic"]
     assert "ops/step" in text and "weight passes" in text and "intercept verdict" in text
     assert any(line.startswith("dynamic") and f" {dynamic['ops_per_step']} " in line for line in text.splitlines())

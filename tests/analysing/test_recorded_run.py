@@ -10,7 +10,7 @@ import pytest
 from fakerun import RECORDED_RUN, analysed, make_run, recorded_run
 
 from kvcache.analysing import analysis, baseline, gate
-from kvcache.analysing.records import SCHEMA, load_run
+from kvcache.analysing.records import KV, SCHEMA, load_run
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,8 @@ def again():
 def test_recorded_run_is_small_and_real(written):
     assert RECORDED_RUN.stat().st_size < 200_000
     kv = written["kv"]
-    assert kv["schema"] == SCHEMA and kv["model"]["name"] == "tiny"
+    assert kv["schema"] == 2 and kv["model"]["name"] == "tiny"  # an older schema: it loads through upgrade_kv
+    assert load_run(RECORDED_RUN).record.schema == SCHEMA
     assert kv["settings"]["caches"] == ["dynamic", "static"] and kv["settings"]["contexts"] == [512, 2048, 8192]
     assert kv["traffic"]["dynamic"]["by_op"] == {"cat": 2.0, "scaled_dot_product_attention": 1.0}
     assert len(kv["points"]) == 2 * 3 * 2 and all(len(p["samples_ms"]) == 5 for p in kv["points"])
@@ -95,14 +96,15 @@ def test_relabelled_recorded_run(again):
 def test_planted_counted_rise_is_judged_a_regression_naming_the_op(tmp_path, again):
     """A recorded run with +2 counted passes planted in dynamic, judged against the recorded run as baseline."""
     path = tmp_path / "baseline.json"
-    baseline.record(path, again["kv"], "2026-11-29T00:00:00")
+    baseline.record(path, KV.from_json(again["kv"]), "2026-11-29T00:00:00")
     planted = recorded_run(counted={"dynamic": 5.0}, resamples=200, baseline=baseline.load(path))
     verdict = planted["kv"]["verdict"]["dynamic"]["counted"]
     assert verdict["status"] == "regression", verdict
     assert verdict["grew"] == {"clone": pytest.approx(2.0)}
     assert planted["kv"]["verdict"]["static"]["counted"]["status"] == "pass"
-    assert gate.failures(planted["kv"]["verdict"]) == [f"kv-cache regression: dynamic counted: {verdict['reason']}"]
+    lines = gate.failures(KV.from_json(planted["kv"]).verdict)
+    assert lines == [f"kv-cache regression: dynamic counted: {verdict['reason']}"]
     fewer = recorded_run(counted={"dynamic": 1.5}, resamples=200, baseline=baseline.load(path))
     assert fewer["kv"]["traffic"]["dynamic"]["by_op"] == {"cat": 1.0, "scaled_dot_product_attention": 0.5}
     assert fewer["kv"]["verdict"]["dynamic"]["counted"]["status"] == "pass"
-    assert analysis.failures(fewer["kv"]) == []
+    assert analysis.failures(KV.from_json(fewer["kv"])) == []

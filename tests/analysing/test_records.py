@@ -1,6 +1,7 @@
 """The ``kv`` section as records: one path to and from JSON (``KV.from_json`` / ``KV.to_json``) that loses
 nothing, carries the schema version and keeps keys it does not know; the JSON Schema in the package says the
-same as the records. Runs made with tests/fakerun.py (schema 1 as written, schema 2 as the analysis writes)."""
+same as the records. Runs made with tests/fakerun.py (schema 2 as written, this schema as the analysis writes), and
+files of older schemas upgraded on the way in."""
 
 from __future__ import annotations
 
@@ -13,20 +14,30 @@ from typing import Any
 import pytest
 from fakerun import analysed, make_run, schema_1, write_run
 
-from kvcache.analysing import gate
+from kvcache.analysing import judges
 from kvcache.analysing.records import (
     KV,
     SCHEMA,
+    CacheCrossovers,
+    CompiledTraffic,
     Copy,
     CopyMeasurement,
     Drift,
     Fit,
     FitFailure,
+    FusedCount,
+    LedgerPoint,
+    LedgerRow,
+    Memory,
+    MemoryStep,
+    Part,
+    PointCompile,
     PointRecord,
     Probe,
     RecordError,
     Session,
     Skip,
+    Speed,
     Traffic,
     UnmeasuredDrift,
     Verdict,
@@ -38,7 +49,10 @@ from kvcache.analysing.records import (
 # The schema's definition of each record type.
 DEFINITIONS = {"kv": KV, "fit": Fit, "fit_failure": FitFailure, "traffic": Traffic, "probe": Probe, "drift": Drift,
                "unmeasured_drift": UnmeasuredDrift, "verdict": Verdict, "point": PointRecord, "copy": Copy,
-               "copy_measurement": CopyMeasurement, "session": Session, "skip": Skip}
+               "copy_measurement": CopyMeasurement, "session": Session, "skip": Skip, "memory": Memory, "part": Part,
+               "ledger_row": LedgerRow, "ledger_point": LedgerPoint, "speed": Speed,
+               "cache_crossovers": CacheCrossovers, "compiled_traffic": CompiledTraffic, "fused_count": FusedCount,
+               "compiled_point": PointCompile, "memory_step": MemoryStep}
 
 
 def as_text(value: Any) -> str:
@@ -106,16 +120,16 @@ def test_fit_failure_drift_and_skip_records_are_chosen_by_their_keys():
 
 def test_unknown_keys_survive_a_round_trip(written):
     kv = copy.deepcopy(written["kv"])
-    kv["crossovers"] = {"dynamic": {"tokens": 1791}}  # a section a later issue adds
+    kv["later_section"] = {"dynamic": {"tokens": 1791}}  # a section a later issue adds
     kv["fit"]["dynamic"]["new_figure"] = 1.5
     kv["verdict"]["dynamic"]["compiled"] = {"status": "pass", "reason": "", "value": 1.0, "allowed": 2.0,
                                             "margin": 0.5}
     kv["points"][0]["device_time_ms"] = [1.0, 2.0]
     record = KV.from_json(kv)
-    assert record.extra == {"crossovers": {"dynamic": {"tokens": 1791}}}
+    assert record.extra == {"later_section": {"dynamic": {"tokens": 1791}}}
     assert record.fit["dynamic"].extra == {"new_figure": 1.5}
     assert record.verdict["dynamic"]["compiled"].extra == {"margin": 0.5}
-    assert sorted(record.unknown_keys("kv")) == ["kv.crossovers", "kv.fit.dynamic.new_figure",
+    assert sorted(record.unknown_keys("kv")) == ["kv.fit.dynamic.new_figure", "kv.later_section",
                                                  "kv.points[0].device_time_ms", "kv.verdict.dynamic.compiled.margin"]
     assert as_text(record.to_json()) == as_text(kv)
 
@@ -128,11 +142,11 @@ def test_a_field_set_after_reading_is_written_even_where_the_key_was_absent():
 
 def test_schema_version_is_carried():
     assert KV().to_json()["schema"] == SCHEMA
-    upgraded = KV.from_json(make_run()["kv"])  # schema 1 in, this schema out
+    upgraded = KV.from_json(make_run()["kv"])  # schema 2 in, this schema out
     assert upgraded.schema == SCHEMA and upgraded.to_json()["schema"] == SCHEMA
     assert json_schema()["$defs"]["kv"]["properties"]["schema"] == {"const": SCHEMA}
-    for schema in (3, None, "2"):
-        with pytest.raises(RecordError, match=f"kv: schema {schema!r} is not one of the supported 1, 2"):
+    for schema in (SCHEMA + 1, None, "2"):
+        with pytest.raises(RecordError, match=f"kv: schema {schema!r} is not one of the supported 1, 2, 3"):
             KV.from_json({**make_run()["kv"], "schema": schema})
 
 
@@ -161,11 +175,33 @@ def test_a_malformed_part_is_a_one_line_error_naming_it(tmp_path, part, value, w
         load_run(path)
 
 
-def test_load_run_keeps_the_dict_and_gives_the_records(tmp_path, written):
+def test_load_run_gives_the_records_that_write_the_section_back(tmp_path, written):
     run = load_run(write_run(tmp_path / "run.json", written))
-    assert isinstance(run.kv, dict) and run.kv == written["kv"]
-    assert isinstance(run.record, KV) and run.record.to_json() == run.kv
+    assert isinstance(run.record, KV) and run.record.to_json() == written["kv"]
     assert [p.median_s for p in run.points] == [p.to_point().median_s for p in run.record.points]
+
+
+def test_a_schema_2_file_has_its_labelled_ledger_parts_keyed_by_op(tmp_path):
+    """Schema 2 said a new or renamed ledger op in the part's key ("clone (new)", "concat (was cat)"); schema 3 keys
+    the part by the op and says it in ``new`` / ``was``."""
+    run = make_run()
+    assert run["kv"]["schema"] == 2
+    part = {"value": 2.4, "allowed": 0.5, "interval": [1.9, 2.9], "status": "regression"}
+    run["kv"]["verdict"]["dynamic"]["ledger"] = {
+        "status": "regression", "reason": "clone (new): timed passes 2.4", "value": None, "allowed": None,
+        "parts": {"clone (new)": part, "concat (was cat)": {**part, "status": "pass"},
+                  "scaled_dot_product_attention": {**part, "status": "pass"}}}
+    loaded = load_run(write_run(tmp_path / "old.json", run))
+    parts = loaded.record.verdict["dynamic"]["ledger"].parts
+    assert list(parts) == ["clone", "concat", "scaled_dot_product_attention"]
+    assert parts["clone"].new and parts["clone"].was is None and parts["clone"].status == "regression"
+    assert parts["concat"].was == "cat" and not parts["concat"].new
+    assert not parts["scaled_dot_product_attention"].new and parts["scaled_dot_product_attention"].was is None
+    written = loaded.record.to_json()
+    assert written["schema"] == SCHEMA == loaded.record.schema
+    assert written["verdict"]["dynamic"]["ledger"]["parts"]["clone"] == {**part, "new": True}
+    assert "new" not in written["verdict"]["dynamic"]["ledger"]["parts"]["scaled_dot_product_attention"]
+    assert upgrade_kv(written) is written  # this schema: unchanged
 
 
 def test_the_schema_describes_the_records():
@@ -173,8 +209,9 @@ def test_the_schema_describes_the_records():
     for name, record in DEFINITIONS.items():
         known = [f.name for f in dataclasses.fields(record) if f.name not in ("extra", "absent")]
         assert sorted(defs[name]["properties"]) == sorted(known), name
-    assert defs["verdict"]["properties"]["status"]["enum"] == list(gate.STATUSES)
+    assert defs["verdict"]["properties"]["status"]["enum"] == list(judges.STATUSES)
     assert defs["kv"]["additionalProperties"] is True  # later sections
+    assert sorted(defs["crossovers"]["properties"]) == ["cache_holds_weights_tokens"]  # then one entry per class
     closed = [name for name in DEFINITIONS if name != "kv"]
     assert all(defs[name]["additionalProperties"] is False for name in closed)
 
@@ -185,7 +222,7 @@ def test_the_schema_validates_an_analysed_run_and_rejects_a_broken_one(written):
     validator.check_schema(validator.schema)
     validator.validate(written)
     later = copy.deepcopy(written)
-    later["kv"]["crossovers"] = {"dynamic": 1791}  # a later section is allowed beside the known ones
+    later["kv"]["later_section"] = {"dynamic": 1791}  # a later section is allowed beside the known ones
     validator.validate(later)
     broken = copy.deepcopy(written)
     broken["kv"]["verdict"]["dynamic"]["timed"]["status"] = "maybe"

@@ -1,10 +1,13 @@
-"""kvcache.analysing.summary: the terminal summary of a run never fails on a figure that is not known."""
+"""kvcache.analysing.summary: the terminal summary of a run's records never fails on a figure that is not known, and
+says each verdict's reason once."""
 
 from __future__ import annotations
 
 from fakerun import make_run
 
 from kvcache.analysing import summary
+from kvcache.analysing.records import KV
+from kvcache.analysing.tables import MISSING
 
 
 def test_a_class_without_counted_passes_or_an_interval_is_summarised():
@@ -12,6 +15,58 @@ def test_a_class_without_counted_passes_or_an_interval_is_summarised():
     kv = make_run()["kv"]
     kv["traffic"]["dynamic"]["passes"] = None
     kv["fit"]["static"]["passes_ci"] = [None, None]
-    lines = summary.lines(kv)
-    assert any(line.startswith("counted dynamic: - passes") for line in lines), lines
+    lines = summary.lines(KV.from_json(kv))
+    assert any(line.startswith(f"counted dynamic: {MISSING} passes") for line in lines), lines
     assert any(line.startswith("counted static: 1.000 passes") for line in lines), lines
+
+
+def test_verdicts_are_statuses_with_each_reason_said_once():
+    """Two classes judged against no baseline share the reason of each measure: the table's cells name the status
+    and the number of the reason, and each reason is printed once, under the table."""
+    kv = KV.from_json(make_run()["kv"])
+    lines = summary.lines(kv)
+    header = next(i for i, line in enumerate(lines) if line.startswith("cache") and "counted verdict" in line)
+    rows = {line.split()[0]: line.split()[1:] for line in lines[header + 2:header + 4]}
+    assert set(rows) == {"dynamic", "static"}
+    assert rows["dynamic"][:2] == rows["static"][:2] == ["no-baseline", "[1]"], rows
+    reasons = {v.reason for verdicts in kv.verdict.values() for v in verdicts.values() if v.reason}
+    notes = [line.strip() for line in lines[header + 4:]]
+    assert sorted(note.split("] ", 1)[1] for note in notes) == sorted(reasons), notes
+    assert not any("no baseline for" in line for line in lines[:header]), lines  # no reason but in the notes
+
+
+def test_verdict_table_orders_the_measures_and_marks_a_measure_a_class_lacks():
+    kv = KV.from_json(make_run()["kv"])
+    del kv.verdict["static"]["ledger"]
+    table, notes = summary.verdict_table(kv.verdict)
+    assert table.header[:4] == ["cache", "counted verdict", "timed verdict", "intercept verdict"]
+    ledger = table.header.index("ledger verdict")
+    assert table.rows[1][ledger] == MISSING and table.rows[0][ledger].startswith("not-measured [")
+    assert len(notes.texts) == len(set(notes.texts))
+
+
+def test_compiled_and_memory_lines_read_their_records():
+    """``--kv-compile`` (the compiled step counted unfused and fused; the points' compilation) and counted memory
+    (per allocated byte, past every window) in the summary, from the typed records."""
+    run = make_run(memory=True)
+    kv = run["kv"]
+    unfused = {**kv["traffic"]["dynamic"], "passes": 3.0}
+    kv["traffic"]["dynamic"]["compiled"] = {
+        "mode": "default", "runs_as": "default", "fullgraph": True, "unfused": unfused,
+        "fused": {"passes": 2.5, "by_kernel": {"triton_poi_fused_cat_0": 2.5}}, "kernels_per_step": 40,
+        "graphs_per_step": 1, "compile_s": 3.2}
+    kv["traffic"]["static"]["compiled"] = {"mode": "default", "error": "does not compile here"}
+    kv["points"] = [{"cache": "dynamic", "context": c, "kv_bytes": 1.0, "median_ms": 31.0,
+                     "compiled": {"mode": "default", "compile_s": s, "graphs_compiled": 1, "recompiles": 0,
+                                  "graph_calls_per_step": 1, "problem": None}} for c, s in ((512, 2.0), (1024, 0.5))]
+    kv["memory"]["dynamic"]["per_allocated"] = {"allocated_passes": 0.5, "peak_passes": 0.01, "held_passes": 0.9}
+    kv["memory"]["dynamic"]["beyond"] = {"contexts": [4096, 8192], "held_growth_bytes": 0}
+    text = "\n".join(summary.lines(KV.from_json(kv)))
+    assert ("compiled dynamic (default, runs as default): counted unfused 3.000 passes = cat 2.00, "
+            "scaled_dot_product_attention 1.00; fused (gated) 2.500 passes = triton_poi_fused_cat_0 2.50; "
+            "40 kernels and 1 graph(s) per step") in text
+    assert "compiled static (default): not counted: does not compile here" in text
+    assert ("compile dynamic: 2.5 s compiling in untimed warm-ups (first point 2.0 s), 2 graph(s) compiled; "
+            "recompiles during timed steps 0; compiled graph calls per step 1") in text
+    assert "(per allocated KV byte: allocated 0.500, peak 0.010, held 0.900)" in text
+    assert "memory dynamic: past every sliding window (4096, 8192 tokens) the bytes held grew by 0 B" in text

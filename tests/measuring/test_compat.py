@@ -1,6 +1,6 @@
 """kvcache.measuring.compat on the installed Transformers release: every class builds and fills, each per-release
 function that applies here works on a real cache, the forward keywords drive a real step, the fp8 backend is
-found by building one, and every class moves exactly the counted passes this release is known for (README,
+found by building one, and every class moves exactly the counted passes this release is known for (docs/releases.md,
 "Across Transformers releases"). With KVCACHE_OTHER_TRANSFORMERS=DIR (a release installed with ``pip install
 --target DIR transformers==X``, as ``.ci/run`` does for 4.45.2) this module and the counted suite run again
 under that release and must give its own known figures."""
@@ -22,9 +22,10 @@ pytest.importorskip("transformers")
 
 from kvcache.measuring import caches, compat  # noqa: E402
 from kvcache.measuring.caches import CacheRequest  # noqa: E402
+from kvcache.measuring.configs import load_config  # noqa: E402
 from kvcache.measuring.devices import Device  # noqa: E402
-from kvcache.measuring.models import build_model, load_config  # noqa: E402
-from kvcache.measuring.session import KVSession, Skip  # noqa: E402
+from kvcache.measuring.models import build_model  # noqa: E402
+from kvcache.measuring.session import KVSession, Skipped  # noqa: E402
 from kvcache.settings import Settings  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +35,7 @@ OTHER = os.environ.get("KVCACHE_OTHER_TRANSFORMERS", "")
 
 # --- what each release is known to count -----------------------------------------------------------------
 # Counted passes per class on the default model (SmolLM2-135M geometry, bf16, CPU), by release range
-# (first release, first release after), from the README table "Across Transformers releases" (measured by
+# (first release, first release after), from the docs/releases.md table "Across Transformers releases" (measured by
 # `make versions`). A number is the counted passes (to the table's 2 decimals, so within 0.005); a string is
 # what the reason of the class's skip says. Ranges are drawn around the releases that were measured.
 TOLERANCE = 0.005
@@ -71,8 +72,8 @@ def expected_counts(version: tuple[int, ...]) -> dict[str, float | str] | None:
 def unknown_release(release: str) -> str:
     """What a test says of a release it has no figures for: it fails (a new release must not pass unseen)."""
     return (f"transformers {release} has no figures here: add its figures (run `make versions VERSIONS_ARGS="
-            f"\"--releases {release}\"`, then add its row to COUNTED_BY_RELEASE and the README table), or install "
-            f"the release the Makefile pins ({MAKEFILE_PIN})")
+            f"\"--releases {release}\"`, then add its row to COUNTED_BY_RELEASE and the docs/releases.md table), "
+            f"or install the release the Makefile pins ({MAKEFILE_PIN})")
 
 
 def makefile_pin() -> str | None:
@@ -98,7 +99,7 @@ def check_counts(counted: dict[str, float], skipped: dict[str, str], expected: d
 
 
 def test_expected_counts_cover_the_measured_releases():
-    """The table's ranges do not overlap, and every release in the README table falls in one."""
+    """The table's ranges do not overlap, and every release in the docs/releases.md table falls in one."""
     measured = ["4.45.2", "4.47.1", "4.48.3", "4.50.3", "4.51.3", "4.53.3", "4.54.1", "4.55.4", "4.56.2", "4.57.6",
                 "5.0.0", "5.3.0", "5.4.0", "5.10.4", "5.17.0", "5.21.1", "5.22.2", "5.23.0", "5.24.0"]
     for release in measured:
@@ -141,13 +142,13 @@ def default_model_counts(one_torch_thread):
     for name in CLASSES:
         try:
             counted[name] = session.count(name)["passes"]
-        except Skip:
+        except Skipped:
             skipped[name] = next(s["reason"] for s in session.skipped if s["cache"] == name)
     return counted, skipped
 
 
 def test_counted_passes_are_this_releases(default_model_counts):
-    """Every class counts exactly what the README table says for the installed release."""
+    """Every class counts exactly what the docs/releases.md table says for the installed release."""
     expected = expected_counts(compat.VERSION)
     assert expected is not None, unknown_release(compat.TRANSFORMERS)
     counted, skipped = default_model_counts
@@ -306,6 +307,22 @@ def test_fp8_backend_is_found_by_building_one(config):
             compat.check_quantized_backend("fp8")
 
 
+def test_offloaded_classes_are_asked_of_the_release(monkeypatch):
+    """Both offloaded classes and their prepare ask one rule (compat.check_offloaded): this release's code has an
+    offloaded cache of that kind, or the skip reason names what it lacks."""
+    from transformers import cache_utils
+
+    for kind in ("dynamic", "static"):
+        compat.check_offloaded(kind)  # a class of its own up to 4.55, offloading=True from 4.56
+    monkeypatch.setattr(compat.construction, "own_params", lambda cls: frozenset())
+    monkeypatch.delattr(cache_utils, "OffloadedStaticCache", raising=False)
+    with pytest.raises(compat.Unsupported) as info:
+        compat.offloaded_static(None, 64, "cpu", torch.bfloat16)
+    assert str(info.value) == (f"an offloaded static cache (OffloadedStaticCache / StaticCache(offloading=True)) is "
+                               f"not available in transformers {compat.TRANSFORMERS}")
+    assert caches.unavailable_reason(caches.get("offloaded-static"), "cuda") == str(info.value)
+
+
 def test_an_unknown_backend_is_a_skip_naming_what_building_raised():
     with pytest.raises(compat.Unsupported) as info:
         compat.check_quantized_backend("no-such-backend")
@@ -319,7 +336,7 @@ def test_a_backend_whose_construction_fails_is_a_skip(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("fp8 kernels need a newer torch\nsecond line")
 
-    monkeypatch.setattr(compat, "new_quantized_cache", broken)
+    monkeypatch.setattr(compat.construction, "new_quantized_cache", broken)
     with pytest.raises(compat.Unsupported, match=r"\(building one raised RuntimeError: fp8 kernels need a newer "
                                                  r"torch\)$"):
         compat.check_quantized_backend("fp8")

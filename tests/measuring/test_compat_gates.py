@@ -12,8 +12,8 @@ from kvcache.measuring import compat
 
 @pytest.fixture
 def fresh_notes(monkeypatch):
-    monkeypatch.setattr(compat, "AMBIGUOUS", {})
-    return compat.AMBIGUOUS
+    monkeypatch.setattr(compat.version, "AMBIGUOUS", {})
+    return compat.version.AMBIGUOUS
 
 
 def gate_at_24(version):

@@ -13,7 +13,8 @@ import torch
 from kvcache.measuring import devices
 from kvcache.measuring.caches import get
 from kvcache.measuring.decode import PointSkip, check_memory
-from kvcache.measuring.models import PRESETS, spec_from_config
+from kvcache.measuring.geometry import spec_from_config
+from kvcache.measuring.presets import PRESETS
 
 
 def test_auto_prefers_cuda_then_mps_then_cpu(monkeypatch):
@@ -117,3 +118,16 @@ def test_model_geometry_is_derived_from_the_config():
     assert spec.weight_bytes == 269_030_016
     mha = spec_from_config("smollm2-135m-mha", LlamaConfig(**PRESETS["smollm2-135m-mha"]), "bfloat16")
     assert mha.bytes_per_token == 3 * 23_040
+
+
+def test_the_copy_bandwidth_is_the_kv_copy_record():
+    """measure_copy gives ``kv.copy.measurements[]``'s record: every copy's read + write GB/s and their median."""
+    from kvcache.analysing.records import CopyMeasurement
+    from kvcache.measuring.bandwidth import measure_copy
+
+    found = measure_copy(devices.Device.from_choice("cpu"), nbytes=1 << 16, repeats=3, label="start")
+    assert isinstance(found, CopyMeasurement) and len(found.samples_gbps) == 3
+    assert found.to_json() == {"gbps": found.gbps, "label": "start", "nbytes": 1 << 16,
+                               "samples_gbps": found.samples_gbps}
+    assert min(found.samples_gbps) <= found.gbps <= max(found.samples_gbps)
+    assert CopyMeasurement.from_json(found.to_json()) == found

@@ -24,7 +24,7 @@ def test_set_variables_are_recorded_and_join_the_identity(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # threads: already a field of their own
     env = environment()
     assert env["variables"] == {"TRANSFORMERS_SDPA_FORCE_GQA": "1"}
-    ident = identity.of_run({"environment": env, "settings": {"model": "tiny", "dtype": "bfloat16"}})
+    ident = identity.of(env, {"model": "tiny", "dtype": "bfloat16"})
     assert identity.key(ident, "counted") == "cpu | tiny | bfloat16 | env=TRANSFORMERS_SDPA_FORCE_GQA=1"
 
 

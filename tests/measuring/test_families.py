@@ -12,9 +12,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from kvcache.measuring import compat, models  # noqa: E402
+from kvcache.analysing.records import Traffic  # noqa: E402
+from kvcache.measuring import compat, configs, geometry, presets  # noqa: E402
 from kvcache.measuring.devices import Device  # noqa: E402
-from kvcache.measuring.session import KVSession, Skip  # noqa: E402
+from kvcache.measuring.session import KVSession, Skipped  # noqa: E402
 from kvcache.settings import Settings  # noqa: E402
 from kvcache.traffic_cli import kind_lines  # noqa: E402
 
@@ -56,22 +57,32 @@ def session(model: str, caches=("dynamic",), counted=(8, 16)) -> KVSession:
 
 def test_default_model_geometry_unchanged():
     """SmolLM2's bytes per token and KV bytes are what the committed baselines were measured against."""
-    spec = models.spec_from_config("smollm2-135m", models.load_config("smollm2-135m")[0], "bfloat16")
+    spec = geometry.spec_from_config("smollm2-135m", configs.load_config("smollm2-135m")[0], "bfloat16")
     assert spec.bytes_per_token == 23040 and spec.kv_bytes(1000) == 23040 * 1000
     assert not spec.mixed and "kinds" not in spec.to_dict()
 
 
-@pytest.mark.parametrize("name", list(models.FAMILY_PRESETS))
+@pytest.mark.parametrize("name", list(presets.FAMILY_PRESETS))
 def test_every_preset_config_builds(name):
-    config, weights = models.load_config(name)
-    spec = models.spec_from_config(name, config, "bfloat16")
-    assert weights is None and spec.bytes_per_token > 0 and spec.layers == models.FAMILY_PRESETS[name].config[
+    config, weights = configs.load_config(name)
+    spec = geometry.spec_from_config(name, config, "bfloat16")
+    assert weights is None and spec.bytes_per_token > 0 and spec.layers == presets.FAMILY_PRESETS[name].config[
         "num_hidden_layers"]
+
+
+def test_family_presets_and_checkpoints_are_built_in_their_dtype(tmp_path):
+    """One rule (models.built_in_dtype) for building (models.build_model) and for the memory check before it
+    (preflight): a family preset or a checkpoint with weights is built in the run's dtype, a Llama preset in
+    float32 and then cast."""
+    from kvcache.measuring import models
+
+    assert models.built_in_dtype("gemma3-270m@layers=6", None) and models.built_in_dtype("tiny", tmp_path)
+    assert not models.built_in_dtype("tiny", None) and not models.built_in_dtype("smollm2-135m@layers=4", None)
 
 
 def test_held_bytes_per_kind_of_gemma3():
     """Gemma-3-270M: 15 sliding layers stop at their 512-token window, 3 full layers keep growing."""
-    spec = models.spec_from_config("gemma3-270m", models.load_config("gemma3-270m")[0], "bfloat16")
+    spec = geometry.spec_from_config("gemma3-270m", configs.load_config("gemma3-270m")[0], "bfloat16")
     per_layer = 1 * (256 + 256) * 2
     assert spec.kinds_dict() == {"full": {"layers": 3, "bytes_per_token": 3 * per_layer, "window": None},
                                  "sliding": {"layers": 15, "bytes_per_token": 15 * per_layer, "window": 512}}
@@ -82,7 +93,7 @@ def test_held_bytes_per_kind_of_gemma3():
 
 
 def test_layers_override_keeps_the_pattern():
-    config, _ = models.load_config("gemma3-270m@layers=12")
+    config, _ = configs.load_config("gemma3-270m@layers=12")
     assert config.num_hidden_layers == 12 and compat.layer_types(config).count("full_attention") == 2
 
 
@@ -94,8 +105,8 @@ def test_layers_override_keeps_the_pattern():
     ("no-such-model@layers=2", "@layers=N applies to presets only"),
 ])
 def test_bad_layers_is_one_line(name, accepted):
-    with pytest.raises(models.ModelError) as info:
-        models.load_config(name)
+    with pytest.raises(presets.ModelError) as info:
+        configs.load_config(name)
     message = str(info.value)
     assert accepted in message and "\n" not in message and repr(name) in message
 
@@ -112,7 +123,7 @@ def test_sliding_layers_stop_growing_past_the_window(tmp_path):
     assert kinds["sliding"]["passes"] == pytest.approx(3.0, abs=0.01)
     assert kinds["sliding"]["beyond"]["growth_bytes"] == 0 and kinds["sliding"]["stops_growing_at"] == 32
     assert kinds["full"]["beyond"]["growth_bytes"] > 0
-    assert any("stops growing past its window" in line for line in kind_lines(result))
+    assert any("stops growing past its window" in line for line in kind_lines(Traffic.from_json(result)))
 
 
 def test_all_sliding_model_stops_growing(tmp_path):
@@ -158,7 +169,7 @@ def test_latent_attention_counts_its_expansion(tmp_path):
 
 def test_class_without_sliding_support_is_skipped(tmp_path):
     kv = session(config_dir(tmp_path, "gemma3_text"), caches=("inplace",))
-    with pytest.raises(Skip, match="inplace cannot serve sliding layers"):
+    with pytest.raises(Skipped, match="inplace cannot serve sliding layers"):
         kv.count("inplace")
 
 
@@ -185,7 +196,7 @@ def test_before_layer_types_a_switched_off_window_is_full_attention(monkeypatch)
     with ``use_sliding_window=False``: its layers are full attention, as that release's attention reads it."""
     from types import SimpleNamespace
 
-    monkeypatch.setattr(compat.cache_utils, "get_layer_types_and_kwargs", None, raising=False)
+    monkeypatch.setattr(compat.model.cache_utils, "get_layer_types_and_kwargs", None, raising=False)
     qwen = SimpleNamespace(num_hidden_layers=2, sliding_window=4096, use_sliding_window=False)
     mistral = SimpleNamespace(num_hidden_layers=2, sliding_window=4096)
     assert compat.layer_types(qwen) == ["full_attention"] * 2

@@ -27,7 +27,8 @@ from kvcache.measuring.caches import CacheSpec  # noqa: E402
 from kvcache.measuring.decode import DecodePoint  # noqa: E402
 from kvcache.measuring.devices import Device  # noqa: E402
 from kvcache.measuring.fixed import InplaceCache, StaticSlicedCache, sliced_sdpa  # noqa: E402
-from kvcache.measuring.models import ModelSpec, build_model  # noqa: E402
+from kvcache.measuring.geometry import ModelSpec  # noqa: E402
+from kvcache.measuring.models import build_model  # noqa: E402
 from kvcache.measuring.testing import lively  # noqa: E402
 
 CPU = Device.from_choice("cpu")

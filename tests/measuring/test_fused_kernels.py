@@ -1,4 +1,4 @@
-"""kvcache.measuring.compiled: fused bytes per kernel, checked against the code inductor generates.
+"""kvcache.measuring.kernel_bytes: fused bytes per kernel, checked against the code inductor generates.
 
 A two-layer toy of a static-cache decode step (one int64 position counter shared by both layers, each layer
 storing one token into its K and V buffers at that position, then attending over them; the counter incremented in

@@ -106,5 +106,3 @@ def test_batch_bytes(tiny):
     ragged = BatchShape(4, ragged=True)
     assert ragged.live_bytes(spec, 100) == spec.kv_bytes(250)
     assert ragged.allocated_bytes(spec, 100) == spec.kv_bytes(400)
-    assert ragged.live_share(spec, 100) == pytest.approx(250 / 400)
-    assert BatchShape(4).live_share(spec, 100) == 1.0

@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from kvcache.measuring import caches, compat, decode, paged, traffic  # noqa: E402
+from kvcache.measuring import caches, compat, decode, paged, paged_api, traffic  # noqa: E402
 from kvcache.measuring.batch import BatchShape  # noqa: E402
 from kvcache.measuring.devices import Device  # noqa: E402
 from kvcache.measuring.models import build_model  # noqa: E402
@@ -71,10 +71,10 @@ def test_a_model_caching_another_geometry_is_skipped_with_one_line():
     pool = SimpleNamespace(num_key_value_heads=16, head_dim=64)
     latent = SimpleNamespace(name="latent-model", cached_shapes=lambda: [(1, 512, 64)])
     with pytest.raises(compat.Unsupported) as info:
-        paged.check_geometry(pool, latent)
+        paged_api.check_geometry(pool, latent)
     assert "16 KV heads x 64 dims" in str(info.value) and "latent-model caches 1 x 512" in str(info.value)
     assert "\n" not in str(info.value)
-    paged.check_geometry(pool, SimpleNamespace(name="plain", cached_shapes=lambda: [(16, 64, 64), None]))
+    paged_api.check_geometry(pool, SimpleNamespace(name="plain", cached_shapes=lambda: [(16, 64, 64), None]))
 
 
 def test_the_registry_entry_brings_its_point():

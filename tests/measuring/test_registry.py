@@ -16,7 +16,7 @@ from transformers.cache_utils import DynamicCache  # noqa: E402
 
 from kvcache.measuring import caches, compat  # noqa: E402
 from kvcache.measuring.caches import CacheError, CacheRequest, CacheSpec, register_cache  # noqa: E402
-from kvcache.measuring.models import load_config  # noqa: E402
+from kvcache.measuring.configs import load_config  # noqa: E402
 
 BUILTINS = ("dynamic", "static", "inplace", "static-sliced")
 
@@ -79,6 +79,28 @@ def test_any_exception_from_prepare_is_a_skip_reason(registered):
     broken = registered("mine-broken", lambda req: None, prepare=corrupt)
     assert caches.unavailable_reason(broken, "cpu") == \
         "mine-broken could not be prepared: RuntimeError: kernel table is corrupt"
+
+
+def test_the_public_api_exports_unsupported_and_needs_no_torch(registered):
+    """``kvcache.caches`` is what users import: its ``Unsupported`` is the one compat raises, a ``prepare`` raising it
+    skips the class with its message, and importing the API loads neither torch nor transformers."""
+    import kvcache.caches as public
+
+    assert public.Unsupported is compat.Unsupported and set(public.__all__) == {
+        "ENTRY_POINT_GROUP", "CacheError", "CacheRequest", "CacheSpec", "Unsupported", "get", "parse_caches",
+        "register_cache", "registry"}
+
+    def no_cuda() -> None:
+        raise public.Unsupported("mine-cuda needs CUDA kernels")
+
+    spec = registered("mine-cuda", lambda req: None, prepare=no_cuda)
+    assert caches.unavailable_reason(spec, "cpu") == "mine-cuda needs CUDA kernels"
+    code = ("import sys\nfor blocked in ('torch', 'transformers'):\n    sys.modules[blocked] = None\n"
+            "from kvcache.caches import Unsupported, register_cache\n"
+            "print(register_cache('mine', lambda request: None).name, issubclass(Unsupported, RuntimeError))")
+    done = run_python(code)
+    assert done.returncode == 0, describe(done)
+    assert done.stdout.split() == ["mine", "True"]
 
 
 def test_registration_rules(registered):

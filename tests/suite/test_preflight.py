@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from kvrun import describe, output, run_batch
 
-from kvcache.measuring.models import PRESETS
+from kvcache.measuring.presets import PRESETS
 
 torch = pytest.importorskip("torch")
 
@@ -38,7 +38,7 @@ def tiny_parameters(vocab: int) -> int:
     """Parameters of ``tiny`` with a vocabulary of ``vocab`` (tied embeddings: the matrix counted once)."""
     from transformers import LlamaConfig
 
-    from kvcache.measuring.models import count_parameters
+    from kvcache.measuring.geometry import count_parameters
 
     return count_parameters(LlamaConfig(**{**PRESETS["tiny"], "vocab_size": vocab}))
 
@@ -193,7 +193,7 @@ def test_checked_before_anything_runs(runs, case):
 def test_hub_without_network_fails_in_seconds(runs, case):
     """One bounded probe decides (no retries): the error names the probe's bound. No wall-clock assert here;
     the batch's own time limit only guards against a hang."""
-    from kvcache.measuring.models import HUB_TIMEOUT_S
+    from kvcache.measuring.configs import HUB_TIMEOUT_S
 
     line = one_error_line(runs[1][case])
     assert f"no answer within {HUB_TIMEOUT_S:g} s" in line, line
@@ -215,7 +215,7 @@ def test_cached_hub_id_touches_no_network(tmp_path, monkeypatch):
     """In process: a hub id in the cache is read from its snapshot; the hub is never asked."""
     from huggingface_hub import constants
 
-    from kvcache.measuring import models
+    from kvcache.measuring import configs
 
     snapshot = fake_hub_cache(tmp_path, CACHED, TINY_LLAMA, weights=True)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hf_hub_cache(tmp_path)))
@@ -224,8 +224,8 @@ def test_cached_hub_id_touches_no_network(tmp_path, monkeypatch):
     def no_network(*_args, **_kwargs):
         raise AssertionError("the hub was asked")
 
-    monkeypatch.setattr(models, "hub_unreachable", no_network)
-    config, weights = models.load_config(CACHED)
+    monkeypatch.setattr(configs, "hub_unreachable", no_network)
+    config, weights = configs.load_config(CACHED)
     assert config.num_hidden_layers == 2 and weights == snapshot
 
 
@@ -303,14 +303,14 @@ def test_deep_configs_are_counted_without_building_every_layer(monkeypatch, name
     """Past META_LAYERS (here lowered to 8) the parameters are counted at three shallow depths and extrapolated: the
     same figure as building every layer on the meta device, with a layer pattern (gemma3: 5 sliding, 1 full), a
     depth that ends part-way through it (40 = 6 x 6 + 4), and dense first layers (DeepSeek)."""
-    from kvcache.measuring import compat, models
+    from kvcache.measuring import compat, configs, geometry
 
-    config = models.at_depth(models.preset_config(name), layers)
+    config = geometry.at_depth(configs.preset_config(name), layers)
     exact = compat.meta_parameters(config)
-    monkeypatch.setattr(models, "META_LAYERS", 8)
+    monkeypatch.setattr(geometry, "META_LAYERS", 8)
     built: list[int] = []
     real = compat.meta_parameters
     monkeypatch.setattr(compat, "meta_parameters", lambda c: built.append(c.num_hidden_layers) or real(c))
-    assert models.count_parameters(config) == exact
+    assert geometry.count_parameters(config) == exact
     assert built and max(built) < layers, built  # never built at its full depth
 

@@ -9,6 +9,7 @@ slope, intercept and ledger op, with the tolerance band. No torch; matplotlib la
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,18 +18,34 @@ from kvcache.analysing import tables
 from kvcache.analysing.records import Run
 from kvcache.analysing.report.charts import _plain_text, _pyplot, _save
 from kvcache.analysing.report.data import cache_colours, per_context, points_by_cache
+from kvcache.analysing.rules import Rules
 from kvcache.analysing.stats import finite
 
 
-def ab_section_of(path: str | Path) -> dict[str, Any] | None:
-    """``(ab, ab_run)`` of an A/B output file as one dict ``{"ab": ..., "ab_run": ...}``; None for any other file."""
+@dataclass(frozen=True)
+class Pair:
+    """What the report shows of an A/B output file: the paired verdicts (``ab``), each side's description
+    (``ab_run.sides``: {name: {transformers, torch, drift, failed, ...}}) and the tolerance the pair was judged with
+    (a fraction; the judge's default where the file has none)."""
+
+    ab: dict[str, Any]
+    sides: dict[str, dict[str, Any]]
+    tolerance: float
+
+
+def ab_section_of(path: str | Path) -> Pair | None:
+    """The :class:`Pair` of an A/B output file (``kvcache ab --json``); None for any other file."""
     try:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     if not isinstance(doc, dict) or not isinstance(doc.get("ab"), dict) or not isinstance(doc.get("side_a"), dict):
         return None
-    return {"ab": doc["ab"], "ab_run": doc.get("ab_run") or {}}
+    run, sides = doc.get("ab_run"), {}
+    if isinstance(run, dict) and isinstance(run.get("sides"), dict):
+        sides = {str(name): side for name, side in run["sides"].items() if isinstance(side, dict)}
+    tolerance = finite(run.get("tolerance")) if isinstance(run, dict) else None
+    return Pair(doc["ab"], sides, Rules().tolerance if tolerance is None else tolerance)
 
 
 def ratio_rows(ab: dict[str, Any]) -> list[tuple[str, float, float | None, float | None, str]]:
@@ -79,14 +96,13 @@ def ab_figure(run_a: Run, run_b: Run, ab: dict[str, Any], tolerance: float) -> A
     return fig
 
 
-def ab_markdown(ab: dict[str, Any], run: dict[str, Any]) -> list[str]:
+def ab_markdown(pair: Pair) -> list[str]:
     """The report's A/B section (Markdown; every cell escaped)."""
-    table = tables.Table(["class", "measure", "A", "B", "B/A [interval]", "verdict"], judge.summary_rows(ab))
+    table = tables.Table(["class", "measure", "A", "B", "B/A [interval]", "verdict"], judge.summary_rows(pair.ab))
     lines = ["", "## A/B: B against A, paired", ""]
-    for name, side in (run.get("sides") or {}).items():
-        drift = finite(side.get("drift"))
+    for name, side in pair.sides.items():
         text = (f"transformers {side.get('transformers')}, torch {side.get('torch')}, "
-                f"drift {'—' if drift is None else format(drift, '+.1%')}"
+                f"drift {tables.num(side.get('drift'), '+.1%')}"
                 + (f", failed: {side['failed']}" if side.get("failed") else ""))
         lines.append(f"- **{tables.escape_markdown(str(name).upper())}**: {tables.escape_markdown(text)}")
     return [*lines, "", *tables.markdown(table), "", "![A/B](ab.png)", ""]
@@ -94,13 +110,12 @@ def ab_markdown(ab: dict[str, Any], run: dict[str, Any]) -> list[str]:
 
 def write_ab(path: str | Path, runs: list[Run], out_dir: Path) -> list[Path]:
     """For an A/B output file among the report's inputs: ab.png and the A/B section appended to report.md."""
-    found = ab_section_of(path)
+    pair = ab_section_of(path)
     by_path = {run.path: run for run in runs}
     run_a, run_b = by_path.get(f"{path}[A]"), by_path.get(f"{path}[B]")
-    if found is None or run_a is None or run_b is None:
+    if pair is None or run_a is None or run_b is None:
         return []
-    tolerance = float(found["ab_run"].get("tolerance") or 0.10)
     md = Path(out_dir) / "report.md"
     with md.open("a", encoding="utf-8") as fh:
-        fh.write("\n".join(ab_markdown(found["ab"], found["ab_run"])) + "\n")
-    return [_save(ab_figure(run_a, run_b, found["ab"], tolerance), Path(out_dir) / "ab.png")]
+        fh.write("\n".join(ab_markdown(pair)) + "\n")
+    return [_save(ab_figure(run_a, run_b, pair.ab, pair.tolerance), Path(out_dir) / "ab.png")]

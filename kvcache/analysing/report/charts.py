@@ -1,4 +1,4 @@
-"""latency.png, traffic.png and ledger.png (matplotlib, imported lazily, Agg backend).
+"""latency.png, traffic.png, ledger.png and memory.png (matplotlib, imported lazily, Agg backend).
 
 latency.png: median step time (ms) against context (tokens), one panel per run, each point with its IQR, the
 fitted line and the trained context; the legend sits below each panel, off the data. traffic.png: counted
@@ -22,16 +22,14 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from kvcache.analysing.records import Run
+from kvcache.analysing.records import Run, Traffic
 from kvcache.analysing.report.data import (
     PALETTE,
     TRAINED_REACH,
     ReportError,
     cache_colours,
-    finite,
     fit_line,
     fit_problem,
-    mapping,
     missing_points,
     per_context,
     point_stats,
@@ -41,6 +39,7 @@ from kvcache.analysing.report.data import (
     run_title,
     trained_context,
 )
+from kvcache.analysing.stats import finite
 
 TOP_OPS = 7  # traffic.png shows this many largest ops; the rest are stacked as "other ops"
 BARS_PER_ROW = 12  # traffic.png starts a new row of bars past this many cache classes ...
@@ -103,12 +102,12 @@ def memory_rows(run: Run) -> dict[str, tuple[list[int], list[float], list[float]
     """{cache: (contexts, MB held after the step, MB live at its peak)} of a run's counted memory (``kv.memory``; MB =
     1e6 bytes): the bytes of the storages the counted step made or touched, after it and at its high-water mark."""
     out = {}
-    for cache, entry in mapping(run.kv.get("memory")).items():
-        steps = mapping(mapping(entry).get("steps"))
+    for cache, entry in run.record.memory.items():
+        steps = entry.steps if entry.steps is not None else {}
         contexts, held, peak = [], [], []
         for context in sorted(steps, key=lambda c: int(c) if str(c).isdigit() else 0):
-            step = mapping(steps[context])
-            values = [finite(step.get(k)) for k in ("held", "before", "peak")]
+            step = steps[context]
+            values = [finite(step.held), finite(step.before), finite(step.peak)]
             if not str(context).isdigit() or None in values:
                 continue
             contexts.append(int(context))
@@ -155,21 +154,21 @@ def plot_ledger(runs: list[Run], path: Path) -> Path | None:
 def ledger_figure(runs: list[Run]) -> Any:
     """One panel per run with a ledger: horizontal bars per (class, op), counted passes and timed passes (with
     their interval) side by side; None when no run has a ledger."""
-    with_ledger = [(run, name) for run, name in zip(runs, run_names(runs)) if mapping(run.kv.get("ledger"))]
+    with_ledger = [(run, name, run.record) for run, name in zip(runs, run_names(runs)) if run.record.ledger]
     if not with_ledger:
         return None
     plt = _pyplot()
-    heights = [sum(len(mapping(rows)) for rows in mapping(run.kv.get("ledger")).values()) for run, _ in with_ledger]
+    heights = [sum(len(rows) for rows in kv.ledger.values()) for _, _, kv in with_ledger]
     fig, axes = plt.subplots(len(with_ledger), 1, figsize=(9, 1.5 + 0.32 * sum(heights)),
                              gridspec_kw={"height_ratios": [max(h, 1) for h in heights]}, squeeze=False)
-    for ax, (run, name) in zip(axes[:, 0], with_ledger):
+    for ax, (run, name, kv) in zip(axes[:, 0], with_ledger):
         labels, counted, timed, low, high = [], [], [], [], []
-        traffic = mapping(run.kv.get("traffic"))
-        for cache, rows in mapping(run.kv.get("ledger")).items():
-            by_op = mapping(mapping(traffic.get(cache)).get("by_op"))
-            for op, row in mapping(rows).items():
-                value = finite(mapping(row).get("timed"))
-                ci = mapping(row).get("timed_ci") or [None, None]
+        for cache, rows in kv.ledger.items():
+            traffic = kv.traffic.get(cache)
+            by_op = traffic.by_op if traffic is not None else {}
+            for op, row in rows.items():
+                value = finite(row.timed)
+                ci = row.timed_ci if row.timed_ci and len(row.timed_ci) == 2 else [None, None]
                 labels.append(f"{cache}: {op}")
                 counted.append(finite(by_op.get(op)) or 0.0)
                 timed.append(value or 0.0)
@@ -239,7 +238,7 @@ def _latency_panel(ax: Any, run: Run, name: str, colours: dict[str, str]) -> Non
         notes.append(f"{cache} @ {ctx:,}: {why}")
     if not run.points:
         ax.text(0.5, 0.5, "no timed points in this run", ha="center", va="center", transform=ax.transAxes)
-    trained = trained_context(run)
+    trained = trained_context(run.record)
     max_ctx = max((p.context for p in run.points), default=0)
     if trained and (not max_ctx or trained <= TRAINED_REACH * max_ctx):
         ax.axvline(trained, color="0.35", ls="--", lw=1, label=f"trained context ({trained:,})")
@@ -282,12 +281,11 @@ def traffic_rows(runs: list[Run]) -> list[list[int]]:
 def traffic_figure(runs: list[Run]) -> Any:
     """Counted passes per cache class, stacked by op; one group of bars per run, runs wrapped into rows."""
     plt = _pyplot()
-    entries = [[(cache, mapping(mapping(run.kv.get("traffic")).get(cache)) or None) for cache in run_caches(run)]
-               for run in runs]
+    entries = [[(cache, run.record.traffic.get(cache)) for cache in run_caches(run)] for run in runs]
     totals: dict[str, float] = {}
     for run_entries in entries:
         for _, t in run_entries:
-            for op, v in mapping(t and t.get("by_op")).items():
+            for op, v in (t.by_op.items() if t is not None else ()):
                 totals[op] = totals.get(op, 0.0) + abs(finite(v) or 0.0)
     top = sorted(totals, key=lambda op: -totals[op])[:TOP_OPS]
     ops = top + (["other ops"] if len(totals) > len(top) else [])
@@ -322,7 +320,7 @@ def traffic_figure(runs: list[Run]) -> Any:
     return fig
 
 
-def _traffic_panel(ax: Any, groups: list[tuple[Run, str, list[tuple[str, dict | None]]]], *, single: bool,
+def _traffic_panel(ax: Any, groups: list[tuple[Run, str, list[tuple[str, Traffic | None]]]], *, single: bool,
                    top: list[str], ops: list[str], op_colour: dict[str, str]) -> float:
     """One row of traffic.png: a group of bars per run; returns the tallest bar (passes)."""
     x, xpos, ticks, used, top_height = 0.0, [], [], set(), 0.0
@@ -344,7 +342,7 @@ def _traffic_panel(ax: Any, groups: list[tuple[Run, str, list[tuple[str, dict | 
     ax.set_xticks(xpos)
     ax.set_xticklabels(ticks)
     ax.set_ylabel("counted passes (bytes moved / KV bytes)")
-    bpts = {finite(mapping(t).get("bytes_per_token")) for _, _, run_entries in groups for _, t in run_entries if t}
+    bpts = {finite(t.bytes_per_token) for _, _, run_entries in groups for _, t in run_entries if t is not None}
     bpts -= {None}
     if len(bpts) == 1:
         bpt = bpts.pop()
@@ -354,19 +352,19 @@ def _traffic_panel(ax: Any, groups: list[tuple[Run, str, list[tuple[str, dict | 
     return top_height
 
 
-def _stacked_bar(ax: Any, x: float, t: dict | None, top: list[str], ops: list[str], op_colour: dict[str, str],
+def _stacked_bar(ax: Any, x: float, t: Traffic | None, top: list[str], ops: list[str], op_colour: dict[str, str],
                  used: set[str]) -> float:
     """One class's counted passes at ``x``, stacked by op (ops past ``top`` merged); returns the bar's height."""
-    if not t:
+    if t is None:
         ax.text(x, 0.02, "no counted\ntraffic", ha="center", va="bottom", fontsize=7, color="0.4",
                 transform=ax.get_xaxis_transform())
         return 0.0
     segments: dict[str, float] = {}
-    for op, v in mapping(t.get("by_op")).items():
+    for op, v in t.by_op.items():
         key = op if op in top else "other ops"
         segments[key] = segments.get(key, 0.0) + (finite(v) or 0.0)
     if not segments:
-        segments = {NO_BREAKDOWN: finite(t.get("passes")) or 0.0}
+        segments = {NO_BREAKDOWN: finite(t.passes) or 0.0}
     pos = neg = 0.0
     for op in [o for o in ops if o in segments] + [o for o in segments if o not in ops]:
         v = segments[op]
@@ -377,6 +375,6 @@ def _stacked_bar(ax: Any, x: float, t: dict | None, top: list[str], ops: list[st
             pos += v
         else:
             neg += v
-    total = finite(t.get("passes"))
+    total = finite(t.passes)
     ax.text(x, max(pos, 0), f"{pos + neg if total is None else total:.2f}", ha="center", va="bottom", fontsize=8)
     return pos

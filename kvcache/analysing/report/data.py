@@ -7,43 +7,27 @@ bytes moved per byte of KV cache.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from kvcache.analysing import analysis, tables
+from kvcache.analysing import bandwidth, tables
 from kvcache.analysing import fit as fitting
-from kvcache.analysing.records import Point, Run, jsonable
+from kvcache.analysing.records import KV, Crossovers, Fit, Point, Run, jsonable
 from kvcache.analysing.stats import finite, median
+from kvcache.analysing.tables import MISSING
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf"]
 DASHES = ["", "6 4", "2 3", "8 3 2 3"]
 TRAINED_REACH = 1.5  # draw the trained context if it lies within this factor of the largest measured context
-MISSING = "—"  # a table cell with no figure
 
 
 class ReportError(RuntimeError):
     """A report that cannot be written (no matplotlib, unwritable directory); the message is one line."""
 
 
-# ----------------------------------------------------------------------------------------------- numbers
-
-
-def mapping(value: Any) -> dict[str, Any]:
-    """``value`` if it is a dict, else an empty one (a part of the run that is missing or malformed)."""
-    return value if isinstance(value, dict) else {}
-
-
-def fmt(value: Any, digits: int = 2) -> str:
-    """A number with ``digits`` decimals, or MISSING."""
-    return tables.num(finite(value), f".{digits}f", MISSING)
-
-
-def fmt_count(value: Any) -> str:
-    """A whole number with thousands separators (tokens, bytes), or MISSING."""
-    return tables.num(finite(value), ",.0f", MISSING)
+# ----------------------------------------------------------------------------------------------- runs
 
 
 def shape_text(value: Any) -> str:
@@ -55,32 +39,30 @@ def shape_text(value: Any) -> str:
     return str(value)
 
 
-# ----------------------------------------------------------------------------------------------- runs
-
-
 def run_names(runs: list[Run]) -> list[str]:
-    """Display name of each run: its label, plus the file name where labels repeat."""
-    labels = [r.label for r in runs]
-    return [f"{lab} ({Path(r.path).name})" if labels.count(lab) > 1 else lab for lab, r in zip(labels, runs)]
+    """Display name of each run: its label, plus the file name where labels repeat (:func:`tables.unique_labels`)."""
+    return tables.unique_labels([run.label for run in runs], [run.path for run in runs])
 
 
-def model_name(run: Run) -> str:
-    return str(mapping(run.kv.get("model")).get("name") or mapping(run.kv.get("settings")).get("model") or "?")
+def model_name(kv: KV) -> str:
+    """The model of a run: its description's name, else the ``--kv-model`` it was asked for."""
+    return str(kv.model.get("name") or kv.settings.get("model") or "?")
 
 
-def dtype(run: Run) -> str:
-    return str(mapping(run.kv.get("settings")).get("dtype") or mapping(run.kv.get("model")).get("dtype") or "?")
+def dtype(kv: KV) -> str:
+    return str(kv.settings.get("dtype") or kv.model.get("dtype") or "?")
 
 
 def run_title(run: Run, name: str) -> str:
     """A chart title: the run's name over its model and dtype."""
-    return f"{name}\n{model_name(run)}, {dtype(run)}"
+    kv = run.record
+    return f"{name}\n{model_name(kv)}, {dtype(kv)}"
 
 
 def run_caches(run: Run) -> list[str]:
     """Cache classes of a run: those with points or records, then those only named in its settings."""
     caches = run.caches()
-    for cache in mapping(run.kv.get("settings")).get("caches") or []:
+    for cache in run.record.settings.get("caches", ()):
         if str(cache) not in caches:
             caches.append(str(cache))
     return caches
@@ -134,20 +116,15 @@ def per_context(points: list[Point]) -> list[dict[str, Any]]:
     return out
 
 
-def trained_context(run: Run) -> int | None:
+def trained_context(kv: KV) -> int | None:
     """The model's trained context in tokens (kv.model.max_position_embeddings), if known."""
-    x = finite(mapping(run.kv.get("model")).get("max_position_embeddings"))
+    x = finite(kv.model.get("max_position_embeddings"))
     return int(x) if x else None
 
 
 def skip_reasons(run: Run) -> dict[tuple[str, int | None], str]:
     """kv.skipped as {(cache, context or None for the whole class): reason}."""
-    out: dict[tuple[str, int | None], str] = {}
-    for item in run.kv.get("skipped") or []:
-        item = mapping(item)
-        ctx = finite(item.get("context"))
-        out[(str(item.get("cache", "?")), None if ctx is None else int(ctx))] = str(item.get("reason") or "no reason")
-    return out
+    return {(skip.cache, skip.context): skip.reason or "no reason" for skip in run.record.skipped}
 
 
 def missing_points(run: Run) -> list[tuple[str, int, str]]:
@@ -184,8 +161,8 @@ def fit_problem(run: Run, cache: str, points: list[Point]) -> str | None:
     """Why a class has no passes figure and no fitted line, or None: the reason kv.fit records (runs written
     before fits were checked are held to the same rules, :func:`kvcache.analysing.fit.record_problem`); with no
     kv.fit for the class, why its points give no line (:func:`refit`)."""
-    fit = mapping(mapping(run.kv.get("fit")).get(cache))
-    if fit:
+    fit = run.record.fit.get(cache)
+    if fit is not None:
         return fitting.record_problem(fit)
     try:
         refit(points)
@@ -200,10 +177,12 @@ def fit_line(run: Run, cache: str, points: list[Point]) -> dict[str, Any] | None
     Slope = 1 / (effective_gbps * 1e6) ms per byte. Returns None when neither is possible or the fit gives no
     passes figure (:func:`fit_problem`): no line is drawn from a fit that cannot be judged.
     """
-    fit = mapping(mapping(run.kv.get("fit")).get(cache))
-    if fit:
-        intercept, eff = finite(fit.get("intercept_ms")), finite(fit.get("effective_gbps"))
-        if fitting.record_problem(fit) is None and intercept is not None and eff is not None and eff > 0:
+    fit = run.record.fit.get(cache)
+    if fit is not None:
+        if fitting.record_problem(fit) is not None or not isinstance(fit, Fit):
+            return None
+        intercept, eff = finite(fit.intercept_ms), finite(fit.effective_gbps)
+        if intercept is not None and eff is not None and eff > 0:
             return {"intercept_ms": intercept, "ms_per_byte": 1.0 / (eff * 1e6), "source": "kv.fit"}
         return None
     try:
@@ -218,14 +197,12 @@ def no_figure(reason: str) -> str:
     return f"{MISSING} ({reason})" if fitting.NO_FIGURE in reason else f"{MISSING} ({fitting.NO_FIGURE}: {reason})"
 
 
-def crossovers(kv: dict[str, Any]) -> dict[str, Any]:
-    """Contexts (tokens) where the KV cache meets the weights: ``kv["crossovers"]`` when the run records them,
-    else worked out from the run by the analysis's own rule (:func:`kvcache.analysing.analysis.crossovers`)."""
-    recorded = kv.get("crossovers")
-    if isinstance(recorded, dict):
-        return recorded
-    return analysis.crossovers(mapping(kv.get("model")), mapping(kv.get("fit")), mapping(kv.get("traffic")),
-                               mapping(kv.get("memory")))
+def crossovers(kv: KV) -> Crossovers:
+    """Contexts (tokens) where the KV cache meets the weights: ``kv.crossovers`` when the run records them, else
+    worked out from the run by the analysis's own rule (:func:`kvcache.analysing.bandwidth.crossovers`)."""
+    if kv.crossovers is not None:
+        return kv.crossovers
+    return bandwidth.crossovers(kv.model, kv.fit, kv.traffic, kv.memory)
 
 
 # ----------------------------------------------------------------------------------------------- HTML chart
@@ -241,7 +218,7 @@ def chart_data(runs: list[Run]) -> dict[str, Any]:
     for ri, (run, name) in enumerate(zip(runs, names)):
         groups = points_by_cache(run)
         reasons = skip_reasons(run)
-        tc = trained_context(run)
+        tc = trained_context(run.record)
         if tc:
             trained.setdefault(tc)
         for cache in run_caches(run):

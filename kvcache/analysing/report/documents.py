@@ -1,5 +1,6 @@
-"""The report as a document: typed blocks (headings, paragraphs, notes, facts, tables) and their two renderers,
-Markdown (tables through :mod:`kvcache.analysing.tables`) and HTML (the body of report.html).
+"""The report as a document: a title and typed blocks (headings, paragraphs, notes, facts, tables, the numbered
+footnotes a table's cells refer to) and their two renderers, Markdown (tables through
+:mod:`kvcache.analysing.tables`) and HTML (the body of report.html, under the page's one title).
 
 Blocks hold plain text, much of it from the run (cache, op, model and device names, reasons), never markup: each
 renderer escapes every piece of text it writes, Markdown with :func:`kvcache.analysing.tables.escape_markdown`,
@@ -17,7 +18,7 @@ from kvcache.analysing.tables import Table
 
 @dataclass(frozen=True)
 class Heading:
-    level: int  # 1 for the report's title; HTML shifts it down one, under the page's own <h1>
+    level: int  # 2 for a run, 3 for a section of it (1 is the document's title)
     text: str
 
 
@@ -40,13 +41,22 @@ class Facts:
     items: list[tuple[str, str]]
 
 
-Block = Union[Heading, Paragraph, Note, Facts, Table]
+@dataclass(frozen=True)
+class Footnotes:
+    """Numbered texts under a table, note n being what a cell's ``[n]`` refers to
+    (:class:`kvcache.analysing.tables.Notes`)."""
+
+    texts: list[str]
+
+
+Block = Union[Heading, Paragraph, Note, Facts, Table, Footnotes]
 
 
 @dataclass
 class Doc:
-    """Blocks in reading order."""
+    """A title and blocks in reading order."""
 
+    title: str
     blocks: list[Block] = field(default_factory=list)
 
     def heading(self, level: int, text: str) -> None:
@@ -64,6 +74,10 @@ class Doc:
     def table(self, header: list[str], rows: list[list[str]]) -> None:
         self.blocks.append(Table(header, rows))
 
+    def footnotes(self, texts: list[str]) -> None:
+        if texts:
+            self.blocks.append(Footnotes(list(texts)))
+
 
 def html_text(text: object) -> str:
     """``text`` as HTML character data or a quoted attribute value (``& < > " '`` as entities): the one escape
@@ -75,7 +89,7 @@ def to_markdown(doc: Doc) -> str:
     """report.md: GitHub-flavoured Markdown, ready for a job summary; all text escaped
     (:func:`kvcache.analysing.tables.escape_markdown`, tables through :func:`kvcache.analysing.tables.markdown`)."""
     e = tables.escape_markdown
-    out: list[str] = []
+    out: list[str] = [f"# {e(doc.title)}"]
     for block in doc.blocks:
         if isinstance(block, Heading):
             out.append("#" * block.level + " " + e(block.text))
@@ -85,19 +99,21 @@ def to_markdown(doc: Doc) -> str:
             out.append(f"_{e(block.text)}_")
         elif isinstance(block, Facts):
             out.append("\n".join(f"- **{e(k)}**: {e(v)}" for k, v in block.items))
+        elif isinstance(block, Footnotes):
+            out.append("\n".join(f"{i}. {e(text)}" for i, text in enumerate(block.texts, 1)))
         else:
             out.append("\n".join(tables.markdown(block)))
     return "\n\n".join(out).rstrip() + "\n"
 
 
 def to_html(doc: Doc) -> str:
-    """The blocks as HTML elements, all text escaped (:func:`html_text`); headings one level down (the page has its
-    own <h1>)."""
+    """The blocks as HTML elements, all text escaped (:func:`html_text`); the title is the page's own <h1>
+    (:func:`kvcache.analysing.report.page.render_html`), not repeated here."""
     e = html_text
     out: list[str] = []
     for block in doc.blocks:
         if isinstance(block, Heading):
-            level = min(block.level + 1, 6)
+            level = min(max(block.level, 2), 6)
             out.append(f"<h{level}>{e(block.text)}</h{level}>")
         elif isinstance(block, Paragraph):
             out.append(f"<p>{e(block.text)}</p>")
@@ -106,6 +122,8 @@ def to_html(doc: Doc) -> str:
         elif isinstance(block, Facts):
             items = "".join(f"<li><strong>{e(k)}</strong>: {e(v)}</li>" for k, v in block.items)
             out.append(f'<ul class="facts">{items}</ul>')
+        elif isinstance(block, Footnotes):
+            out.append('<ol class="notes">' + "".join(f"<li>{e(text)}</li>" for text in block.texts) + "</ol>")
         else:
             head = "".join(f"<th>{e(h)}</th>" for h in block.header)
             rows = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in block.rows)

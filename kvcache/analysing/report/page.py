@@ -41,7 +41,8 @@ def script_json(data: object) -> str:
 
 
 def render_html(runs: list[Run], doc: Doc) -> str:
-    """report.html: inline CSS, JS and data."""
+    """report.html: the document's title once (the page's <h1>), the chart, the document's blocks; CSS, JS and data
+    inlined."""
     data = chart_data(runs)
     n = len(data["contexts"])
     payload = script_json(data)
@@ -49,18 +50,18 @@ def render_html(runs: list[Run], doc: Doc) -> str:
     if data["trained_beyond"]:
         beyond = (f'<p class="note">trained context {", ".join(f"{t:,}" for t in data["trained_beyond"])} tokens '
                   "lies beyond the measured contexts (not drawn)</p>")
-    what = html_text(", ".join(dict.fromkeys(f"{model_name(run)}, {dtype(run)}" for run in runs)))
+    what = html_text(", ".join(dict.fromkeys(f"{model_name(run.record)}, {dtype(run.record)}" for run in runs)))
     disabled = "" if n else " disabled"
     return f"""<!doctype html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<title>KV-cache passes report</title>
+<title>{html_text(doc.title)}</title>
 <style>{asset("report.css")}</style>
 </head>
 <body>
-<h1>KV-cache passes report</h1>
+<h1>{html_text(doc.title)}</h1>
 <section class="chart-box">
 <h2>Median step time against context{f" — {what}" if what else ""}</h2>
 <p class="note">Points: median of each (context, round) with its IQR; lines join the per-context medians.

@@ -1,22 +1,21 @@
-"""What the report says about each run, as a :class:`~kvcache.analysing.report.documents.Doc`: headline facts,
-the fit table (timed and counted passes, crossovers, verdicts), drift, counted traffic, the attention probe and
-skipped points. Every missing part of a run is named, never fatal."""
+"""What the report says about each run, as a :class:`~kvcache.analysing.report.documents.Doc`: headline facts, the
+verdicts (statuses, each reason once as a numbered note), the fit table (timed and counted passes, crossovers),
+drift, counted traffic, overhead, memory, the per-op ledger, the attention probe and skipped points. Every missing
+part of a run is named, never fatal. Read from the run's records (:attr:`kvcache.analysing.records.Run.record`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TypeVar
 
-from kvcache.analysing.records import Point, Run
+from kvcache.analysing import tables
+from kvcache.analysing.records import KV, Fit, Memory, Point, Probe, Run, Traffic, UnmeasuredDrift
 from kvcache.analysing.report.data import (
-    MISSING,
     crossovers,
     dtype,
-    finite,
     fit_line,
     fit_problem,
-    fmt,
-    fmt_count,
-    mapping,
     missing_points,
     no_figure,
     points_by_cache,
@@ -27,38 +26,47 @@ from kvcache.analysing.report.data import (
     trained_context,
 )
 from kvcache.analysing.report.documents import Doc
+from kvcache.analysing.stats import finite
+from kvcache.analysing.summary import verdict_table
+from kvcache.analysing.tables import MISSING, num
+
+TITLE = "KV-cache passes report"
+R = TypeVar("R")
 
 
 def build_doc(runs: list[Run]) -> Doc:
-    """The report's headline and tables for each run."""
-    doc = Doc()
-    doc.heading(1, "KV-cache passes report")
+    """The report's title, then the headline and tables of each run."""
+    doc = Doc(TITLE)
     doc.para(f"{len(runs)} run(s). Passes = copy bandwidth / effective bandwidth of the latency-vs-KV-bytes line "
              "(timed) or bytes each op of one decode step reads + writes per byte of KV cache (counted). "
              "Times in ms, GB/s = 1e9 bytes/s, MB = 1e6 bytes, contexts in tokens.")
     if not runs:
         doc.note("no runs")
     for run, name in zip(runs, run_names(runs)):
-        caches = run_caches(run)
+        kv, caches = run.record, run_caches(run)
         doc.heading(2, name)
-        doc.facts(headline(run))
-        fit_section(doc, run, caches, points_by_cache(run))
-        doc.para(f"Drift: {drift_text(run)}")
-        traffic_section(doc, run, caches)
-        overhead_section(doc, run, caches)
-        memory_section(doc, run, caches)
-        ledger_section(doc, run, caches)
-        probe_section(doc, run, caches)
+        doc.facts(headline(run, kv))
+        verdict_section(doc, kv)
+        fit_section(doc, run, kv, caches, points_by_cache(run))
+        doc.para(f"Drift: {drift_text(kv)}")
+        class_table(doc, "Counted traffic", caches, kv.traffic, "counted traffic", "no counted traffic",
+                    ["cache", "counted passes", "bytes per token per step", "passes by op"], traffic_cells)
+        overhead_section(doc, kv, caches)
+        memory_section(doc, kv, caches)
+        ledger_section(doc, kv, caches)
+        class_table(doc, "Attention probe", caches, kv.probe, "attention probe", "no probe",
+                    ["cache", "query", "key", "value", "mask", "attention", "expansions", "enable_gqa", "calls"],
+                    probe_cells)
         skipped_section(doc, run)
     return doc
 
 
-def headline(run: Run) -> list[tuple[str, str]]:
+def headline(run: Run, kv: KV) -> list[tuple[str, str]]:
     """Run, machine, libraries, model, dtype, copy bandwidth and points, as (name, text) facts."""
-    kv = run.kv
-    env, model, settings, copy = (mapping(kv.get(k)) for k in ("environment", "model", "settings", "copy"))
+    env, model, settings = kv.environment, kv.model, kv.settings
     cpu = run.machine_info.get("cpu")
-    cpu_brand = mapping(cpu).get("brand_raw") or mapping(cpu).get("brand") or (cpu if isinstance(cpu, str) else None)
+    cpu_brand = (cpu.get("brand_raw") or cpu.get("brand")) if isinstance(cpu, dict) else cpu if isinstance(cpu, str) \
+        else None
     machine = f"{env.get('device_name') or '?'} (device type {env.get('device_type') or '?'}"
     machine += f", {env['platform']})" if env.get("platform") else ")"
     if cpu_brand:
@@ -69,17 +77,17 @@ def headline(run: Run) -> list[tuple[str, str]]:
     if model:
         geometry = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in model.items()
                              if k in ("layers", "heads", "kv_heads", "head_dim") and v is not None)
-        model_text = f"{model.get('name') or settings.get('model') or '?'} ({geometry}; "
-        model_text += f"KV {fmt_count(model.get('bytes_per_token'))} bytes/token; "
         weights = finite(model.get("weight_bytes"))
-        model_text += f"weights {fmt(None if weights is None else weights / 1e6, 1)} MB; "
-        trained = trained_context(run)
-        model_text += f"trained context {trained:,} tokens)" if trained else "trained context unknown)"
+        trained = trained_context(kv)
+        model_text = (f"{model.get('name') or settings.get('model') or '?'} ({geometry}; "
+                      f"KV {num(model.get('bytes_per_token'), ',.0f')} bytes/token; "
+                      f"weights {num(None if weights is None else weights / 1e6, '.1f')} MB; "
+                      + (f"trained context {trained:,} tokens)" if trained else "trained context unknown)"))
     else:
         model_text = f"{settings.get('model') or '?'} (no model description in this run)"
-    if copy or kv.get("copy_gbps") is not None:
-        copy_text = (f"start {fmt(copy.get('start_gbps'))} GB/s, end {fmt(copy.get('end_gbps'))} GB/s, "
-                     f"session median {fmt(kv.get('copy_gbps'))} GB/s")
+    if kv.copy is not None or kv.copy_gbps is not None:
+        start, end = (kv.copy.start_gbps, kv.copy.end_gbps) if kv.copy is not None else (None, None)
+        copy_text = f"start {num(start)} GB/s, end {num(end)} GB/s, session median {num(kv.copy_gbps)} GB/s"
     else:
         copy_text = "no copy bandwidth in this run"
     contexts = sorted({p.context for p in run.points})
@@ -92,181 +100,161 @@ def headline(run: Run) -> list[tuple[str, str]]:
         ("Machine", machine),
         ("Libraries", libs),
         ("Model", model_text),
-        ("dtype", dtype(run)),
+        ("dtype", dtype(kv)),
         ("Copy bandwidth", copy_text),
         ("Points", points_text),
     ]
 
 
-def _ci_label(kv: dict) -> str:
-    fits = mapping(kv.get("fit"))
-    conf = finite(mapping(kv.get("settings")).get("confidence"))
+def verdict_section(doc: Doc, kv: KV) -> None:
+    """The judge's status of each class and measure, each reason said once as a numbered note under the table."""
+    doc.heading(3, "Verdicts")
+    if not kv.verdict:
+        doc.note("no verdict in this run")
+        return
+    table, notes = verdict_table(kv.verdict)
+    doc.table(table.header, table.rows)
+    doc.footnotes(notes.texts)
+
+
+def _ci_label(kv: KV) -> str:
+    conf = finite(kv.settings.get("confidence"))
     if conf is None:
-        confs = {finite(mapping(f).get("confidence")) for f in fits.values()} - {None}
+        confs = {finite(f.confidence) for f in kv.fit.values() if isinstance(f, Fit)} - {None}
         conf = confs.pop() if len(confs) == 1 else None
     return f"{conf * 100:.0f}% CI" if conf is not None and conf <= 1 else "CI"
 
 
-def fit_section(doc: Doc, run: Run, caches: list[str], groups: dict[str, list[Point]]) -> None:
-    """One row per class: intercept, effective bandwidth, timed passes [CI], R², counted passes, their ratio,
-    the timed and counted crossovers and the verdicts; then where the cache holds as many bytes as the weights."""
-    kv = run.kv
-    fits, traffic, verdicts = mapping(kv.get("fit")), mapping(kv.get("traffic")), mapping(kv.get("verdict"))
+def fit_section(doc: Doc, run: Run, kv: KV, caches: list[str], groups: dict[str, list[Point]]) -> None:
+    """One row per class: intercept, effective bandwidth, timed passes [CI], R², counted passes, their ratio and
+    the timed and counted crossovers; then where the cache holds as many bytes as the weights."""
     crossing = crossovers(kv)
-    copy_gbps = finite(kv.get("copy_gbps"))
     rows = []
     for cache in caches:
-        fit, counted, verdict = mapping(fits.get(cache)), mapping(traffic.get(cache)), mapping(verdicts.get(cache))
-        crossing_of = mapping(crossing.get(cache))
-        timed = finite(fit.get("passes"))
-        effective = finite(fit.get("effective_gbps"))
-        if timed is None and copy_gbps and effective:
-            timed = copy_gbps / effective
-        ci = fit.get("passes_ci")
-        ci_text = f" [{fmt(ci[0])}, {fmt(ci[1])}]" if isinstance(ci, (list, tuple)) and len(ci) == 2 else ""
-        counted_passes = finite(counted.get("passes"))
-        ratio = timed / counted_passes if counted_passes and timed is not None else None
-        counted_crossover = fmt_count(crossing_of.get("counted_tokens"))
-        if verdict:
-            verdict_text = "; ".join(f"{m} {v.get('status', '?')}: {v.get('reason', '')}".rstrip(": ")
-                                     for m, v in verdict.items() if isinstance(v, dict))
-        else:
-            verdict_text = "no verdict"
-        if not fit:
-            line = fit_line(run, cache, groups.get(cache, []))
-            note = "no fit (chart line refit from points)" if line else "no fit"
-            rows.append([cache, note, MISSING, MISSING, MISSING, fmt(counted_passes), MISSING, MISSING,
-                         counted_crossover, verdict_text])
+        fit, traffic, crossing_of = kv.fit.get(cache), kv.traffic.get(cache), crossing.by_cache.get(cache)
+        counted = traffic.passes if traffic is not None else None
+        timed_crossover, counted_crossover = ((num(crossing_of.timed_tokens, ",.0f"),
+                                               num(crossing_of.counted_tokens, ",.0f"))
+                                              if crossing_of is not None else (MISSING, MISSING))
+        if fit is None:
+            note = "no fit (chart line refit from points)" if fit_line(run, cache, groups.get(cache, [])) else "no fit"
+            rows.append([cache, note, MISSING, MISSING, MISSING, num(counted), MISSING, MISSING, counted_crossover])
             continue
         problem = fit_problem(run, cache, groups.get(cache, []))
-        if problem is not None:
-            rows.append([cache, MISSING, MISSING, no_figure(problem), MISSING, fmt(counted_passes), MISSING, MISSING,
-                         counted_crossover, verdict_text])
+        if problem is not None or not isinstance(fit, Fit):
+            rows.append([cache, MISSING, MISSING, no_figure(problem or fit.error), MISSING, num(counted), MISSING,
+                         MISSING, counted_crossover])
             continue
-        rows.append([cache, fmt(fit.get("intercept_ms")), fmt(fit.get("effective_gbps")), fmt(timed) + ci_text,
-                     fmt(fit.get("r2"), 3), fmt(counted_passes), fmt(ratio), fmt_count(crossing_of.get("timed_tokens")),
-                     counted_crossover, verdict_text])
+        timed = finite(fit.passes)
+        if timed is None and finite(kv.copy_gbps) and finite(fit.effective_gbps):
+            timed = kv.copy_gbps / fit.effective_gbps
+        ratio = timed / counted if finite(counted) and timed is not None else None
+        rows.append([cache, num(fit.intercept_ms), num(fit.effective_gbps), tables.figure(timed, fit.passes_ci),
+                     num(fit.r2, ".3f"), num(counted), num(ratio), timed_crossover, counted_crossover])
     doc.heading(3, "Fit")
     if not caches:
         doc.note("no cache classes in this run")
         return
     doc.table(["cache", "intercept ms", "effective GB/s", f"timed passes [{_ci_label(kv)}]", "R²", "counted passes",
-               "timed/counted", "crossover tokens (timed)", "crossover tokens (counted)", "verdict"], rows)
-    holds = finite(crossing.get("cache_holds_weights_tokens"))
+               "timed/counted", "crossover tokens (timed)", "crossover tokens (counted)"], rows)
+    holds = finite(crossing.cache_holds_weights_tokens)
     if holds is None:
         doc.note("no weight or KV size in this run: no crossovers")
     else:
         doc.para(f"The cache holds as many bytes as the weights at {holds:,.0f} tokens (weight bytes / KV bytes per "
                  "token). Crossover: the context at which one step's cache traffic equals reading the weights once, "
                  "weight bytes / (passes × KV bytes per token), from the timed and from the counted passes.")
-    if not fits:
-        doc.note("no fit in this run")
-    elif missing := [c for c in caches if c not in fits]:
-        doc.note(f"no fit for {', '.join(missing)} in this run")
-    if not traffic:
-        doc.note("no counted traffic in this run")
-    elif missing := [c for c in caches if c not in traffic]:
-        doc.note(f"no counted traffic for {', '.join(missing)} in this run")
-    if not verdicts:
-        doc.note("no verdict in this run")
+    for part, what in ((kv.fit, "fit"), (kv.traffic, "counted traffic")):
+        if not part:
+            doc.note(f"no {what} in this run")
+        elif missing := [c for c in caches if c not in part]:
+            doc.note(f"no {what} for {', '.join(missing)} in this run")
 
 
-def drift_text(run: Run) -> str:
+def drift_text(kv: KV) -> str:
     """The first point measured again at the end: its change and whether it stayed within the limit."""
-    drift = run.kv.get("drift")
-    if not isinstance(drift, dict) or not drift:
+    drift = kv.drift
+    if drift is None:
         return "no drift check in this run"
-    if "reason" in drift and "fraction" not in drift:
-        return f"not checked ({drift['reason']})"
-    fraction, max_fraction = finite(drift.get("fraction")), finite(drift.get("max_fraction"))
+    if isinstance(drift, UnmeasuredDrift):
+        return f"not checked ({drift.reason})"
+    fraction, max_fraction = finite(drift.fraction), finite(drift.max_fraction)
     change = MISSING if fraction is None else f"{fraction * 100:+.1f}%"
     limit = "" if max_fraction is None else f" (limit ±{max_fraction * 100:.1f}%)"
-    ok = drift.get("ok")
-    status = "ok" if ok is True else "DRIFTED" if ok is False else "unknown"
-    return (f"{drift.get('cache', '?')} at {fmt_count(drift.get('context'))} tokens: "
-            f"first {fmt(drift.get('first_ms'))} ms, last {fmt(drift.get('last_ms'))} ms, "
-            f"change {change}{limit} — {status}")
+    status = "ok" if drift.ok is True else "DRIFTED" if drift.ok is False else "unknown"
+    return (f"{drift.cache or '?'} at {num(drift.context, ',.0f')} tokens: first {num(drift.first_ms)} ms, "
+            f"last {num(drift.last_ms)} ms, change {change}{limit} — {status}")
 
 
-def traffic_section(doc: Doc, run: Run, caches: list[str]) -> None:
-    """Counted passes per class, bytes per cached token per step, and the passes of each op."""
-    traffic = mapping(run.kv.get("traffic"))
-    doc.heading(3, "Counted traffic")
-    if not traffic:
-        doc.note("no counted traffic in this run")
+def class_table(doc: Doc, title: str, caches: list[str], parts: Mapping[str, R], what: str, none: str,
+                header: list[str], cells: Callable[[R], list[str]]) -> None:
+    """A section of one row per class: the ``cells`` of its part, or ``none`` where the class has no part; a note
+    instead of the table when the run has no ``what`` at all."""
+    doc.heading(3, title)
+    if not parts:
+        doc.note(f"no {what} in this run")
         return
-    rows = []
-    for cache in caches:
-        t = mapping(traffic.get(cache))
-        if not t:
-            rows.append([cache, "no counted traffic", MISSING, MISSING])
-            continue
-        passes, bpt = finite(t.get("passes")), finite(t.get("bytes_per_token"))
-        per_token = passes * bpt if passes is not None and bpt is not None else None
-        ops = sorted(mapping(t.get("by_op")).items(), key=lambda item: -(finite(item[1]) or 0.0))
-        ops_text = "; ".join(f"{op} {fmt(v)}" for op, v in ops) or "no per-op breakdown"
-        rows.append([cache, fmt(passes), fmt_count(per_token), ops_text])
-    doc.table(["cache", "counted passes", "bytes per token per step", "passes by op"], rows)
+    blank = [none, *[MISSING] * (len(header) - 2)]
+    doc.table(header, [[cache, *(cells(parts[cache]) if cache in parts else blank)] for cache in caches])
 
 
-def overhead_section(doc: Doc, run: Run, caches: list[str]) -> None:
+def traffic_cells(t: Traffic) -> list[str]:
+    """Counted passes, bytes per cached token per step, and the passes of each op."""
+    passes, per_token = finite(t.passes), finite(t.bytes_per_token)
+    per_step = passes * per_token if passes is not None and per_token is not None else None
+    return [num(passes), num(per_step, ",.0f"), tables.by_op(t.by_op)]
+
+
+def optional_section(doc: Doc, title: str, text: str, header: list[str], rows: list[list[str]]) -> None:
+    """A section (heading, what it shows, table) only when it has rows: a part few runs have."""
+    if rows:
+        doc.heading(3, title)
+        doc.para(text)
+        doc.table(header, rows)
+
+
+def overhead_section(doc: Doc, kv: KV, caches: list[str]) -> None:
     """Counted overhead per class: ATen ops per step (all, moving data, per layer), the bytes a step moves that
-    do not grow with context, weight passes, and the overhead and intercept verdicts."""
-    traffic, verdicts = mapping(run.kv.get("traffic")), mapping(run.kv.get("verdict"))
-    rows = []
-    for cache in caches:
-        t, v = mapping(traffic.get(cache)), mapping(verdicts.get(cache))
-        ops, layers, fixed = finite(t.get("ops_per_step")), finite(t.get("layers")), finite(t.get("fixed_bytes"))
-        if ops is None:
-            continue
-        rows.append([cache, fmt_count(ops), fmt_count(finite(t.get("data_ops_per_step"))),
-                     fmt(ops / layers if layers else None), fmt(fixed / 1e6 if fixed is not None else None),
-                     fmt(finite(t.get("weight_passes")), 3),
-                     *(str(mapping(v.get(m)).get("status", MISSING)) for m in ("overhead", "intercept"))])
-    if not rows:
-        return
-    doc.heading(3, "Per-step overhead")
-    doc.para("ATen ops dispatched from the model's forward call to its return in one decode step (all of them, and "
-             "those that move data); fixed MB: bytes a step reads + writes that do not grow with context (the counted "
-             "line's intercept); weight passes: fixed bytes / weight bytes (1 = each weight read once per step). The "
-             "intercept verdict judges the timed intercept (ms per step with an empty cache) by its interval.")
-    doc.table(["cache", "ops/step", "data ops/step", "ops/layer", "fixed MB", "weight passes", "overhead verdict",
-               "intercept verdict"], rows)
+    do not grow with context and weight passes (their verdicts, with the intercept's, are in the verdict table)."""
+    def cells(t: Traffic) -> list[str]:
+        per_layer = t.ops_per_step / t.layers if t.ops_per_step is not None and finite(t.layers) else None
+        fixed_mb = t.fixed_bytes / 1e6 if finite(t.fixed_bytes) is not None else None
+        return [num(t.ops_per_step, ",.0f"), num(t.data_ops_per_step, ",.0f"), num(per_layer), num(fixed_mb),
+                num(t.weight_passes, ".3f")]
+
+    optional_section(
+        doc, "Per-step overhead",
+        "ATen ops dispatched from the model's forward call to its return in one decode step (all of them, and those "
+        "that move data); fixed MB: bytes a step reads + writes that do not grow with context (the counted line's "
+        "intercept); weight passes: fixed bytes / weight bytes (1 = each weight read once per step). The intercept "
+        "verdict (under Verdicts) judges the timed intercept (ms per step with an empty cache) by its interval.",
+        ["cache", "ops/step", "data ops/step", "ops/layer", "fixed MB", "weight passes"],
+        [[cache, *cells(kv.traffic[cache])] for cache in caches
+         if cache in kv.traffic and finite(kv.traffic[cache].ops_per_step) is not None])
 
 
-def memory_section(doc: Doc, run: Run, caches: list[str]) -> None:
+def memory_section(doc: Doc, kv: KV, caches: list[str]) -> None:
     """Counted memory per class (``kv.memory``): allocated, peak and held passes, the cache sizes the peak needs beside
-    the declared memory factor, what allocates, and the memory verdict."""
-    memory, verdicts = mapping(run.kv.get("memory")), mapping(run.kv.get("verdict"))
-    rows = []
-    for cache in caches:
-        m = mapping(memory.get(cache))
-        if not m:
-            continue
-        ops = "; ".join(f"{op} {fmt(finite(v))}" for op, v in mapping(m.get("allocated_by_op")).items()) or MISSING
-        factor = f"{fmt(finite(m.get('peak_factor')))} (declares {fmt(finite(m.get('declared_factor')))})"
-        if m.get("factor_problem"):
-            factor += f": {m['factor_problem']}"
-        rows.append([cache, fmt(finite(m.get("allocated_passes")), 3), fmt(finite(m.get("peak_passes")), 3),
-                     fmt(finite(m.get("held_passes")), 3), factor, ops,
-                     str(mapping(mapping(verdicts.get(cache)).get("memory")).get("status", MISSING))])
-    if not rows:
-        return
-    doc.heading(3, "Memory per decode step")
-    doc.para("Bytes per KV byte (slopes between the counted contexts, like passes): allocated by one decode step, its "
-             "high-water mark above what was live before it (peak), live after it (held: 1 = the cache holds its K/V "
-             "once; above 1, something keeps more). Peak needs: bytes live at the step's peak per KV byte, the cache "
-             "sizes a point needs, beside the class's declared memory_factor. Measured from the storages each op "
-             "makes and frees (memory.png: held and peak against context).")
-    doc.table(["cache", "allocated", "peak", "held", "peak needs (declared)", "allocated by op", "memory verdict"],
-              rows)
+    the declared memory factor, and what allocates."""
+    def cells(m: Memory) -> list[str]:
+        factor = f"{num(m.peak_factor)} (declares {num(m.declared_factor)})"
+        return [num(m.allocated_passes, ".3f"), num(m.peak_passes, ".3f"), num(m.held_passes, ".3f"),
+                factor + (f": {m.factor_problem}" if m.factor_problem else ""), tables.by_op(m.allocated_by_op)]
+
+    optional_section(
+        doc, "Memory per decode step",
+        "Bytes per KV byte (slopes between the counted contexts, like passes): allocated by one decode step, its "
+        "high-water mark above what was live before it (peak), live after it (held: 1 = the cache holds its K/V once; "
+        "above 1, something keeps more). Peak needs: bytes live at the step's peak per KV byte, the cache sizes a "
+        "point needs, beside the class's declared memory_factor. Measured from the storages each op makes and frees "
+        "(memory.png: held and peak against context).",
+        ["cache", "allocated", "peak", "held", "peak needs (declared)", "allocated by op"],
+        [[cache, *cells(kv.memory[cache])] for cache in caches if cache in kv.memory])
 
 
-def ledger_section(doc: Doc, run: Run, caches: list[str]) -> None:
+def ledger_section(doc: Doc, kv: KV, caches: list[str]) -> None:
     """The per-op timed ledger: per class and op, counted passes beside timed passes and their interval."""
-    ledger, traffic = mapping(run.kv.get("ledger")), mapping(run.kv.get("traffic"))
-    errors = mapping(run.kv.get("ledger_errors"))
-    if not ledger and not errors:
+    if not kv.ledger and not kv.ledger_errors:
         return
     doc.heading(3, "Per-op timed ledger")
     doc.para("Each op's time per profiled step (profiler rounds of their own, after the timed rounds), fitted "
@@ -274,34 +262,20 @@ def ledger_section(doc: Doc, run: Run, caches: list[str]) -> None:
              "(unattributed): the step's time outside ATen ops; (profiled step): the whole step under the profiler.")
     rows = []
     for cache in caches:
-        by_op = mapping(mapping(traffic.get(cache)).get("by_op"))
-        for op, row in mapping(ledger.get(cache)).items():
-            row = mapping(row)
-            ci = row.get("timed_ci") or [None, None]
-            interval = (f"[{fmt(finite(ci[0]))}, {fmt(finite(ci[1]))}]" if None not in ci else MISSING)
-            rows.append([cache, op, fmt(finite(by_op.get(op))) if op in by_op else MISSING,
-                         fmt(finite(row.get("timed"))), interval, fmt(finite(row.get("ms")))])
-        if cache in errors:
-            rows.append([cache, str(errors[cache]), MISSING, MISSING, MISSING, MISSING])
+        traffic = kv.traffic.get(cache)
+        counted = traffic.by_op if traffic is not None else {}
+        if cache in kv.ledger:
+            rows += [[cache, op, num(counted.get(op)), num(row.timed), tables.interval(row.timed_ci) or MISSING,
+                      num(row.ms)] for op, row in kv.ledger[cache].items()]
+        if cache in kv.ledger_errors:
+            rows.append([cache, str(kv.ledger_errors[cache]), MISSING, MISSING, MISSING, MISSING])
     doc.table(["cache", "op", "counted passes", "timed passes", "interval", "ms per step (largest context)"], rows)
 
 
-def probe_section(doc: Doc, run: Run, caches: list[str]) -> None:
-    """What attention received in one probed step: shapes, how GQA ran, K/V expansions."""
-    probe = mapping(run.kv.get("probe"))
-    doc.heading(3, "Attention probe")
-    if not probe:
-        doc.note("no attention probe in this run")
-        return
-    rows = []
-    for cache in caches:
-        p = mapping(probe.get(cache))
-        if not p:
-            rows.append([cache, "no probe", *[MISSING] * 7])
-            continue
-        rows.append([cache, *(shape_text(p.get(k)) for k in ("query", "key", "value", "mask")),
-                     *(str(p.get(k, "?")) for k in ("attention", "expansions", "enable_gqa", "calls"))])
-    doc.table(["cache", "query", "key", "value", "mask", "attention", "expansions", "enable_gqa", "calls"], rows)
+def probe_cells(p: Probe) -> list[str]:
+    """What attention received in one probed step: shapes, how GQA ran, K/V expansions, calls."""
+    return [*(shape_text(shape) for shape in (p.query, p.key, p.value, p.mask)),
+            *("?" if v is None else str(v) for v in (p.attention, p.expansions, p.enable_gqa, p.calls))]
 
 
 def skipped_section(doc: Doc, run: Run) -> None:

@@ -1,0 +1,102 @@
+"""The output of ``kvcache ab``: each side's records analysed into its ``kv`` section
+(:mod:`kvcache.analysing.analysis`, no torch), B judged against A (:mod:`kvcache.analysing.ab`; counted and overhead
+by compare's judge), the output document (:func:`results`) and the terminal summary (:func:`summary`)."""
+
+from __future__ import annotations
+
+import datetime
+import shlex
+from typing import Any
+
+from kvcache.ab_session import Session
+from kvcache.ab_sides import Side
+from kvcache.analysing.records import KV, Run
+
+FORMAT = 1  # the format of the ab_run section
+
+
+def side_record(side: Side, interrupted: bool, exit_text: str) -> KV:
+    """The side's ``kv`` section, analysed from the records its worker sent back."""
+    from kvcache.analysing import analysis
+
+    return analysis.analyse(side.records, side.hello.settings, side.hello.baseline,
+                            {"interrupted": interrupted, "exit": exit_text, "failed": []})
+
+
+def run_of(kv: KV, path: str) -> Run:
+    """A side as a run (its timed points and ``kv`` section), the way compare reads one from a file."""
+    points = [p.to_point() for p in kv.points if p.samples_ms is not None]
+    return Run(path=path, points=points, record=kv, machine_info={"kv_environment": kv.environment})
+
+
+def described(side: Side, kv: KV) -> dict[str, Any]:
+    """``ab_run.sides.<name>``: the side's arguments, releases, log, failure, drift and copy bandwidths."""
+    from kvcache.analysing import ab as judge
+
+    copies = [{"label": m.label, "gbps": m.gbps} for m in (kv.copy.measurements if kv.copy is not None else [])]
+    return {"args": side.args, "release": side.release, "transformers": side.hello.environment.get("transformers"),
+            "torch": side.hello.environment.get("torch"), "log": str(side.log), "failed": side.failure,
+            "items_finished": len(side.finished), "drift": judge.drift_of(kv), "copy": copies}
+
+
+def results(session: Session, tolerance: float) -> dict[str, Any]:
+    """The output document: pytest-benchmark-shaped with side B's ``kv`` section, side A's whole run under
+    ``side_a``, the paired verdicts under ``ab`` and the session under ``ab_run``."""
+    from kvcache.analysing import ab as judge
+    from kvcache.analysing import compare
+
+    a, b = session.sides
+    broken = [side for side in session.sides if side.failure]
+    interrupted = bool(session.interrupted or broken)
+    exit_text = (f"interrupted by {session.interrupted}" if session.interrupted else
+                 f"side {broken[0].label} failed" if broken else "ok")
+    kv_a, kv_b = side_record(a, interrupted, exit_text), side_record(b, interrupted, exit_text)
+    run_a, run_b = run_of(kv_a, "A"), run_of(kv_b, "B")
+    try:
+        counted = compare.judge_against(run_b, run_a, compare.rules_of(run_b))
+    except Exception as exc:  # noqa: BLE001 - the paired verdicts stand on their own; say why these are missing
+        counted = {}
+        session.notes.append(f"counted and overhead not judged: {exc}")
+    verdicts = judge.judge(kv_a, kv_b, tolerance=tolerance, counted=counted, seed=int(kv_b.settings.get("seed", 0)))
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    run = {"format": FORMAT, "tolerance": tolerance, "interrupted": session.interrupted,
+           "failed": [side.name for side in broken], "items": len(session.items),
+           "pairs": [pair.to_json() for pair in session.pairs],
+           "sides": {side.name: described(side, kv) for side, kv in ((a, kv_a), (b, kv_b))},
+           "notes": session.notes}
+    return {"benchmarks": [], "machine_info": {"kv_environment": kv_b.environment}, "commit_info": {},
+            "datetime": now, "version": None, "kv": kv_b.to_json(), "ab": verdicts, "ab_run": run,
+            "side_a": {"benchmarks": [], "machine_info": {"kv_environment": kv_a.environment},
+                       "datetime": now, "kv": kv_a.to_json()}}
+
+
+def summary(doc: dict[str, Any]) -> list[str]:
+    """The terminal summary of a :func:`results` document: sides, drift and copy bandwidth per side, the verdict
+    table, failures."""
+    from kvcache.analysing import ab as judge
+    from kvcache.analysing import tables
+
+    run = doc["ab_run"]
+    lines = ["kvcache ab: B against A, points paired back to back (ABBA)"]
+    for name, side in run["sides"].items():
+        drift = side["drift"]
+        copies = [c["gbps"] for c in side["copy"] if c["gbps"] is not None]
+        copy = f"copy {min(copies):.1f}-{max(copies):.1f} GB/s" if copies else f"copy {tables.MISSING}"
+        lines.append(f"  {name.upper()}: transformers {side['transformers']}, torch {side['torch']}"
+                     + (f", args {shlex.join(side['args'])}" if side["args"] else "")
+                     + f"; drift {tables.MISSING if drift is None else format(drift, '+.1%')}; {copy}"
+                     + (f"; FAILED: {side['failed']}" if side["failed"] else ""))
+    done = len(run["pairs"])
+    lines.append(f"  {done}/{run['items']} items finished on both sides; tolerance ×{1 + run['tolerance']:.2f}")
+    table = tables.Table(["class", "measure", "A", "B", "B/A [interval]", "verdict"], judge.summary_rows(doc["ab"]))
+    lines += ["", *tables.text(table)]
+    for cache, measure, v in judge.statuses(doc["ab"]):
+        if v.get("status") in ("regression", "inconclusive") and not measure.startswith("ledger."):
+            lines.append(f"{v['status']}: {cache} {measure}: {v.get('reason', '')}")
+    lines += run["notes"]
+    if run["interrupted"]:
+        lines.append(f"interrupted by {run['interrupted']}: the {done} finished pairs are kept")
+    for name in run["failed"]:
+        lines.append(f"side {name.upper()} failed: {run['sides'][name]['failed']}; the {done} finished pairs "
+                     "are kept")
+    return lines

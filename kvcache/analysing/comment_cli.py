@@ -1,0 +1,116 @@
+"""``kvcache comment BASE.json HEAD.json``: one Markdown body for a pull request's comment
+(:func:`kvcache.analysing.comment.build`), to stdout or ``--out FILE``.
+
+Timed figures are judged only from an A/B run: ``--ab AB.json`` (``kvcache ab --json``'s output), or an ``ab``
+section in HEAD.json. ``--report-url`` links the full report; ``--base-label``/``--head-label`` name the two runs;
+``--max-chars`` bounds the body (GitHub's limit, 65536 characters, by default). Exit 0 whenever a body is written,
+a regression included (rendering is not judging: the gate is ``kvcache compare``'s exit status); 2 on unreadable
+input, bad options or runs that are not comparable. No torch here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from kvcache.analysing import arguments
+from kvcache.analysing.comment import GITHUB_LIMIT, build
+from kvcache.analysing.compare import mismatch
+from kvcache.analysing.files import write_text_atomically
+from kvcache.analysing.records import RecordError, load_run
+
+
+class CommentError(ValueError):
+    """Bad input to ``kvcache comment``: a one-line message."""
+
+
+def parser() -> argparse.ArgumentParser:
+    made = argparse.ArgumentParser(
+        prog="kvcache comment",
+        description="Write one Markdown body for a pull request's comment: HEAD judged against BASE by kvcache "
+        "compare's judge (BASE's rules; every class BASE counted required in HEAD), a verdict line, a table of "
+        "classes by measure with BASE, HEAD and change (counted passes, ATen ops per step, weight passes, counted "
+        "memory in passes), the ops that grew, the reasons for inconclusive figures and "
+        "a hidden marker that a workflow updates one comment by. Timed figures are judged only from an A/B run "
+        "(--ab); those of two separate runs are shown as informational. Exit 0 whenever the body is written, "
+        "a regression included (kvcache compare is the gate); 2 on unreadable input, bad options or runs that "
+        "are not comparable.",
+    )
+    made.add_argument("base", metavar="BASE.json", help="the pull request's base run (pytest --benchmark-json)")
+    made.add_argument("head", metavar="HEAD.json", help="the pull request's head run")
+    made.add_argument("--ab", metavar="AB.json", help="an A/B run (kvcache ab --json) whose paired timed "
+                      "verdicts (its 'ab' section) are shown and judged; an 'ab' section in HEAD.json is used "
+                      "the same way")
+    made.add_argument("--report-url", metavar="URL", help="http(s) link to the full report or job summary")
+    made.add_argument("--base-label", metavar="TEXT", help="what BASE is, e.g. 'merge base 1a2b3c4'")
+    made.add_argument("--head-label", metavar="TEXT", help="what HEAD is, e.g. 'head 5d6e7f8'")
+    made.add_argument("--out", metavar="FILE", help="write the body here instead of to stdout")
+    made.add_argument("--max-chars", type=int, default=GITHUB_LIMIT,
+                      help=f"longest body, in characters (default {GITHUB_LIMIT}, GitHub's limit)")
+    made.add_argument("--allow-mismatch", action="store_true",
+                      help="compare runs whose identity differs (device, model, dtype, threads) anyway")
+    return made
+
+
+def read_ab(path: str) -> dict[str, Any] | None:
+    """The ``ab`` section of a JSON file, or None when it has none; CommentError when unreadable."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise CommentError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except json.JSONDecodeError as exc:
+        raise CommentError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    ab = doc.get("ab") if isinstance(doc, dict) else None
+    if ab is not None and not isinstance(ab, dict):
+        raise CommentError(f"{path}: its 'ab' section is {type(ab).__name__}, not an object of cache classes")
+    return ab
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = arguments.parse(parser(), argv)
+    if isinstance(args, int):  # --help (0) or a usage error (2)
+        return args
+    try:
+        if args.max_chars < 1000:
+            raise CommentError(f"--max-chars {args.max_chars} is too small; give at least 1000 (GitHub allows "
+                               f"{GITHUB_LIMIT})")
+        if args.report_url is not None:
+            parts = urlsplit(args.report_url)
+            if parts.scheme not in ("http", "https") or not parts.netloc:
+                raise CommentError(f"--report-url {args.report_url!r} is not an http(s) URL")
+        try:
+            base, head = load_run(args.base), load_run(args.head)
+        except RecordError as exc:
+            raise CommentError(str(exc)) from None
+        problem = mismatch([base, head])
+        if problem and not args.allow_mismatch:
+            raise CommentError(f"refusing to compare runs that differ in {problem}; pass --allow-mismatch to "
+                               "compare anyway")
+        ab = read_ab(args.ab) if args.ab else read_ab(args.head)
+        if args.ab and ab is None:
+            raise CommentError(f"{args.ab}: no 'ab' section; is it kvcache ab's --json output?")
+    except CommentError as exc:
+        print(f"kvcache comment: {exc}", file=sys.stderr)
+        return 2
+    try:
+        verdict, body = build(base, head, ab=ab, report_url=args.report_url, limit=args.max_chars,
+                              labels=(args.base_label, args.head_label))
+    except RecordError as exc:  # a run whose settings cannot judge
+        print(f"kvcache comment: {exc}", file=sys.stderr)
+        return 2
+    if args.out:
+        try:
+            write_text_atomically(args.out, body)
+        except OSError as exc:
+            print(f"kvcache comment: --out {args.out}: cannot write ({exc.strerror or exc})", file=sys.stderr)
+            return 2
+        print(f"kvcache comment: {verdict}; body written to {args.out} ({len(body)} characters)", file=sys.stderr)
+    else:
+        sys.stdout.write(body)
+        sys.stdout.flush()
+    return 0

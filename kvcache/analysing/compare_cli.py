@@ -1,0 +1,78 @@
+"""``kvcache compare RUN.json RUN.json ...``: runs side by side, the first as baseline; exit 1 on a regression.
+
+One row per cache class, one column group per run (:mod:`kvcache.analysing.compare_render`); every later run judged
+against the first by the gate's judge, by the rules it was judged with (:mod:`kvcache.analysing.compare`). The
+judge's rule options (``--tolerance``, ``--counted-tolerance``, ..., ``--min-r2``, ``--max-drift``) come from the
+options table (:func:`kvcache.analysing.arguments.add_rule_options`) and replace that rule for every run.
+``--require-classes``: a class with counted passes in the first run and none in a later one is a regression.
+Runs must have the same identity (:mod:`kvcache.analysing.identity`) unless ``--allow-mismatch``. Exit 0, 1 on a
+regression, 2 on unreadable input, bad options or runs that are not comparable. No torch here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from kvcache.analysing import arguments
+from kvcache.analysing.compare import RULES_FROM, compare, mismatch
+from kvcache.analysing.compare_render import render_markdown, render_text
+from kvcache.analysing.records import RecordError, load_runs
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command's arguments; the rule options from the options table."""
+    made = argparse.ArgumentParser(
+        prog="kvcache compare",
+        description="Compare benchmark JSON runs against the first (the baseline) with the gate's judge; exit 1 "
+        "on a regression, 2 on unreadable input, bad options or runs that are not comparable.",
+    )
+    made.add_argument("runs", nargs="+", metavar="RUN.json", help="pytest --benchmark-json files; first = baseline")
+    made.add_argument("--markdown", action="store_true", help="print a GitHub-flavoured Markdown table")
+    arguments.add_rule_options(made)
+    made.add_argument("--rules", choices=RULES_FROM, default="each",
+                      help="whose recorded --kv-* rules judge each later run: its own (each, the default) or the "
+                      "first run's (first: a pull request's head cannot loosen its own gate)")
+    made.add_argument("--require-classes", action="store_true",
+                      help="every class with counted passes in the first run must have counted passes in each "
+                      "later run: one skipped, unsupported or not run there is a regression (a pull request's "
+                      "head cannot drop a class from its own gate)")
+    made.add_argument(
+        "--allow-mismatch", "--allow-device-mismatch", dest="allow_mismatch", action="store_true",
+        help="compare runs whose identity differs (device, model, dtype, threads) anyway",
+    )
+    return made
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = arguments.parse(parser(), argv)
+    if isinstance(args, int):  # --help (0) or a usage error (2)
+        return args
+    try:
+        rules = arguments.rules_given(args)
+    except ValueError as exc:
+        print(f"kvcache compare: {exc}", file=sys.stderr)
+        return 2
+    runs = []
+    for path in args.runs:
+        try:
+            runs.extend(load_runs(path))  # an A/B run (kvcache ab --json) is its two sides
+        except RecordError as exc:
+            print(f"kvcache compare: {exc}", file=sys.stderr)
+            return 2
+    problem = mismatch(runs)
+    if problem and not args.allow_mismatch:
+        print(f"kvcache compare: refusing to compare runs that differ in {problem}; pass --allow-mismatch to "
+              "compare anyway", file=sys.stderr)
+        return 2
+    try:
+        comparison = compare(runs, **rules, rules_from=args.rules, require_classes=args.require_classes)
+    except RecordError as exc:  # a run's own settings cannot judge
+        print(f"kvcache compare: {exc}", file=sys.stderr)
+        return 2
+    print(render_markdown(comparison) if args.markdown else render_text(comparison), flush=True)
+    if args.markdown:  # stdout goes to the step summary; say it in the log too
+        for regression in comparison.regressions:
+            print(regression.line(), file=sys.stderr)
+    return 1 if comparison.regressions else 0

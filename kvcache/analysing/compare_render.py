@@ -1,0 +1,175 @@
+"""A :class:`~kvcache.analysing.compare.Comparison` as text: the aligned terminal table and the GitHub-flavoured
+Markdown (for ``$GITHUB_STEP_SUMMARY``) of ``kvcache compare``, laid out by the one table renderer
+(:mod:`kvcache.analysing.tables`). Passes are bytes moved per KV-cache byte; ``intercept ms`` is ms per step with
+an empty cache; ``ops/step`` ATen ops per decode step; memory held/peak passes. Each later run's figures carry the
+mark of their change against the first run (:data:`MARKS`) and the difference."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from kvcache.analysing import tables
+from kvcache.analysing.compare import IMPROVED, INCONCLUSIVE, REGRESSED, SAME, Cell, Comparison, LedgerCell
+from kvcache.analysing.tables import MISSING, Table, escape_markdown, num
+
+MARKS = {SAME: "", REGRESSED: "▲", IMPROVED: "▼", INCONCLUSIVE: "?"}
+LEGEND = (
+    "▲ regression against the first run (the gate's judge), ▼ better beyond tolerance, "
+    "? inconclusive (interval straddles the allowed value, poor fit, drift, or no passes figure): not a regression"
+)
+MEASURES = ("timed", "counted", "intercept_ms", "r2", "ops", "weight_passes", "memory", "verdict")
+HEADERS = {
+    "timed": "timed passes",
+    "counted": "counted passes",
+    "intercept_ms": "intercept ms",
+    "r2": "R²",
+    "ops": "ops/step",
+    "weight_passes": "weight passes",
+    "memory": "memory held/peak",
+    "verdict": "verdict",
+}
+
+
+def measures(comparison: Comparison) -> list[str]:
+    """The measures some run has (a counted-only sweep shows no timed columns); all when none has any."""
+    cells = [c for row in comparison.cells.values() for c in row]
+    shown = [m for m in MEASURES if any(getattr(c, m) is not None for c in cells)]
+    return shown or list(MEASURES)
+
+
+def _marked(text: str, change: str, delta: float | None, spec: str = "+.2f") -> str:
+    mark = MARKS.get(change, "")
+    if not mark or delta is None:
+        return text
+    return f"{text} {mark} {delta:{spec}}"
+
+
+def with_interval(text: str, bounds: tuple[float, float] | None, spec: str = ".2f") -> str:
+    """``text`` followed by ``bounds`` as `` [low–high]`` in ``spec``; ``text`` alone when there are none."""
+    return text if bounds is None else f"{text} [{bounds[0]:{spec}}–{bounds[1]:{spec}}]"
+
+
+def cell_texts(cell: Cell, shown: Sequence[str]) -> list[str]:
+    """The displayed text of one cell, one string per measure in ``shown``."""
+    if not cell.present:
+        first = f"{MISSING} skipped: {cell.reason}" if cell.reason else f"{MISSING} not in run"
+        return [first] + [MISSING] * (len(shown) - 1)
+    texts = []
+    for measure in shown:
+        if measure == "timed":
+            timed = with_interval(num(cell.timed), cell.timed_ci if cell.timed is not None else None)
+            texts.append(_marked(timed, cell.timed_change, cell.timed_delta))
+        elif measure == "counted":
+            texts.append(_marked(num(cell.counted), cell.counted_change, cell.counted_delta))
+        elif measure == "intercept_ms":
+            mark = MARKS.get(cell.intercept_change, "")
+            texts.append(num(cell.intercept_ms, ".1f") + (f" {mark}" if mark else ""))
+        elif measure == "ops":
+            texts.append(_marked(num(cell.ops, ".0f"), cell.ops_change, cell.ops_delta, "+.0f"))
+        elif measure == "weight_passes":
+            texts.append(num(cell.weight_passes, ".3f"))
+        elif measure == "memory":
+            held = num(cell.memory) + (f"/{num(cell.peak)}" if cell.peak is not None else "")
+            texts.append(_marked(held, cell.memory_change, cell.memory_delta))
+        elif measure == "r2":
+            texts.append(num(cell.r2, ".3f"))
+        else:
+            texts.append(cell.verdict or MISSING)
+    return texts
+
+
+def _group_labels(comparison: Comparison) -> list[str]:
+    """Column-group labels: release, plus the device when the runs do not share one."""
+    mixed = len(comparison.devices) > 1
+    labels = [f"transformers {info.transformers}, {info.setup}" + (f" on {info.device}" if mixed else "")
+              for info in comparison.runs]
+    return tables.unique_labels(labels, [info.path for info in comparison.runs])
+
+
+def preamble(comparison: Comparison) -> list[str]:
+    """The lines above the table: the baseline, the device(s), the rules each later run was judged by, and the
+    environment variables that differ."""
+    base = comparison.runs[0]
+    lines = [f"Baseline: {base.label} ({base.path})."]
+    if len(comparison.devices) == 1:
+        lines.append(f"Device: {comparison.devices[0]}.")
+    else:
+        lines.append("Runs come from different devices: timed changes may be the machine's, not the release's.")
+    own = "the first run's" if comparison.rules_from == "first" else "each run's own"
+    source = (f"{own} (as its gate judged it)" if not comparison.overridden else
+              f"{own}, with {', '.join('--' + n.replace('_', '-') for n in comparison.overridden)} as given")
+    described = [rules.describe() for rules in comparison.rules]
+    if described and len(set(described)) == 1:
+        lines.append(f"Tolerance, {source}: {described[0]}.")
+    else:
+        lines += [f"Tolerance of {info.label}, {source}: {text}." for info, text in zip(comparison.runs[1:], described)]
+    for name, values in comparison.variables.items():
+        shown = ", ".join(f"{Path(info.path).name}: {'unset' if v is None else v}"
+                          for info, v in zip(comparison.runs, values))
+        lines.append(f"Environment variable {name} differs ({shown}).")
+    return lines
+
+
+def summary(comparison: Comparison) -> str:
+    """One line: how many regressions against the baseline."""
+    n = len(comparison.regressions)
+    if n:
+        return f"{n} regression{'s' if n != 1 else ''} against the baseline."
+    if len(comparison.runs) == 1:
+        return "One run: nothing to compare against."
+    return "No regressions against the baseline."
+
+
+def table(comparison: Comparison) -> Table:
+    """The comparison as a :class:`~kvcache.analysing.tables.Table`: the cache column, then one column group per
+    run (labelled by :func:`_group_labels`), numbers right-aligned in Markdown."""
+    shown = measures(comparison)
+    header = ["cache"] + [HEADERS[m] for _ in comparison.runs for m in shown]
+    groups = [("", 1)] + [(label, len(shown)) for label in _group_labels(comparison)]
+    right = [1 + i * len(shown) + j for i in range(len(comparison.runs)) for j, m in enumerate(shown) if m != "verdict"]
+    rows = [[cache, *(text for cell in comparison.cells[cache] for text in cell_texts(cell, shown))]
+            for cache in comparison.caches]
+    return Table(header, rows, groups, right)
+
+
+def _ledger_text(cell: LedgerCell | None) -> str:
+    if cell is None:
+        return MISSING
+    text = with_interval(num(cell.timed), cell.timed_ci)
+    return f"{text} {MARKS.get(cell.change, '')}".strip()
+
+
+def ledger_table(comparison: Comparison) -> Table | None:
+    """The per-op ledgers side by side (one column per run: timed passes [interval], marked where the op's part of
+    the ledger verdict against the first run is a regression or inconclusive), or None when no run has one."""
+    if not comparison.ledger:
+        return None
+    header = ["cache", "op"] + [f"timed passes: {label}" for label in _group_labels(comparison)]
+    rows = [[cache, op, *map(_ledger_text, cells)] for (cache, op), cells in comparison.ledger.items()]
+    return Table(header, rows, None, list(range(2, 2 + len(comparison.runs))))
+
+
+def render_text(comparison: Comparison) -> str:
+    """An aligned plain-text table with a group header line per run."""
+    out = preamble(comparison) + ["", *tables.text(table(comparison))]
+    ledger = ledger_table(comparison)
+    if ledger is not None:
+        out += ["", "Per-op timed ledger:", *tables.text(ledger)]
+    out += ["", LEGEND, summary(comparison)]
+    out += [r.line() for r in comparison.regressions]
+    return "\n".join(out)
+
+
+def render_markdown(comparison: Comparison) -> str:
+    """A GitHub-flavoured Markdown table (for ``$GITHUB_STEP_SUMMARY``), with the regressions listed below."""
+    lines = ["### KV-cache passes across runs", "", *map(escape_markdown, preamble(comparison)), "",
+             *tables.markdown(table(comparison))]
+    ledger = ledger_table(comparison)
+    if ledger is not None:
+        lines += ["", "#### Per-op timed ledger", "", *tables.markdown(ledger)]
+    lines += ["", LEGEND, "", f"**{summary(comparison)}**"]
+    if comparison.regressions:
+        lines.append("")
+        lines += [f"- {escape_markdown(r.line())}" for r in comparison.regressions]
+    return "\n".join(lines)

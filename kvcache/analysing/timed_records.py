@@ -1,0 +1,282 @@
+"""The records of the timed parts of a run's ``kv`` section (layout: docs/records.md; JSON Schema:
+``kv.schema.json``) and what is derived from them: timed points, fits, drift, the per-op ledger, the copy bandwidth,
+the run's decode speed and the crossovers; and :class:`Point`, a timed point as the fit reads it. Bandwidths in GB/s
+(1e9 bytes/s, bytes read + written), times in ms unless a name says ``_s``. Stdlib only."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvcache.analysing.jsonrecord import Reader, Record, RecordError, absent_field, as_object, extra_field, list_of
+from kvcache.analysing.stats import median
+
+
+@dataclass(frozen=True)
+class Point:
+    """One timed benchmark: ``steps`` decode steps of ``cache`` at ``context`` tokens in one round.
+
+    ``samples_s`` are per-step wall-clock seconds; ``kv_bytes`` is the logical KV-cache size (bytes of
+    K and V held for the tokens in the cache, averaged over the timed steps) that the step must read.
+    """
+
+    cache: str
+    context: int
+    round: int
+    kv_bytes: float
+    samples_s: tuple[float, ...]
+    beyond_trained_context: bool = False
+    counted_bytes: float | None = None
+    name: str = ""
+    compiled: dict[str, Any] | None = None  # --kv-compile: the point's compilation (PointRecord.compiled)
+    kv_bytes_allocated: float | None = None  # --kv-batch: KV bytes of the left-padded batch (kv_bytes: live ones)
+
+    @classmethod
+    def of(cls, info: Mapping[str, Any], samples_s: Any) -> Point:
+        """The point described by ``info`` (a session's point record, a benchmark's ``extra_info`` with its
+        ``name``, or a ``kv.points`` entry: ``cache``, ``context``, ``kv_bytes``, the rest optional) timed at
+        ``samples_s`` (seconds per step): the one way a point is made from JSON."""
+        return cls(cache=str(info["cache"]), context=int(info["context"]), round=int(info.get("round", 0)),
+                   kv_bytes=float(info["kv_bytes"]), samples_s=tuple(float(s) for s in samples_s),
+                   beyond_trained_context=bool(info.get("beyond_trained_context", False)),
+                   counted_bytes=info.get("counted_bytes"), name=str(info.get("name", "")),
+                   compiled=info.get("compiled"), kv_bytes_allocated=info.get("kv_bytes_allocated"))
+
+    @property
+    def median_s(self) -> float:
+        return median(self.samples_s)
+
+
+@dataclass
+class Fit(Record):
+    """``kv.fit.<cache>`` with a passes figure (made by :func:`kvcache.analysing.fit.fit_passes`): passes =
+    slope (s per KV byte) × copy bandwidth; ``*_ms`` in ms, ``*_gbps`` in GB/s (read + write), ``*_ci``
+    [low, high] bootstrap intervals at ``confidence`` over ``resamples`` resamples (a bound is None where it is not
+    finite), ``crossover_tokens`` in tokens, ``ci_relative_width`` the passes interval's width over passes."""
+
+    passes: float | None
+    intercept_ms: float | None = None
+    effective_gbps: float | None = None
+    passes_ci: list[float | None] | None = None
+    r2: float | None = None
+    n_points: int | None = None
+    cache: str | None = None
+    slope_ms_per_gb: float | None = None
+    contexts: list[int] | None = None
+    copy_gbps: float | None = None
+    intercept_ci: list[float | None] | None = None
+    effective_gbps_ci: list[float | None] | None = None
+    confidence: float | None = None
+    resamples: int | None = None
+    weight_read_ms: float | None = None
+    crossover_tokens: float | None = None
+    ci_relative_width: float | None = None
+    extra: dict[str, Any] = extra_field()
+    absent: frozenset[str] = absent_field()
+
+
+@dataclass
+class FitFailure(Record):
+    """``kv.fit.<cache>`` when the points give no passes figure: ``error`` says why (one line)."""
+
+    error: str
+    n_points: int | None = None
+    extra: dict[str, Any] = extra_field()
+    absent: frozenset[str] = absent_field()
+
+
+def fit_of(entry: Any, where: str) -> Fit | FitFailure:
+    """The record of one ``kv.fit.<cache>`` object: a failure when it holds an ``error``."""
+    return (FitFailure if isinstance(entry, dict) and "error" in entry else Fit).from_json(entry, where)
+
+
+@dataclass
+class LedgerRow(Record):
+    """``kv.ledger.<cache>.<op>``: timed passes of one op (or of ``(other ops)``, ``(unattributed)``,
+    ``(profiled step)``): the slope of its seconds per profiled step against KV bytes × the copy bandwidth (any
+    sign), its interval, and ``ms``, its median milliseconds per step at the largest profiled context."""
+
+    timed: float | None
+    timed_ci: list[float | None] | None = None
+    ms: float | None = None
+    extra: dict[str, Any] = extra_field()
+    absent: frozenset[str] = absent_field()
+
+
+@dataclass
+class LedgerPoint(Record):
+    """``kv.ledger_points[]``: one profiled (cache, context): ``kv_bytes`` (bytes), seconds of each profiled
+    step (``step_s``) and of each op in it (``ops_s``: {op: [seconds per step]})."""
+
+    cache: str
+    context: int
+    kv_bytes: float
+    step_s: list[float] = field(default_factory=list)
+    ops_s: dict[str, list[float]] = field(default_factory=dict)
+    extra: dict[str, Any] = extra_field()
+    absent: frozenset[str] = absent_field()
+
+
+@dataclass
+class Speed(Record):
+    """``kv.speed``: the run's decode speed, ``weights_ms`` (median ms per profiled step of the ``ops`` that read
+    the weights, over ``steps`` profiled steps)."""
+
+    weights_ms: float | None = None
+    ops: list[str] = field(default_factory=list)
+    steps: int | None = None
+    extra: dict[str, Any] = extra_field()
+    absent: frozenset[str] = absent_field()
+
+
+@dataclass
+class Drift(Record):
+    """``kv.drift`` measured: median step (ms) of the first timed point and of its re-measurement at the end;
+    ``fraction`` = last / first - 1 (None when not finite), ``ok`` when within ``max_fraction``; ``effect``: what a
+    drift beyond the limit does. ``problem``: why, on the drift-like record of a change of decode speed against
+    the baseline (:func:`kvcache.analysing.gate.speed_shift`; never in a written section)."""
+
+    ok: bool
+    cache: str | None = None
+    context: int | None = None
+    first_ms: float | None = None
+    last_ms: float | None = None
+    fraction: float | None = None
+    max_fraction: float | None = None
+    effect: str | None = None
+    problem: str | None = None
+    extra: dict[str, Any] = extra_field()
+    absent: frozenset[str] = field(default=frozenset({"problem"}), repr=False, compare=False)  # left out when None
+
+
+@dataclass
+class UnmeasuredDrift(Record):
+    """``kv.drift`` when it could not be measured: ``reason`` says why."""
+
+    reason: str
+    max_fraction: float | None = None
+    extra: dict[str, Any] = extra_field()
+    absent: frozenset[str] = absent_field()
+
+
+def drift_of(entry: Any, where: str) -> Drift | UnmeasuredDrift:
+    """The record of a ``kv.drift`` object: unmeasured when it holds a ``reason``."""
+    return (UnmeasuredDrift if isinstance(entry, dict) and "reason" in entry else Drift).from_json(entry, where)
+
+
+@dataclass
+class PointCompile(Record):
+    """``kv.points[].compiled`` (--kv-compile): one timed point's compilation: seconds compiling in its untimed
+    preparation (``compile_s``), dynamo's counters over the timed steps (``graphs_compiled``, ``recompiles``,
+    ``graph_breaks``), compiled graph calls per timed step (0: it ran eagerly), and ``problem``: why its timed figure
+    is inconclusive (None when it is not)."""
+
+    mode: str | None = None
+    compile_s: float | None = None
+    graphs_compiled: int | None = None
+    recompiles: int | None = None
+    graph_breaks: int | None = None
+    graph_calls_per_step: float | None = None
+    problem: str | None = None
+    extra: dict[str, Any] = extra_field()
+    absent: frozenset[str] = absent_field()
+
+
+@dataclass
+class PointRecord(Record):
+    """One entry of ``kv.points``: a timed (cache, context, round) point, its median and every step in ms,
+    ``kv_bytes`` and ``counted_bytes`` (bytes one step moves) in bytes, ``achieved_gbps`` = counted bytes /
+    median step in GB/s and its ``achieved_fraction`` of the copy bandwidth."""
+
+    cache: str
+    context: int
+    kv_bytes: float
+    round: int = 0
+    median_ms: float | None = None
+    samples_ms: list[float] | None = None
+    counted_bytes: float | None = None
+    achieved_gbps: float | None = None
+    achieved_fraction: float | None = None
+    beyond_trained_context: bool = False
+    name: str = ""
+    compiled: PointCompile | None = None
+    kv_bytes_allocated: float | None = None
+    extra: dict[str, Any] = extra_field()
+    absent: frozenset[str] = absent_field()
+
+    @classmethod
+    def _readers(cls) -> dict[str, Reader]:
+        return {"compiled": PointCompile.from_json}
+
+    def to_point(self) -> Point:
+        """The timed point (steps in seconds) the fit and the report work with; needs ``samples_ms``."""
+        if self.samples_ms is None:
+            raise RecordError(f"point {self.cache} at {self.context}: no samples_ms")
+        return Point.of(self.to_json(), [float(x) / 1e3 for x in self.samples_ms])
+
+
+@dataclass
+class CopyMeasurement(Record):
+    """One copy-bandwidth measurement (``label``: when in the session): the median ``gbps`` of its copies of a
+    ``nbytes`` tensor, each sample counting bytes read + written, in GB/s."""
+
+    gbps: float | None
+    label: str = ""
+    nbytes: int | None = None
+    samples_gbps: list[float] = field(default_factory=list)
+    extra: dict[str, Any] = extra_field()
+    absent: frozenset[str] = absent_field()
+
+
+@dataclass
+class Copy(Record):
+    """``kv.copy``: the copy bandwidth (GB/s, read + write) at the start and end of the session, every measurement."""
+
+    start_gbps: float | None = None
+    end_gbps: float | None = None
+    measurements: list[CopyMeasurement] = field(default_factory=list)
+    extra: dict[str, Any] = extra_field()
+    absent: frozenset[str] = absent_field()
+
+    @classmethod
+    def _readers(cls) -> dict[str, Reader]:
+        return {"measurements": list_of(CopyMeasurement.from_json)}
+
+
+@dataclass
+class CacheCrossovers(Record):
+    """``kv.crossovers.<cache>``: the contexts (tokens) at which a step's cache traffic equals one read of the
+    weights, from the timed passes (``timed_tokens``) and the counted ones (``counted_tokens``), and at which the
+    bytes the class holds (``kv.memory.<cache>.held_passes`` × KV bytes) equal the weights (``held_tokens``)."""
+
+    timed_tokens: float | None = None
+    counted_tokens: float | None = None
+    held_tokens: float | None = None
+    extra: dict[str, Any] = extra_field()
+    absent: frozenset[str] = field(default=frozenset({"held_tokens"}), repr=False, compare=False)  # left out when None
+
+
+@dataclass
+class Crossovers(Record):
+    """``kv.crossovers``: ``cache_holds_weights_tokens`` (the context at which the cache holds as many bytes as the
+    weights) beside one :class:`CacheCrossovers` per class, keyed by the class's name in the same object."""
+
+    cache_holds_weights_tokens: float | None = None
+    by_cache: dict[str, CacheCrossovers] = field(default_factory=dict)
+    extra: dict[str, Any] = extra_field()
+    absent: frozenset[str] = absent_field()
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "crossovers") -> Crossovers:
+        data = as_object(data, where)
+        classes = {k: v for k, v in data.items() if k != "cache_holds_weights_tokens"}
+        return cls(cache_holds_weights_tokens=data.get("cache_holds_weights_tokens"),
+                   by_cache={k: CacheCrossovers.from_json(v, f"{where}.{k}") for k, v in classes.items()},
+                   absent=frozenset() if "cache_holds_weights_tokens" in data else frozenset(
+                       {"cache_holds_weights_tokens"}))
+
+    def to_json(self) -> dict[str, Any]:
+        head = {} if "cache_holds_weights_tokens" in self.absent and self.cache_holds_weights_tokens is None else {
+            "cache_holds_weights_tokens": self.cache_holds_weights_tokens}
+        return {**head, **{cache: entry.to_json() for cache, entry in self.by_cache.items()}}

@@ -1,0 +1,157 @@
+"""Counted traffic of a cache class on a session's model: one decode step counted at each counted context (the
+bytes its tensor ops read and write: :mod:`kvcache.measuring.traffic`), the attention probe of the largest
+(:mod:`kvcache.measuring.probe`) and the memory of each counted step (:mod:`kvcache.measuring.memory`). For a model
+with sliding-window or linear-attention layers, passes per layer kind too, and two steps past every window. What it
+gives are the ``kv.traffic``, ``kv.probe`` and ``kv.memory`` entries of the class (:class:`ClassCount`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvcache.measuring import caches, compat, memory, traffic
+from kvcache.measuring.generate import leading_steps
+from kvcache.measuring.probe import probe
+
+COUNT_WARMUP = 2  # decode steps before a counted one: enough for lazy initialisation; bytes do not change after
+
+
+@dataclass
+class CountedSteps:
+    """One counted step of a class at each context: its traffic, the tokens its attention read, the bytes the
+    cache stores there, the step's memory (where measured) and the attention probe (of the step at ``probe_at``)."""
+
+    counts: dict[int, traffic.TrafficCount] = field(default_factory=dict)
+    tokens: dict[int, int] = field(default_factory=dict)
+    stored: dict[int, int] = field(default_factory=dict)
+    memory: dict[int, memory.MemoryStep] = field(default_factory=dict)
+    probe: dict[str, Any] | None = None
+
+
+@dataclass
+class ClassCount:
+    """One class counted: ``kv.traffic.<cache>``, ``kv.probe.<cache>`` and ``kv.memory.<cache>`` (None: not
+    measured)."""
+
+    traffic: dict[str, Any]
+    probe: dict[str, Any] | None
+    memory: dict[str, Any] | None
+
+
+class Counting:
+    """Counts classes on the points a session opens. ``session`` (a :class:`kvcache.measuring.session.KVSession`)
+    gives the settings, the model (``model()``, ``spec()``), the batch and the logical KV bytes it holds
+    (``held``), and opens filled, warmed-up points (``open``: a class that cannot run raises its skip)."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+
+    def count(self, cache: str) -> ClassCount:
+        """Counted passes of ``cache`` (steps counted at the counted contexts), its attention probe and counted
+        memory; for a model whose layers are not all full attention, passes per layer kind (:meth:`_add_kinds`)."""
+        s = self.session
+        model, spec = s.model()
+        contexts = tuple(s.settings.counted_contexts)
+        scopes: dict[Any, str] = {model: traffic.FORWARD}
+        if spec.mixed:  # below every window (ModelSpec.counted_contexts), ops charged per decoder layer too
+            contexts = spec.counted_contexts(contexts)
+            scopes.update(traffic.layer_scopes(model))
+        steps = self._steps(cache, contexts, probe_at=max(contexts), scopes=scopes)
+        held = {c: s.held(c, steps.tokens[c]) for c in contexts}
+        result = traffic.counted_passes(steps.counts, spec.bytes_per_token, kv_bytes=held, layers=spec.layers,
+                                        weight_bytes=spec.weight_bytes)
+        result.update(self._held_and_stored(cache, steps))
+        measured = self._memory(cache, steps)
+        if spec.mixed:
+            self._add_kinds(cache, steps, scopes, result, measured)
+        return ClassCount(result, steps.probe, measured)
+
+    def _steps(self, cache: str, contexts: tuple[int, ...], *, probe_at: int | None = None,
+               scopes: dict[Any, str] | None = None) -> CountedSteps:
+        """One counted step of ``cache`` at each context (ops charged to the modules of ``scopes`` too), after
+        ``min(--kv-warmup, COUNT_WARMUP)`` uncounted ones; with the memory of the counted step."""
+        s = self.session
+        _, spec = s.model()
+        warm = min(s.settings.warmup, COUNT_WARMUP)
+        out = CountedSteps()
+        for context in contexts:
+            tracker = memory.MemoryTracker(s.device.type)  # the memory of the counted step (its region only)
+            with tracker:
+                if s.generating:  # warmed up inside the counted generate call
+                    dp = s.open(cache, context, warmup=0, steps=leading_steps(warm) + 1)
+                else:
+                    dp = s.open(cache, context, warmup=warm, steps=1)
+                out.counts[context] = dp.count_step(warm, scopes)
+            if tracker.step is not None:
+                out.memory[context] = tracker.step
+            out.tokens[context] = dp.position  # after the step: the tokens its attention read
+            out.stored[context] = compat.stored_bytes(dp.cache)
+            if context == probe_at:
+                out.probe = probe(dp.step, spec.heads, spec.kv_heads).to_dict()
+            dp.release()
+        return out
+
+    def _held_and_stored(self, cache: str, steps: CountedSteps) -> dict[str, Any]:
+        """``kv_bytes`` {context: logical KV bytes the batch holds}; with a left-padded batch also
+        ``allocated_bytes``, ``allocated_passes`` (per byte of the padded rectangle: equal to passes without
+        padding) and ``batch``; ``stored_bytes`` {context: bytes stored} and ``stored_passes`` (Δ step bytes /
+        Δ bytes stored; None when storage did not grow)."""
+        s = self.session
+        spec, counts, tokens, stored = s.spec(), steps.counts, steps.tokens, steps.stored
+        contexts = sorted(counts)
+        lo, hi = contexts[0], contexts[-1]
+        out: dict[str, Any] = {"kv_bytes": {str(c): s.held(c, tokens[c]) for c in contexts}}
+        if s.batch.size > 1 and caches.get(cache).pads:
+            allocated = {c: s.batch.allocated_bytes(spec, c, tokens[c] - c) for c in contexts}
+            out["allocated_bytes"] = {str(c): allocated[c] for c in contexts}
+            out["allocated_passes"] = (counts[hi].total - counts[lo].total) / (allocated[hi] - allocated[lo])
+            out["batch"] = s.batch.to_dict()
+        if stored:
+            delta = stored[hi] - stored[lo]
+            out["stored_bytes"] = {str(c): stored[c] for c in contexts}
+            out["stored_passes"] = (counts[hi].total - counts[lo].total) / delta if delta > 0 else None
+        return out
+
+    def _memory(self, cache: str, steps: CountedSteps) -> dict[str, Any] | None:
+        """``kv.memory.<cache>`` from the memory of the counted steps (:func:`memory.memory_passes`): slopes per
+        live KV byte, and with a left-padded batch per allocated KV byte too (``per_allocated``); None when fewer
+        than two steps were measured."""
+        measured = steps.memory
+        if len(measured) < 2:
+            return None
+        s = self.session
+        spec, cache_spec = s.spec(), caches.get(cache)
+        held = {c: s.held(c, steps.tokens[c]) for c in measured}
+        out = memory.memory_passes(measured, held, declared_factor=cache_spec.memory_factor)
+        if s.batch.size > 1 and cache_spec.pads:
+            allocated = {c: s.batch.allocated_bytes(spec, c, steps.tokens[c] - c) for c in measured}
+            per = memory.memory_passes(measured, allocated)
+            out["per_allocated"] = {k: per[k] for k in ("allocated_passes", "peak_passes", "held_passes")}
+        return out
+
+    def _add_kinds(self, cache: str, steps: CountedSteps, scopes: dict[Any, str], result: dict[str, Any],
+                   measured: dict[str, Any] | None) -> None:
+        """Passes per layer kind (``kinds``), against the logical KV bytes each kind holds (sliding layers stop at
+        their window, linear state does not grow); then two steps past every window (``beyond``), where sliding
+        layers must have stopped growing, in traffic and (``measured``) in held memory."""
+        s = self.session
+        spec = s.spec()
+        contexts = tuple(steps.counts)  # the counted contexts, in order
+        kind_layers = spec.kind_layers()
+        kinds_held = {kind: {c: s.held(c, steps.tokens[c], kind) for c in contexts} for kind in kind_layers}
+        windows = {kind: value["window"] for kind, value in spec.kinds_dict().items()}
+        far = spec.beyond_windows(contexts)
+        beyond = beyond_held = None
+        if far:
+            past = self._steps(cache, far, scopes=scopes)
+            beyond = past.counts
+            beyond_held = {kind: {c: s.held(c, past.tokens[c], kind) for c in far} for kind in kind_layers}
+            result["beyond"] = {"contexts": list(far), "step_bytes": {str(c): beyond[c].total for c in far},
+                                "kv_bytes": {str(c): s.held(c, past.tokens[c]) for c in far}}
+            if measured and len(past.memory) == len(far):  # past every window: a sliding layer must hold no more
+                held_far = {c: past.memory[c].held for c in far}
+                measured["beyond"] = {"contexts": list(far), "held": {str(c): held_far[c] for c in far},
+                                      "held_growth_bytes": held_far[far[-1]] - held_far[far[0]],
+                                      "kv_bytes": result["beyond"]["kv_bytes"]}
+        result["kinds"] = traffic.kind_passes(steps.counts, kind_layers, kinds_held, windows=windows, beyond=beyond,
+                                              beyond_held=beyond_held)

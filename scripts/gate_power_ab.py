@@ -1,0 +1,142 @@
+"""The A/B mode of ``scripts/gate_power.py`` (``--ab``): each run is one ``kvcache ab`` of the suite (side A, as it
+is) against a B side (:data:`AB_SIDES`: clean, the planted copy twin, or the token-major layout twin, each
+registered as ``dynamic``), the B sides rotated from one repetition to the next; the summary counts false alarms of
+the clean side by exit status (every gate on) and catches of a twin by the paired timed verdict alone. Writes each
+run's JSON and logs, ``runs-ab.json`` and ``gate-power-ab.md`` under ``--out``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gate_power import build, rotations, run_series, setup_text  # the script beside this one
+
+from kvcache.analysing import ab as judge
+from kvcache.analysing import tables
+from kvcache.analysing.records import KV
+
+#: B sides of the A/B mode: name -> (pytest arguments of side B, whether its counted and overhead gates count).
+AB_SIDES = {
+    "clean": ([], True),  # B the same as A: every gate on, any red is a false alarm
+    "copy": (["-p", "kvcache.measuring.twin_copy"], False),  # dynamic + one planted full copy: +2.00 counted passes
+    "layout": (["-p", "kvcache.measuring.twin_layout"], False),  # token-major K/V, transposed views: +0 counted bytes
+}
+AB_MANIFEST = "runs-ab.json"
+
+
+def ab_sides(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in AB_SIDES]
+    if not names or unknown:
+        raise SystemExit(f"--b-sides {text!r}: choose from {', '.join(AB_SIDES)}")
+    return names
+
+
+def ab_command(opts: argparse.Namespace, side: str, json_out: Path, log_dir: Path, seed: int) -> list[str]:
+    """One A/B run: the short sweep on ``dynamic`` (A the suite as it is, B with the side's plug-in), both sides in
+    one session, points paired back to back."""
+    b_args, _ = AB_SIDES[side]
+    cmd = [sys.executable, "-m", "kvcache.cli", "ab", "--json", str(json_out), "--out-dir", str(log_dir),
+           "--tolerance", str(opts.tolerance)]
+    if b_args:
+        cmd += ["--b-args", " ".join(b_args)]
+    return cmd + ["--", "--kv-model", opts.model, "--kv-contexts", opts.contexts, "--kv-steps", str(opts.steps),
+                  "--kv-warmup", str(opts.warmup), "--kv-rounds", str(opts.rounds), "--kv-ledger-steps",
+                  str(opts.ledger_steps), "--kv-threads", opts.threads, "--kv-caches", "dynamic",
+                  "--kv-seed", str(seed)]
+
+
+def ab_runs(opts: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
+    """Every A/B run in order, the B sides rotated from one repetition to the next."""
+    runs = []
+    for i, side in rotations(ab_sides(opts.b_sides), opts.runs):
+        name = f"ab-{side}-{i + 1}"
+        runs.append({"name": name, "side": side, "repetition": i + 1, "json": f"{name}.json",
+                     "cmd": ab_command(opts, side, out / f"{name}.json", out / name, i)})
+    return runs
+
+
+def measure_ab(opts: argparse.Namespace, out: Path) -> None:
+    if (out / AB_MANIFEST).exists():
+        for entry in json.loads((out / AB_MANIFEST).read_text()):
+            (out / entry["json"]).unlink(missing_ok=True)
+        (out / AB_MANIFEST).unlink()
+    run_series(ab_runs(opts, out), out, AB_MANIFEST, opts.competing, "A/B run")
+
+
+@dataclass
+class ABRun:
+    """One ``kvcache ab --json`` document as the A/B summary reads it: the paired verdicts of ``dynamic``
+    (``ab.dynamic``, the ledger's ops as ``ledger.<op>``), the sides (``ab_run.sides``) and side B's ``kv`` section;
+    all empty when the run wrote none."""
+
+    verdicts: dict[str, judge.PairedVerdict] = field(default_factory=dict)
+    sides: dict[str, Any] = field(default_factory=dict)
+    side_b: KV | None = None
+
+    @classmethod
+    def load(cls, path: Path) -> ABRun:
+        try:
+            doc = json.loads(path.read_text())
+            verdicts = judge.read_section(doc["ab"])
+            return cls(verdicts["dynamic"], doc["ab_run"]["sides"], KV.from_json(doc["kv"], f"{path}: kv"))
+        except (OSError, ValueError, KeyError, TypeError):  # a run that stopped before writing its JSON
+            return cls()
+
+    def status(self, measure: str) -> str:
+        """The paired verdict of ``dynamic``: ``timed``, ``intercept``, ``counted``, ``overhead``, or ``ledger`` (the
+        worst op's status, with the op)."""
+        if measure != "ledger":
+            return self.verdicts[measure].status if measure in self.verdicts else "missing"
+        order = {"regression": 0, "inconclusive": 1, "improvement": 2, "pass": 3}
+        ops = sorted(((name.removeprefix("ledger."), v.status) for name, v in self.verdicts.items()
+                      if name.startswith("ledger.")), key=lambda op: order.get(op[1], 4))
+        return f"{ops[0][1]} ({ops[0][0]})" if ops else "missing"
+
+    def ratio_cell(self, measure: str) -> str:
+        return judge.ratio_text(self.verdicts[measure]) if measure in self.verdicts else tables.MISSING
+
+    def drift_cells(self) -> str:
+        drifts = [self.sides[s]["drift"] if s in self.sides else None for s in "ab"]
+        return " / ".join(tables.MISSING if d is None else f"{d:+.1%}" for d in drifts)
+
+
+def ab_caught(run: ABRun, side: str, code: int | None) -> bool:
+    """Whether the run went red: for ``clean`` the build's exit status (every gate on); for a twin the paired
+    timed verdict of the whole step (counted and overhead gates off)."""
+    if AB_SIDES[side][1]:
+        return code == 1
+    return run.status("timed") == "regression"
+
+
+def summarize_ab(out: Path) -> str:
+    runs = json.loads((out / AB_MANIFEST).read_text())
+    read = {r["name"]: ABRun.load(out / r["json"]) for r in runs}
+    first = next((run.side_b for run in read.values() if run.side_b is not None), None)
+    device = first.environment.get("device_name", "?") if first is not None else "?"
+    lines = [f"# Timed A/B gate power on {device}", "",
+             setup_text(first, runs, "profiled ledger steps, class dynamic; one `kvcache ab` a run (A: the suite as "
+                        "it is; B: clean, the planted copy twin, or the token-major layout twin, each registered as "
+                        "dynamic)"), ""]
+    rows = []
+    for r in runs:
+        run = read[r["name"]]
+        rows.append([str(r["repetition"]), r["side"], build(r.get("exit")), run.status("timed"),
+                     run.ratio_cell("timed"), run.status("intercept"), run.status("ledger"), run.status("counted"),
+                     run.drift_cells(), "yes" if ab_caught(run, r["side"], r.get("exit")) else "no"])
+    lines += tables.markdown(tables.Table(["run", "B side", "exit", "timed A/B", "B/A slope [95% CI]", "intercept A/B",
+                                           "ledger A/B (worst op)", "counted", "drift A / B", "red"], rows))
+    lines.append("")
+    for side in dict.fromkeys(r["side"] for r in runs):
+        mine = [r for r in runs if r["side"] == side]
+        red = sum(ab_caught(read[r["name"]], side, r.get("exit")) for r in mine)
+        what = ("false alarms (exit 1, every gate on)" if AB_SIDES[side][1] else
+                "caught by the timed A/B verdict (counted and overhead gates off)")
+        lines.append(f"- {side}: {red}/{len(mine)} {what}")
+    return "\n".join(lines)
+
+
