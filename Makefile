@@ -36,7 +36,7 @@ bench: $(VENV)/.bench
 
 test: $(VENV)/.test
 	$(PY) -m ruff check kvcache tests benchmarks scripts conftest.py
-	$(PY) -m pytest tests -p no:cacheprovider -q
+	$(PY) -m pytest tests -p no:cacheprovider -q --durations=15
 	$(MAKE) --no-print-directory gate
 
 # The counted gate (deterministic, any machine): every registered class on the tiny model, under the
