@@ -42,7 +42,8 @@ MEASURES = {
     "passes": Measure("passes", "counted passes", "passes", "traffic", "passes", "by_op"),
     "ops": Measure("ops", "ATen ops per step", "ops", "traffic", "ops_per_step", "calls"),
     "weight": Measure("weight", "weight passes", "weight passes", "traffic", "weight_passes"),
-    "held": Measure("held", "memory held per step", "held passes", "memory", "held_passes", "allocated_by_op"),
+    # held: no per-op detail (the bytes a step keeps are not what one op allocated)
+    "held": Measure("held", "memory held per step", "held passes", "memory", "held_passes"),
     "peak": Measure("peak", "memory peak per step", "peak passes", "memory", "peak_passes", "peak_by_op"),
     "allocated": Measure("allocated", "memory allocated per step", "allocated passes", "memory", "allocated_passes",
                          "allocated_by_op"),

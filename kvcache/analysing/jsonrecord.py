@@ -37,7 +37,14 @@ class Record:
         values: dict[str, Any] = {}
         absent = set()
         for name, spec in known.items():
-            if name in data:
+            if name in data and data[name] is None and spec.default_factory is not MISSING:
+                absent.add(name)  # null where an object or a list belongs: read as empty (as an absent key)
+            elif name in data:
+                if spec.default_factory is not MISSING:
+                    kind = type(spec.default_factory())
+                    if not isinstance(data[name], kind):
+                        expected = "an object" if kind is dict else "a list"
+                        raise RecordError(f"{where}.{name}: expected {expected}, got {type(data[name]).__name__}")
                 values[name] = data[name]
             elif spec.default is MISSING and spec.default_factory is MISSING:
                 raise RecordError(f"{where}: no {name!r}")

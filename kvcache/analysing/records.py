@@ -195,8 +195,8 @@ class KV(Record):
         return jsonable(super().to_json())
 
     def caches(self) -> list[str]:
-        """Cache classes of the section's fits, counted traffic, verdicts and probes, in first-seen order."""
-        return list(dict.fromkeys([*self.fit, *self.traffic, *self.verdict, *self.probe]))
+        """Cache classes of the section's fits, counted traffic, verdicts, probes and memory, in first-seen order."""
+        return list(dict.fromkeys([*self.fit, *self.traffic, *self.verdict, *self.probe, *self.memory]))
 
 
 def json_schema() -> dict[str, Any]:

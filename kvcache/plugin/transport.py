@@ -32,7 +32,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
     if role in ("point", "counted", "copy", "remeasure", "drift"):
         cache = getattr(key, "cache", key if role == "counted" else None)
         report.user_properties.append((RECORD, {"type": FAILED, "role": role, "cache": cache,
-                                                "nodeid": item.nodeid}))
+                                                "nodeid": item.nodeid, "reason": failure_line(report)}))
+
+
+def failure_line(report: pytest.TestReport) -> str:
+    """The first line of a failed item's error (``ValueError: ...``), at most 300 characters; its node id where
+    pytest kept no crash message."""
+    crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
+    message = str(getattr(crash, "message", "") or "").strip()
+    return (message.splitlines()[0] if message else f"{report.nodeid} failed")[:300]
 
 
 class RecordGatherer:
@@ -46,9 +54,8 @@ class RecordGatherer:
         for name, value in getattr(report, "user_properties", ()):
             if name != RECORD:
                 continue
-            if value.get("type") != FAILED:
-                self.state.records.append(value)
-            elif value["cache"]:
+            self.state.records.append(value)  # a failed class's record carries its reason to kv.session.reasons
+            if value.get("type") == FAILED and value["cache"]:
                 self.state.failed.append(value["cache"])
 
     @pytest.hookimpl(hookwrapper=True, tryfirst=True)

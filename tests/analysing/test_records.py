@@ -232,3 +232,19 @@ def test_the_schema_validates_an_analysed_run_and_rejects_a_broken_one(written):
         wrong = copy.deepcopy(written)
         wrong["kv"][part] = change
         assert not validator.is_valid(wrong), part
+
+
+@pytest.mark.parametrize("key", ["fit", "traffic", "memory", "verdict", "skipped", "ledger", "settings"])
+def test_a_null_object_or_list_reads_as_empty_not_as_a_crash_later(written, key):
+    kv = copy.deepcopy(written["kv"])
+    kv[key] = None
+    record = KV.from_json(kv)
+    assert not getattr(record, key) and key not in record.to_json()  # empty, and not written back as null
+    assert isinstance(record.caches(), list)
+
+
+def test_a_wrong_container_is_a_one_line_record_error(written):
+    kv = copy.deepcopy(written["kv"])
+    kv["traffic"]["dynamic"]["by_op"] = ["cat", 2.0]
+    with pytest.raises(RecordError, match=r"by_op: expected an object, got list"):
+        KV.from_json(kv)
