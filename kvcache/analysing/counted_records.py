@@ -119,7 +119,8 @@ class Memory(Record):
     it), ``held_passes`` (bytes live after it), per op in ``allocated_by_op``/``peak_by_op``; ``peak_factor`` (bytes
     live at its peak per KV byte) against the class's ``declared_factor`` (``factor_problem`` when it needs more);
     ``steps`` per context, ``source``, ``allocator`` (CUDA statistics), ``per_allocated`` (--kv-batch, per allocated
-    KV byte), ``beyond`` (sliding windows: bytes held past every window): see kv.schema.json."""
+    KV byte), ``beyond`` (sliding windows: bytes held past every window), ``kinds`` (per layer kind: allocated and
+    held passes): see kv.schema.json."""
 
     allocated_passes: float | None = None
     peak_passes: float | None = None
@@ -136,10 +137,9 @@ class Memory(Record):
     allocator: dict[str, Any] | None = None
     per_allocated: dict[str, Any] | None = None
     beyond: dict[str, Any] | None = None
+    kinds: dict[str, dict[str, Any]] | None = None
     extra: dict[str, Any] = extra_field()
     absent: frozenset[str] = absent_field()
-
-
 
     @classmethod
     def _readers(cls) -> dict[str, Reader]:

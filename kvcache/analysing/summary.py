@@ -193,6 +193,10 @@ def memory_lines(kv: KV) -> list[str]:
         if isinstance(m.beyond, dict):
             out.append(f"memory {cache}: past every sliding window ({', '.join(map(str, m.beyond.get('contexts', [])))}"
                        f" tokens) the bytes held grew by {num(m.beyond.get('held_growth_bytes'), ',.0f')} B")
+        if isinstance(m.kinds, dict):
+            kinds = "; ".join(f"{kind} ({k.get('layers')} layers) allocated {num(k.get('allocated_passes'), '.3f')}, "
+                              f"held {num(k.get('held_passes'), '.3f')}" for kind, k in m.kinds.items())
+            out.append(f"memory {cache} per layer kind (per KV byte of that kind): {kinds}")
     return out
 
 

@@ -153,5 +153,7 @@ class Counting:
                 measured["beyond"] = {"contexts": list(far), "held": {str(c): held_far[c] for c in far},
                                       "held_growth_bytes": held_far[far[-1]] - held_far[far[0]],
                                       "kv_bytes": result["beyond"]["kv_bytes"]}
+        if measured and len(steps.memory) == len(contexts):
+            measured["kinds"] = memory.kind_memory(steps.memory, kind_layers, kinds_held)
         result["kinds"] = traffic.kind_passes(steps.counts, kind_layers, kinds_held, windows=windows, beyond=beyond,
                                               beyond_held=beyond_held)

@@ -22,7 +22,10 @@ storage the step neither makes nor touches (a leak that keeps K/V of many steps 
 replaces each step). On CUDA the allocator's own statistics (``torch.cuda.memory_stats``) are kept beside them
 (``allocator``): they see kernel workspaces too.
 
-:func:`memory_passes` turns steps at two contexts into slopes per logical KV byte, like counted passes.
+:func:`memory_passes` turns steps at two contexts into slopes per logical KV byte, like counted passes;
+:func:`kind_memory` does it per layer kind, from the bytes charged while each decoder layer ran (the traffic
+counter's ``layer.<i>`` scopes): allocated there, and held after the step in the storages first seen there (a
+layer's K/V: made there, or from before the step and first read there).
 """
 
 from __future__ import annotations
@@ -48,6 +51,10 @@ class MemoryStep:
     by_op: dict[str, int] = field(default_factory=dict)
     peak_by_op: dict[str, int] = field(default_factory=dict)
     allocator: dict[str, int] | None = None  # CUDA: {allocated, peak, held, before} from torch.cuda's statistics
+    # per scope label of the traffic counter (``layer.<i>``): bytes allocated while it ran, and bytes held after the
+    # step in the storages first seen while it ran (allocated there, or from before the step and first touched there)
+    allocated_by_scope: dict[str, int] = field(default_factory=dict)
+    held_by_scope: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         out = {"before": self.before, "allocated": self.allocated, "peak": self.peak, "held": self.held,
@@ -84,6 +91,7 @@ class MemoryTracker:
         self.live: dict[int, int] = {}  # id(storage) -> nbytes: storages the region allocated, still alive
         self.pre: dict[int, int] = {}  # id(storage) -> nbytes: storages from before the region it touched, alive
         self.origin: dict[int, str] = {}  # id(storage) -> the op that allocated it
+        self.scope_of: dict[int, str] = {}  # id(storage) -> the innermost scope label running when first seen
         self.finalizers: list[weakref.finalize] = []
         self.current = 0  # bytes live now minus bytes live when the region started (of the storages known here)
         self.before = 0  # bytes of the storages from before the region that it touched (all alive when it started)
@@ -100,10 +108,12 @@ class MemoryTracker:
         if self.pre.pop(key, None) is not None:
             self.current -= nbytes
 
-    def observe(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
-        """One op of the counted region, after it ran: its outputs' new storages, its inputs' older ones."""
+    def observe(self, func: Any, args: tuple, kwargs: dict, out: Any, scopes: list[str] = ()) -> None:
+        """One op of the counted region, after it ran: its outputs' new storages, its inputs' older ones. ``scopes``:
+        the counter's scope labels running (innermost last); each new storage is charged to the innermost."""
         if not self.counting:
             return
+        scope = scopes[-1] if scopes else None
         inputs = set()
         for storage in _storages(kwargs, _storages(args, [])):
             key = id(storage)
@@ -112,6 +122,8 @@ class MemoryTracker:
                 nbytes = storage.nbytes()
                 self.pre[key] = nbytes
                 self.before += nbytes
+                if scope is not None:
+                    self.scope_of[key] = scope
                 self.finalizers.append(weakref.finalize(storage, self._freed_before, key, nbytes))
         for storage in _storages(out, []):
             key = id(storage)
@@ -124,19 +136,23 @@ class MemoryTracker:
                     self.live[key] = nbytes
                     self.current += grown
                     if grown > 0:
-                        self._charge(traffic.op_name(func), grown, key)
+                        self._charge(traffic.op_name(func), grown, key, scope)
                 continue
             if nbytes == 0:
                 continue
             self.live[key] = nbytes
             self.current += nbytes
             self.finalizers.append(weakref.finalize(storage, self._freed, key, nbytes))
-            self._charge(traffic.op_name(func), nbytes, key)
+            if scope is not None:
+                self.scope_of[key] = scope
+            self._charge(traffic.op_name(func), nbytes, key, scope)
 
-    def _charge(self, op: str, nbytes: int, key: int) -> None:
+    def _charge(self, op: str, nbytes: int, key: int, scope: str | None = None) -> None:
         step = self.step
         step.allocated += nbytes
         step.by_op[op] = step.by_op.get(op, 0) + nbytes
+        if scope is not None:
+            step.allocated_by_scope[scope] = step.allocated_by_scope.get(scope, 0) + nbytes
         self.origin[key] = op
         if self.current > step.peak:
             step.peak = self.current
@@ -173,6 +189,10 @@ class MemoryTracker:
         gc.unfreeze()
         step.before = self.before
         step.held = sum(self.live.values()) + sum(self.pre.values())
+        for key, nbytes in [*self.live.items(), *self.pre.items()]:
+            if key in self.scope_of:
+                label = self.scope_of[key]
+                step.held_by_scope[label] = step.held_by_scope.get(label, 0) + nbytes
         step.by_op = dict(sorted(step.by_op.items(), key=lambda kv: -kv[1]))
         step.peak_by_op = {op: n for op, n in sorted(step.peak_by_op.items(), key=lambda kv: -kv[1]) if n}
         if self._cuda_start:
@@ -187,6 +207,7 @@ class MemoryTracker:
         self.live.clear()
         self.pre.clear()
         self.origin.clear()
+        self.scope_of.clear()
 
     def __enter__(self) -> MemoryTracker:
         traffic.REGION_LISTENERS.append(self)
@@ -250,3 +271,30 @@ def memory_passes(steps: dict[int, MemoryStep], kv_bytes: dict[int, float], *, d
             out["factor_problem"] = (f"needs {needed:.2f} cache sizes at its peak, declares memory_factor "
                                      f"{declared_factor:g}: a point judged to fit may not")
     return out
+
+
+def kind_memory(steps: dict[int, MemoryStep], kind_layers: dict[str, list[int]],
+                held: dict[str, dict[int, float]]) -> dict[str, dict[str, Any]]:
+    """``kv.memory.<cache>.kinds``: per layer kind, ``allocated_passes`` and ``held_passes``, the slopes between the
+    smallest and largest context of the bytes allocated while that kind's layers ran and of the bytes held after the
+    step in the storages first seen there, per logical KV byte that kind holds (``held``: {kind: {context: bytes}});
+    None where the kind's KV bytes do not grow (a linear-attention state), with ``allocated_growth_bytes`` and
+    ``held_growth_bytes`` beside. Bytes and tokens throughout."""
+    contexts = sorted(steps)
+    lo, hi = contexts[0], contexts[-1]
+    out: dict[str, dict[str, Any]] = {}
+    for kind, layers in kind_layers.items():
+        labels = [f"layer.{i}" for i in layers]
+
+        def total(by_scope: dict[str, int], labels: list[str] = labels) -> int:
+            return sum(by_scope.get(label, 0) for label in labels)
+
+        allocated = total(steps[hi].allocated_by_scope) - total(steps[lo].allocated_by_scope)
+        kept = total(steps[hi].held_by_scope) - total(steps[lo].held_by_scope)
+        kv_delta = held[kind][hi] - held[kind][lo]
+        out[kind] = {"layers": len(layers),
+                     "allocated_passes": allocated / kv_delta if kv_delta else None,
+                     "held_passes": kept / kv_delta if kv_delta else None,
+                     "allocated_growth_bytes": allocated, "held_growth_bytes": kept}
+    return out
+

@@ -151,7 +151,7 @@ class TrafficCounter(TorchDispatchMode):
             read, written = inputs_read(args, kwargs), 0
         self.count.add(name, read, written)
         for observer in self.observers:
-            observer.observe(func, args, kwargs, out)
+            observer.observe(func, args, kwargs, out, self.active)
         for label in dict.fromkeys(self.active):
             self.count.scopes.setdefault(label, TrafficCount()).add(name, read, written)
         return out

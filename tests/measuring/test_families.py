@@ -126,6 +126,26 @@ def test_sliding_layers_stop_growing_past_the_window(tmp_path):
     assert any("stops growing past its window" in line for line in kind_lines(Traffic.from_json(result)))
 
 
+def test_memory_per_layer_kind(tmp_path):
+    """Gemma-3 structure, below every window: DynamicCache's ``cat`` allocates each layer's whole K/V anew and the
+    layer then holds exactly it, in sliding and full layers alike (1.00 each, per KV byte of that kind); StaticCache
+    allocates nothing that grows and holds its buffers (held 1.00). A linear-attention state grows by nothing."""
+    kv = session(config_dir(tmp_path, "gemma3_text"), caches=("dynamic", "static"), counted=(8, 16))
+    kv.count("dynamic")
+    kv.count("static")
+    dynamic, static = kv.memories["dynamic"]["kinds"], kv.memories["static"]["kinds"]
+    for kind in ("sliding", "full"):
+        assert dynamic[kind]["allocated_passes"] == pytest.approx(1.0, abs=0.01)
+        assert dynamic[kind]["held_passes"] == pytest.approx(1.0, abs=0.01)
+        assert static[kind]["allocated_passes"] == pytest.approx(0.0, abs=0.01)
+        assert static[kind]["held_passes"] == pytest.approx(1.0, abs=0.01)
+    assert dynamic["sliding"]["layers"] + dynamic["full"]["layers"] == kv.spec().layers
+    linear = session(config_dir(tmp_path, "qwen3_next"))
+    linear.count("dynamic")
+    state = linear.memories["dynamic"]["kinds"]["linear"]
+    assert state["held_passes"] is None and state["held_growth_bytes"] == 0
+
+
 def test_all_sliding_model_stops_growing(tmp_path):
     kv = session(config_dir(tmp_path, "mistral"))
     result = kv.count("static")
