@@ -111,3 +111,15 @@ def check_short_fit(fit: dict[str, Any], n_points: int) -> None:
     else:
         assert {"intercept_ms", "effective_gbps", "passes", "r2"} <= set(fit), fit
         assert fit["passes"] > 0 and fit["effective_gbps"] > 0 and fit["crossover_tokens"] > 0, fit
+
+
+def assert_one_line_usage_error(done: subprocess.CompletedProcess, expected: Iterable[str] = ()) -> None:
+    """The run stopped with pytest's usage error (exit 4) and printed exactly one line, ``ERROR: ...``, holding each
+    of ``expected``, and no traceback."""
+    assert done.returncode == 4, describe(done)
+    text = output(done)
+    assert "Traceback" not in text, describe(done)
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("ERROR: "), describe(done)
+    for part in expected:
+        assert part in lines[0], f"{part!r} not in {lines[0]!r}"

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from kvrun import ROOT, describe, environment, load_json, output, run_batch
+from kvrun import ROOT, assert_one_line_usage_error, describe, environment, load_json, output, run_batch
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -206,13 +206,7 @@ def test_unwritable_or_shared_output_is_refused_at_start(runs, case):
     if case in r.skipped:
         pytest.skip(r.skipped[case])
     done = results[case]
-    assert done.returncode == USAGE_ERROR, describe(done)
-    text = output(done)
-    assert "Traceback" not in text, describe(done)
-    lines = [line for line in text.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("ERROR: "), describe(done)
-    for part in r.expected[case]:
-        assert part in lines[0], f"{part!r} not in {lines[0]!r}"
+    assert_one_line_usage_error(done, r.expected[case])
 
 
 def test_the_baseline_is_untouched_by_a_refused_run(runs):

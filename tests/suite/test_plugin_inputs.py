@@ -10,7 +10,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from kvrun import describe, output, run_batch, run_suite
+from kvrun import assert_one_line_usage_error, describe, output, run_batch, run_suite
 
 torch = pytest.importorskip("torch")
 
@@ -119,13 +119,7 @@ def test_bad_input_is_one_line_usage_error(cases, case):
         pytest.skip("this machine has a CUDA device")
     _, expected = specs[case.replace(" (command line)", "")]
     done = results[case]
-    assert done.returncode == USAGE_ERROR, describe(done)
-    text = output(done)
-    assert "Traceback" not in text, describe(done)
-    lines = [line for line in text.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("ERROR: "), describe(done)
-    for part in expected:
-        assert part in lines[0], f"{part!r} not in {lines[0]!r}"
+    assert_one_line_usage_error(done, expected)
 
 
 def test_good_input_collects(cases):
