@@ -63,6 +63,7 @@ def results(session: Session, tolerance: float) -> dict[str, Any]:
            "failed": [side.name for side in broken], "items": len(session.items),
            "pairs": [pair.to_json() for pair in session.pairs],
            "sides": {side.name: described(side, kv) for side, kv in ((a, kv_a), (b, kv_b))},
+           "paired_drift": {cache: judge.paired_drift(kv_a, kv_b, cache) for cache in verdicts},
            "notes": session.notes}
     return {"benchmarks": [], "machine_info": {"kv_environment": kv_b.environment}, "commit_info": {},
             "datetime": now, "version": None, "kv": kv_b.to_json(), "ab": verdicts, "ab_run": run,
@@ -86,6 +87,10 @@ def summary(doc: dict[str, Any]) -> list[str]:
                      + (f", args {shlex.join(side['args'])}" if side["args"] else "")
                      + f"; drift {tables.MISSING if drift is None else format(drift, '+.1%')}; {copy}"
                      + (f"; FAILED: {side['failed']}" if side["failed"] else ""))
+    moved = {cache: value for cache, value in run.get("paired_drift", {}).items() if value is not None}
+    if moved:
+        lines.append("  paired drift (how far B/A moved from first to last measurement): "
+                     + ", ".join(f"{cache} {value:+.1%}" for cache, value in moved.items()))
     done = len(run["pairs"])
     lines.append(f"  {done}/{run['items']} items finished on both sides; tolerance ×{1 + run['tolerance']:.2f}")
     table = tables.Table(["class", "measure", "A", "B", "B/A [interval]", "verdict"], judge.summary_rows(doc["ab"]))

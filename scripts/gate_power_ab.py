@@ -77,13 +77,15 @@ class ABRun:
     verdicts: dict[str, judge.PairedVerdict] = field(default_factory=dict)
     sides: dict[str, Any] = field(default_factory=dict)
     side_b: KV | None = None
+    paired_drift: float | None = None
 
     @classmethod
     def load(cls, path: Path) -> ABRun:
         try:
             doc = json.loads(path.read_text())
             verdicts = judge.read_section(doc["ab"])
-            return cls(verdicts["dynamic"], doc["ab_run"]["sides"], KV.from_json(doc["kv"], f"{path}: kv"))
+            return cls(verdicts["dynamic"], doc["ab_run"]["sides"], KV.from_json(doc["kv"], f"{path}: kv"),
+                       doc["ab_run"].get("paired_drift", {}).get("dynamic"))
         except (OSError, ValueError, KeyError, TypeError):  # a run that stopped before writing its JSON
             return cls()
 
@@ -101,8 +103,10 @@ class ABRun:
         return judge.ratio_text(self.verdicts[measure]) if measure in self.verdicts else tables.MISSING
 
     def drift_cells(self) -> str:
+        """Each side's own drift and the paired drift (how far B/A moved), ``A / B (paired)``."""
         drifts = [self.sides[s]["drift"] if s in self.sides else None for s in "ab"]
-        return " / ".join(tables.MISSING if d is None else f"{d:+.1%}" for d in drifts)
+        cells = [tables.MISSING if d is None else f"{d:+.1%}" for d in (*drifts, self.paired_drift)]
+        return f"{cells[0]} / {cells[1]} ({cells[2]})"
 
 
 def ab_caught(run: ABRun, side: str, code: int | None) -> bool:
@@ -129,7 +133,7 @@ def summarize_ab(out: Path) -> str:
                      run.ratio_cell("timed"), run.status("intercept"), run.status("ledger"), run.status("counted"),
                      run.drift_cells(), "yes" if ab_caught(run, r["side"], r.get("exit")) else "no"])
     lines += tables.markdown(tables.Table(["run", "B side", "exit", "timed A/B", "B/A slope [95% CI]", "intercept A/B",
-                                           "ledger A/B (worst op)", "counted", "drift A / B", "red"], rows))
+                                           "ledger A/B (worst op)", "counted", "drift A / B (paired)", "red"], rows))
     lines.append("")
     for side in dict.fromkeys(r["side"] for r in runs):
         mine = [r for r in runs if r["side"] == side]

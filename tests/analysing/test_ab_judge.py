@@ -71,8 +71,32 @@ def test_drift_both_sides_share_leaves_the_verdict_but_drift_that_differs_makes_
     shared = judged(side(1e-9, 2e-3, seed=1, drift=0.5, round_speed=slow),
                     side(1.6e-9, 2e-3, seed=2, drift=0.5, round_speed=slow))["timed"]
     assert shared["status"] == "regression", shared
-    differing = judged(side(1e-9, 2e-3, seed=1, drift=0.0), side(1.6e-9, 2e-3, seed=2, drift=0.3))["timed"]
-    assert differing["status"] == "inconclusive" and "drift differs" in differing["reason"]
+    differing = judged(side(1e-9, 2e-3, seed=1), side(1.6e-9, 2e-3, seed=2, round_speed=(1.0, 1.15, 1.3)))["timed"]
+    assert differing["status"] == "inconclusive" and "drift differs" in differing["reason"], differing
+    assert "+30" in differing["reason"] or "+29" in differing["reason"], differing["reason"]
+
+
+def with_drift(kv: KV, first_ms: float, last_ms: float) -> KV:
+    """``kv`` with its drift check on its first point (dynamic at the first context): ``first_ms`` -> ``last_ms``."""
+    doc = kv.to_json()
+    doc["drift"] = {"cache": "dynamic", "context": CONTEXTS[0], "first_ms": first_ms, "last_ms": last_ms,
+                    "fraction": last_ms / first_ms - 1, "ok": abs(last_ms / first_ms - 1) <= 0.10}
+    return KV.from_json(doc)
+
+
+def test_paired_drift_is_the_median_over_contexts_so_one_noisy_re_measurement_does_not_decide():
+    a, b = side(1e-9, 2e-3, seed=1), side(1.6e-9, 2e-3, seed=2)
+    first_b = float(np.median(b.points[0].samples_ms))
+    first_a = float(np.median(a.points[0].samples_ms))
+    # B's single re-measurement at the end came out 30% slow, A's not: the other contexts' pairs did not move
+    noisy_a, noisy_b = with_drift(a, first_a, first_a), with_drift(b, first_b, first_b * 1.3)
+    assert abs(ab.paired_drift(noisy_a, noisy_b, "dynamic")) < 0.05
+    v = judged(noisy_a, noisy_b)["timed"]
+    assert v["status"] == "regression", v
+    # the re-measured pair counts for its context: with every context moved, the verdict is inconclusive
+    moved = side(1.6e-9, 2e-3, seed=2, round_speed=(1.0, 1.2, 1.3))
+    v = judged(noisy_a, with_drift(moved, float(np.median(moved.points[0].samples_ms)), first_b * 1.3))["timed"]
+    assert v["status"] == "inconclusive" and "drift differs" in v["reason"], v
 
 
 def test_too_few_paired_contexts_and_no_points_are_inconclusive():
