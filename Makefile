@@ -14,6 +14,9 @@ TRANSFORMERS ?= transformers==5.24.0
 BENCH_ARGS ?=
 VERSIONS_ARGS ?=
 GATE_POWER_ARGS ?=
+# make test runs the test files on this many pytest-xdist workers, a file per worker (its module fixtures run once);
+# TEST_WORKERS=0 runs them in this process, TEST_WORKERS=auto one worker per CPU.
+TEST_WORKERS ?= 2
 
 $(VENV)/.bench: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,7 +39,7 @@ bench: $(VENV)/.bench
 
 test: $(VENV)/.test
 	$(PY) -m ruff check kvcache tests benchmarks scripts conftest.py
-	$(PY) -m pytest tests -p no:cacheprovider -q --durations=15
+	$(PY) -m pytest tests -p no:cacheprovider -q --durations=15 -n $(TEST_WORKERS) --dist loadfile
 	$(MAKE) --no-print-directory gate
 
 # The counted gate (deterministic, any machine): every registered class on the tiny model, under the

@@ -16,8 +16,10 @@ TIMEOUT_S = 300
 
 
 def environment(pythonpath: Iterable[Path | str] = (), **extra: str) -> dict[str, str]:
-    """This process's environment without pytest's own variables, plus ``pythonpath`` and ``extra``."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "PYTEST_PLUGINS")}
+    """This process's environment without pytest's own variables (nor pytest-xdist's, when the tests run on its
+    workers), plus ``pythonpath`` and ``extra``."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTEST_ADDOPTS", "PYTEST_PLUGINS") and not k.startswith("PYTEST_XDIST_")}
     env.setdefault("HF_HUB_OFFLINE", "1")  # nothing here needs the network; never wait for it
     # One thread per run: runs go a few at a time, and torch's OpenMP threads spin-wait for each other when
     # a core is taken (10x slower steps on a busy 2-core machine). Nothing here asserts on timing.

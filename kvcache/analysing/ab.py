@@ -23,7 +23,8 @@ Timed figures (per class):
 ``ledger.<op>``: the same ratio per op of the per-op timed ledger (profiled steps, one (class, context) on both
 sides back to back), steps resampled within each context; the ops are the rows of either side's ``kv.ledger``
 (aggregate rows such as ``(other ops)`` and ``(profiled step)`` are not judged). An op under ``ledger_tolerance``
-timed passes on both sides (its interval's upper bound) is a pass whatever its ratio (noise of a small op); an op
+timed passes on both sides (its interval's upper bound; a side that folded the op into ``(other ops)``, under
+``ledger.KEEP``, counts as under) is a pass whatever its ratio (noise of a small op); an op
 only one side has is a regression (B) or an improvement (A) when its lower bound is above ``ledger_tolerance``.
 
 Counted passes and overhead are judged by the gate's own judge with A as the baseline
@@ -322,7 +323,8 @@ def judge_ledger(kv_a: KV, kv_b: KV, cache: str, *, tolerance: float, ledger_tol
             continue
         as_points = {c: [Pair(0, a.kv_bytes, a.ops_s[op], b.ops_s[op])] for c, (a, b) in pairs.items()}
         found = paired_ratios(as_points, resamples=resamples, seed=seed + 1 + n)
-        small = all(u is not None and u < ledger_tolerance for u in upper)
+        # a side with no row of its own folded the op into "(other ops)": under ledger.KEEP timed passes, small
+        small = all(row is None or (u is not None and u < ledger_tolerance) for row, u in zip((ra, rb), upper))
         judged = _ratio_verdict(found["a"][0], found["b"][0], found["draws"]["a"][0], found["draws"]["b"][0],
                                 what="op slope", tolerance=tolerance, confidence=confidence,
                                 problems=[drifted] if drifted and not small else [], figures=figures)

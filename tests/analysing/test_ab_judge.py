@@ -116,6 +116,17 @@ def test_the_ledger_is_judged_per_op():
     assert all(v["status"] in ab.STATUSES for _, _, v in ab.statuses({"dynamic": judged(a, b)}))
 
 
+def test_a_small_op_one_side_folded_into_other_ops_is_not_judged():
+    """Gate power, clean run 9: ``mean`` (0.05 timed passes) had a row on B only, A had folded it into ``(other
+    ops)`` (under ledger.KEEP); its noisy ratio ×3.6 [1.2, 20.7] was called a regression of a clean B side."""
+    a = side(1e-9, 2e-3, seed=1, ledger={"cat": 4e-10, "mean": 1e-12}, noise=0.01)
+    b = side(1e-9, 2e-3, seed=2, ledger={"cat": 4e-10, "mean": 4e-12}, noise=0.01)
+    doc = a.to_json()
+    del doc["ledger"]["dynamic"]["mean"]  # A's ledger folded it; its profiled steps still time it
+    ledger = judged(KV.from_json(doc), b)["ledger"]
+    assert ledger["mean"]["status"] == "pass" and "not judged" in ledger["mean"]["reason"], ledger["mean"]
+
+
 def test_counted_and_overhead_verdicts_are_kept_and_a_regression_is_listed():
     a, b = side(1e-9, 2e-3, seed=1), side(1e-9, 2e-3, seed=2)
     counted = {"dynamic": {"counted": Verdict(status="regression", reason="counted passes 5.00 above 3.05", value=5.0,
