@@ -211,9 +211,10 @@ def paired_drift(kv_a: KV, kv_b: KV, cache: str) -> float | None:
     last (the last round's; for the context of the drift check, its re-measurement at the end of the session),
     ``last / first - 1``; the median over contexts. None when no context was measured twice on both sides.
 
-    Drift both sides share cancels in each ratio. A single re-measurement of one small point per side is noisy (on
-    the developers' 2-core machine two back-to-back re-measurements differed by up to 20 points), so the sides'
-    separate drifts are reported but not judged; the median over contexts of the paired change is what is."""
+    Drift both sides share cancels in each ratio. A single re-measurement of one small point per side is noisy (in
+    the gate-power series of docs/ab.md the two sides' own drifts were up to 27 points apart while the paired drift
+    stayed within 10%), so the sides' separate drifts are reported but not judged; the median over contexts of the
+    paired change is what is."""
     changes = []
     ends = {side: kv.drift if isinstance(kv.drift, Drift) and kv.drift.cache == cache else None
             for side, kv in (("a", kv_a), ("b", kv_b))}
