@@ -15,9 +15,8 @@ BENCH_ARGS ?=
 VERSIONS_ARGS ?=
 GATE_POWER_ARGS ?=
 # make test runs the test files on this many pytest-xdist workers, a file per worker (its module fixtures run once);
-# 0 (the default): in one process. TEST_WORKERS=2 halves the time on 2 cores, but one test still depends on what
-# ran before it in its process (tests/measuring/test_families.py::test_memory_per_layer_kind; see docs/running.md).
-TEST_WORKERS ?= 0
+# 0: in one process (about twice as long on 2 cores); auto: one per CPU.
+TEST_WORKERS ?= 2
 
 $(VENV)/.bench: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

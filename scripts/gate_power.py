@@ -95,10 +95,12 @@ def measured_baseline(calibration: dict[str, Any], planted: list[str]) -> dict[s
 
 
 
-def run_series(runs: list[dict], out: Path, manifest: str, competing: bool, label: str) -> list[dict]:
+def run_series(runs: list[dict], out: Path, manifest: str, competing: bool, label: str,
+               finished: list[dict] = ()) -> list[dict]:
     """Run each entry's command in turn (its log beside the manifest), with a CPU-bound competitor beside them when
-    ``competing``; the manifest is rewritten after every run, so a stopped series keeps the runs it finished."""
-    done = []
+    ``competing``; the manifest (``finished`` first: runs kept from before) is rewritten after every run, so a
+    stopped series keeps the runs it finished."""
+    done = list(finished)
     competitor = subprocess.Popen([sys.executable, "-c", COMPETITOR]) if competing else None
     try:
         for n, entry in enumerate(runs, 1):
@@ -287,6 +289,8 @@ def parser() -> argparse.ArgumentParser:
                     "B side (--b-sides); no calibration, no baseline file")
     ap.add_argument("--b-sides", default="clean,copy,layout", help="A/B mode: B sides, comma-separated (default: all "
                     "of gate_power_ab.AB_SIDES)")
+    ap.add_argument("--resume", action="store_true",
+                    help="A/B mode: keep the runs already under --out and run only the missing ones")
     ap.add_argument("--out", default=".gate-power")
     ap.add_argument("--summarize-only", action="store_true", help="re-read the runs under --out")
     ap.add_argument("--rejudge", action="store_true",
@@ -299,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     out = (ROOT / opts.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
+    if opts.resume and (not opts.ab or opts.summarize_only):
+        raise SystemExit("--resume: only for an A/B series being measured (--ab, without --summarize-only)")
     if opts.ab:
         import gate_power_ab  # the script beside this one
 

@@ -61,11 +61,23 @@ def ab_runs(opts: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
 
 
 def measure_ab(opts: argparse.Namespace, out: Path) -> None:
-    if (out / AB_MANIFEST).exists():
-        for entry in json.loads((out / AB_MANIFEST).read_text()):
+    """Runs the series; with ``opts.resume`` the runs the manifest under ``out`` already holds are kept and only the
+    rest run (a series stopped part-way, or one extended with a larger ``--runs``)."""
+    manifest = out / AB_MANIFEST
+    finished = json.loads(manifest.read_text()) if manifest.exists() else []
+    if opts.resume:
+        mixed = {bool(entry.get("competing")) for entry in finished} - {bool(opts.competing)}
+        if mixed:
+            raise SystemExit(f"--resume: the runs under {out} were run {'without' if opts.competing else 'with'} "
+                             "--competing; resume them as they were run")
+        names = {entry["name"] for entry in finished}
+        runs = [run for run in ab_runs(opts, out) if run["name"] not in names]
+    else:
+        for entry in finished:
             (out / entry["json"]).unlink(missing_ok=True)
-        (out / AB_MANIFEST).unlink()
-    run_series(ab_runs(opts, out), out, AB_MANIFEST, opts.competing, "A/B run")
+        manifest.unlink(missing_ok=True)
+        finished, runs = [], ab_runs(opts, out)
+    run_series(runs, out, AB_MANIFEST, opts.competing, "A/B run", finished=finished)
 
 
 @dataclass

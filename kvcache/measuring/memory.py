@@ -100,13 +100,28 @@ class MemoryTracker:
         self._cuda_start: dict[str, int] = {}
 
     # --- the allocator's events, as storages come and go ---
+    # A storage is known by ``id`` only while it lives: CPython hands a freed storage's id to the next one made, so
+    # whatever is noted of it (its scope, its op) goes with it, or a later storage would inherit it.
+    def _forget(self, key: int) -> None:
+        self.scope_of.pop(key, None)
+        self.origin.pop(key, None)
+
     def _freed(self, key: int, nbytes: int) -> None:
         if self.live.pop(key, None) is not None:
             self.current -= nbytes
+            self._forget(key)
 
     def _freed_before(self, key: int, nbytes: int) -> None:
         if self.pre.pop(key, None) is not None:
             self.current -= nbytes
+            self._forget(key)
+
+    def _first_seen(self, key: int, scope: str | None) -> None:
+        """Notes the scope running when a storage is first seen (none: outside every scope, charged to none)."""
+        if scope is None:
+            self.scope_of.pop(key, None)
+        else:
+            self.scope_of[key] = scope
 
     def observe(self, func: Any, args: tuple, kwargs: dict, out: Any, scopes: list[str] = ()) -> None:
         """One op of the counted region, after it ran: its outputs' new storages, its inputs' older ones. ``scopes``:
@@ -122,8 +137,7 @@ class MemoryTracker:
                 nbytes = storage.nbytes()
                 self.pre[key] = nbytes
                 self.before += nbytes
-                if scope is not None:
-                    self.scope_of[key] = scope
+                self._first_seen(key, scope)
                 self.finalizers.append(weakref.finalize(storage, self._freed_before, key, nbytes))
         for storage in _storages(out, []):
             key = id(storage)
@@ -143,8 +157,7 @@ class MemoryTracker:
             self.live[key] = nbytes
             self.current += nbytes
             self.finalizers.append(weakref.finalize(storage, self._freed, key, nbytes))
-            if scope is not None:
-                self.scope_of[key] = scope
+            self._first_seen(key, scope)
             self._charge(traffic.op_name(func), nbytes, key, scope)
 
     def _charge(self, op: str, nbytes: int, key: int, scope: str | None = None) -> None:

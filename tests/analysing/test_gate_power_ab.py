@@ -51,3 +51,23 @@ def test_ab_summary_counts_false_alarms_by_exit_and_catches_by_the_timed_verdict
     assert "- clean: 0/1 false alarms" in text
     assert "- copy: 1/1 caught" in text
     assert "- layout: 0/1 caught" in text  # red by exit (overhead) is not a catch: the timed verdict decides
+
+
+def test_resume_keeps_the_finished_runs_and_runs_only_the_missing_ones(tmp_path, monkeypatch):
+    """A series stopped after its first run, resumed with --resume: the kept run is neither deleted nor run again; a
+    resume under the other --competing setting is refused (one series, one condition)."""
+    ran = []
+    monkeypatch.setattr(gate_power, "run", lambda cmd, log: ran.append(log.stem) or 0)
+    opts = gate_power.parser().parse_args(["--ab", "--runs", "2", "--b-sides", "clean,copy", "--resume"])
+    kept = {"name": "ab-clean-1", "side": "clean", "repetition": 1, "json": "ab-clean-1.json", "exit": 0,
+            "competing": False}
+    (tmp_path / "ab-clean-1.json").write_text("{}")
+    (tmp_path / gate_power_ab.AB_MANIFEST).write_text(json.dumps([kept]))
+    gate_power_ab.measure_ab(opts, tmp_path)
+    assert ran == ["ab-copy-1", "ab-copy-2", "ab-clean-2"]
+    manifest = json.loads((tmp_path / gate_power_ab.AB_MANIFEST).read_text())
+    assert [entry["name"] for entry in manifest] == ["ab-clean-1", *ran]
+    assert (tmp_path / "ab-clean-1.json").exists()
+    busy = gate_power.parser().parse_args(["--ab", "--runs", "2", "--resume", "--competing"])
+    with pytest.raises(SystemExit, match="were run without --competing"):
+        gate_power_ab.measure_ab(busy, tmp_path)
