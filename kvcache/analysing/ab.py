@@ -14,7 +14,8 @@ Timed figures (per class):
   below ``1 / (1 + tolerance)`` (the same factor the other way: symmetric in log ratio, so a B as much faster as a
   regression would be slower); **pass** when the upper bound is at most ``1 + tolerance`` (shown no slower beyond
   the tolerance); otherwise **inconclusive** with the reason (the interval straddles the bound, A's fit does not
-  grow, too few paired contexts, or drift that differs between the sides).
+  grow, B's figure is not above zero (an intercept below zero: the step time bends upward with the context, and
+  a ratio with it would call B faster), too few paired contexts, or drift that differs between the sides).
 - Drift is reported per side (its first timed point measured again at its end). Drift the sides share cancels in a
   ratio of points measured back to back and changes no verdict; drift that differs between the sides is judged from
   the pairs (:func:`paired_drift`: per context, how much the paired ratio B/A moved from its first measurement to
@@ -168,8 +169,15 @@ def _ratio_verdict(a: float, b: float, a_draws: np.ndarray, b_draws: np.ndarray,
     bad = ~np.isfinite(a_draws) | (a_draws <= 0)
     ratio = b / a if a > 0 else None
     ci = None
+    # B's figure must be above zero too: a slope or an intercept at or below zero is no time (an intercept below zero
+    # says the step's time bends upward with the context, the line through the contexts is not its cost), and a
+    # ratio with it would call B "faster"
+    b_bad = ~np.isfinite(b_draws) | (b_draws <= 0)
     if a <= 0 or bad.mean() > alpha:
         problems = [f"A's {what} is not above zero in {bad.mean():.0%} of the resamples: no ratio", *problems]
+    elif b <= 0 or b_bad.mean() > alpha:
+        problems = [f"B's {what} is not above zero in {b_bad.mean():.0%} of the resamples (the step time is "
+                    "not a line through these contexts): no ratio", *problems]
     else:
         ci = percentile_interval(b_draws[~bad] / a_draws[~bad], 100 * alpha, 100 * (1 - alpha))
         if not all(math.isfinite(v) for v in ci):

@@ -61,6 +61,15 @@ def test_a_faster_b_is_an_improvement_and_the_same_is_a_pass():
     assert same["intercept"]["status"] == "pass", same["intercept"]
 
 
+def test_an_intercept_below_zero_on_b_is_no_improvement():
+    """The layout twin of docs/ab.md: B's slope about doubles and its fitted intercept falls below zero (its time bends
+    upward with the context). A ratio with a negative intercept would call B "faster": inconclusive, with why."""
+    v = judged(side(1e-9, 2e-3, seed=1), side(2e-9, -1e-3, seed=2))
+    assert v["timed"]["status"] == "regression", v["timed"]
+    assert v["intercept"]["status"] == "inconclusive", v["intercept"]
+    assert "B's intercept is not above zero in 100% of the resamples" in v["intercept"]["reason"]
+
+
 def test_a_wide_interval_is_inconclusive_with_the_reason():
     v = judged(side(1e-9, 2e-3, seed=1, noise=0.3), side(1.1e-9, 2e-3, seed=2, noise=0.3))["timed"]
     assert v["status"] == "inconclusive" and v["reason"]
