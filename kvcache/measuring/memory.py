@@ -116,13 +116,6 @@ class MemoryTracker:
             self.current -= nbytes
             self._forget(key)
 
-    def _first_seen(self, key: int, scope: str | None) -> None:
-        """Notes the scope running when a storage is first seen (none: outside every scope, charged to none)."""
-        if scope is None:
-            self.scope_of.pop(key, None)
-        else:
-            self.scope_of[key] = scope
-
     def observe(self, func: Any, args: tuple, kwargs: dict, out: Any, scopes: list[str] = ()) -> None:
         """One op of the counted region, after it ran: its outputs' new storages, its inputs' older ones. ``scopes``:
         the counter's scope labels running (innermost last); each new storage is charged to the innermost."""
@@ -137,7 +130,8 @@ class MemoryTracker:
                 nbytes = storage.nbytes()
                 self.pre[key] = nbytes
                 self.before += nbytes
-                self._first_seen(key, scope)
+                if scope is not None:
+                    self.scope_of[key] = scope
                 self.finalizers.append(weakref.finalize(storage, self._freed_before, key, nbytes))
         for storage in _storages(out, []):
             key = id(storage)
@@ -157,7 +151,8 @@ class MemoryTracker:
             self.live[key] = nbytes
             self.current += nbytes
             self.finalizers.append(weakref.finalize(storage, self._freed, key, nbytes))
-            self._first_seen(key, scope)
+            if scope is not None:
+                self.scope_of[key] = scope
             self._charge(traffic.op_name(func), nbytes, key, scope)
 
     def _charge(self, op: str, nbytes: int, key: int, scope: str | None = None) -> None:
