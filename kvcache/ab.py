@@ -11,10 +11,12 @@ the suite as that side's own ``pytest`` runs it (its ``-p`` plugins, conftest fi
 whole session: one model build per side (:mod:`kvcache.ab_sides`). This command steps the two through the suite's
 items in the suite's own order (:mod:`kvcache.ab_session`): counted items on both sides at once (exact figures: time
 does not matter), and every other item (each round's copy bandwidth, each timed point, each profiled ledger point,
-the drift re-measurement) on one side and then on the other, back to back, in ABBA order (which side goes first
-alternates from one item to the next). Classes are paired by name (a side that patches one registers it under the
-same name, ``replace=True``). Budget: the items, rounds and steps of one sweep (the common options), shared by both
-sides, so an A/B takes about twice one run of the same options, less the counted part, which the sides run at once.
+the drift re-measurement) in stages: both sides prepare at once (fills, allocations), each side's timed part runs
+alone, one side and then the other, back to back, in ABBA order (which side goes first alternates from one item to
+the next), and both finish at once (counting a step, reading a profile). Classes are paired by name (a side that
+patches one registers it under the same name, ``replace=True``). Budget: the items, rounds and steps of one sweep
+(the common options), shared by both sides: the timed parts take twice their time in one run, everything untimed
+about once (docs/ab.md: ×1.51 one ``make bench`` for the default sweep on the developers' 2-core CPU).
 
 Each side's records come back item by item and are analysed here (no torch) into that side's ``kv`` section;
 :mod:`kvcache.analysing.ab` judges B against A (:mod:`kvcache.ab_results`). Each worker's output goes to
@@ -23,8 +25,8 @@ Each side's records come back item by item and are analysed here (no torch) into
 Output: a summary like ``kvcache compare``'s, and with ``--json OUT`` one file that ``kvcache compare``, ``kvcache
 report`` and ``kvcache comment --ab`` read: pytest-benchmark-shaped with side B's ``kv`` section, side A's whole
 run under ``side_a``, the paired verdicts under ``ab`` (``ab.<cache>.timed``, ``.intercept``, ``.ledger.<op>``,
-``.counted``, ``.overhead``) and the session under ``ab_run`` (sides, pairs in order, drift and copy bandwidth per
-side, which side failed).
+``.counted``, ``.overhead``) and the session under ``ab_run`` (sides, pairs in order with each side's seconds alone,
+drift and copy bandwidth per side, which side failed, the seconds of each phase).
 
 Bad input (one line, exit 2, before anything is measured): a malformed option, a release that cannot be
 installed, a side whose environment cannot run the suite (its log's last line is quoted), sides that differ in
@@ -114,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
 
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     session: Session | None = None
+    phases: dict[str, float] = {}  # wall seconds: start (both workers up), drive, finish (both exited), judge
+    started = time.monotonic()
     try:
         tolerance = parse_tolerance(args.tolerance)
         refused(common, "the common options (after --)")
@@ -128,8 +132,9 @@ def main(argv: list[str] | None = None) -> int:
         for sig in previous:
             signal.signal(sig, _on_signal)
         session = Session(build_sides(args, out_dir, say))
-        started = time.monotonic()
+        started = time.monotonic()  # releases installed: the session proper
         start(session, common, Path.cwd())
+        phases["start"] = time.monotonic() - started
         say(f"kvcache ab: {len(session.items)} items, each side's log in {out_dir}/")
         drive(session, say)
     except ABError as exc:
@@ -150,12 +155,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the results are written whatever arrives now
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        mark = time.monotonic()
+        phases["drive"] = mark - started - phases.get("start", 0.0)
         for side in session.sides:
             side.kill() if (session.interrupted or any(x.failure for x in session.sides)) else side.finish()
         if not session.items:  # interrupted before the workers said hello: nothing was measured
             return EXIT_INTERRUPTED
+        phases["finish"], mark = time.monotonic() - mark, time.monotonic()
         doc = results(session, tolerance)
+        phases["judge"] = time.monotonic() - mark
         doc["ab_run"]["seconds"] = round(time.monotonic() - started, 1)
+        doc["ab_run"]["phase_seconds"] = {name: round(value, 1) for name, value in phases.items()}
         if args.json:
             from kvcache.analysing import files
             from kvcache.analysing.records import jsonable

@@ -1,11 +1,14 @@
 """The session of ``kvcache ab``: both workers started and checked against each other (:func:`start`), then stepped
 through the suite's items in its own order (:func:`drive`): counted items (roles in :data:`CONCURRENT_ROLES`) on both
-sides at once, every other item on one side and then on the other, back to back, which side goes first alternating
-from one item to the next (ABBA). Standard library only."""
+sides at once; every other item in stages (:func:`run_in_stages`): both sides prepare at once (fill the cache,
+allocate the copy's tensors), then each side's timed part runs alone, one side and then the other, back to back,
+which side goes first alternating from one item to the next (ABBA), then both finish at once (count a step, read
+the profile). Nothing untimed ever runs beside a timed part. Standard library only."""
 
 from __future__ import annotations
 
 import selectors
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -13,6 +16,7 @@ from typing import Any, Callable
 from kvcache.ab_sides import ABError, Hello, Side
 
 CONCURRENT_ROLES = ("counted", "other")  # items whose figures do not depend on time: both sides at once
+STAGES = ("prepared", "measured", "done")  # where a worker stops in an item run in stages (the last: its records)
 #: Identity fields that must match between the sides: (label, section of the worker's hello, key, default).
 MUST_MATCH = (("model", "settings", "model", None), ("dtype", "settings", "dtype", None),
               ("device", "environment", "device_name", None), ("threads", "environment", "threads", None),
@@ -22,14 +26,20 @@ MUST_MATCH = (("model", "settings", "model", None), ("dtype", "settings", "dtype
 
 @dataclass
 class Pair:
-    """One item both sides finished: its node id, its role and which side ran it first (None: both at once)."""
+    """One item both sides finished: its node id, its role, which side ran it first (None: both at once), each
+    side's wall seconds alone (its timed part: warm-up and timed steps, the profiled steps, the timed copies; of an
+    item run at once, the side's whole item) and the item's wall seconds (``wall``)."""
 
     item: str
     role: str
     first: str | None
+    seconds: dict[str, float] = field(default_factory=dict)
+    wall: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"item": self.item, "role": self.role, "first": self.first}
+        return {"item": self.item, "role": self.role, "first": self.first,
+                "seconds": {name: round(value, 2) for name, value in self.seconds.items()},
+                "wall": None if self.wall is None else round(self.wall, 2)}
 
 
 @dataclass
@@ -89,24 +99,76 @@ def start(session: Session, common: list[str], cwd: Path) -> None:
     session.items, session.roles = a.items, a.roles
 
 
-def run_item(side: Side, nodeid: str) -> bool:
-    """Let ``side`` run ``nodeid``; False (and ``side.failure`` set) when the worker is gone."""
-    message = side.read()
-    if message is None or message.get("ready") != nodeid:
-        side.failure = side.failure or f"worker {side.exit_text()} before {nodeid} (see {side.log})"
-        return False
-    side.tell("go")
-    return finish_item(side, nodeid)
+def _ready(sides: tuple[Side, ...], nodeid: str) -> bool:
+    """Each side's ``ready`` for ``nodeid``; False (and ``side.failure`` set) when a worker is gone."""
+    for side in sides:
+        message = side.read()
+        if message is None or message.get("ready") != nodeid:
+            side.failure = side.failure or f"worker {side.exit_text()} before {nodeid} (see {side.log})"
+            return False
+    return True
 
 
-def finish_item(side: Side, nodeid: str) -> bool:
-    """Take ``side``'s records of ``nodeid`` once it is done; False (and ``side.failure`` set) when it died."""
+def _next_stage(side: Side, nodeid: str) -> str | None:
+    """Where ``side`` stopped in ``nodeid``: ``prepared``, ``measured`` or ``done`` (its records taken); None (and
+    ``side.failure`` set) when it died."""
     message = side.read()
-    if message is None or message.get("done") != nodeid:
+    stage = next((key for key in STAGES if message is not None and message.get(key) == nodeid), None)
+    if stage is None:
         side.failure = f"worker {side.exit_text()} during {nodeid} (see {side.log}: {side.last_log_line()})"
+        return None
+    if stage == "done":
+        assert message is not None
+        side.records += message["records"]
+        side.finished.append(nodeid)
+    return stage
+
+
+def run_concurrently(sides: tuple[Side, Side], nodeid: str, seconds: dict[str, float]) -> bool:
+    """Both sides run ``nodeid`` at once (each one's wall seconds into ``seconds``); False when a worker is gone."""
+    if not _ready(sides, nodeid):
         return False
-    side.records += message["records"]
-    side.finished.append(nodeid)
+    for side in sides:
+        side.tell("go")
+    began = time.monotonic()
+    for side in sides:
+        if _next_stage(side, nodeid) != "done":  # an item run with "go" stops at no stage
+            side.failure = side.failure or f"worker sent no records of {nodeid} (see {side.log})"
+            return False
+        seconds[side.name] = time.monotonic() - began
+    return True
+
+
+def run_in_stages(order: tuple[Side, Side], nodeid: str, seconds: dict[str, float]) -> bool:
+    """Both sides run ``nodeid`` in stages (:mod:`kvcache.measuring.stages`): whatever is untimed on both at once,
+    each timed part alone, in ``order``, back to back (each side's seconds of its timed part into ``seconds``).
+    Whenever every side has stopped (at a stage or done): the first side in ``order`` that is prepared measures
+    alone; else every side that has measured goes on at once; else the item is done. False when a worker is
+    gone."""
+    if not _ready(order, nodeid):
+        return False
+    for side in order:
+        side.tell("stage")
+        seconds[side.name] = 0.0  # a side whose item stops at no stage (a skipped point) has no timed part
+    where: dict[str, str] = {}
+    running: list[Side] = list(order)
+    alone: float | None = None
+    while running:
+        for side in running:
+            stage = _next_stage(side, nodeid)
+            if stage is None:
+                return False
+            where[side.name] = stage
+        if alone is not None:
+            seconds[running[0].name] = seconds.get(running[0].name, 0.0) + time.monotonic() - alone
+            alone = None
+        prepared = [side for side in order if where[side.name] == "prepared"]
+        if prepared:
+            running, alone = prepared[:1], time.monotonic()  # its timed part: nothing else runs
+        else:
+            running = [side for side in order if where[side.name] == "measured"]
+        for side in running:
+            side.tell("go")
     return True
 
 
@@ -117,22 +179,16 @@ def drive(session: Session, say: Callable[[str], None]) -> None:
         side.tell("go")  # past the hello
     k = 0
     for nodeid, role in zip(session.items, session.roles):
+        seconds: dict[str, float] = {}
+        began = time.monotonic()
         if role in CONCURRENT_ROLES:
-            ready = [side.read() for side in (a, b)]
-            for side, message in zip((a, b), ready):
-                if message is None or message.get("ready") != nodeid:
-                    side.failure = f"worker {side.exit_text()} before {nodeid} (see {side.log})"
-                    return
-            for side in (a, b):
-                side.tell("go")
-            if not all([finish_item(a, nodeid), finish_item(b, nodeid)]):
+            if not run_concurrently((a, b), nodeid, seconds):
                 return
-            session.pairs.append(Pair(nodeid, role, None))
+            session.pairs.append(Pair(nodeid, role, None, seconds, time.monotonic() - began))
             continue
         order = (a, b) if k % 2 == 0 else (b, a)
         k += 1
-        for side in order:
-            if not run_item(side, nodeid):
-                return
-        session.pairs.append(Pair(nodeid, role, order[0].name))
+        if not run_in_stages(order, nodeid, seconds):
+            return
+        session.pairs.append(Pair(nodeid, role, order[0].name, seconds, time.monotonic() - began))
         say(f"  {len(session.pairs)}/{len(session.items)} {nodeid} ({order[0].label}{order[1].label})")

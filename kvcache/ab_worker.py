@@ -6,11 +6,14 @@ files, its Transformers): one process, one model build, for the whole A/B sessio
 the worker writes one JSON line to file descriptor W: ``{"hello": {...}}`` with the item ids in measuring order and
 their roles (``counted``, ``point``, ``copy``, ``ledger``, ``drift``...), the side's settings (``kv.settings``), its
 environment (``kv.environment``: device, threads, releases) and baseline; then before each item it writes
-``{"ready": nodeid}`` and waits for a line on R: ``go`` runs the item, ``stop`` (or the pipe closing: the driver is
-gone) ends the session there, as an interrupted one. After
-the item it writes ``{"done": nodeid, "failed": bool, "records": [...]}``: the measurement records the item produced
-(what the driver analyses, so that a side that dies later loses nothing already sent). Standard library only at
-import; the suite's own plugin (:mod:`kvcache.plugin`) does the measuring.
+``{"ready": nodeid}`` and waits for a line on R: ``go`` runs the item, ``stage`` runs it in stages, ``stop`` (or the
+pipe closing: the driver is gone) ends the session there, as an interrupted one. In stages, the worker stops at each
+mark of :mod:`kvcache.measuring.stages` the item reaches, writes ``{"prepared": nodeid}`` (its untimed preparation
+done, its timed part next) or ``{"measured": nodeid}`` (its timed part done), and waits for ``go`` again; the driver
+lets each side's timed part run alone. After the item it writes ``{"done": nodeid, "failed": bool, "records":
+[...]}``: the measurement records the item produced (what the driver analyses, so that a side that dies later loses
+nothing already sent). Standard library only at import; the suite's own plugin (:mod:`kvcache.plugin`) does the
+measuring.
 """
 
 from __future__ import annotations
@@ -36,15 +39,25 @@ class Control:
         self.answers = os.fdopen(write_fd, "w", buffering=1)
         self.records: list[dict[str, Any]] = []
         self.failed = False
+        self.item: str | None = None  # the node id of the item running in stages, None when not in stages
 
     def send(self, message: dict[str, Any]) -> None:
         self.answers.write(json.dumps(message, default=str) + "\n")
         self.answers.flush()
 
     def wait(self) -> str:
-        """The driver's next word (``go`` or ``stop``); ``stop`` when the driver is gone."""
+        """The driver's next word (``go``, ``stage`` or ``stop``); ``stop`` when the driver is gone."""
         line = self.requests.readline()
         return line.strip() or "stop"
+
+    def reached(self, stage: str) -> None:
+        """A mark of :mod:`kvcache.measuring.stages`: in stages, say so and wait for the driver's ``go``; a
+        ``stop`` ends the session at once (the item in flight makes no pair)."""
+        if self.item is None:
+            return
+        self.send({stage: self.item})
+        if self.wait() != "go":
+            pytest.exit("kvcache ab: stopped by the driver", returncode=2)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -55,6 +68,9 @@ def pytest_configure(config: pytest.Config) -> None:
     spec = config.getoption("kv_ab_control")
     if spec:
         config.stash[CONTROL] = Control(spec)
+        from kvcache.measuring import stages
+
+        stages.handle(config.stash[CONTROL].reached)
 
 
 def _identity(config: pytest.Config) -> dict[str, Any]:
@@ -92,11 +108,13 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return None
     if item.session.shouldstop:
         return True  # not run: pytest stops the session after this call
-    control.records, control.failed = [], False
+    control.records, control.failed, control.item = [], False, None
     control.send({"ready": item.nodeid})
-    if control.wait() != "go":
+    word = control.wait()
+    if word not in ("go", "stage"):
         item.session.shouldstop = "kvcache ab: stopped by the driver"
         return True
+    control.item = item.nodeid if word == "stage" else None
     return None
 
 
@@ -122,4 +140,4 @@ def pytest_runtest_logfinish(nodeid: str, location: Any) -> None:
     if _CURRENT:
         control = _CURRENT[0]
         control.send({"done": nodeid, "failed": control.failed, "records": control.records})
-        control.records, control.failed = [], False
+        control.records, control.failed, control.item = [], False, None

@@ -8,6 +8,7 @@ import torch
 
 from kvcache.analysing.records import CopyMeasurement
 from kvcache.analysing.stats import median
+from kvcache.measuring import stages
 from kvcache.measuring.devices import Device
 
 GIB = 1 << 30
@@ -20,6 +21,8 @@ def measure_copy(device: Device, *, nbytes: int = GIB, repeats: int = 20, label:
     src = torch.empty(nbytes, dtype=torch.uint8, device=device.torch_device).fill_(1)
     dst = torch.empty_like(src)
     dst.copy_(src)  # warm-up: page in the destination
+    device.sync()  # done before the timed copies, and before another process's timed part may start
+    stages.prepared()
     samples = []
     for _ in range(repeats):
         device.sync()
@@ -27,5 +30,6 @@ def measure_copy(device: Device, *, nbytes: int = GIB, repeats: int = 20, label:
         dst.copy_(src)
         device.sync()
         samples.append(2 * nbytes / (time.perf_counter() - start) / 1e9)
+    stages.reached(stages.MEASURED)
     del src, dst
     return CopyMeasurement(gbps=median(samples), label=label, nbytes=nbytes, samples_gbps=samples)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -180,9 +180,11 @@ def check_memory(spec: ModelSpec, cache_spec: CacheSpec, device: Device, max_tok
 
 def open_point(model: Any, spec: ModelSpec, cache_spec: CacheSpec, device: Device, context: int, *,
                warmup: int, steps: int, fill: str = "synthetic", seed: int = 0, batch: BatchShape | None = None,
-               point_type: type[DecodePoint] | None = None) -> DecodePoint:
+               point_type: type[DecodePoint] | None = None,
+               on_filled: Callable[[], None] | None = None) -> DecodePoint:
     """A built, filled and warmed-up point (``point_type``, default :class:`DecodePoint`), or PointSkip with the
-    reason."""
+    reason; ``on_filled()`` is called between the fill and the warm-up (:func:`kvcache.measuring.stages.prepared`:
+    the warm-up stays right before the timed steps)."""
     batch = batch or BatchShape()
     max_tokens = tokens_needed(context, warmup, steps)
     check_memory(spec, cache_spec, device, max_tokens, batch.size)
@@ -190,6 +192,8 @@ def open_point(model: Any, spec: ModelSpec, cache_spec: CacheSpec, device: Devic
     point = cls(model, spec, cache_spec, device, context, max_tokens, fill=fill, seed=seed, batch=batch)
     try:
         point.build()
+        if on_filled is not None:
+            on_filled()
         point.warm_up(warmup)
     except (compat.Unsupported, ImportError, MemoryError, RuntimeError) as exc:
         reason = attention.compile_failure(cache_spec.attention, exc)

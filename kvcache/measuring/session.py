@@ -23,7 +23,7 @@ import transformers
 from kvcache.analysing import identity
 from kvcache.analysing.bandwidth import achieved_gbps
 from kvcache.analysing.stats import median
-from kvcache.measuring import caches, decode, ledger
+from kvcache.measuring import caches, decode, ledger, stages
 from kvcache.measuring.bandwidth import measure_copy
 from kvcache.measuring.batch import BatchShape
 from kvcache.measuring.compiled_session import CompiledDecode
@@ -163,10 +163,11 @@ class KVSession:
             self.emit({"type": "skip", **entry})
         return Skipped(reason)
 
-    def open(self, cache: str, context: int, *, warmup: int, steps: int,
-             compiled_forward: bool = False) -> decode.DecodePoint:
+    def open(self, cache: str, context: int, *, warmup: int, steps: int, compiled_forward: bool = False,
+             staged: bool = False) -> decode.DecodePoint:
         """A filled, warmed-up point, or :class:`Skipped` with the reason (recorded for the report);
-        ``compiled_forward``: on the model with its forward compiled (``--kv-compile``)."""
+        ``compiled_forward``: on the model with its forward compiled (``--kv-compile``); ``staged``: the point of a
+        timed measurement, whose preparation ends (:func:`stages.prepared`) between its fill and its warm-up."""
         self.used = True
         spec = caches.get(cache)
         reason = caches.unavailable_reason(spec, self.device.type) or (
@@ -186,7 +187,8 @@ class KVSession:
         try:
             return decode.open_point(model, mspec, spec, self.device, context, warmup=warmup, steps=steps,
                                      fill=self.settings.fill, seed=self.settings.seed, batch=self.batch,
-                                     point_type=GeneratePoint if self.generating else None)
+                                     point_type=GeneratePoint if self.generating else None,
+                                     on_filled=stages.prepared if staged else None)
         except decode.PointSkip as exc:
             raise self.skip(cache, context, str(exc)) from None
 
@@ -221,13 +223,15 @@ class KVSession:
         s = self.settings
         self.warm_model()
         compiling = s.compile != "off"
-        if compiling:
+        if compiling:  # compiled and warmed up: all of it preparation
             dp, compile_info = self.compiled.open(point.cache, point.context)
+            self.device.sync()
+            stages.prepared()
             before = self.compiled.counters()
         elif self.generating:  # warmed up inside the timed generate call
-            dp = self.open(point.cache, point.context, warmup=0, steps=leading_steps(s.warmup) + s.steps)
+            dp = self.open(point.cache, point.context, warmup=0, steps=leading_steps(s.warmup) + s.steps, staged=True)
         else:
-            dp = self.open(point.cache, point.context, warmup=s.warmup, steps=s.steps)
+            dp = self.open(point.cache, point.context, warmup=s.warmup, steps=s.steps, staged=True)
         try:
             benchmark.group = f"decode {point.cache}" if kind == "timed" else "drift"
             benchmark.extra_info.update(self.point_info(point, kind))
@@ -235,6 +239,7 @@ class KVSession:
                 benchmark.pedantic(dp.timed_generate, args=(s.warmup, s.steps), rounds=1, iterations=1)
             else:
                 benchmark.pedantic(dp.timed_step, setup=dp.before_step, rounds=s.steps, iterations=1)
+            stages.reached(stages.MEASURED)
             benchmark.extra_info["step_start_ns"] = list(dp.step_start_ns)
             if compiling:
                 benchmark.extra_info["compiled"] = self.compiled.timed(compile_info, before, len(dp.step_seconds))
@@ -274,7 +279,7 @@ class KVSession:
         if problem:
             raise self.skip(point.cache, None, f"ledger: {problem}")
         self.warm_model()
-        dp = self.open(point.cache, point.context, warmup=s.warmup, steps=s.ledger_steps)
+        dp = self.open(point.cache, point.context, warmup=s.warmup, steps=s.ledger_steps, staged=True)
         try:
             if self.generating:  # the steps of one generate call, between its marks
                 profiled = ledger.profile_marked(lambda on_mark, dp=dp: dp.generate(s.ledger_steps, on_mark),

@@ -39,6 +39,10 @@ def test_an_ab_run_pairs_every_item_abba_and_a_worker_killed_at_the_end_keeps_ev
     paired = [p for p in run["pairs"] if p["first"] is not None]
     assert [p["first"] for p in paired] == ["a", "b"] * (len(paired) // 2) + ["a"] * (len(paired) % 2)  # ABBA
     assert any("test_ledger" in item for item in kept) and any("copy_bandwidth" in item for item in kept)
+    assert all(set(p["seconds"]) == {"a", "b"} for p in run["pairs"])  # each side's wall time per item
+    timed = [p for p in run["pairs"] if "test_decode[" in p["item"] or "test_ledger[" in p["item"]]
+    assert timed and all(min(p["seconds"].values()) > 0 for p in timed)  # each stopped at its stages: measured alone
+    assert set(run["phase_seconds"]) == {"start", "drive", "finish", "judge"}
     assert doc["kv"]["points"] and doc["side_a"]["kv"]["points"]  # both sides' whole runs, B's kept
     assert doc["kv"]["session"]["interrupted"] is True and doc["kv"]["ledger_points"]
     verdicts = doc["ab"]["dynamic"]
