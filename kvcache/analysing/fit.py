@@ -230,12 +230,30 @@ def gbps_from_slope(slope_s_per_byte: float) -> float | None:
     return 1 / slope_s_per_byte / GB if slope_s_per_byte > 0 else None
 
 
+def context_draws(x: np.ndarray, resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """Indices of ``resamples`` draws, with replacement, of as many of the points at ``x`` (KV bytes, one point per
+    context) as there are, each draw with two distinct sizes or more (a line needs two; a draw without is drawn
+    again): the cases bootstrap of a line with one point per context, shape (resamples, len(x))."""
+    picks = rng.integers(0, x.size, size=(resamples, x.size))
+    if np.unique(x).size < 2:
+        return picks
+    while True:
+        flat = (x[picks] == x[picks[:, :1]]).all(axis=1)
+        if not flat.any():
+            return picks
+        picks[flat] = rng.integers(0, x.size, size=(int(flat.sum()), x.size))
+
+
 def bootstrap_lines(points: Sequence[Point], resamples: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Slopes (s/byte) and intercepts (s) of ``resamples`` hierarchical bootstrap refits.
 
     Per resample and per context, that context's rounds are drawn with replacement; each drawn round
     contributes the median of its per-step samples drawn with replacement (drawn afresh for every draw
-    of the round) at its ``kv_bytes``. All resamples are fitted at once.
+    of the round) at its ``kv_bytes``. With one round per context (the per-op ledger's one profiled point,
+    ``--kv-rounds 1``), drawing rounds cannot show how much a point measured again would move (on the developers'
+    CPU, 10-30% for one profiled point), while its steps vary far less: the contexts themselves are drawn with
+    replacement too (:func:`context_draws`), so that the points' scatter about the line is in the interval. All
+    resamples are fitted at once.
     """
     by_context: dict[int, list[Point]] = {}
     for point in points:
@@ -253,6 +271,9 @@ def bootstrap_lines(points: Sequence[Point], resamples: int, rng: np.random.Gene
         ys.append(y)
     x = np.concatenate(xs, axis=1)
     y = np.concatenate(ys, axis=1)
+    if len(by_context) >= 2 and all(len(rounds) == 1 for rounds in by_context.values()):
+        picks = context_draws(x[0], resamples, rng)
+        x, y = np.take_along_axis(x, picks, axis=1), np.take_along_axis(y, picks, axis=1)
     dx = x - x.mean(axis=1, keepdims=True)
     dy = y - y.mean(axis=1, keepdims=True)
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -136,6 +136,28 @@ def test_a_small_op_one_side_folded_into_other_ops_is_not_judged():
     assert ledger["mean"]["status"] == "pass" and "not judged" in ledger["mean"]["reason"], ledger["mean"]
 
 
+def test_one_profiled_point_per_context_moving_between_contexts_is_no_verdict():
+    """Identical sides, 2026-12-02: one profiled point per context and side, so each context's paired ratio moved by
+    itself (B/A 0.82, 0.96, 0.97, 0.85, 1.25 from 1024 to 16384 tokens for ``scaled_dot_product_attention``) while
+    the steps within a point varied by about 1%. Resampling steps alone gave ×1.26 [1.15, 1.31], a regression of B
+    against itself; the contexts are drawn too, and the interval holds 1."""
+    contexts, ratios, slope = (1024, 2048, 4096, 8192, 16384), (0.818, 0.962, 0.970, 0.852, 1.248), 1e-9
+    rng = np.random.default_rng(3)
+
+    op = "scaled_dot_product_attention"
+
+    def kv(factors: tuple[float, ...]) -> KV:
+        points = [{"cache": "dynamic", "context": c, "kv_bytes": c * BYTES_PER_TOKEN,
+                   "ops_s": {op: list(slope * c * BYTES_PER_TOKEN * f * (1 + 0.01 * rng.standard_normal(8)))}}
+                  for c, f in zip(contexts, factors)]
+        return KV.from_json({"schema": SCHEMA, "settings": {"ledger_tolerance": 0.5, "seed": 0},
+                             "ledger_points": points, "ledger": {"dynamic": {op: {"timed": 10, "timed_ci": [8, 12]}}}})
+    a, b = kv((1.0,) * len(contexts)), kv(ratios)
+    verdict = ab.judge_ledger(a, b, "dynamic", tolerance=0.10, ledger_tolerance=0.5, max_drift=0.10,
+                              resamples=2000)[op]
+    assert verdict["status"] == "inconclusive" and verdict["ratio_ci"][0] < 1 < verdict["ratio_ci"][1], verdict
+
+
 def test_counted_and_overhead_verdicts_are_kept_and_a_regression_is_listed():
     a, b = side(1e-9, 2e-3, seed=1), side(1e-9, 2e-3, seed=2)
     counted = {"dynamic": {"counted": Verdict(status="regression", reason="counted passes 5.00 above 3.05", value=5.0,

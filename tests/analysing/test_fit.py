@@ -8,7 +8,7 @@ import re
 import pytest
 from fakerun import BYTES_PER_TOKEN, WEIGHT_BYTES, analysed, make_run, without
 
-from kvcache.analysing.fit import FitError, fit_passes, least_squares, measure_drift
+from kvcache.analysing.fit import FitError, context_draws, fit_passes, least_squares, measure_drift, slope_passes
 from kvcache.analysing.records import KV, Fit, Point, points_from_benchmarks
 
 CONTEXTS = (512, 1024, 2048, 3072, 4096, 6144, 8192)
@@ -62,6 +62,22 @@ def test_interval_contains_truth():
     eff_lo, eff_hi = fit.effective_gbps_ci
     assert eff_lo < 20.0 / 3.0 < eff_hi
     assert 0 < fit.ci_relative_width < 0.05
+
+
+def test_one_point_per_context_draws_the_contexts_so_their_scatter_is_in_the_interval():
+    """One round per context (the per-op ledger): steps 0.1% apart, the points 10-20% off one line (as one profiled
+    point per context moves on the developers' CPU). Drawing steps alone gave an interval a few percent wide; the
+    contexts are drawn too, so it is as wide as the scatter says. Every draw keeps two distinct sizes."""
+    import numpy as np
+
+    contexts, off = (1024, 2048, 4096, 8192, 16384), (1.0, 1.2, 0.9, 0.85, 1.15)
+    points = [point(c, tuple(1e-9 * BYTES_PER_TOKEN * c * f * (1 + 0.001 * k) for k in range(-4, 4)))
+              for c, f in zip(contexts, off)]
+    passes, (lo, hi), _ = slope_passes(points, [10.0] * 5)
+    assert (hi - lo) / passes > 0.25, (passes, lo, hi)
+    x = np.asarray([p.kv_bytes for p in points])
+    picks = context_draws(x, 5000, np.random.default_rng(0))
+    assert picks.shape == (5000, 5) and all(len(set(row)) >= 2 for row in picks.tolist())
 
 
 def test_bootstrap_is_deterministic_with_a_seed():
