@@ -11,12 +11,12 @@ the suite as that side's own ``pytest`` runs it (its ``-p`` plugins, conftest fi
 whole session: one model build per side (:mod:`kvcache.ab_sides`). This command steps the two through the suite's
 items in the suite's own order (:mod:`kvcache.ab_session`): counted items on both sides at once (exact figures: time
 does not matter), and every other item (each round's copy bandwidth, each timed point, each profiled ledger point,
-the drift re-measurement) in stages: both sides prepare at once (fills, allocations), each side's timed part runs
-alone, one side and then the other, back to back, in ABBA order (which side goes first alternates from one item to
-the next), and both finish at once (counting a step, reading a profile). Classes are paired by name (a side that
-patches one registers it under the same name, ``replace=True``). Budget: the items, rounds and steps of one sweep
-(the common options), shared by both sides: the timed parts take twice their time in one run, everything untimed
-about once (docs/ab.md: ×1.51 one ``make bench`` for the default sweep on the developers' 2-core CPU).
+the drift re-measurement) in stages: each side alone from its start to the end of its timed part (fill, warm-up,
+timed steps), one side and then the other, back to back, in ABBA order (which side goes first alternates from one
+item to the next), then both finish at once (counting a step, reading a profile). Classes are paired by name (a side
+that patches one registers it under the same name, ``replace=True``). Budget: the items, rounds and steps of one
+sweep (the common options), shared by both sides: each side's fills and timed parts take their time in one run, the
+counted items and what is left after the timed parts are run on both sides at once (docs/ab.md).
 
 Each side's records come back item by item and are analysed here (no torch) into that side's ``kv`` section;
 :mod:`kvcache.analysing.ab` judges B against A (:mod:`kvcache.ab_results`). Each worker's output goes to

@@ -1,9 +1,9 @@
 """The session of ``kvcache ab``: both workers started and checked against each other (:func:`start`), then stepped
 through the suite's items in its own order (:func:`drive`): counted items (roles in :data:`CONCURRENT_ROLES`) on both
-sides at once; every other item in stages (:func:`run_in_stages`): both sides prepare at once (fill the cache,
-allocate the copy's tensors), then each side's timed part runs alone, one side and then the other, back to back,
-which side goes first alternating from one item to the next (ABBA), then both finish at once (count a step, read
-the profile). Nothing untimed ever runs beside a timed part. Standard library only."""
+sides at once; every other item in stages (:func:`run_in_stages`): each side alone from its start to the end of its
+timed part (fill the cache, warm up, time the steps), one side and then the other, back to back, which side goes
+first alternating from one item to the next (ABBA), then both finish at once (count a step, read the profile).
+Nothing runs beside a side's fill or timed part. Standard library only."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ MUST_MATCH = (("model", "settings", "model", None), ("dtype", "settings", "dtype
 @dataclass
 class Pair:
     """One item both sides finished: its node id, its role, which side ran it first (None: both at once), each
-    side's wall seconds alone (its timed part: warm-up and timed steps, the profiled steps, the timed copies; of an
-    item run at once, the side's whole item) and the item's wall seconds (``wall``)."""
+    side's wall seconds alone (its fill or allocation, then its timed part: warm-up and timed steps, the profiled
+    steps, the timed copies; of an item run at once, the side's whole item) and the item's wall seconds (``wall``)."""
 
     item: str
     role: str
@@ -140,36 +140,44 @@ def run_concurrently(sides: tuple[Side, Side], nodeid: str, seconds: dict[str, f
 
 
 def run_in_stages(order: tuple[Side, Side], nodeid: str, seconds: dict[str, float]) -> bool:
-    """Both sides run ``nodeid`` in stages (:mod:`kvcache.measuring.stages`): whatever is untimed on both at once,
-    each timed part alone, in ``order``, back to back (each side's seconds of its timed part into ``seconds``).
-    Whenever every side has stopped (at a stage or done): the first side in ``order`` that is prepared measures
-    alone; else every side that has measured goes on at once; else the item is done. False when a worker is
-    gone."""
+    """Both sides run ``nodeid`` in stages (:mod:`kvcache.measuring.stages`): each side alone, in ``order``, from
+    its start to the end of its timed part (fill, warm-up, timed steps: as in a run of its own), back to back; then
+    whatever is left (counting a step, reading a profile) on both at once (each side's seconds from its start to the
+    end of its timed part into ``seconds``). Whenever every side has stopped (at a stage, done, or not started): a
+    side that is prepared goes on alone; else the next side in ``order`` starts alone; else every side that has
+    measured goes on at once; else the item is done. False when a worker is gone.
+
+    Both sides preparing at once was tried (2026-12-02): it made the paired ratio move about twice as much from one
+    round to the next (docs/ab.md), so each side fills alone, right before its timed part."""
     if not _ready(order, nodeid):
         return False
-    for side in order:
-        side.tell("stage")
-        seconds[side.name] = 0.0  # a side whose item stops at no stage (a skipped point) has no timed part
     where: dict[str, str] = {}
-    running: list[Side] = list(order)
-    alone: float | None = None
-    while running:
+    waiting: list[Side] = list(order)  # not started yet
+    running: list[Side] = []
+    began: float | None = None
+    while True:
         for side in running:
             stage = _next_stage(side, nodeid)
             if stage is None:
                 return False
             where[side.name] = stage
-        if alone is not None:
-            seconds[running[0].name] = seconds.get(running[0].name, 0.0) + time.monotonic() - alone
-            alone = None
-        prepared = [side for side in order if where[side.name] == "prepared"]
+            if stage != "prepared" and began is not None:  # its fill and timed part are over
+                seconds[side.name] = time.monotonic() - began
+                began = None
+        prepared = [side for side in order if where.get(side.name) == "prepared"]
         if prepared:
-            running, alone = prepared[:1], time.monotonic()  # its timed part: nothing else runs
+            running = prepared[:1]  # its timed part: nothing else runs
+            running[0].tell("go")
+        elif waiting:
+            running, began = [waiting.pop(0)], time.monotonic()  # alone from its start: its fill too
+            running[0].tell("stage")
+            seconds.setdefault(running[0].name, 0.0)
         else:
-            running = [side for side in order if where[side.name] == "measured"]
-        for side in running:
-            side.tell("go")
-    return True
+            running = [side for side in order if where.get(side.name) == "measured"]
+            if not running:
+                return True
+            for side in running:
+                side.tell("go")
 
 
 def drive(session: Session, say: Callable[[str], None]) -> None:

@@ -1,6 +1,7 @@
 """``kvcache ab``'s driver stepping an item in stages (:func:`kvcache.ab_session.run_in_stages`), against scripted
-workers: both sides prepare at once, each timed part runs alone and back to back in the given order, both finish at
-once; a side that stops at no stage (a skipped point) or dies is handled. Standard library only: no torch."""
+workers: each side alone from its start (its fill) to the end of its timed part, back to back in the given order,
+then both finish at once; a side that stops at no stage (a skipped point) or dies is handled. Standard library only:
+no torch."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ ITEM = "benchmarks/test_decode.py::test_decode[dynamic-1024-r0]"
 
 
 class Machine:
-    """Both scripted workers: which one runs (told a word, not yet stopped), and every event in order. A timed part
-    (``go`` after ``prepared``) that starts or runs while the other side runs is recorded as a violation."""
+    """Both scripted workers: which one runs (told a word, not yet stopped), and every event in order. A fill or a
+    timed part (``stage`` up to ``measured``) that starts or runs while the other side runs is a violation."""
 
     def __init__(self) -> None:
         self.running: set[str] = set()
@@ -43,10 +44,10 @@ class ScriptedSide:
         m = self.machine
         m.events.append((self.name, word))
         if m.alone is not None and m.alone != self.name:
-            m.violations.append(f"{self.name} told {word} while {m.alone} measures alone")
-        if word == "go" and self.stage == "prepared":
+            m.violations.append(f"{self.name} told {word} while {m.alone} runs alone")
+        if word == "stage" or (word == "go" and self.stage == "prepared"):  # its fill, or its timed part
             if m.running - {self.name}:
-                m.violations.append(f"{self.name} measures while {sorted(m.running)} run")
+                m.violations.append(f"{self.name} told {word} while {sorted(m.running)} run")
             m.alone = self.name
         m.running.add(self.name)
 
@@ -57,7 +58,7 @@ class ScriptedSide:
             return {"ready": ITEM}
         assert self.name in m.running, f"{self.name} read while stopped: the driver would wait for ever"
         m.running.discard(self.name)
-        if m.alone == self.name:
+        if m.alone == self.name and self.script[0] != "prepared":  # alone from its start to its timed part's end
             m.alone = None
         stage = self.script.pop(0)
         m.events.append((self.name, str(stage)))
@@ -78,12 +79,12 @@ def sides(script_a: list[str | None], script_b: list[str | None]) -> tuple[Machi
     return machine, ScriptedSide("a", script_a, machine), ScriptedSide("b", script_b, machine)
 
 
-def test_both_prepare_at_once_then_each_measures_alone_back_to_back_then_both_finish_at_once():
+def test_each_side_fills_and_measures_alone_back_to_back_then_both_finish_at_once():
     machine, a, b = sides(["prepared", "measured", "done"], ["prepared", "measured", "done"])
     seconds: dict[str, float] = {}
     assert run_in_stages((b, a), ITEM, seconds)  # B first (an odd item of ABBA)
-    assert machine.events == [("b", "stage"), ("a", "stage"), ("b", "prepared"), ("a", "prepared"),
-                              ("b", "go"), ("b", "measured"), ("a", "go"), ("a", "measured"),
+    assert machine.events == [("b", "stage"), ("b", "prepared"), ("b", "go"), ("b", "measured"),
+                              ("a", "stage"), ("a", "prepared"), ("a", "go"), ("a", "measured"),
                               ("b", "go"), ("a", "go"), ("b", "done"), ("a", "done")]
     assert machine.violations == []
     assert set(seconds) == {"a", "b"} and a.finished == b.finished == [ITEM] and a.records == [{"side": "a"}]
@@ -94,7 +95,7 @@ def test_a_side_that_stops_at_no_stage_is_done_and_the_other_still_measures_alon
     machine, a, b = sides(["prepared", "measured", "done"], ["done"])
     seconds: dict[str, float] = {}
     assert run_in_stages((a, b), ITEM, seconds)
-    assert machine.violations == [] and seconds["b"] == 0.0 and b.finished == [ITEM]
+    assert machine.violations == [] and set(seconds) == {"a", "b"} and b.finished == a.finished == [ITEM]
     assert ("a", "go") in machine.events and ("b", "go") not in machine.events
 
 
