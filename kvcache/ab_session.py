@@ -147,8 +147,8 @@ def run_in_stages(order: tuple[Side, Side], nodeid: str, seconds: dict[str, floa
     side that is prepared goes on alone; else the next side in ``order`` starts alone; else every side that has
     measured goes on at once; else the item is done. False when a worker is gone.
 
-    Both sides preparing at once was tried (2026-12-02): it made the paired ratio move about twice as much from one
-    round to the next (docs/ab.md), so each side fills alone, right before its timed part."""
+    Both sides preparing at once was tried and not kept; whether it pairs worse is not settled (docs/ab.md), so
+    each side fills alone, right before its timed part, as in a run of its own."""
     if not _ready(order, nodeid):
         return False
     where: dict[str, str] = {}
