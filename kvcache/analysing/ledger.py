@@ -8,7 +8,7 @@ bandwidth, a bootstrap interval; the figure may be zero or negative). Rows:
 - each op whose timed passes reach :data:`KEEP` in size, or that the counted breakdown names;
 - :data:`OTHER`: the remaining ops, summed per step;
 - :data:`UNATTRIBUTED`: the profiled step's time minus every op's (Python, dispatcher, hooks);
-- :data:`PROFILED_STEP`: the profiled step as a whole (= the sum of the rows above, under the profiler).
+- :data:`PROFILED_STEP`: the profiled step as a whole (= the sum of the rows above, timed op by op).
 
 Output, ``kv.ledger.<cache>.<row>``, a :class:`~kvcache.analysing.timed_records.LedgerRow` (``timed``, ``timed_ci``, and
 ``ms``: median milliseconds per step at the largest profiled context); the counted passes of the same op are in

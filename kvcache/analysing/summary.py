@@ -233,8 +233,8 @@ def lines(kv: KV) -> list[str]:
                        "that do not grow with context; weight passes = fixed / weight bytes, 1 = each weight read once")
     out += noted_table(LEDGER_HEADER, ledger_rows(kv),
                        "ledger: each op's time per profiled step against KV bytes, as passes; unattributed = the "
-                       "step's time outside ATen ops; the profiled step runs under torch.profiler, apart from the "
-                       "timed rounds")
+                       "step's time outside ATen ops; the profiled step is timed op by op (CPU: a dispatch-mode clock; "
+                       "CUDA: torch.profiler), apart from the timed rounds")
     out += [f"ledger {cache}: {error}" for cache, error in kv.ledger_errors.items()]
     out += compiled_lines(kv)
     out += [f"probe {cache}: q {p.query} k {p.key} mask {p.mask}; {p.attention}; K/V expansions {p.expansions}"

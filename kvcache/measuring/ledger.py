@@ -1,47 +1,63 @@
 """The per-op timed ledger: where a decode step's time goes, op by op, under the counter's names.
 
-Profiled steps run in rounds of their own (never inside the timed rounds, whose figures stay
-profiler-free): a ``torch.profiler`` session over ``steps`` single-token steps, each inside a
-``record_function`` range. Each ATen op the step calls from Python (an op with no ATen op above it in
-the profiler's call tree: what :mod:`kvcache.measuring.traffic`'s counter is charged for) is charged its
-time including the kernels it calls (``scaled_dot_product_attention``'s fused CPU kernel, ``clone``'s
-``copy_``), under the counter's display name. On CPU that is the op's CPU time; on CUDA the device time
-of the kernels it launches. The step's own time (wall on CPU; CPU time up to and including the closing
-device sync on CUDA) minus the attributed ops is the step's unattributed time (Python, the dispatcher,
-hooks), which the analysis (:mod:`kvcache.analysing.ledger`) derives.
+Timed-per-op steps run in rounds of their own (never inside the timed rounds, whose figures stay free of any
+instrument): ``steps`` single-token steps, each op of which (an ATen op with no ATen op above it: what
+:mod:`kvcache.measuring.traffic`'s counter is charged for) is charged its time including the kernels it calls
+(``scaled_dot_product_attention``'s fused CPU kernel, ``clone``'s ``copy_``), under the counter's display name.
+The step's own time minus the attributed ops is the step's unattributed time (Python, the dispatcher, hooks),
+which the analysis (:mod:`kvcache.analysing.ledger`) derives.
+
+- On CPU, :class:`OpClock` times the ops: a dispatch mode (the counter's own interception) that reads the
+  monotonic clock around each op and keeps nothing but a sum per (op, step). torch.profiler is not used on CPU:
+  its event buffers, allocated from the heap between the step's own large allocations, kept glibc from reusing
+  the cache a DynamicCache ``cat`` had just freed, so every profiled step took its new cache from fresh pages
+  (about 80,000 page faults a step at 16k tokens on the default model, against a few thousand unprofiled), and
+  the profiled ``cat`` cost many times its bytes (docs/results.md, "The ledger that did not add up").
+- On CUDA, ``torch.profiler``: each op is charged the device time of the kernels it launches; the step's time is
+  CPU time up to and including the closing device sync.
 
 Seconds per step, per op: fitted against KV bytes by the analysis like the whole step.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from typing import Any, Callable
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from kvcache.measuring import stages
-from kvcache.measuring.traffic import DISPLAY
+from kvcache.measuring.traffic import DISPLAY, op_name
 
-STEP_RANGE = "kvcache-step"  # the profiler range (record_function) around each profiled step
+STEP_RANGE = "kvcache-step"  # the profiler range (record_function) around each profiled step (CUDA)
 US = 1e-6  # seconds per microsecond (the profiler's unit)
 
 
 def profile_steps(step: Any, sync: Any, steps: int, *, cuda: bool = False) -> dict[str, Any]:
-    """Profile ``steps`` calls of ``step`` (each followed by ``sync``): ``{"step_s": [seconds per step],
+    """Time ``steps`` calls of ``step`` (each followed by ``sync``) op by op: ``{"step_s": [seconds per step],
     "ops_s": {op: [seconds per step]}}``, an op absent from a step counting 0 there."""
-    def drive() -> None:
-        for _ in range(steps):
-            with record_function(STEP_RANGE):
-                step()
-                sync()
-    return _profiled(drive, sync, cuda)
+    def run(on_mark: Callable[[int], None]) -> None:
+        for i in range(steps):
+            on_mark(i)
+            step()
+            sync()
+        on_mark(steps)
+    return profile_marked(run, sync, steps, cuda=cuda)
 
 
 def profile_marked(run: Any, sync: Any, steps: int, *, cuda: bool = False) -> dict[str, Any]:
     """Like :func:`profile_steps` for steps that something else drives (``model.generate``): ``run(on_mark)``
     takes ``steps`` steps and calls ``on_mark(i)`` at each step boundary (0 before the first, ``i`` after step
     ``i``, the device already waited for); each step is the range between two marks."""
+    if not cuda:
+        clock = OpClock(steps)
+        sync()
+        with clock:
+            run(clock.mark)
+        stages.reached(stages.MEASURED)
+        return clock.seconds()
     ranges: list[Any] = []
 
     def on_mark(i: int) -> None:
@@ -51,59 +67,65 @@ def profile_marked(run: Any, sync: Any, steps: int, *, cuda: bool = False) -> di
             ranges.append(record_function(STEP_RANGE))
             ranges[-1].__enter__()
 
-    return _profiled(lambda: run(on_mark), sync, cuda)
-
-
-def _profiled(drive: Any, sync: Any, cuda: bool) -> dict[str, Any]:
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     sync()
-    with profile(activities=activities) as prof:
-        drive()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run(on_mark)
     stages.reached(stages.MEASURED)  # reading the profile is untimed
-    intervals = None if cuda else result_intervals(prof)
-    if intervals is None:  # device times (on CUDA) are only in the events torch builds
-        intervals = event_intervals(prof.events(), cuda)
-    return charge_to_steps(intervals)
+    return charge_to_steps(event_intervals(prof.events()))
+
+
+class OpClock(TorchDispatchMode):
+    """Seconds of each op dispatched while the clock runs (the monotonic clock around the call: on CPU an op
+    returns when its work is done), summed per (op under the counter's name, step). ``mark(i)`` opens step ``i``
+    and closes the one before; ops outside any step are not charged. A step's seconds are its wall time less the
+    clock's own bookkeeping, measured op by op (what remains of the clock's cost, the call into Python and back,
+    a few microseconds an op, is the same at every context: it adds to the step's intercept, not its slope)."""
+
+    def __init__(self, steps: int) -> None:
+        super().__init__()
+        self.steps = steps
+        self.step_s = [0.0] * steps
+        self.own_s = [0.0] * steps  # the clock's bookkeeping inside each step
+        self.ops_s: dict[str, list[float]] = {}
+        self.current: int | None = None
+        self.opened = 0.0
+
+    def mark(self, i: int) -> None:
+        now = time.perf_counter()
+        if self.current is not None:
+            self.step_s[self.current] = now - self.opened - self.own_s[self.current]
+        self.current = i if i < self.steps else None
+        self.opened = time.perf_counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        entered = time.perf_counter()
+        out = func(*args, **(kwargs or {}))
+        done = time.perf_counter()
+        step = self.current
+        if step is not None:
+            seconds = self.ops_s.get(name := op_name(func))
+            if seconds is None:
+                seconds = self.ops_s[name] = [0.0] * self.steps
+            seconds[step] += done - entered
+            self.own_s[step] += time.perf_counter() - done
+        return out
+
+    def seconds(self) -> dict[str, Any]:
+        return {"step_s": list(self.step_s), "ops_s": {op: list(s) for op, s in self.ops_s.items()}}
 
 
 # One CPU event of the profile: (thread, start, end, name, seconds charged to it). Start and end order the
-# events of one thread (any unit); seconds is the event's own time (CPU) or its kernels' time (CUDA).
+# events of one thread (any unit); seconds is the time of the kernels it launched (CUDA).
 Interval = tuple[int, float, float, str, float]
 
 
-def event_intervals(events: Any, cuda: bool) -> list[Interval]:
-    """The intervals of the CPU events of ``prof.events()`` (torch's own parse of the profile: it gives each
-    op its kernels' device time, at a cost of several seconds for a profile of 8 steps of a 30-layer model)."""
+def event_intervals(events: Any) -> list[Interval]:
+    """The intervals of the CPU events of ``prof.events()`` (torch's own parse of the profile), each op charged
+    the device time of the kernels it launched."""
     from torch.autograd import DeviceType
 
-    return [(e.thread, e.time_range.start, e.time_range.end, e.name,
-             (e.device_time_total if cuda else e.cpu_time_total) * US)
+    return [(e.thread, e.time_range.start, e.time_range.end, e.name, e.device_time_total * US)
             for e in events if not e.is_async and e.device_type == DeviceType.CPU]
-
-
-def result_intervals(prof: Any) -> list[Interval] | None:
-    """The intervals of :func:`event_intervals` on CPU, read straight from the profiler's result (torch's name
-    filter, no hidden or async event, CPU only; start and end in ns, seconds their difference), without the
-    seconds ``prof.events()`` takes to build its events. They charge the same: ``prof.events()`` also drops an
-    op that is the only child of an op of the same name, an op inside an op, which is charged to none. None
-    when this torch's result cannot be read so (then ``prof.events()``)."""
-    try:
-        from torch.autograd import DeviceType
-        from torch.autograd.profiler_util import _filter_name
-
-        result = prof.profiler.kineto_results
-        intervals = []
-        for e in result.events():
-            name = e.name()
-            if _filter_name(name) or (hasattr(e, "is_hidden_event") and e.is_hidden_event()):
-                continue
-            if e.device_type() != DeviceType.CPU or e.is_async() or e.start_thread_id() != e.end_thread_id():
-                continue
-            start, end = e.start_ns(), e.end_ns()
-            intervals.append((e.start_thread_id(), start, end, name, (end - start) * 1e-9))
-        return intervals
-    except (AttributeError, ImportError, TypeError):
-        return None
 
 
 def charge_to_steps(intervals: list[Interval]) -> dict[str, Any]:
@@ -139,8 +161,10 @@ def charge_to_steps(intervals: list[Interval]) -> dict[str, Any]:
     return {"step_s": [seconds for _, _, seconds in sorted(steps)], "ops_s": ops}
 
 
-def profiler_available() -> str | None:
-    """Why this torch cannot profile (None when it can)."""
+def unavailable(cuda: bool) -> str | None:
+    """Why the ledger cannot time ops here (None when it can): on CUDA it needs torch.profiler."""
+    if not cuda:
+        return None
     try:
         with profile(activities=[ProfilerActivity.CPU]):
             torch.zeros(1).add_(1)

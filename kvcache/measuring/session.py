@@ -275,7 +275,7 @@ class KVSession:
         """Profile ``--kv-ledger-steps`` steps of one (cache, context) after a fill and warm-up (never inside a
         timed round); emit a ``ledger`` record: seconds per step, per op (see :mod:`kvcache.measuring.ledger`)."""
         s = self.settings
-        problem = ledger.profiler_available()
+        problem = ledger.unavailable(cuda=self.device.type == "cuda")
         if problem:
             raise self.skip(point.cache, None, f"ledger: {problem}")
         self.warm_model()

@@ -1,7 +1,10 @@
-"""The ledger's profiled steps on ``tiny``: time is charged to the ops the counter names, and a decode step copies
+"""The ledger's timed-per-op steps on ``tiny``: time is charged to the ops the counter names, and a decode step copies
 nothing from the host (on CUDA such a copy would wait for the device inside the timed step)."""
 
 from __future__ import annotations
+
+import statistics
+import time
 
 import pytest
 
@@ -19,11 +22,11 @@ def tiny(one_torch_thread):
 
 def point(tiny, cache: str, context: int = 512) -> decode.DecodePoint:
     model, spec, device = tiny
-    return decode.open_point(model, spec, caches.get(cache), device, context, warmup=1, steps=4)
+    return decode.open_point(model, spec, caches.get(cache), device, context, warmup=1, steps=60)
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "twin-planted"])
-def test_profiled_time_goes_to_the_ops_the_counter_names(tiny, cache):
+def test_clocked_time_goes_to_the_ops_the_counter_names(tiny, cache):
     dp = point(tiny, cache)
     _, counted = traffic.count(dp.step)
     profiled = ledger.profile_steps(dp.step, dp.device.sync, 3)
@@ -44,27 +47,21 @@ def test_a_decode_step_makes_no_tensor_from_host_data(tiny, cache):
     assert int(dp.position_ids) == dp.position  # the position kept on the device follows the step
 
 
-def test_the_profile_read_from_the_result_is_the_profile_torch_parses(tiny, monkeypatch):
-    """The ledger reads the profiler's result directly (a fraction of a second where ``prof.events()`` takes
-    seconds); the same profile through ``prof.events()`` gives the same steps and ops, to the nanosecond.
-    ``prof.events()`` has fewer events: it drops an op that is the only child of an op of the same name
-    (``div_`` in ``div_``), which, being inside an op, is charged to none."""
-    dp = point(tiny, "twin-planted")
-    read: dict[str, list] = {}
-    from_result = ledger.result_intervals
-
-    def both(prof):
-        read["result"], read["events"] = from_result(prof), ledger.event_intervals(prof.events(), cuda=False)
-        return read["result"]
-
-    monkeypatch.setattr(ledger, "result_intervals", both)
-    profiled = ledger.profile_steps(dp.step, dp.device.sync, 3)
-    assert read["result"] is not None and len(read["result"]) >= len(read["events"]) > 100
-    parsed = ledger.charge_to_steps(read["events"])
-    assert profiled["step_s"] == pytest.approx(parsed["step_s"], rel=1e-6) and len(parsed["step_s"]) == 3
-    assert profiled["ops_s"].keys() == parsed["ops_s"].keys()
-    for op, seconds in parsed["ops_s"].items():
-        assert profiled["ops_s"][op] == pytest.approx(seconds, rel=1e-6, abs=1e-9), op
+def test_the_clocked_step_costs_about_what_the_plain_step_costs(tiny):
+    """The ledger's step against the same step with no instrument, interleaved on one point: a loose bound
+    (medians; the clock's own cost per op is a few microseconds), against an instrument that changes the step it
+    times. torch.profiler on CPU did: its buffers kept the allocator from reusing a freed cache, so the profiled
+    ``cat`` page-faulted a fresh cache every step and the profiled step ran 2-10x the timed one (docs/results.md)."""
+    dp = point(tiny, "dynamic", context=2048)
+    plain: list[float] = []
+    clocked: list[float] = []
+    for _ in range(4):
+        for _ in range(6):
+            start = time.perf_counter()
+            dp.step()
+            plain.append(time.perf_counter() - start)
+        clocked += ledger.profile_steps(dp.step, dp.device.sync, 6)["step_s"]
+    assert statistics.median(clocked) < 4 * statistics.median(plain)
 
 
 def test_an_op_is_charged_to_the_step_around_it_only_when_no_op_is_around_it():

@@ -257,9 +257,9 @@ def ledger_section(doc: Doc, kv: KV, caches: list[str]) -> None:
     if not kv.ledger and not kv.ledger_errors:
         return
     doc.heading(3, "Per-op timed ledger")
-    doc.para("Each op's time per profiled step (profiler rounds of their own, after the timed rounds), fitted "
+    doc.para("Each op's time per profiled step (rounds of their own, after the timed rounds), fitted "
              "against KV bytes like the whole step and read as passes; counted passes of the same op beside it. "
-             "(unattributed): the step's time outside ATen ops; (profiled step): the whole step under the profiler.")
+             "(unattributed): the step's time outside ATen ops; (profiled step): the whole step, timed op by op.")
     rows = []
     for cache in caches:
         traffic = kv.traffic.get(cache)
