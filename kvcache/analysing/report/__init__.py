@@ -23,6 +23,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from kvcache.analysing import arguments
 from kvcache.analysing.records import RecordError, Run, load_runs
 from kvcache.analysing.report.ab import write_ab
 from kvcache.analysing.report.charts import (
@@ -52,6 +53,10 @@ __all__ = ["Doc", "ReportError", "build_doc", "chart_data", "crossovers", "fit_l
            "latency_figure", "ledger_figure", "main", "memory_figure", "plot_latency", "plot_ledger",
            "plot_memory", "plot_traffic",
            "points_by_cache", "render", "render_html", "run_names", "to_html", "to_markdown", "traffic_figure"]
+
+
+#: The files ``kvcache report`` writes into ``--out`` (ledger.png, memory.png and ab.png where the runs have them).
+REPORT_FILES = ("report.md", "report.html", "latency.png", "traffic.png", "ledger.png", "memory.png", "ab.png")
 
 
 def render(runs: list[Run], out_dir: Path) -> list[Path]:
@@ -88,6 +93,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("runs", nargs="+", metavar="RUN.json", help="pytest-benchmark JSON written with the kv plugin")
     parser.add_argument("--out", type=Path, default=Path("report"), help="output directory (default: report)")
     args = parser.parse_args(argv)
+    if arguments.paths_refused("kvcache report", reads=[("RUN.json", path) for path in args.runs],
+                               folders=[("--out", args.out, REPORT_FILES)]):
+        return 2
     try:
         runs = [run for path in args.runs for run in load_runs(path)]  # an A/B run: its two sides
         paths = render(runs, args.out)
