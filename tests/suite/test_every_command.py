@@ -132,6 +132,8 @@ CASES: dict[str, dict[str, Callable[[Files], Case]]] = {
                                           needs="immutable"),
         "--out is a file": lambda f: Case([s(f.run), "--out", s(f.other)], ("is not a folder",)),
         "clean: an empty run": lambda f: Case([s(f.empty), "--out", s(f.tmp / "report")], exits=(0,)),
+        "another model": lambda f: Case([s(f.run), s(f.other_model), "--out", s(f.tmp / "report")],
+                                        ("refusing to report", "model")),
     },
     "baseline": {
         "--baseline is the run": lambda f: Case([s(f.run), "--baseline", s(f.run)], ("are one file",)),
