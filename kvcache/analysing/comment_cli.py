@@ -43,8 +43,8 @@ def parser() -> argparse.ArgumentParser:
     made.add_argument("base", metavar="BASE.json", help="the pull request's base run (pytest --benchmark-json)")
     made.add_argument("head", metavar="HEAD.json", help="the pull request's head run")
     made.add_argument("--ab", metavar="AB.json", help="an A/B run (kvcache ab --json) whose paired timed "
-                      "verdicts (its 'ab' section) are shown and judged; an 'ab' section in HEAD.json is used "
-                      "the same way")
+                      "verdicts (its 'ab' section) are shown and judged, its sides of BASE's identity (unless "
+                      "--allow-mismatch); an 'ab' section in HEAD.json is used the same way")
     made.add_argument("--report-url", metavar="URL", help="http(s) link to the full report or job summary")
     made.add_argument("--base-label", metavar="TEXT", help="what BASE is, e.g. 'merge base 1a2b3c4'")
     made.add_argument("--head-label", metavar="TEXT", help="what HEAD is, e.g. 'head 5d6e7f8'")

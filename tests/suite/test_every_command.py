@@ -1,8 +1,11 @@
 """Every ``kvcache`` command keeps what it was given (issue 39): each command of :data:`kvcache.cli.COMMANDS` is
 walked with an output that is an input (the same path, a symlink to it, a hard link, a file written into an output
 folder), an immutable output folder, an unwritable cache folder, a bad URL and an empty run. Each gives a one-line
-error (exit 2) or a clean result, and its inputs are untouched. The commands that run long get two signals a second
-apart (the suite, ``kvcache ab``): exit 2 (the suite) or 130 (ab, as documented), no traceback.
+error (exit 2) or a clean result, and its inputs are untouched. The commands that run long get two signals: the
+suite one at a counted item and one in pytest's teardown (after its own unconfigure, where a second Ctrl-C a second
+later lands: exit 2), ``kvcache ab`` two a second apart during start-up (exit 130, its ``--json`` written); none
+prints a traceback. ``kvcache bisect`` stops by the same helper (:func:`kvcache.analysing.files.signals_stop`),
+tested here in-process.
 
 The command list comes from cli.py: a command added there must declare its cases in :data:`CASES` (what it reads
 and writes), or :func:`test_every_command_declares_its_cases` names it. Runs are the recorded tiny run
