@@ -43,15 +43,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvcache.ab_results import results, summary
+from kvcache.ab_results import results, results_before_start, summary
 from kvcache.ab_session import Session, drive, start
 from kvcache.ab_sides import ABError, build_sides, refused
+from kvcache.analysing import arguments, files
 from kvcache.analysing.options import option
 
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, EXIT_SIDE_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -96,8 +97,8 @@ def parse_tolerance(text: str) -> float:
     return tolerance
 
 
-def _on_signal(signum: int, frame: Any) -> None:
-    raise Interrupted(signal.Signals(signum).name)
+#: The files ``kvcache ab`` writes into ``--out-dir``: each side's log and its release's install log.
+OUT_DIR_FILES = ("a.log", "b.log", "a-install.log", "b-install.log")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,68 +115,70 @@ def main(argv: list[str] | None = None) -> int:
     def say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    session: Session | None = None
-    phases: dict[str, float] = {}  # wall seconds: start (both workers up), drive, finish (both exited), judge
-    started = time.monotonic()
     try:
         tolerance = parse_tolerance(args.tolerance)
         refused(common, "the common options (after --)")
-        out_dir = Path(args.out_dir)
-        if args.json:
-            from kvcache.analysing import files
+    except ABError as exc:
+        print(f"kvcache ab: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    out_dir = Path(args.out_dir)
+    folders = [("--out-dir", out_dir, OUT_DIR_FILES)]
+    if args.a_release or args.b_release:
+        folders.append(("--versions-dir", args.versions_dir, ()))
+    if arguments.paths_refused("kvcache ab", writes=[("--json", args.json)], folders=folders):
+        return EXIT_USAGE
+    with files.signals_stop("kvcache ab", Interrupted):
+        return _run(args, common, tolerance, out_dir, say)
 
-            problem = files.write_problem(Path(args.json))
-            if problem:
-                raise ABError(f"--json {problem}")
+
+def _run(args: argparse.Namespace, common: list[str], tolerance: float, out_dir: Path,
+         say: Callable[[str], None]) -> int:
+    """The session, once the arguments are checked; a first SIGINT or SIGTERM raises :class:`Interrupted`, later
+    ones only print (:func:`kvcache.analysing.files.signals_stop`)."""
+    session: Session | None = None
+    sides = []
+    phases: dict[str, float] = {}  # wall seconds: start (both workers up), drive, finish (both exited), judge
+    started = time.monotonic()
+    try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        for sig in previous:
-            signal.signal(sig, _on_signal)
-        session = Session(build_sides(args, out_dir, say))
+        sides = build_sides(args, out_dir, say)
+        session = Session(sides)
         started = time.monotonic()  # releases installed: the session proper
         start(session, common, Path.cwd())
         phases["start"] = time.monotonic() - started
         say(f"kvcache ab: {len(session.items)} items, each side's log in {out_dir}/")
         drive(session, say)
     except ABError as exc:
-        if session is not None:
-            for side in session.sides:
-                side.kill()
+        for side in sides:
+            side.kill()
         print(f"kvcache ab: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except Interrupted as exc:
-        if session is None:
-            return EXIT_INTERRUPTED
-        session.interrupted = str(exc)
+        if session is not None:
+            session.interrupted = str(exc)
         say(f"kvcache ab: {exc}: stopping both sides, keeping the finished pairs")
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    assert session is not None
-    try:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the results are written whatever arrives now
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        mark = time.monotonic()
-        phases["drive"] = mark - started - phases.get("start", 0.0)
-        for side in session.sides:
-            side.kill() if (session.interrupted or any(x.failure for x in session.sides)) else side.finish()
-        if not session.items:  # interrupted before the workers said hello: nothing was measured
-            return EXIT_INTERRUPTED
-        phases["finish"], mark = time.monotonic() - mark, time.monotonic()
-        doc = results(session, tolerance)
-        phases["judge"] = time.monotonic() - mark
-        doc["ab_run"]["seconds"] = round(time.monotonic() - started, 1)
-        doc["ab_run"]["phase_seconds"] = {name: round(value, 1) for name, value in phases.items()}
+    files.quiet_signals("kvcache ab")  # the results are written whatever arrives now
+    mark = time.monotonic()
+    phases["drive"] = mark - started - phases.get("start", 0.0)
+    stopped = session is None or session.interrupted or any(x.failure for x in session.sides)
+    for side in sides:
+        side.kill() if stopped else side.finish()
+    if session is None or not session.items:  # interrupted before the workers said hello: nothing was measured
+        interrupted = session.interrupted if session is not None else "a signal"
+        say(f"kvcache ab: interrupted by {interrupted} during start-up: nothing was measured")
         if args.json:
-            from kvcache.analysing import files
-            from kvcache.analysing.records import jsonable
-
-            files.write_text_atomically(args.json, json.dumps(jsonable(doc), indent=1))
-        for line in summary(doc):
-            print(line, flush=True)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            _write_json(args.json, results_before_start(sides, str(interrupted), tolerance))
+            say(f"kvcache ab: {args.json} written (interrupted, no pairs)")
+        return EXIT_INTERRUPTED
+    phases["finish"], mark = time.monotonic() - mark, time.monotonic()
+    doc = results(session, tolerance)
+    phases["judge"] = time.monotonic() - mark
+    doc["ab_run"]["seconds"] = round(time.monotonic() - started, 1)
+    doc["ab_run"]["phase_seconds"] = {name: round(value, 1) for name, value in phases.items()}
+    if args.json:
+        _write_json(args.json, doc)
+    for line in summary(doc):
+        print(line, flush=True)
     from kvcache.analysing import ab as judge
 
     if judge.regressions(doc["ab"]):
@@ -185,6 +188,12 @@ def main(argv: list[str] | None = None) -> int:
     if any(side.failure for side in session.sides):
         return EXIT_SIDE_FAILED
     return EXIT_OK
+
+
+def _write_json(path: str, doc: dict[str, Any]) -> None:
+    from kvcache.analysing.records import jsonable
+
+    files.write_text_atomically(path, json.dumps(jsonable(doc), indent=1))
 
 
 if __name__ == "__main__":

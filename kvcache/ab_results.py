@@ -71,6 +71,23 @@ def results(session: Session, tolerance: float) -> dict[str, Any]:
                        "datetime": now, "kv": kv_a.to_json()}}
 
 
+def results_before_start(sides: list[Side], interrupted: str, tolerance: float) -> dict[str, Any]:
+    """The output document of a session stopped during start-up (a release being installed, the workers not yet
+    up): nothing measured, each side's ``kv.session`` and ``ab_run`` saying it was interrupted, so that ``--json``
+    is written whatever stops the command."""
+    from kvcache.analysing.records import SCHEMA
+
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    kv = {"schema": SCHEMA, "session": {"interrupted": True, "exit": f"interrupted by {interrupted}", "failed": []}}
+    run = {"format": FORMAT, "tolerance": tolerance, "interrupted": interrupted, "failed": [], "items": 0,
+           "pairs": [], "sides": {side.name: {"args": side.args, "release": side.release, "transformers": None,
+                                              "torch": None, "log": str(side.log), "failed": None,
+                                              "items_finished": 0, "drift": None, "copy": []} for side in sides},
+           "paired_drift": {}, "notes": [f"interrupted by {interrupted} during start-up: nothing was measured"]}
+    return {"benchmarks": [], "machine_info": {}, "commit_info": {}, "datetime": now, "version": None, "kv": kv,
+            "ab": {}, "ab_run": run, "side_a": {"benchmarks": [], "machine_info": {}, "datetime": now, "kv": kv}}
+
+
 def summary(doc: dict[str, Any]) -> list[str]:
     """The terminal summary of a :func:`results` document: sides, drift and copy bandwidth per side, the verdict
     table, failures."""

@@ -126,8 +126,11 @@ class Side:
         except OSError:
             return "(no log)"
         lines = [line for line in text.splitlines()[1:] if line.strip() and not set(line.strip()) <= set("=-_")]
-        errors = [line for line in lines if line.lstrip().startswith(("ERROR", "E ", "ModuleNotFoundError",
-                                                                     "ImportError"))]
+        # argparse's "PROG: error: unrecognized arguments: --kv-bogus" names the bad value; pytest's "ERROR: usage:
+        # ..." line before it does not
+        errors = [line for line in lines if ": error: " in line] or [
+            line for line in lines if line.lstrip().startswith(("ERROR", "E ", "ModuleNotFoundError", "ImportError"))
+            and not line.lstrip().startswith("ERROR: usage:")]
         return one_line("\n".join(errors[-1:] or lines[-1:]) or "(empty log)")
 
     def finish(self) -> None:

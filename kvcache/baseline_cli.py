@@ -8,8 +8,8 @@ import argparse
 import datetime
 import sys
 
+from kvcache.analysing import arguments
 from kvcache.analysing import baseline as baselines
-from kvcache.analysing import files
 from kvcache.analysing.records import RecordError, load_run
 
 
@@ -19,13 +19,13 @@ def main(argv: list[str]) -> int:
         description="Record a finished run's passes (a --benchmark-json file) in the baseline file, by the rules "
                     "of --kv-update-baseline: counted passes always, timed passes only from a fit that would be "
                     "judged (positive, R² at least the run's --kv-min-r2, 3 or more contexts, drift checked and "
-                    "within its limit, the session not interrupted).")
+                    "within its limit, the session not interrupted). Exit 0, or 2 on bad input or when no figure "
+                    "could be recorded (the message says why).")
     parser.add_argument("run", metavar="RUN.json", help="a --benchmark-json file written by the suite")
     parser.add_argument("--baseline", default="kv-baseline.json", help="baseline file (default kv-baseline.json)")
     args = parser.parse_args(argv)
-    problem = files_problem(args.run, args.baseline)
-    if problem:
-        print(f"kvcache baseline: {problem}", file=sys.stderr)
+    if arguments.paths_refused("kvcache baseline", reads=[("RUN.json", args.run)],
+                               writes=[("--baseline", args.baseline)]):
         return 2
     try:
         run = load_run(args.run)
@@ -40,15 +40,22 @@ def main(argv: list[str]) -> int:
         return 2
     for key, by_cache in entries.items():
         for cache, entry in by_cache.items():
-            values = ", ".join(f"{k} {entry[k]}" if isinstance(entry[k], int) else f"{k} {entry[k]:.3f}"
-                               for k in baselines.NUMBER_KEYS if entry.get(k) is not None)
-            print(f"{args.baseline}: {key}: {cache}: {values}")
+            print(f"{args.baseline}: {key}: {cache}: {figures_text(entry)}")
     for line in refused:
         print(f"{args.baseline}: {line}")
+    if not entries:  # nothing recorded: never a silent success
+        from kvcache.analysing.export import ALL, no_figure
+
+        print(f"kvcache baseline: {args.run}: no figure recorded in {args.baseline}: "
+              f"{'; '.join(refused) or no_figure(run, ALL)}", file=sys.stderr)
+        return 2
     return 0
 
 
-def files_problem(run: str, baseline: str) -> str | None:
-    """Before anything is read: the baseline is not the run file, and can be written (the probe of
-    :func:`kvcache.analysing.files.write_problem`); the problem names the file."""
-    return files.outputs_problem([("RUN.json", run, False), ("--baseline", baseline, True)])
+def figures_text(entry: dict) -> str:
+    """The figures of one recorded entry, ``counted_passes 3.000, ops_per_step 412, memory_held_passes 1.000``:
+    its numbers (the passes, ops, intercept and memory figures), never an empty text."""
+    keys = [*baselines.NUMBER_KEYS, *sorted(k for k in entry if k.startswith("memory_"))]
+    shown = [f"{k} {entry[k]}" if isinstance(entry[k], int) else f"{k} {entry[k]:.3f}" for k in keys
+             if isinstance(entry.get(k), (int, float)) and not isinstance(entry.get(k), bool)]
+    return ", ".join(shown) or "recorded, with no figure to show"

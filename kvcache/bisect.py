@@ -50,7 +50,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -170,10 +169,6 @@ def prepare(args: argparse.Namespace, extra: list[str], workdir: Path, say: Call
         raise BisectError(f"--caches {args.caches!r} names no class")
     if args.cls and "all" not in caches and args.cls not in caches:
         raise BisectError(f"--class {args.cls!r} is not among --caches {','.join(caches)}")
-    if args.json:
-        problem = files.write_problem(args.json)
-        if problem:
-            raise BisectError(f"--json {problem}")
     for bad in ("--benchmark-json", "--kv-update-baseline", "--kv-baseline"):
         if any(a == bad or a.startswith(bad + "=") for a in extra):
             raise BisectError(f"{bad} after -- is the bisect's own: leave it out")
@@ -187,8 +182,12 @@ def prepare(args: argparse.Namespace, extra: list[str], workdir: Path, say: Call
                   PRELOAD + (() if args.releases else PRELOAD_FAMILY), say=say)
     cache_root = None if args.no_cache else Path(args.cache_dir).expanduser() if args.cache_dir \
         else default_cache_dir()
-    if cache_root is not None and cache_root.exists() and not cache_root.is_dir():
-        raise BisectError(f"--cache-dir {cache_root} is not a folder")
+    problem = files.paths_problem(
+        reads=[("--repo", args.repo)], writes=[("--json", args.json)],
+        folders=[("--cache-dir" if args.cache_dir else "the probe cache", cache_root, ()),
+                 ("--versions-dir", Path(args.versions_dir).expanduser() if args.releases else None, ())])
+    if problem:
+        raise BisectError(problem)
     notes: list[str] = []
     if args.releases:
         first, last = release_range(args.releases, say)
@@ -238,10 +237,6 @@ def prepare(args: argparse.Namespace, extra: list[str], workdir: Path, say: Call
                 search.MEASURES[args.measure], args.cls, f"repo {top}", notes)
 
 
-def _terminate(signum, frame):  # SIGTERM: clean up (the worktree) like Ctrl-C
-    raise KeyboardInterrupt
-
-
 def main(argv: list[str] | None = None) -> int:
     own, extra = split_argv(list(sys.argv[1:] if argv is None else argv))
     args = parser().parse_args(own)
@@ -249,9 +244,15 @@ def main(argv: list[str] | None = None) -> int:
     def say(line: str) -> None:
         print(line, flush=True)
 
+    with files.signals_stop("kvcache bisect", KeyboardInterrupt):  # SIGTERM cleans up (the worktree) as Ctrl-C
+        return _run(args, extra, say)
+
+
+def _run(args: argparse.Namespace, extra: list[str], say: Callable[[str], None]) -> int:
+    """The bisect, once the arguments are parsed; a first SIGINT or SIGTERM raises KeyboardInterrupt, later ones
+    only print (:func:`kvcache.analysing.files.signals_stop`)."""
     workdir = Path(tempfile.mkdtemp(prefix="kvcache-bisect-"))
     plan = None
-    previous = signal.signal(signal.SIGTERM, _terminate) if _main_thread() else None
     try:
         try:
             plan = prepare(args, extra, workdir, say)
@@ -284,14 +285,6 @@ def main(argv: list[str] | None = None) -> int:
         if plan is not None:
             plan.runner.close()
         shutil.rmtree(workdir, ignore_errors=True)
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-
-
-def _main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
 
 
 if __name__ == "__main__":

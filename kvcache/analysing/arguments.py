@@ -1,14 +1,19 @@
-"""Command-line arguments of the analysing wing's commands (``kvcache compare``, ``comment``, ``history``,
-``export``): parsing with argparse's exit turned into a status, and the judge's rule options, made from the options
-table (:data:`kvcache.analysing.options.OPTIONS`, the one home of every rule and its help). Stdlib only."""
+"""Command-line arguments of the ``kvcache`` commands: parsing with argparse's exit turned into a status, the
+judge's rule options, made from the options table (:data:`kvcache.analysing.options.OPTIONS`, the one home of
+every rule and its help), and the checks every command makes of its arguments before any work: the files it reads
+and writes (:func:`paths_refused`, the rules of :func:`kvcache.analysing.files.paths_problem`), a URL
+(:func:`http_url`), a release name (:func:`release`, the installer's rule). Stdlib only."""
 
 from __future__ import annotations
 
 import argparse
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from urllib.parse import urlsplit
 
+from kvcache.analysing import files
 from kvcache.analysing.options import OPTIONS, Option
 from kvcache.analysing.rules import Rules
 
@@ -50,3 +55,45 @@ def rules_given(args: argparse.Namespace) -> dict[str, float]:
     except ValueError as exc:
         raise ValueError(f"--{str(exc).replace('_', '-')}") from None
     return given
+
+
+def paths_refused(prog: str, reads: Iterable[tuple[str, str | Path | None]] = (),
+                  writes: Iterable[tuple[str, str | Path | None]] = (),
+                  folders: Iterable[tuple[str, str | Path | None, Iterable[str]]] = ()) -> bool:
+    """Before any work: whether the files and folders a command reads and writes break a rule of
+    :func:`kvcache.analysing.files.paths_problem` (an output on an input, two outputs on one file, an output that
+    cannot be written); the problem is printed as ``PROG: problem``, one line, and the command exits 2."""
+    problem = files.paths_problem(reads, writes, folders)
+    if problem:
+        print(f"{prog}: {problem}", file=sys.stderr)
+    return problem is not None
+
+
+def http_url(option: str, text: str) -> str:
+    """``text`` when it is an http(s) URL with a host; ValueError (one line naming ``option`` and the value)
+    otherwise, a URL ``urlsplit`` itself refuses (``http://[evil]/``) included."""
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 - a port that is not a number raises here
+    except ValueError as exc:
+        raise ValueError(f"{option} {text!r} is not a URL ({exc}); give an http(s) URL") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{option} {text!r} is not an http(s) URL")
+    return text
+
+
+def release(option: str, text: str) -> str:
+    """A Transformers release named on the command line, normalised by the installer's rule
+    (:func:`kvcache.releases.normalise`: ``v5.23.0`` and ``5.23`` are ``5.23.0``), so that one release has one name
+    wherever it is stored; a pre-release keeps its suffix (``v5.0rc1`` is ``5.0.0rc1``). ValueError (one line
+    naming ``option``) for a name that is not a release number."""
+    from kvcache.releases import ReleaseError, normalise
+
+    given = text.strip()
+    found = re.fullmatch(r"[vV]?(\d+(?:\.\d+)+)((?:a|b|rc)\d+)?(\.dev\d+)?", given)
+    try:
+        if found is None:
+            raise ReleaseError(f"not a release number: {text!r} (e.g. 5.24.0, v5.24.0, 5.24 or 5.0.0rc1)")
+        return normalise(found.group(1))[0] + (found.group(2) or "") + (found.group(3) or "")
+    except ReleaseError as exc:
+        raise ValueError(f"{option}: {exc}") from None

@@ -16,13 +16,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from kvcache.analysing import arguments
 from kvcache.analysing.comment import GITHUB_LIMIT, build
 from kvcache.analysing.compare import mismatch
 from kvcache.analysing.files import write_text_atomically
-from kvcache.analysing.records import RecordError, load_run
+from kvcache.analysing.records import RecordError, load_run, load_runs
 
 
 class CommentError(ValueError):
@@ -44,8 +43,8 @@ def parser() -> argparse.ArgumentParser:
     made.add_argument("base", metavar="BASE.json", help="the pull request's base run (pytest --benchmark-json)")
     made.add_argument("head", metavar="HEAD.json", help="the pull request's head run")
     made.add_argument("--ab", metavar="AB.json", help="an A/B run (kvcache ab --json) whose paired timed "
-                      "verdicts (its 'ab' section) are shown and judged; an 'ab' section in HEAD.json is used "
-                      "the same way")
+                      "verdicts (its 'ab' section) are shown and judged, its sides of BASE's identity (unless "
+                      "--allow-mismatch); an 'ab' section in HEAD.json is used the same way")
     made.add_argument("--report-url", metavar="URL", help="http(s) link to the full report or job summary")
     made.add_argument("--base-label", metavar="TEXT", help="what BASE is, e.g. 'merge base 1a2b3c4'")
     made.add_argument("--head-label", metavar="TEXT", help="what HEAD is, e.g. 'head 5d6e7f8'")
@@ -75,19 +74,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = arguments.parse(parser(), argv)
     if isinstance(args, int):  # --help (0) or a usage error (2)
         return args
+    if arguments.paths_refused("kvcache comment", reads=[("BASE.json", args.base), ("HEAD.json", args.head),
+                                                         ("--ab", args.ab)], writes=[("--out", args.out)]):
+        return 2
     try:
         if args.max_chars < 1000:
             raise CommentError(f"--max-chars {args.max_chars} is too small; give at least 1000 (GitHub allows "
                                f"{GITHUB_LIMIT})")
         if args.report_url is not None:
-            parts = urlsplit(args.report_url)
-            if parts.scheme not in ("http", "https") or not parts.netloc:
-                raise CommentError(f"--report-url {args.report_url!r} is not an http(s) URL")
+            try:
+                arguments.http_url("--report-url", args.report_url)
+            except ValueError as exc:
+                raise CommentError(str(exc)) from None
         try:
             base, head = load_run(args.base), load_run(args.head)
+            sides = load_runs(args.ab) if args.ab else []  # an A/B run's two sides: the same identity as BASE's
         except RecordError as exc:
             raise CommentError(str(exc)) from None
-        problem = mismatch([base, head])
+        problem = mismatch([base, head, *sides])
         if problem and not args.allow_mismatch:
             raise CommentError(f"refusing to compare runs that differ in {problem}; pass --allow-mismatch to "
                                "compare anyway")

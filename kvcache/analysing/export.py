@@ -14,9 +14,12 @@ entry per (class, measure), every figure one where smaller is better:
   (``kv.memory.<class>``; the gate's :data:`kvcache.analysing.judges.MEMORY_FIGURES`, nothing else of that section).
 
 ``name`` is stable across runs (the action draws one line per name); ``extra`` names the run's identity (model,
-dtype, device, Transformers and torch releases). A figure the run lacks, or that is not finite, is left out.
-``--measures`` picks measures (``counted`` alone charts the exact figures only). Exit 0, or 2 on unreadable input
-or bad options. No torch here.
+dtype, device, Transformers and torch releases). A figure the run lacks is left out; one that is there but is not a
+finite number (NaN, infinite, text) is left out and named on stderr. ``--measures`` picks measures (``counted``
+alone charts the exact figures only). Exit 0, or 2 on unreadable input, bad options, an output on an input, or a
+run with no figure for the measures asked (every class skipped, ``--measures timed`` on a counted-only run: the
+message says why).
+No torch here.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Any
 
 from kvcache.analysing import arguments, identity, judges
 from kvcache.analysing.files import write_text_atomically
-from kvcache.analysing.records import Fit, RecordError, Run, load_run
+from kvcache.analysing.records import Fit, FitFailure, RecordError, Run, load_run
 from kvcache.analysing.stats import finite, interval
 
 FORMATS = ("github-action-benchmark",)
@@ -55,9 +58,42 @@ def _range(value: Any) -> str | None:
     return None if bounds is None else f"{bounds[0]:.4g} to {bounds[1]:.4g} (bootstrap interval)"
 
 
-def github_action_benchmark(run: Run, measures: Sequence[str] = ALL) -> list[dict[str, Any]]:
+def figure(raw: Any, label: str, notes: list[str] | None) -> float | None:
+    """``raw`` as a finite float (:func:`~kvcache.analysing.stats.finite`); None when absent or not a finite
+    number, the latter said in ``notes`` (``LABEL is nan, not a finite number: left out``): never dropped quietly."""
+    value = finite(raw)
+    if value is None and raw is not None and notes is not None:
+        notes.append(f"{label} is {raw!r}, not a finite number: left out")
+    return value
+
+
+def no_figure(run: Run, measures: Sequence[str], notes: Sequence[str] = ()) -> str:
+    """Why ``run`` has no figure for ``measures``, one line: every class skipped (with their reasons), no timed fit
+    (a counted-only run, or every fit failed), no counted traffic or memory, or figures that are not numbers (the
+    ``notes`` of :func:`figure`)."""
+    kv = run.record
+    skipped = {s.cache: s.reason for s in kv.skipped if s.context is None}
+    if not kv.traffic and not kv.fit and not kv.memory:
+        if skipped:
+            return f"every class was skipped ({'; '.join(f'{c}: {r}' for c, r in skipped.items())})"
+        return "it holds no counted traffic, fit or memory of any class"
+    why = []
+    if {"timed", "intercept"} & set(measures) and not any(isinstance(f, Fit) for f in kv.fit.values()):
+        failed = {c: f.error for c, f in kv.fit.items() if isinstance(f, FitFailure)}
+        why.append("no timed fit (" + ("; ".join(f"{c}: {e}" for c, e in failed.items()) if failed
+                                      else "a counted-only run?") + ")")
+    if {"counted", "ops", "weight_passes"} & set(measures) and not kv.traffic:
+        why.append("no counted traffic (a timed-only run?)")
+    if "memory" in measures and not kv.memory:
+        why.append("no counted memory")
+    return "; ".join(why or notes) or "every figure asked for is missing"
+
+
+def github_action_benchmark(run: Run, measures: Sequence[str] = ALL,
+                            notes: list[str] | None = None) -> list[dict[str, Any]]:
     """The ``customSmallerIsBetter`` entries of ``run``: ``name`` (str), ``unit`` (str), ``value`` (a finite
-    number), ``range`` (str, where the figure has an interval) and ``extra`` (str, the identity)."""
+    number), ``range`` (str, where the figure has an interval) and ``extra`` (str, the identity). A figure that is
+    there but not a finite number is left out and named in ``notes``."""
     kv = run.record
     extra = extra_of(run)
     sections: dict[str, dict[str, Any]] = {"traffic": kv.traffic,
@@ -67,14 +103,16 @@ def github_action_benchmark(run: Run, measures: Sequence[str] = ALL) -> list[dic
         for measure in measures:
             if measure == "memory":
                 memory = kv.memory.get(cache)  # allocated, peak and held passes
-                figures = {} if memory is None else {n: finite(getattr(memory, n)) for n in judges.MEMORY_FIGURES}
+                figures = {} if memory is None else {
+                    n: figure(getattr(memory, n), f"{cache}: memory {n.replace('_', ' ')}", notes)
+                    for n in judges.MEMORY_FIGURES}
                 entries += [{"name": f"{cache}: memory {name.replace('_', ' ')}", "unit": "passes", "value": value,
                              "extra": extra} for name, value in figures.items() if value is not None]
                 continue
             suffix, unit, section, key, interval_key = MEASURES[measure]
             record = sections[section].get(cache)
             raw = getattr(record, key) if record is not None else None
-            value = finite(raw)
+            value = figure(raw, f"{cache}: {suffix}", notes)
             if value is None:  # absent, not finite, or not a number (a bool included)
                 continue
             entry: dict[str, Any] = {"name": f"{cache}: {suffix}", "unit": unit,
@@ -94,8 +132,9 @@ def _parser() -> argparse.ArgumentParser:
         "for its customSmallerIsBetter tool, one entry per class and measure (counted passes, ATen ops per step, "
         "weight passes, timed passes and intercept with their interval as range, memory allocated, peak and held "
         "passes where recorded), each "
-        "with name, unit, value and the run's identity as extra. Exit 0, or 2 on unreadable input or bad "
-        "options.",
+        "with name, unit, value and the run's identity as extra; a figure that is not a finite number is left "
+        "out and named. Exit 0, or 2 on unreadable input, bad options, an output on an input, or no figure for "
+        "the measures asked (the message says why).",
     )
     parser.add_argument("run", metavar="RUN.json", help="a pytest --benchmark-json file of the suite")
     parser.add_argument("--format", required=True, metavar="FORMAT", help=f"one of: {', '.join(FORMATS)}")
@@ -119,12 +158,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kvcache export: --measures {args.measures!r}: {', '.join(map(repr, unknown)) or 'none given'}; "
               f"choose from {', '.join(ALL)}", file=sys.stderr)
         return 2
+    if arguments.paths_refused("kvcache export", reads=[("RUN.json", args.run)], writes=[("--out", args.out)]):
+        return 2
     try:
         run = load_run(args.run)
     except RecordError as exc:
         print(f"kvcache export: {exc}", file=sys.stderr)
         return 2
-    text = json.dumps(github_action_benchmark(run, measures), indent=2) + "\n"
+    notes: list[str] = []
+    entries = github_action_benchmark(run, measures, notes)
+    if not entries:  # one line saying why
+        print(f"kvcache export: {args.run}: no figure to export for --measures {','.join(measures)}: "
+              f"{no_figure(run, measures, notes)}", file=sys.stderr)
+        return 2
+    for note in notes:
+        print(f"kvcache export: {note}", file=sys.stderr)
+    text = json.dumps(entries, indent=2) + "\n"
     if args.out:
         try:
             write_text_atomically(args.out, text)

@@ -1,6 +1,7 @@
-"""Files a run writes (the ``--benchmark-json`` run, the baseline): written atomically through symlinks, probed
-before a run starts, never two outputs (or an output and the baseline read) on one file. Analysing wing: stdlib
-only.
+"""Files a run or a command writes (the ``--benchmark-json`` run, the baseline, every ``kvcache`` command's
+outputs): written atomically through symlinks, probed before anything runs, never two outputs (or an output and a
+file read) on one file; and the signals that arrive once a command is stopping. The one home of these rules for
+the suite and every command (:func:`paths_problem`, :func:`quiet_signals`). Analysing wing: stdlib only.
 
 A symlink is written through to its target: the temp file is made beside the target and replaces it, so the link
 stays a link and a reader sees the old or the new file, never part of one. A signal during the write leaves the
@@ -10,9 +11,13 @@ cannot be replaced: it is written in place, as pytest-benchmark would.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import stat
 import tempfile
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 
@@ -57,6 +62,108 @@ def outputs_problem(found: list[tuple[str, str | Path, bool]]) -> str | None:
         if problem:
             return f"{option} {problem}"
     return None
+
+
+def paths_problem(reads: Iterable[tuple[str, str | Path | None]] = (),
+                  writes: Iterable[tuple[str, str | Path | None]] = (),
+                  folders: Iterable[tuple[str, str | Path | None, Iterable[str]]] = ()) -> str | None:
+    """The rule every command applies before any work: ``reads`` and ``writes`` are ``[(option, path)]`` (a None
+    path, an option not given, is left out), ``folders`` ``[(option, folder, names)]``: an output folder and the
+    names of the files written into it. No output lands on an input or on another output (same file, a symlink or
+    a hard link to it, a file written inside an output folder included: :func:`outputs_problem`), every output
+    file passes :func:`write_problem` and every output folder :func:`folder_problem`. The problem is one line
+    naming the option and the path; None when there is none."""
+    found: list[tuple[str, str | Path, bool]] = [(o, p, False) for o, p in reads if p is not None]
+    found += [(o, p, True) for o, p in writes if p is not None]
+    given = [(o, p, tuple(names)) for o, p, names in folders if p is not None]
+    for option, folder, names in given:
+        problem = folder_problem(folder)
+        if problem:
+            return f"{option} {problem}"
+        found += [(f"{option}'s {name}", Path(folder, name), True) for name in names]
+    return outputs_problem(found)
+
+
+def folder_problem(path: str | Path) -> str | None:
+    """Why files could not be written into the folder ``path``, found by trying without changing anything: a
+    folder that exists gets a temp file created and removed in it (an immutable, ``chattr +i``, or append-only,
+    ``chattr +a``, folder refuses that, root or not; one without write permission refuses anyone but root); one
+    that does not exist yet is probed at its nearest existing ancestor, where it will be created (a temp folder made
+    and removed). None when this works; the problem names ``path`` (and its target if it is a symlink)."""
+    real = target(path)
+    if real.exists() and not real.is_dir():
+        return f"{shown(path)}: is not a folder"
+    folder = real
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{shown(path)}: {folder} is not a folder"
+    try:
+        if folder == real:
+            fd, probe = tempfile.mkstemp(dir=folder, prefix=".kvcache-", suffix=".probe")
+            os.close(fd)
+            os.unlink(probe)
+        else:
+            os.rmdir(tempfile.mkdtemp(dir=folder, prefix=".kvcache-", suffix=".probe"))
+    except OSError as exc:
+        what = "create a file in it" if folder == real else f"create a folder in {folder}"
+        return f"{shown(path)}: cannot {what} ({_reason(exc)}; immutable, append-only or no permission?)"
+    return None
+
+
+def quiet_signals(prog: str) -> None:
+    """From now until the process exits, SIGINT and SIGTERM only print a line (``PROG: SIGTERM again: already
+    stopping``): what a command or the suite installs once its first signal has been taken, so that a second
+    one, whenever it comes (the results being written, pytest's teardown, the interpreter's exit), neither
+    changes the exit status nor prints a traceback. A signal someone else ignores stays ignored; only from the
+    main thread (where handlers can be set). A later session in the same process (``pytest.main`` called again)
+    may replace these handlers with its own (:func:`is_quiet`)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def say(signum: int, frame: object) -> None:
+        # os.write, not sys.stderr: the signal may land inside a write to sys.stderr (a reentrant call raises)
+        os.write(2, f"\n{prog}: {signal.Signals(signum).name} again: already stopping\n".encode())
+
+    say.kvcache_quiet = True  # type: ignore[attr-defined]
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, say)
+
+
+@contextlib.contextmanager
+def signals_stop(prog: str, stop: Callable[[str], BaseException]) -> Iterator[None]:
+    """Within the block, the first SIGINT or SIGTERM raises ``stop(signal name)`` (what stops a command: Ctrl-C and
+    SIGTERM alike) and from then on, until the process exits, every later one only prints (:func:`quiet_signals`):
+    the command's clean-up and exit status stay its own. At the end of the block the previous handlers come back
+    when no signal came; a signal ignored before (``nohup``) stays ignored. Only from the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    came: list[int] = []
+
+    def handle(signum: int, frame: object) -> None:
+        came.append(signum)
+        quiet_signals(prog)
+        raise stop(signal.Signals(signum).name)
+
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is not
+                signal.SIG_IGN}
+    for signum in previous:
+        signal.signal(signum, handle)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            if not came:  # no signal came: the handlers from before (after one, every later one only prints)
+                signal.signal(signum, handler)
+
+
+def is_quiet(handler: object) -> bool:
+    """Whether ``handler`` is one :func:`quiet_signals` installed (a finished session's, free to replace)."""
+    return bool(getattr(handler, "kvcache_quiet", False))
 
 
 def write_problem(path: str | Path) -> str | None:

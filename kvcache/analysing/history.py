@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from kvcache.analysing import arguments, files, identity
+from kvcache.analysing.export import figure, no_figure
 from kvcache.analysing.records import Fit, RecordError, Run, load_run
 from kvcache.analysing.report.data import ReportError
 from kvcache.analysing.stats import finite, interval
@@ -63,8 +64,9 @@ class HistoryError(ValueError):
 # --- entries -------------------------------------------------------------------------------------------------
 
 
-def figures_of(run: Run) -> dict[str, dict[str, Any]]:
-    """``{cache: {measure: value, ...}}``: what an entry keeps of a run (see the module docstring for units)."""
+def figures_of(run: Run, notes: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """``{cache: {measure: value, ...}}``: what an entry keeps of a run (see the module docstring for units); a
+    figure that is there but not a finite number is left out and named in ``notes``."""
     kv = run.record
     out: dict[str, dict[str, Any]] = {}
     for cache in run.caches():
@@ -72,33 +74,54 @@ def figures_of(run: Run) -> dict[str, dict[str, Any]]:
         figures: dict[str, Any] = {}
         if traffic is not None:
             ops = traffic.ops_per_step
-            figures.update(counted=finite(traffic.passes),
-                           by_op={str(k): v for k, v in traffic.by_op.items() if finite(v) is not None},
-                           ops=ops if isinstance(ops, int) else None, weight_passes=finite(traffic.weight_passes))
+            figures.update(counted=figure(traffic.passes, f"{cache}: counted passes", notes),
+                           by_op={str(k): v for k, v in traffic.by_op.items()
+                                  if figure(v, f"{cache}: counted passes of {k}", notes) is not None},
+                           ops=ops if isinstance(ops, int) else figure(ops, f"{cache}: ATen ops per step", notes),
+                           weight_passes=figure(traffic.weight_passes, f"{cache}: weight passes", notes))
         if isinstance(fit, Fit):
-            figures.update(timed=finite(fit.passes), timed_ci=interval(fit.passes_ci),
-                           intercept=finite(fit.intercept_ms), intercept_ci=interval(fit.intercept_ci))
+            figures.update(timed=figure(fit.passes, f"{cache}: timed passes", notes),
+                           timed_ci=interval(fit.passes_ci),
+                           intercept=figure(fit.intercept_ms, f"{cache}: intercept", notes),
+                           intercept_ci=interval(fit.intercept_ci))
         out[cache] = {k: v for k, v in figures.items() if v not in (None, {})}
     return out
 
 
-def entry_of(run: Run, *, commit: str | None = None, release: str | None = None) -> dict[str, Any]:
-    """One store line for ``run`` at ``commit`` (or ``release``)."""
+def entry_of(run: Run, *, commit: str | None = None, release: str | None = None,
+             notes: list[str] | None = None) -> dict[str, Any]:
+    """One store line for ``run`` at ``commit`` (or ``release``); HistoryError when no class has a figure (the
+    message says why: every class skipped, no counted traffic or fit)."""
     ident = identity.of_run(run.record)
+    found_notes: list[str] = []
+    caches = {cache: found for cache, found in figures_of(run, found_notes).items() if found}
+    if not caches:
+        raise HistoryError(f"{run.path}: no figure to add: {no_figure(run, list(MEASURES), found_notes)}")
+    if notes is not None:
+        notes.extend(found_notes)
     return {"schema": SCHEMA, "commit": commit, "release": release, "identity": ident,
             "setup": identity.describe(ident), "transformers": run.transformers, "datetime": run.datetime,
-            "run": Path(run.path).name, "caches": figures_of(run)}
+            "run": Path(run.path).name, "caches": caches}
+
+
+def release_of(entry: dict[str, Any]) -> str:
+    """An entry's release as the installer names it (``v5.23.0`` and ``5.23`` are ``5.23.0``, what an older store
+    may hold), or as stored when it is not a release number."""
+    try:
+        return arguments.release("--release", str(entry.get("release")))
+    except ValueError:
+        return str(entry.get("release"))
 
 
 def key_of(entry: dict[str, Any]) -> tuple[str, str]:
-    """What makes an entry unique: its commit (or release) and its identity."""
-    where = f"commit {entry['commit']}" if entry.get("commit") else f"release {entry.get('release')}"
+    """What makes an entry unique: its commit (or release, normalised) and its identity."""
+    where = f"commit {entry['commit']}" if entry.get("commit") else f"release {release_of(entry)}"
     return where, json.dumps(entry.get("identity"), sort_keys=True)
 
 
 def label_of(entry: dict[str, Any]) -> str:
     """The entry's name on an axis: the commit's first 8 characters, or the release."""
-    return str(entry["commit"])[:8] if entry.get("commit") else str(entry.get("release"))
+    return str(entry["commit"])[:8] if entry.get("commit") else release_of(entry)
 
 
 def read_store(path: str | Path) -> list[dict[str, Any]]:
@@ -208,7 +231,7 @@ def ordered(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The entries in plotting order: releases (a store of releases only) by version, whatever order they were
     added in; commits as added (the order they were measured in)."""
     if entries and all(e.get("release") and not e.get("commit") for e in entries):
-        return sorted(entries, key=lambda e: release_key(str(e["release"])))
+        return sorted(entries, key=lambda e: release_key(release_of(e)))
     return list(entries)
 
 
@@ -328,6 +351,10 @@ def plot(entries: list[dict[str, Any]], out: str | Path) -> tuple[list[Path], li
 # --- command -------------------------------------------------------------------------------------------------
 
 
+#: The files ``plot`` writes into ``--out``: one PNG per measure, steps.json and steps.md.
+PLOT_FILES = (*(f"{measure}.png" for measure in MEASURES), "steps.json", "steps.md")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvcache history",
@@ -345,7 +372,8 @@ def _parser() -> argparse.ArgumentParser:
     where = adding.add_mutually_exclusive_group()
     where.add_argument("--commit", metavar="REV", help="the commit the run measured, resolved to its full sha by git "
                        "(default: git rev-parse HEAD)")
-    where.add_argument("--release", metavar="VERSION", help="a release the run measured, instead of a commit")
+    where.add_argument("--release", metavar="VERSION", help="a release the run measured, instead of a commit "
+                       "(a release number; v5.23.0 and 5.23 are stored as 5.23.0)")
     plotting = sub.add_parser("plot", help="draw the trend PNGs")
     plotting.add_argument("--store", required=True, metavar="FILE", help="the history, JSON lines")
     plotting.add_argument("--out", required=True, metavar="DIR", help="folder for the PNGs and steps.json")
@@ -358,20 +386,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args
     try:
         if args.action == "add":
-            for name in ("commit", "release"):
-                value = getattr(args, name)
-                if value is not None and (not value.strip() or any(c.isspace() for c in value)):
-                    raise HistoryError(f"--{name} {value!r} must be one word, not empty")
+            if args.commit is not None and (not args.commit.strip() or any(c.isspace() for c in args.commit)):
+                raise HistoryError(f"--commit {args.commit!r} must be one word, not empty")
+            try:
+                release = None if args.release is None else arguments.release("--release", args.release)
+            except ValueError as exc:
+                raise HistoryError(str(exc)) from None
+            if arguments.paths_refused("kvcache history", reads=[("RUN.json", args.run)],
+                                       writes=[("--store", args.store)]):
+                return 2
             try:
                 run = load_run(args.run)
             except RecordError as exc:
                 raise HistoryError(str(exc)) from None
-            commit = resolve_commit(args.commit) if args.commit else None if args.release else git_head()
-            entry = entry_of(run, commit=commit, release=args.release)
+            commit = resolve_commit(args.commit) if args.commit else None if release else git_head()
+            notes: list[str] = []
+            entry = entry_of(run, commit=commit, release=release, notes=notes)
+            for note in notes:
+                print(f"kvcache history: {note}", file=sys.stderr)
             add(args.store, entry)
             print(f"kvcache history: added {key_of(entry)[0]} ({entry['setup']}, {len(entry['caches'])} classes) "
                   f"to {args.store}")
         else:
+            if arguments.paths_refused("kvcache history", reads=[("--store", args.store)],
+                                       folders=[("--out", args.out, PLOT_FILES)]):
+                return 2
             entries = ordered(read_store(args.store))
             if not entries:
                 raise HistoryError(f"--store {args.store}: no entries (add some with kvcache history add)")

@@ -23,6 +23,7 @@ from kvcache.analysing.records import (
     Verdict,
 )
 from kvcache.analysing.rules import Rules
+from kvcache.analysing.stats import finite
 
 MEASURES = ("counted", "timed", "overhead", "intercept", "ledger", "memory")
 # Measures that are counted, not timed: never inconclusive for noise, so --kv-strict leaves them alone.
@@ -170,8 +171,8 @@ def judge_counted(counted: Counted | None, *, allowed: float | None, base_by_op:
     verdict = Verdict("pass", "", value=passes, allowed=allowed)
     if allowed is None:
         verdict.status, verdict.reason = "no-baseline", no_baseline_reason(key)
-    elif not math.isfinite(passes):
-        verdict.status, verdict.reason = "inconclusive", f"counted passes is {passes}"
+    elif finite(passes) is None:  # NaN, infinite, or not a number at all (a hand-edited run)
+        verdict.status, verdict.reason = "inconclusive", f"counted passes is {passes!r}, not a finite number"
     elif passes > allowed * (1 + COUNTED_RELATIVE_SLACK):
         verdict.status = "regression"
         verdict.reason = f"counted passes {fmt(passes)} is above the allowed {fmt(allowed)}"
@@ -238,7 +239,7 @@ def judge_memory(memory: Memory | None, base: BaselineEntry | None, *, rules: Ru
         if value is None or reference is None:
             continue
         allowed = reference + rules.memory_tolerance
-        over = not math.isfinite(value) or value > allowed + abs(allowed) * COUNTED_RELATIVE_SLACK
+        over = finite(value) is None or value > allowed + abs(allowed) * COUNTED_RELATIVE_SLACK
         parts[name] = Part("regression" if over else "pass", value=value, allowed=allowed)
         if over:
             problems.append(f"{name.replace('_', ' ')} {fmt_figure(round(value, 4))} is above the allowed "

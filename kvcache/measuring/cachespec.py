@@ -6,8 +6,13 @@ decode step that builds caches, so that none of them depends on another. Users i
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Any, Callable
+
+#: The layer kinds a class may declare it serves (``kinds``), as :data:`kvcache.measuring.geometry.KINDS` names them.
+LAYER_KINDS = ("full", "sliding", "linear")
 
 
 class Unsupported(RuntimeError):
@@ -79,6 +84,46 @@ class CacheSpec:
     kinds: tuple[str, ...] | None = None
     point: Callable[..., Any] | None = None
     pads: bool = True
+
+    def __post_init__(self) -> None:
+        """Every field checked at registration: a bad one is a one-line ValueError naming the class, the argument
+        and what it accepts (a NaN ``memory_factor`` would turn the peak check off, a text one fail mid-run)."""
+        problem = spec_problem(self)
+        if problem:
+            raise ValueError(f"register_cache({self.name!r}): {problem}")
+        for name in ("devices", "kinds"):  # a list given is kept as a tuple (the spec is frozen and hashable)
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, tuple(getattr(self, name)))
+
+
+def spec_problem(spec: CacheSpec) -> str | None:
+    """What is wrong with one of ``spec``'s fields, one line naming it, its value and what it accepts; None."""
+    def strings(value: Any) -> bool:
+        return isinstance(value, (list, tuple)) and bool(value) and all(isinstance(v, str) and v for v in value)
+
+    factor = spec.memory_factor
+    checks = [
+        ("name", isinstance(spec.name, str) and spec.name.strip() != "", "a non-empty text"),
+        ("build", callable(spec.build), "a function build(request: CacheRequest) -> cache"),
+        ("description", isinstance(spec.description, str), "a text"),
+        ("attention", isinstance(spec.attention, str) and spec.attention.strip() != "",
+         "the name of an attention implementation (sdpa, eager, ...)"),
+        ("prepare", spec.prepare is None or callable(spec.prepare), "None or a function of no argument"),
+        ("devices", spec.devices is None or strings(spec.devices),
+         "None (any device) or a non-empty tuple of device types, e.g. ('cuda',)"),
+        ("memory_factor", isinstance(factor, numbers.Real) and not isinstance(factor, bool)
+         and math.isfinite(factor) and factor > 0,
+         "a finite number above 0: the cache sizes a step holds at its peak (2 for a class that copies on append)"),
+        ("in_all", isinstance(spec.in_all, bool), "True or False"),
+        ("kinds", spec.kinds is None or (strings(spec.kinds) and set(spec.kinds) <= set(LAYER_KINDS)),
+         f"None (any) or a non-empty tuple of {', '.join(LAYER_KINDS)}"),
+        ("point", spec.point is None or callable(spec.point), "None or a factory of decode points"),
+        ("pads", isinstance(spec.pads, bool), "True or False"),
+    ]
+    for name, good, accepted in checks:
+        if not good:
+            return f"{name} {getattr(spec, name)!r} is not accepted; give {accepted}"
+    return None
 
 
 def run_entry_points(group: str, use: Callable[[Any], None]) -> list[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kvcache.measuring.cachespec import LAYER_KINDS
 from kvcache.measuring.presets import torch_dtype
 
 #: The kind of layer (full, sliding, linear; none: caches nothing) each cache layer type of a config stands for.
@@ -16,7 +17,7 @@ KIND_OF_LAYER_TYPE = {
     "sliding_attention": "sliding", "chunked_attention": "sliding", "hybrid_sliding": "sliding",
     "linear_attention": "linear", "conv": "linear", "dummy": "none",
 }
-KINDS = ("full", "sliding", "linear")  # the kinds passes are reported for ("none": a layer that caches nothing)
+KINDS = LAYER_KINDS  # the kinds passes are reported for ("none": a layer that caches nothing)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,9 @@ class Stopper:
     arrives once the session's results are being written, only prints a line: the writes finish (the JSON and
     the baseline are whole files, the interrupted mark stays) and the exit status is not 0. SIGKILL still stops
     at once, losing what was not written. Installed from the main thread, only over Python's default handlers;
-    the previous handlers come back at unconfigure."""
+    the previous handlers come back at unconfigure when no signal came. After one, every later signal only prints
+    until the process exits (:func:`kvcache.analysing.files.quiet_signals`): pytest's teardown after unconfigure
+    (its ``gc.collect``, the plugins' unconfigure) is not interrupted, the exit status stays 2, no traceback."""
 
     SIGNALS = ("SIGINT", "SIGTERM")
 
@@ -32,16 +34,26 @@ class Stopper:
         self.previous: dict[int, Any] = {}
 
     def install(self) -> None:
+        from kvcache.analysing.files import is_quiet
+
         if threading.current_thread() is not threading.main_thread():
             return  # signal handlers can only be set from the main thread
         for name in self.SIGNALS:
             signum = getattr(signal, name, None)
-            if signum is None or signal.getsignal(signum) not in (signal.SIG_DFL, signal.default_int_handler):
-                continue  # ignored (nohup) or someone else's handler: left alone
+            if signum is None:
+                continue
+            handler = signal.getsignal(signum)
+            if handler not in (signal.SIG_DFL, signal.default_int_handler) and not is_quiet(handler):
+                continue  # ignored (nohup) or someone else's handler: left alone (a stopped session's is replaced)
             self.previous[signum] = signal.getsignal(signum)
             signal.signal(signum, self.handle)
 
     def restore(self) -> None:
+        from kvcache.analysing.files import quiet_signals
+
+        if self.received and self.previous:  # stopping: whatever comes until the process exits only prints
+            quiet_signals("kvcache")
+            self.previous.clear()
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
         self.previous.clear()

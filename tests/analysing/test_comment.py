@@ -79,7 +79,8 @@ def test_an_ab_section_judges_timed_figures(tmp_path, capsys):
     assert "- **dynamic** intercept (A/B): interval straddles 1.10" in body
     assert "informational" not in body
     ab = tmp_path / "ab.json"
-    ab.write_text(json.dumps({"ab": {"dynamic": {"timed": {"status": "pass", "ratio": 1.0}}}}))
+    ab.write_text(json.dumps({**make_run({"dynamic": 3.0}), "ab": {"dynamic": {"timed": {"status": "pass",
+                                                                                   "ratio": 1.0}}}}))
     assert body_of(capsys, str(base), str(base), "--ab", str(ab)).startswith("### ✓")
 
 

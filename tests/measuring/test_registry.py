@@ -276,3 +276,35 @@ def test_registry_loads_entry_points_on_first_use(tmp_path):
                       "caches.parse_caches('ep-mine'))", pythonpath=[site])
     assert done.returncode == 0, describe(done)
     assert done.stdout.split() == ["True", "['ep-mine']"]
+
+
+@pytest.mark.parametrize("options, argument", [
+    ({"memory_factor": float("nan")}, "memory_factor nan"), ({"memory_factor": "x"}, "memory_factor 'x'"),
+    ({"memory_factor": -1}, "memory_factor -1"), ({"memory_factor": 0}, "memory_factor 0"),
+    ({"memory_factor": float("inf")}, "memory_factor inf"), ({"memory_factor": True}, "memory_factor True"),
+    ({"devices": "cuda"}, "devices 'cuda'"), ({"kinds": ("full", "global")}, "kinds ('full', 'global')"),
+    ({"prepare": "no"}, "prepare 'no'"), ({"attention": ""}, "attention ''"), ({"in_all": "yes"}, "in_all 'yes'"),
+    ({"pads": None}, "pads None"), ({"point": 3}, "point 3"), ({"description": 1}, "description 1"),
+])
+def test_a_bad_argument_is_refused_at_registration_in_one_line(registered, options, argument):
+    """NaN would turn the peak check off, text fail mid-run (INTERNALERROR), inf blame --kv-model: all refused here,
+    naming the class, the argument and what it accepts; nothing registered."""
+    with pytest.raises(ValueError) as raised:
+        register_cache("mine-bad", lambda request: DynamicCache(), **options)
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith(f"register_cache('mine-bad'): {argument} is not accepted; give ")
+    assert "mine-bad" not in caches.registry()
+
+
+def test_a_list_of_devices_or_kinds_is_kept_as_a_tuple(registered):
+    spec = register_cache("mine-listed", lambda request: DynamicCache(), devices=["cpu"], kinds=["full"],
+                          memory_factor=1)
+    assert spec.devices == ("cpu",) and spec.kinds == ("full",) and spec.memory_factor == 1
+
+
+@pytest.mark.parametrize("name, fn, argument", [("", print, "name ''"), ("a@b", print, "name 'a@b'"),
+                                                ("mine-attn", "sdpa", "fn 'sdpa'")])
+def test_register_attention_refuses_a_bad_argument_in_one_line(name, fn, argument):
+    with pytest.raises(ValueError) as raised:
+        compat.register_attention(name, fn)
+    assert "\n" not in str(raised.value) and f": {argument} is not accepted" in str(raised.value)

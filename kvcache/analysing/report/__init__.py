@@ -23,6 +23,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from kvcache.analysing import arguments
+from kvcache.analysing.compare import mismatch
 from kvcache.analysing.records import RecordError, Run, load_runs
 from kvcache.analysing.report.ab import write_ab
 from kvcache.analysing.report.charts import (
@@ -52,6 +54,10 @@ __all__ = ["Doc", "ReportError", "build_doc", "chart_data", "crossovers", "fit_l
            "latency_figure", "ledger_figure", "main", "memory_figure", "plot_latency", "plot_ledger",
            "plot_memory", "plot_traffic",
            "points_by_cache", "render", "render_html", "run_names", "to_html", "to_markdown", "traffic_figure"]
+
+
+#: The files ``kvcache report`` writes into ``--out`` (ledger.png, memory.png and ab.png where the runs have them).
+REPORT_FILES = ("report.md", "report.html", "latency.png", "traffic.png", "ledger.png", "memory.png", "ab.png")
 
 
 def render(runs: list[Run], out_dir: Path) -> list[Path]:
@@ -87,9 +93,18 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="kvcache report", description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", metavar="RUN.json", help="pytest-benchmark JSON written with the kv plugin")
     parser.add_argument("--out", type=Path, default=Path("report"), help="output directory (default: report)")
+    parser.add_argument("--allow-mismatch", action="store_true",
+                        help="report runs whose identity differs (device, model, dtype, threads) side by side anyway")
     args = parser.parse_args(argv)
+    if arguments.paths_refused("kvcache report", reads=[("RUN.json", path) for path in args.runs],
+                               folders=[("--out", args.out, REPORT_FILES)]):
+        return 2
     try:
         runs = [run for path in args.runs for run in load_runs(path)]  # an A/B run: its two sides
+        problem = mismatch(runs)
+        if problem and not args.allow_mismatch:
+            raise ReportError(f"refusing to report runs that differ in {problem} side by side; pass "
+                              "--allow-mismatch to report them anyway")
         paths = render(runs, args.out)
         paths += [p for path in args.runs for p in write_ab(path, runs, args.out)]  # kvcache ab --json: the pair
     except (RecordError, ReportError) as exc:

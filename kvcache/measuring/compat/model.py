@@ -66,9 +66,20 @@ def register_attention(name: str, fn: Callable, *, with_sdpa_mask: bool = True) 
 
     4.51+: ``AttentionInterface.register``; 4.48-4.50: the ``ALL_ATTENTION_FUNCTIONS`` dict; up to 4.47
     there is no functional interface (:class:`Unsupported`). From 4.53 a custom name gets no mask unless a
-    mask function is registered too, so ``with_sdpa_mask`` registers ``sdpa_mask`` for it.
+    mask function is registered too, so ``with_sdpa_mask`` registers ``sdpa_mask`` for it. A bad argument is a
+    one-line ValueError naming it and what it accepts, before anything is registered.
     """
     from transformers import modeling_utils
+
+    if not isinstance(name, str) or not name.strip() or "@" in name:
+        raise ValueError(f"register_attention({name!r}): name {name!r} is not accepted; give a non-empty text "
+                         "without '@' (it separates a class from its attention implementation: dynamic@eager)")
+    if not callable(fn):
+        raise ValueError(f"register_attention({name!r}): fn {fn!r} is not accepted; give an attention function "
+                         "fn(module, query, key, value, attention_mask, **kwargs) -> (output, weights)")
+    if not isinstance(with_sdpa_mask, bool):
+        raise ValueError(f"register_attention({name!r}): with_sdpa_mask {with_sdpa_mask!r} is not accepted; give "
+                         "True or False")
 
     interface = getattr(modeling_utils, "AttentionInterface", None)
     if interface is not None:

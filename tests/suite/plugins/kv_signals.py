@@ -2,12 +2,13 @@
 sends this process a signal, as ``timeout``, ``docker stop``, CI cancellation or an impatient Ctrl-C would,
 at moments chosen so that the test is deterministic.
 
-- first: at the start of the second round of timed points (round 0 has finished), unless ``--kv-test-first
-  none``: then the only signal is the second one;
+- first: at the start of the second round of timed points (round 0 has finished); ``--kv-test-first counted``: at
+  the second counted item instead (the first one finished); ``none``: the only signal is the second one;
 - second (``--kv-test-second``): ``keyboard_interrupt`` (while pytest handles the first: its
   ``pytest_keyboard_interrupt`` hook), ``update_json`` (while the session's results are being written:
   pytest-benchmark's ``pytest_benchmark_update_json``, just before it writes the JSON), ``sessionfinish``
-  (the JSON written, the analysis done, the baseline not yet recorded), or ``none``.
+  (the JSON written, the analysis done, the baseline not yet recorded), ``unconfigure`` (pytest's teardown, after
+  the suite's own unconfigure has run: what a second Ctrl-C a second after the first lands in), or ``none``.
 """
 
 import os
@@ -28,11 +29,19 @@ def _send(config):
     os.kill(os.getpid(), getattr(signal, config.getoption("kv_test_signal")))
 
 
+_SENT_FIRST = []
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_call(item):
     point = getattr(getattr(item, "callspec", None), "params", {}).get("kv_point")
-    if point is not None and point.round == 1 and item.config.getoption("kv_test_first") == "round-1":
+    first = item.config.getoption("kv_test_first")
+    if point is not None and point.round == 1 and first == "round-1":
         _send(item.config)
+    if first == "counted" and item.get_closest_marker("counted") is not None:
+        _SENT_FIRST.append(item.nodeid)
+        if len(_SENT_FIRST) == 2:
+            _send(item.config)
 
 
 def pytest_keyboard_interrupt(excinfo):
@@ -55,3 +64,9 @@ def pytest_sessionfinish(session):
 
 def pytest_configure(config):
     _CONFIG[:] = [config]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    if config.getoption("kv_test_second") == "unconfigure":
+        _send(config)
