@@ -130,7 +130,7 @@ def _benchmark(cache: str, ctx: int, r: int, data: list[float], kv_bytes: float,
         "group": f"decode {cache}",
         "name": f"test_decode[{cache}-{ctx}-r{r}]",
         "fullname": f"benchmarks/test_decode.py::test_decode[{cache}-{ctx}-r{r}]",
-        "params": {"point": f"{cache}-{ctx}-r{r}"},
+        "params": {"cache": cache, "context": ctx, "round": r, "attention": "sdpa"},
         "param": f"{cache}-{ctx}-r{r}",
         "extra_info": {
             "kind": "timed", "cache": cache, "context": ctx, "round": r, "kv_bytes": kv_bytes,

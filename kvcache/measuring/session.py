@@ -208,6 +208,15 @@ class KVSession:
             "beyond_trained_context": point.context + s.warmup + s.steps > spec.max_position_embeddings,
         }
 
+    def point_params(self, point: PointId) -> dict[str, Any]:
+        """``params`` of a timed benchmark in pytest-benchmark's JSON, in place of the parametrization's (a
+        ``PointId``, which it writes as ``UNSERIALIZABLE[...]``, and none for the drift check): plain values, the same
+        keys for every timed benchmark (decode, drift, re-measured), so that ``pytest-benchmark compare
+        --group-by=param:cache`` (or ``context``, ``round``, ``attention``) groups any run file. ``cache`` is the
+        record's key (``dynamic@eager`` under another attention), ``attention`` what the class runs under."""
+        return {"cache": point.cache, "context": point.context, "round": point.round,
+                "attention": caches.get(point.cache).attention}
+
     def warm_model(self, steps: int = 20) -> None:
         """Once a session, before the first timed point: decode steps on a small dynamic cache, so one-time
         costs (allocator growth, kernel selection, page faults) do not land in the first point measured."""
@@ -235,6 +244,7 @@ class KVSession:
         try:
             benchmark.group = f"decode {point.cache}" if kind == "timed" else "drift"
             benchmark.extra_info.update(self.point_info(point, kind))
+            benchmark.params = self.point_params(point)  # read when it runs (pytest-benchmark 5.3's Metadata)
             if self.generating:  # pytest-benchmark times the whole call; the steps are the suite's own record
                 benchmark.pedantic(dp.timed_generate, args=(s.warmup, s.steps), rounds=1, iterations=1)
             else:

@@ -101,24 +101,28 @@ def fill_layer(cache: Any, layer_idx: int, keys: torch.Tensor, values: torch.Ten
 def stored_bytes(cache: Any) -> int:
     """Bytes a cache actually stores: every distinct tensor its layer objects (4.54+) or its ``key_cache`` /
     ``value_cache`` lists (up to 4.53; a PagedAttentionCache's pools up to 5.17) hold, quantized data and scales
-    included, each once (a view of a buffer counts the part it spans); a PagedAttentionCache from 5.18 keeps one flat
+    included (a tensor subclass that wraps others, like optimum-quanto's packed int4 tensors, by the tensors it
+    wraps), each once (a view of a buffer counts the part it spans); a PagedAttentionCache from 5.18 keeps one flat
     ``cache_tensor`` (the whole pool, its two trash sectors included)."""
     seen: set[tuple] = set()
     total = 0
 
     def visit(value: Any, depth: int = 0) -> None:
         nonlocal total
-        if isinstance(value, torch.Tensor):
+        if isinstance(value, torch.Tensor) and hasattr(value, "__tensor_flatten__"):
+            for name in value.__tensor_flatten__()[0]:  # a wrapper subclass (optimum-quanto's): its inner tensors
+                visit(getattr(value, name), depth)
+        elif isinstance(value, torch.Tensor):
             if value.numel() > 1:  # scalars (lengths, windows) are bookkeeping, not storage
                 key = (value.untyped_storage().data_ptr(), value.storage_offset(), tuple(value.shape),
                        tuple(value.stride()))
                 if key not in seen:
                     seen.add(key)
                     total += value.numel() * value.element_size()
-        elif depth < 3 and isinstance(value, dict):
+        elif depth < 4 and isinstance(value, dict):  # hqq: (data, {scale, zero, ...}) per layer
             for item in value.values():
                 visit(item, depth + 1)
-        elif depth < 3 and isinstance(value, (list, tuple)):
+        elif depth < 4 and isinstance(value, (list, tuple)):
             for item in value:
                 visit(item, depth + 1)
         elif depth < 2 and hasattr(value, "__dict__") and not isinstance(value, type):
