@@ -253,7 +253,8 @@ def memory_passes(steps: dict[int, MemoryStep], kv_bytes: dict[int, float], *, d
 
     def per_op(a: dict[str, int], b: dict[str, int]) -> dict[str, float]:
         found = {op: round(slope(a.get(op, 0), b.get(op, 0)), 4) for op in {*a, *b}}
-        return dict(sorted(((op, v) for op, v in found.items() if abs(v) >= min_op_passes), key=lambda kv: -abs(kv[1])))
+        kept = ((op, v) for op, v in found.items() if abs(v) >= min_op_passes)
+        return dict(sorted(kept, key=lambda kv: (-abs(kv[1]), kv[0])))  # ties by name: the same order every run
 
     out: dict[str, Any] = {
         "allocated_passes": slope(lo.allocated, hi.allocated),
