@@ -19,7 +19,7 @@ their output, a command's output, or a workflow whose steps run commands) is one
   rendered page: ``<!-- not-run: needs a GPU -->``. The reasons: the default model's timed sweeps (minutes), the
   network (installs, clones, a package index), a GitHub Actions workflow, a dated measurement of another machine.
 
-The suite commands share one pool (:func:`page_runs`): about half a minute of wall time on 2 cores."""
+The commands that run the suite share one pool (:func:`page_runs`), three at a time, each in a scratch checkout."""
 
 from __future__ import annotations
 
@@ -411,6 +411,9 @@ def pull_request_runs(tmp_path) -> Path:
 
 
 def test_pull_request_page_examples_run_as_written(pull_request_runs):
+    """pull-requests.md on base.json and head.json: the comment, the history session and its steps.json, the export
+    (up to its ``...``) print what the page shows; the synopses' options exist; the history block runs in a git
+    repository and writes what its comment lists, beside the lock the page names."""
     tmp, page = pull_request_runs, "docs/pull-requests.md"
     env = shell_environment(tmp)
     for start in ("$ kvcache comment base.json head.json", "$ kvcache history add base.json"):
@@ -509,6 +512,10 @@ def page_runs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, 
 
 
 def test_attention_page_commands_run_as_written(page_runs):
+    """attention.md: the default model counted under SDPA and eager prints the page's lines (and memory.md's), with
+    no memory factor too small; kvcache traffic on tiny gives the page's 9.307 / 7.307; recording the eager entries
+    changes no figure of the committed baseline; the page's own attention module, loaded with ``python -m pytest
+    -p`` from the current directory, counts 4.000."""
     done, _ = page_runs["counted"]
     assert done.returncode == 0, describe(done)
     printed = output(done).splitlines()
@@ -535,6 +542,8 @@ def test_attention_page_commands_run_as_written(page_runs):
 
 
 def test_running_page_commands_run(page_runs):
+    """running.md: the suite writes results.json (reduced: tiny, three contexts, one round) and kvcache report
+    writes the report from it."""
     done, where = page_runs["running"]
     assert done.returncode == 0, describe(done)
     assert (where / "results.json").is_file()
