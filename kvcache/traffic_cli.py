@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from kvcache.analysing.records import Memory, Probe, Traffic
+from kvcache.analysing.summary import attention_copies
 from kvcache.analysing.tables import by_op
 from kvcache.cli import description
 from kvcache.settings import SettingsError, parse_ints
@@ -81,7 +82,8 @@ def main(argv: list[str]) -> int:
                 memory = Memory.from_json(session.memories[name], name)
                 print(f"  memory per KV byte: allocated {memory.allocated_passes:.3f}, peak "
                       f"{memory.peak_passes:.3f}, held {memory.held_passes:.3f}; peak needs "
-                      f"{memory.peak_factor:.2f} cache sizes (declares {memory.declared_factor})")
+                      f"{memory.peak_factor:.2f} cache sizes (declares {memory.declared_factor}"
+                      f"{attention_copies(memory)})" + (f"; {memory.factor_problem}" if memory.factor_problem else ""))
     if args.json:
         print(json.dumps(out, indent=2))
     return 0

@@ -72,6 +72,7 @@ class Cell:
     weight_passes: float | None = None
     memory: float | None = None
     peak: float | None = None
+    allocated: float | None = None
     verdict: str | None = None
     reason: str | None = None
     timed_change: str = ""
@@ -83,6 +84,7 @@ class Cell:
     intercept_change: str = ""
     memory_change: str = ""
     memory_delta: float | None = None
+    memory_figure: str = ""
     judged: dict[str, Verdict] | None = None
 
 
@@ -160,6 +162,7 @@ def cell_of(run: Run, cache: str) -> Cell:
         weight_passes=finite(traffic.weight_passes) if traffic is not None else None,
         memory=finite(memory.held_passes) if memory is not None else None,
         peak=finite(memory.peak_passes) if memory is not None else None,
+        allocated=finite(memory.allocated_passes) if memory is not None else None,
         verdict=str(gate.status_of(verdicts)) if verdicts else None,
     )
 
@@ -296,9 +299,27 @@ def _against(cell: Cell, base: Cell, cache: str, label: str, verdicts: dict[str,
     if cell.memory is not None and base.memory is not None:
         judged = memory is not None and memory.status != "no-baseline"
         improved = cell.memory < base.memory - rules.memory_tolerance
-        changes.update(memory_change=_change(memory, improved) if judged else "",
-                       memory_delta=cell.memory - base.memory)
+        change = _change(memory, improved) if judged else ""
+        figure, delta = memory_moved(cell, base, change)
+        changes.update(memory_change=change, memory_delta=delta, memory_figure=figure)
     return replace(cell, **changes), regressions
+
+
+def memory_moved(cell: Cell, base: Cell, change: str) -> tuple[str, float]:
+    """Which counted memory figure the memory column's Δ is of, and that Δ (passes): of a regression, the figure
+    (allocated, peak, held) that grew most; of an improvement, the one that fell most; else held, the figure the
+    column leads with. The judge checks all three, so the Δ shown is that of the figure that moved."""
+    deltas = {name: now - then for name, now, then in (("held", cell.memory, base.memory),
+                                                       ("peak", cell.peak, base.peak),
+                                                       ("allocated", cell.allocated, base.allocated))
+              if now is not None and then is not None}
+    if change == REGRESSED:
+        figure = max(deltas, key=deltas.__getitem__)
+    elif change == IMPROVED:
+        figure = min(deltas, key=deltas.__getitem__)
+    else:
+        figure = "held"
+    return figure, deltas[figure]
 
 
 def missing_classes(comparison: Comparison) -> list[Regression]:
@@ -370,5 +391,7 @@ def mismatch(runs: Sequence[Run]) -> str | None:
     differing = identity.mismatches([identity.of_run(kv) for kv in kvs], measures or ["counted"])
     if not differing:
         return None
-    return "; ".join(f"{name} ({', '.join(f'{Path(r.path).name}: {v}' for r, v in zip(runs, values))})"
-                     for name, values in differing.items())
+    def named(name: str, values: list[Any]) -> str:
+        return ", ".join(f"{Path(r.path).name}: {identity.shown(name, v)}" for r, v in zip(runs, values))
+
+    return "; ".join(f"{name} ({named(name, values)})" for name, values in differing.items())

@@ -38,11 +38,13 @@ def measures(comparison: Comparison) -> list[str]:
     return shown or list(MEASURES)
 
 
-def _marked(text: str, change: str, delta: float | None, spec: str = "+.2f") -> str:
+def _marked(text: str, change: str, delta: float | None, spec: str = "+.2f", figure: str = "") -> str:
+    """``text`` with the change's mark and ``delta``, preceded by the ``figure`` it is of when one cell shows
+    several (memory: ``1.00/1.02 ▲ peak +1.00``)."""
     mark = MARKS.get(change, "")
     if not mark or delta is None:
         return text
-    return f"{text} {mark} {delta:{spec}}"
+    return f"{text} {mark} {figure + ' ' if figure else ''}{delta:{spec}}"
 
 
 def with_interval(text: str, bounds: tuple[float, float] | None, spec: str = ".2f") -> str:
@@ -71,7 +73,7 @@ def cell_texts(cell: Cell, shown: Sequence[str]) -> list[str]:
             texts.append(num(cell.weight_passes, ".3f"))
         elif measure == "memory":
             held = num(cell.memory) + (f"/{num(cell.peak)}" if cell.peak is not None else "")
-            texts.append(_marked(held, cell.memory_change, cell.memory_delta))
+            texts.append(_marked(held, cell.memory_change, cell.memory_delta, figure=cell.memory_figure))
         elif measure == "r2":
             texts.append(num(cell.r2, ".3f"))
         else:
@@ -91,7 +93,8 @@ def preamble(comparison: Comparison) -> list[str]:
     """The lines above the table: the baseline, the device(s), the rules each later run was judged by, and the
     environment variables that differ."""
     base = comparison.runs[0]
-    lines = [f"Baseline: {base.label} ({base.path})."]
+    named = f"({Path(base.path).name})"  # a label made unique already ends with its file's name
+    lines = [f"Baseline: {base.label}." if base.label.endswith(named) else f"Baseline: {base.label} ({base.path})."]
     if len(comparison.devices) == 1:
         lines.append(f"Device: {comparison.devices[0]}.")
     else:

@@ -117,7 +117,8 @@ class Memory(Record):
     slope of the step's bytes against the KV bytes held between the counted ``contexts``, in bytes per KV byte:
     ``allocated_passes`` (bytes the step allocates), ``peak_passes`` (its high-water mark above what was live before
     it), ``held_passes`` (bytes live after it), per op in ``allocated_by_op``/``peak_by_op``; ``peak_factor`` (bytes
-    live at its peak per KV byte) against the class's ``declared_factor`` (``factor_problem`` when it needs more);
+    live at its peak per KV byte) against the class's ``declared_factor`` plus ``attention_factor`` (the attention's
+    own K/V copies, where it expands them) (``factor_problem`` when it needs more);
     ``steps`` per context, ``source``, ``allocator`` (CUDA statistics), ``per_allocated`` (--kv-batch, per allocated
     KV byte), ``beyond`` (sliding windows: bytes held past every window), ``kinds`` (per layer kind: allocated and
     held passes): see kv.schema.json."""
@@ -133,6 +134,7 @@ class Memory(Record):
     steps: dict[str, MemoryStep] | None = None
     source: str | None = None
     declared_factor: float | None = None
+    attention_factor: float | None = None
     factor_problem: str | None = None
     allocator: dict[str, Any] | None = None
     per_allocated: dict[str, Any] | None = None

@@ -280,28 +280,31 @@ def steps_of(entries: list[dict[str, Any]], measure: str) -> list[Step]:
 
 
 def plot(entries: list[dict[str, Any]], out: str | Path) -> tuple[list[Path], list[Step]]:
-    """One PNG per measure the entries have, in ``out``, and ``steps.json``; returns the PNGs and the steps."""
+    """One PNG per measure the entries have, in ``out``, and ``steps.json`` and ``steps.md``; returns the PNGs and
+    the steps. The steps need no matplotlib: without it they are written all the same, then :class:`HistoryError`
+    names the PNGs that could not be drawn."""
     from kvcache.analysing.report.charts import _plain_text, _pyplot
     from kvcache.analysing.report.data import PALETTE
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     labels = [label_of(e) for e in entries]
-    written, all_steps = [], []
+    trends = {}  # measure -> (series per (setup, cache), the figures drawn, the steps): what a PNG shows
+    for measure in MEASURES:
+        rows = series(entries, measure)
+        drawn = {key: [finite(f.get(measure)) for f in row] for key, row in rows.items()}
+        drawn = {key: values for key, values in drawn.items() if any(v is not None for v in values)}
+        if drawn:
+            trends[measure] = (rows, drawn, [s for s in steps_of(entries, measure) if (s.setup, s.cache) in drawn])
+    all_steps = [step for _, _, steps in trends.values() for step in steps]
 
     @_plain_text
-    def draw(measure: str) -> Path | None:
+    def draw(measure: str) -> Path:
         plt = _pyplot()
-        rows = series(entries, measure)
+        rows, drawn, steps = trends[measure]
         setups = list(dict.fromkeys(setup for setup, _ in rows))
         colours = {key: PALETTE[i % len(PALETTE)] for i, key in enumerate(rows)}
         title, exact = MEASURES[measure]
-        drawn = {key: [finite(f.get(measure)) for f in row] for key, row in rows.items()}
-        drawn = {key: values for key, values in drawn.items() if any(v is not None for v in values)}
-        if not drawn:
-            return None
-        steps = [s for s in steps_of(entries, measure) if (s.setup, s.cache) in drawn]
-        all_steps.extend(steps)
         fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(entries) + 3), 4.2))
         for key, values in drawn.items():
             setup, cache = key
@@ -338,13 +341,18 @@ def plot(entries: list[dict[str, Any]], out: str | Path) -> tuple[list[Path], li
         plt.close(fig)
         return path
 
-    for measure in MEASURES:
-        path = draw(measure)
-        if path is not None:
-            written.append(path)
+    written, undrawn = [], ""
+    try:
+        for measure in trends:
+            written.append(draw(measure))
+    except ReportError:  # no matplotlib: the steps are written all the same
+        undrawn = ", ".join(f"{m}.png" for m in trends)
     feed = [{**asdict(s), "delta": s.delta} for s in all_steps]
     files.write_text_atomically(out / "steps.json", json.dumps(feed, indent=2) + "\n")
     files.write_text_atomically(out / "steps.md", steps_markdown(all_steps, entries, written))
+    if undrawn:
+        raise HistoryError(f"matplotlib is not installed (pip install 'kvcache-passes[report]'): cannot draw "
+                           f"{undrawn}; wrote steps.json and steps.md ({len(all_steps)} steps) to {out}")
     return written, all_steps
 
 
@@ -418,8 +426,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 written, steps = plot(entries, args.out)
             except OSError as exc:
                 raise HistoryError(f"--out {args.out}: cannot write ({exc.strerror or exc})") from None
-            except ReportError as exc:  # no matplotlib
-                raise HistoryError(str(exc)) from None
             for step in steps:
                 print(f"step: {step.cache} {step.measure} at {step.label}: {step.before:.4g} -> {step.after:.4g} "
                       f"({step.delta:+.4g})")

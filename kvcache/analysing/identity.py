@@ -118,6 +118,12 @@ def mismatches(idents: list[dict[str, Any]], measures: list[str] | tuple[str, ..
     return out
 
 
+def shown(name: str, value: Any) -> str:
+    """A field's value as a message names it: ``env`` with no allowlisted variable set away from its default is
+    ``unset``, not an empty string."""
+    return "unset" if name == "env" and value in ("", None) else str(value)
+
+
 def describe(ident: dict[str, Any]) -> str:
     """``"tiny, bfloat16 on cpu: AMD EPYC (2 threads)"``: what a column header or a message names."""
     extra = "".join(f", {name} {ident.get(name)}" for name, default in EXTRA_FIELDS.items()

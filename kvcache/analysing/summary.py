@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvcache.analysing import identity, tables
-from kvcache.analysing.records import KV, Crossovers, Drift, Fit, FitFailure, UnmeasuredDrift, Verdict
+from kvcache.analysing.records import KV, Crossovers, Drift, Fit, FitFailure, Memory, UnmeasuredDrift, Verdict
 from kvcache.analysing.stats import finite, median
 from kvcache.analysing.tables import MISSING, Table, num
 
@@ -175,6 +175,12 @@ def compiled_lines(kv: KV) -> list[str]:
     return out
 
 
+def attention_copies(m: Memory) -> str:
+    """``" + 1.50 for the attention's own K/V copies"``: what the memory check adds to a class's declared factor
+    where its attention implementation expands K/V (``kv.memory.<cache>.attention_factor``); "" where it does not."""
+    return f", + {m.attention_factor:.2f} for the attention's own K/V copies" if m.attention_factor else ""
+
+
 def memory_lines(kv: KV) -> list[str]:
     """Per class, counted memory (``kv.memory``): bytes a step allocates, its peak above what was live before it and
     the bytes live after it, each per KV byte (slopes, like passes), what allocates, and a declared ``memory_factor``
@@ -187,7 +193,7 @@ def memory_lines(kv: KV) -> list[str]:
         out.append(f"memory {cache}: allocated {num(m.allocated_passes, '.3f')}, peak {num(m.peak_passes, '.3f')}, "
                    f"held {num(m.held_passes, '.3f')} per KV byte{per_text}; allocates: "
                    f"{tables.by_op(m.allocated_by_op)}; peak needs {num(m.peak_factor, '.2f')} cache sizes (declares "
-                   f"{num(m.declared_factor, 'g')})")
+                   f"{num(m.declared_factor, 'g')}{attention_copies(m)})")
         if m.factor_problem:
             out.append(f"memory {cache}: MEMORY FACTOR TOO SMALL: {m.factor_problem}")
         if isinstance(m.beyond, dict):

@@ -175,6 +175,19 @@ def derived(base: CacheSpec, attention: str) -> CacheSpec:
     return spec
 
 
+def copies_factor(probe: dict[str, Any] | None, heads: int, kv_heads: int, layer_bytes: list[int]) -> float:
+    """Cache sizes the attention implementation's own K/V copies hold at a step's peak, beyond what the class
+    holds: where the probe saw K/V expanded to every query head (``repeat_kv``: eager, flex_attention with a head
+    count that is not a power of two, SDPA before 4.54), one layer's K and V copied ``heads / kv_heads`` times, live
+    while that layer attends: ``heads / kv_heads`` × the largest layer's share of the KV bytes (``layer_bytes``: KV
+    bytes per token of each layer). 0 where nothing was expanded. The class's declared ``memory_factor`` does not
+    cover these (they belong to the attention, not the cache), so the memory check adds them
+    (:func:`kvcache.measuring.memory.memory_passes`)."""
+    if not probe or not probe.get("expansions") or kv_heads <= 0 or not layer_bytes or sum(layer_bytes) <= 0:
+        return 0.0
+    return heads / kv_heads * max(layer_bytes) / sum(layer_bytes)
+
+
 #: the two spellings of the paged implementations: ``eager_paged``/``sdpa_paged`` (4.53-4.57), ``paged|…`` (5.x)
 ALIASES = {"paged|eager": "eager_paged", "paged|sdpa": "sdpa_paged", "eager_paged": "paged|eager",
            "sdpa_paged": "paged|sdpa"}

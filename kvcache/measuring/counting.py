@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvcache.measuring import caches, compat, memory, traffic
+from kvcache.measuring import attention, caches, compat, memory, traffic
 from kvcache.measuring.generate import leading_steps
 from kvcache.measuring.probe import probe
 
@@ -122,7 +122,9 @@ class Counting:
         s = self.session
         spec, cache_spec = s.spec(), caches.get(cache)
         held = {c: s.held(c, steps.tokens[c]) for c in measured}
-        out = memory.memory_passes(measured, held, declared_factor=cache_spec.memory_factor)
+        layer_bytes = [layer.bytes_per_token for layer in spec.layer_kv] or [1] * spec.layers
+        copies = attention.copies_factor(steps.probe, spec.heads, spec.kv_heads, layer_bytes)
+        out = memory.memory_passes(measured, held, declared_factor=cache_spec.memory_factor, attention_factor=copies)
         if s.batch.size > 1 and cache_spec.pads:
             allocated = {c: s.batch.allocated_bytes(spec, c, steps.tokens[c] - c) for c in measured}
             per = memory.memory_passes(measured, allocated)

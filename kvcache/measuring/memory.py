@@ -231,7 +231,7 @@ class MemoryTracker:
 
 
 def memory_passes(steps: dict[int, MemoryStep], kv_bytes: dict[int, float], *, declared_factor: float | None = None,
-                  min_op_passes: float = 0.005) -> dict[str, Any]:
+                  attention_factor: float = 0.0, min_op_passes: float = 0.005) -> dict[str, Any]:
     """``kv.memory.<cache>`` from steps measured at two or more contexts: each figure's slope between the smallest
     and largest context per logical KV byte (``kv_bytes``: {context: bytes held}), like counted passes.
 
@@ -239,7 +239,9 @@ def memory_passes(steps: dict[int, MemoryStep], kv_bytes: dict[int, float], *, d
     it), ``held_passes`` (bytes live after it), ``peak_factor`` (bytes live at the step's peak, ``before + peak``: the
     cache sizes it needs, what :attr:`CacheSpec.memory_factor` declares); ``allocated_by_op`` / ``peak_by_op`` per op
     (slopes below ``min_op_passes`` left out); ``steps`` {context: the step's bytes}; ``declared_factor`` and, when the
-    measured peak needs more than it, ``factor_problem`` (one line)."""
+    measured peak needs more than it plus ``attention_factor`` (the cache sizes the attention implementation's own K/V
+    copies hold: :func:`kvcache.measuring.attention.copies_factor`, recorded when not 0), ``factor_problem`` (one
+    line)."""
     contexts = sorted(steps)
     if len(contexts) < 2:
         raise ValueError("memory passes need steps measured at two contexts")
@@ -251,7 +253,8 @@ def memory_passes(steps: dict[int, MemoryStep], kv_bytes: dict[int, float], *, d
 
     def per_op(a: dict[str, int], b: dict[str, int]) -> dict[str, float]:
         found = {op: round(slope(a.get(op, 0), b.get(op, 0)), 4) for op in {*a, *b}}
-        return dict(sorted(((op, v) for op, v in found.items() if abs(v) >= min_op_passes), key=lambda kv: -abs(kv[1])))
+        kept = ((op, v) for op, v in found.items() if abs(v) >= min_op_passes)
+        return dict(sorted(kept, key=lambda kv: (-abs(kv[1]), kv[0])))  # ties by name: the same order every run
 
     out: dict[str, Any] = {
         "allocated_passes": slope(lo.allocated, hi.allocated),
@@ -274,10 +277,14 @@ def memory_passes(steps: dict[int, MemoryStep], kv_bytes: dict[int, float], *, d
         allocator_factor = out["allocator"]["peak_factor"]
     if declared_factor is not None:
         out["declared_factor"] = declared_factor
+        copies = ""
+        if attention_factor:
+            out["attention_factor"] = attention_factor
+            copies = f" (+ {attention_factor:.2f} for the attention's own K/V copies)"
         needed = max(out["peak_factor"], allocator_factor)
-        if needed > declared_factor + 0.005:
+        if needed > declared_factor + attention_factor + 0.005:
             out["factor_problem"] = (f"needs {needed:.2f} cache sizes at its peak, declares memory_factor "
-                                     f"{declared_factor:g}: a point judged to fit may not")
+                                     f"{declared_factor:g}{copies}: a point judged to fit may not")
     return out
 
 

@@ -212,7 +212,8 @@ def counted_passes(counts: dict[int, TrafficCount], bytes_per_token: int, *, min
 
 
 def op_passes(lo: TrafficCount, hi: TrafficCount, kv_delta: float, min_op_passes: float = 0.005) -> dict[str, float]:
-    """Per op, Δ(bytes) / ``kv_delta`` between two counts, largest first; slopes below ``min_op_passes`` left out."""
+    """Per op, Δ(bytes) / ``kv_delta`` between two counts, largest first (ties by name, so a breakdown reads the same
+    in every run); slopes below ``min_op_passes`` left out."""
     by_op = {}
     for name in set(lo.ops) | set(hi.ops):
         delta = hi.ops[name].total - lo.ops[name].total if name in hi.ops and name in lo.ops else (
@@ -220,7 +221,7 @@ def op_passes(lo: TrafficCount, hi: TrafficCount, kv_delta: float, min_op_passes
         passes = delta / kv_delta
         if abs(passes) >= min_op_passes:
             by_op[name] = round(passes, 4)
-    return dict(sorted(by_op.items(), key=lambda kv: -abs(kv[1])))
+    return dict(sorted(by_op.items(), key=lambda kv: (-abs(kv[1]), kv[0])))
 
 
 def layer_scopes(model: Any) -> dict[Any, str]:

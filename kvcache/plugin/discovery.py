@@ -45,9 +45,10 @@ def _package_locations(name: str) -> list[str]:
 
 
 def in_suite(config: pytest.Config, path: Path) -> bool:
-    """Whether ``path`` (a test file or directory) is part of the suite."""
-    path = Path(path)
-    return any(path == d or d in path.parents for d in suite_dirs(config))
+    """Whether ``path`` (a test file or directory) is part of the suite, reached directly or through a symbolic
+    link (a scratch directory whose ``benchmarks`` links to a checkout's)."""
+    paths = dict.fromkeys([Path(path), Path(path).resolve()])
+    return any(p == d or d in p.parents for p in paths for d in suite_dirs(config))
 
 
 def collects_suite(config: pytest.Config) -> bool:

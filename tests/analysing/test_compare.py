@@ -41,6 +41,13 @@ def test_identical_runs_exit_0(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "No regressions" in out and "regression:" not in out
     assert "(a.json)" in out and "(b.json)" in out  # same release twice: labels tell the files apart
+    assert out.splitlines()[0].endswith("(a.json).") and out.count("(a.json) (a.json)") == 0  # named once
+
+
+def test_the_baseline_is_named_with_its_path_when_its_label_does_not_name_it(tmp_path, capsys):
+    base = recorded(tmp_path, "old.json", transformers="4.45.2")
+    assert main(["compare", base, recorded(tmp_path, "new.json")]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == f"Baseline: transformers 4.45.2 on cpu: test machine ({base})."
 
 
 def test_single_run_is_shown(tmp_path, capsys):
@@ -381,6 +388,19 @@ def test_environment_variables_are_shown_where_runs_differ(tmp_path, capsys):
     assert "TRANSFORMERS" in markdown and "FORCE" in markdown and "(a.json: unset, b.json: 1, c.json: 1)" in markdown
     assert main(["compare", runs[1], runs[2]]) == 0
     assert "Environment variable" not in capsys.readouterr().out
+
+
+def test_an_environment_variable_is_part_of_the_identity_and_the_unset_side_says_unset(tmp_path, capsys):
+    """By default compare refuses runs that differ in an identity variable (exit 2), naming the side without it
+    ``unset``, not an empty string; the line that names the variable comes with --allow-mismatch."""
+    runs = []
+    for name, variables in (("a.json", {}), ("b.json", {"TRANSFORMERS_SDPA_FORCE_GQA": "1"})):
+        run = make_run()
+        run["kv"]["environment"]["variables"] = variables
+        runs.append(str(write_run(tmp_path / name, run)))
+    assert main(["compare", *runs]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert "differ in env (a.json: unset, b.json: TRANSFORMERS_SDPA_FORCE_GQA=1)" in line, line
 
 
 def test_the_first_run_is_a_baseline_by_its_own_min_r2_as_when_it_is_recorded(tmp_path):

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import random
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from fakerun import make_run, recorded_run, write_run
@@ -147,3 +149,33 @@ def test_releases_are_plotted_by_version_with_the_steps_in_markdown(runs, tmp_pa
     table = (tmp_path / "plots" / "steps.md").read_text()
     assert "#### Trend across 4 releases" in table and "`counted.png`" in table
     assert "| counted | dynamic | " in table and "| 4.10.0 | 3 | 5 | +2 |" in table, table
+
+
+def test_plot_without_matplotlib_writes_the_steps_and_names_the_histories_pngs(runs, tmp_path, monkeypatch, capsys):
+    """steps.json and steps.md need no matplotlib: they are written; the one-line error (exit 2) names the trend
+    PNGs it could not draw, not the report's files."""
+    store = tmp_path / "h.jsonl"
+    for name, release in (("clean", "5.23.0"), ("planted", "5.24.0")):
+        assert main(["history", "add", runs[name], "--store", str(store), "--release", release]) == 0
+    capsys.readouterr()
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    assert main(["history", "plot", "--store", str(store), "--out", str(tmp_path / "trend")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "matplotlib is not installed" in err, err
+    assert "cannot draw counted.png, ops.png, weight_passes.png, timed.png, intercept.png" in err, err
+    assert "latency.png" not in err and "wrote steps.json and steps.md (1 steps)" in err, err
+    steps = json.loads((tmp_path / "trend" / "steps.json").read_text())
+    assert [(s["cache"], s["label"], s["delta"]) for s in steps] == [("dynamic", "5.24.0", 2.0)]
+    assert "Charts: none" in (tmp_path / "trend" / "steps.md").read_text()
+    assert not list((tmp_path / "trend").glob("*.png"))
+
+
+def test_add_leaves_its_lock_file_beside_the_store_as_documented(runs, tmp_path):
+    """The lock ``add`` takes is the empty file STORE.lock beside the store, left in place (removing it would let
+    two writers lock two files); docs/pull-requests.md says so, and how a workflow keeps it out of a commit."""
+    store = tmp_path / "history.jsonl"
+    assert main(["history", "add", runs["clean"], "--store", str(store), "--release", "1.0"]) == 0
+    lock = tmp_path / "history.jsonl.lock"
+    assert lock.exists() and lock.stat().st_size == 0
+    page = Path(__file__).resolve().parents[2] / "docs" / "pull-requests.md"
+    assert "`history.jsonl.lock`" in page.read_text(encoding="utf-8")

@@ -117,7 +117,7 @@ def test_compare_judges_memory(tmp_path, capsys):
     b = write_run(tmp_path / "b.json", run_with({"dynamic": {**DYNAMIC, "held_passes": 2.0}, "static": STATIC}))
     assert main(["compare", str(a), str(b)]) == 1
     out = capsys.readouterr().out
-    assert "memory held/peak" in out and "2.00/0.02 ▲ +1.00" in out
+    assert "memory held/peak" in out and "2.00/0.02 ▲ held +1.00" in out
     assert any(line.startswith("regression: dynamic") and "counted memory" in line for line in out.splitlines())
     assert main(["compare", str(a), str(b), "--memory-tolerance", "1.5"]) == 0
     capsys.readouterr()
@@ -148,3 +148,16 @@ def test_the_report_has_a_memory_table_and_chart(tmp_path):
     md = (tmp_path / "out" / "report.md").read_text()
     assert "Memory per decode step" in md and "1.02 (declares 2.00)" in md
     assert "<b>cat</b>" not in (tmp_path / "out" / "report.html").read_text()  # escaped
+
+
+def test_compare_shows_the_delta_of_the_memory_figure_that_regressed(tmp_path, capsys):
+    """The memory column shows held/peak; the judge checks allocated, peak and held: its Δ is that of the figure that
+    regressed, named, never held's +0.00 where held did not move."""
+    a = write_run(tmp_path / "a.json", run_with({"dynamic": DYNAMIC, "static": STATIC}))
+    grown = {**DYNAMIC, "allocated_passes": DYNAMIC["allocated_passes"] + 1.0,
+             "peak_passes": DYNAMIC["peak_passes"] + 0.5}
+    b = write_run(tmp_path / "b.json", run_with({"dynamic": grown, "static": STATIC}))
+    assert main(["compare", str(a), str(b)]) == 1
+    out = capsys.readouterr().out
+    assert "1.00/0.52 ▲ allocated +1.00" in out, out
+    assert "▲ +0.00" not in out and "▲ held" not in out

@@ -150,3 +150,36 @@ def test_a_ragged_batch_holds_its_padding(one_torch_thread):
     assert mem["held_passes"] > 1.2
     assert mem["per_allocated"]["held_passes"] == pytest.approx(1.0, abs=0.01)
     assert mem["per_allocated"]["allocated_passes"] == pytest.approx(1.0, abs=0.01)
+
+
+def test_the_attentions_own_kv_copies_are_not_charged_to_the_class(counted):
+    """Under eager, ``repeat_kv`` copies one layer's K and V to every query head (9 for 3 KV heads) while that layer
+    attends: on ``tiny`` 3 × half the KV bytes, 1.50 cache sizes at the step's peak. They are the attention's, not
+    the class's: the check adds them to StaticCache's declared 1.5 and finds nothing too small; under SDPA
+    (native GQA) nothing is added."""
+    _, eager = counted("static@eager")
+    assert eager["attention_factor"] == pytest.approx(1.5)
+    assert eager["peak_factor"] > eager["declared_factor"] == 1.5
+    assert "factor_problem" not in eager
+    _, sdpa = counted("static")
+    assert "attention_factor" not in sdpa
+
+
+def test_the_attention_factor_is_added_to_the_declared_one_and_named():
+    steps = {256: memory.MemoryStep(before=100, peak=60, held=100), 512: memory.MemoryStep(before=200, peak=120,
+                                                                                           held=200)}
+    kv = {256: 100.0, 512: 200.0}
+    assert "factor_problem" not in memory.memory_passes(steps, kv, declared_factor=1.2, attention_factor=0.4)
+    short = memory.memory_passes(steps, kv, declared_factor=1.2, attention_factor=0.3)
+    assert short["attention_factor"] == 0.3
+    assert ("needs 1.60 cache sizes at its peak, declares memory_factor 1.2 (+ 0.30 for the attention's own K/V "
+            "copies)") in short["factor_problem"]
+
+
+def test_copies_factor_is_one_layers_kv_times_the_query_groups_where_attention_expands():
+    from kvcache.measuring.attention import copies_factor
+
+    assert copies_factor({"expansions": 60}, 9, 3, [768] * 30) == pytest.approx(0.1)
+    assert copies_factor({"expansions": 4}, 9, 3, [768, 256]) == pytest.approx(3 * 768 / 1024)
+    assert copies_factor({"expansions": 0}, 9, 3, [768] * 30) == 0.0
+    assert copies_factor(None, 9, 3, [768] * 30) == 0.0

@@ -236,3 +236,19 @@ def test_fixed_caches_move_the_cache_about_once(passes, name):
     assert 0.95 <= result["passes"] <= 1.05, result
     assert "cat" not in result["by_op"] and "clone" not in result["by_op"]
     assert result["by_op"]["scaled_dot_product_attention"] == pytest.approx(1.0, abs=0.02)
+
+
+def test_ops_with_equal_passes_are_listed_by_name_whatever_their_order():
+    """softmax and to move the same bytes under eager (bf16 scores to float32 and back): the breakdown lists tied
+    ops by name, so a summary line (and a page quoting it) reads the same in every run, whatever order the ops were
+    seen in (the union of two sets of names: hash order)."""
+    def count(names: list[str]) -> traffic.TrafficCount:
+        out = traffic.TrafficCount()
+        for name in names:
+            out.ops[name] = traffic.OpTraffic(calls=1, read=36, written=18)
+        return out
+
+    for names in (["to", "softmax", "add"], ["softmax", "add", "to"], ["add", "to", "softmax"]):
+        lo, hi = count([]), count(names)
+        hi.ops["add"] = traffic.OpTraffic(calls=1, read=60, written=40)
+        assert list(traffic.op_passes(lo, hi, 100.0)) == ["add", "softmax", "to"]

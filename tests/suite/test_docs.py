@@ -1,17 +1,42 @@
 """The documentation holds together: every relative link in README.md and docs/*.md reaches a file that exists and,
 when it names an anchor, a heading of that file (GitHub's anchor rule); every ``--kv-*`` option the plugin registers
-is on the options page, and every ``--kv-*`` the pages name is a real option; the public API page's examples run."""
+is on the options page, and every ``--kv-*`` the pages name is a real option; the public API page's examples run.
+
+Docs whose commands run. Every shell block of README.md and docs/*.md (a fenced block without a language or
+labelled ``sh``, ``bash``, ``shell``, ``console`` or ``yaml``: commands, a session of ``$ command`` lines with
+their output, a command's output, or a workflow whose steps run commands) is one of two things, and
+:func:`test_every_shell_block_is_run_by_a_test_or_marked_with_the_reason` checks that it is exactly one:
+
+- **run by a test**: named in :data:`RUN` by its page and the start of its first line, with the test that runs it
+  and what that test runs at reduced size or leaves out, and why. Commands run as written, by bash, in a scratch
+  directory standing in for the checkout (:func:`scratch_checkout`: ``benchmarks`` links to the suite, the
+  baseline is a copy, so nothing is written into the checkout), with this environment's ``python``, ``kvcache`` and
+  a ``pytest`` script like pip's (which does not put the current directory on ``sys.path``) first on PATH. What a
+  test reduces (the tiny model, few contexts, one round) it adds through ``PYTEST_ADDOPTS``, never by editing the
+  command. Where the page shows output, it is compared: exactly where it is exact (counted figures, the runs of
+  ``tests/data``), with ``...`` standing for the lines the page leaves out.
+- **marked not run**, with the reason, by an HTML comment on the line just above its fence, invisible on the
+  rendered page: ``<!-- not-run: needs a GPU -->``. The reasons: the default model's timed sweeps (minutes), the
+  network (installs, clones, a package index), a GitHub Actions workflow, a dated measurement of another machine.
+
+The commands that run the suite share one pool (:func:`page_runs`), three at a time, each in a scratch checkout."""
 
 from __future__ import annotations
 
+import importlib.metadata
+import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 import unicodedata
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from kvrun import environment
+from kvrun import describe, environment, output
 
 from kvcache import plugin
 
@@ -179,3 +204,361 @@ def test_unsupported_example_registers_a_class_skipped_with_its_reason(tmp_path)
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() in ("mine-cuda runs its own CUDA kernels: no CUDA device here", "cuda"), done.stdout
+
+
+
+# --- Shell blocks: run by a test, or marked not run with the reason ------------------------------------------------
+
+SHELL = ("", "sh", "bash", "shell", "console", "yaml")
+OPENING = re.compile(r"^(\s*)(```|~~~)([\w+-]*)\s*$")
+NOT_RUN = re.compile(r"^\s*<!-- not-run: (\S.*\S) -->\s*$")
+THIS = "tests/suite/test_docs.py::"
+
+
+@dataclass(frozen=True)
+class Block:
+    """A fenced block of a page: the line of its opening fence (1-based), its language, its text (less the fence's
+    indent) and the reason it is not run (``<!-- not-run: REASON -->`` on the line above its fence), if any."""
+
+    page: str
+    line: int
+    language: str
+    text: str
+    not_run: str | None
+
+    def __str__(self) -> str:
+        return f"{self.page}:{self.line}"
+
+
+def fenced_blocks(path: Path) -> list[Block]:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    found, i = [], 0
+    while i < len(lines):
+        opening = OPENING.match(lines[i])
+        if not opening:
+            i += 1
+            continue
+        indent, fence, language = opening.groups()
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == fence)
+        text = "".join(f"{line.removeprefix(indent)}\n" for line in lines[i + 1:end])
+        marker = NOT_RUN.match(lines[i - 1]) if i else None
+        name = str(path.relative_to(ROOT)) if ROOT in path.parents else path.name
+        found.append(Block(name, i + 1, language, text, marker and marker.group(1)))
+        i = end + 1
+    return found
+
+
+def shell_blocks() -> list[Block]:
+    return [block for page in PAGES for block in fenced_blocks(page) if block.language in SHELL]
+
+
+@dataclass(frozen=True)
+class RunBy:
+    """The test that runs a block (``path::function``) and what it runs at reduced size or leaves out, and why
+    ("": every command as written, output compared where the page shows it)."""
+
+    test: str
+    how: str = ""
+
+
+ATTENTION_TEST = THIS + "test_attention_page_commands_run_as_written"
+PULL_REQUESTS_TEST = THIS + "test_pull_request_page_examples_run_as_written"
+SYNOPSIS = "a synopsis: its options are checked in --help"
+
+#: The blocks a test runs: (page, the start of the block's first line) -> the test and how.
+RUN: dict[tuple[str, str], RunBy] = {
+    ("README.md", "python -m pytest --pyargs kvcache.benchmarks"): RunBy(
+        "tests/suite/test_install.py::test_readme_command_runs_from_another_directory_with_the_users_classes",
+        "from a directory outside the checkout with the built wheel; -m counted --kv-model tiny in PYTEST_ADDOPTS"),
+    ("README.md", "git add my_caches.py kv-baseline.json"): RunBy(
+        "tests/suite/test_readme.py::test_readme_commit_step_runs_as_written"),
+    ("docs/attention.md", "pytest benchmarks -m counted --kv-attn sdpa,eager"): RunBy(
+        ATTENTION_TEST,
+        "lines 1 and 3; line 2 is not run: a timed sweep of the default model, flex_attention's compile included "
+        "(about a minute on tiny), minutes in all; its pairs are counted by line 1 and tests/measuring"),
+    ("docs/attention.md", "counted dynamic: 3.000 passes"): RunBy(
+        ATTENTION_TEST, "the output of line 1 above, compared exactly"),
+    ("docs/attention.md", "pytest benchmarks -m counted --kv-model tiny --kv-caches dynamic@eager"): RunBy(
+        ATTENTION_TEST,
+        "in a scratch copy of the checkout, whose kv-baseline.json must come out as committed but for the dates"),
+    ("docs/attention.md", "python -m pytest benchmarks -m counted -p kv_extra_read"): RunBy(
+        ATTENTION_TEST,
+        "the page's module as kv_extra_read.py in the current directory; --kv-model tiny (what the page measured) "
+        "in PYTEST_ADDOPTS"),
+    ("docs/memory.md", "memory dynamic: allocated 1.000"): RunBy(
+        ATTENTION_TEST,
+        "a summary line of the default model's counted run: attention.md's line 1 prints it"),
+    ("docs/pull-requests.md", "kvcache comment BASE.json HEAD.json"): RunBy(PULL_REQUESTS_TEST, SYNOPSIS),
+    ("docs/pull-requests.md", "$ kvcache comment base.json head.json"): RunBy(PULL_REQUESTS_TEST),
+    ("docs/pull-requests.md", "kvcache history add results.json"): RunBy(
+        PULL_REQUESTS_TEST,
+        "in a git repository, results.json being tests/data/tiny-run.json"),
+    ("docs/pull-requests.md", "$ kvcache history add base.json"): RunBy(PULL_REQUESTS_TEST),
+    ("docs/pull-requests.md", "kvcache export RUN.json"): RunBy(PULL_REQUESTS_TEST, SYNOPSIS),
+    ("docs/pull-requests.md", "$ kvcache export base.json"): RunBy(PULL_REQUESTS_TEST),
+    ("docs/running.md", "pip install -e"): RunBy(
+        THIS + "test_running_page_commands_run",
+        "lines 2 and 3 at reduced size (--kv-model tiny, contexts 256-1024, 1 round of 3 steps in PYTEST_ADDOPTS); "
+        "line 1 is not run: it installs from a package index (the network) into the environment the tests run in"),
+}
+
+
+def block(page: str, start: str) -> Block:
+    """The one shell block of ``page`` whose first line starts with ``start``."""
+    found = [b for b in shell_blocks() if b.page == page and b.text.startswith(start)]
+    assert len(found) == 1, f"{page}: {len(found)} shell blocks start with {start!r}"
+    return found[0]
+
+
+def test_block_parsing_reads_markers_indents_and_languages(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("# P\n\n<!-- not-run: needs a GPU -->\n```sh\nrun me\n```\n\n- item\n\n  ```\n  out\n  ```\n\n"
+                    "```python\nx = 1\n```\n")
+    found = fenced_blocks(page)
+    assert [(b.line, b.language, b.text, b.not_run) for b in found] == [
+        (4, "sh", "run me\n", "needs a GPU"), (10, "", "out\n", None), (14, "python", "x = 1\n", None)]
+
+
+def test_every_shell_block_is_run_by_a_test_or_marked_with_the_reason():
+    blocks = shell_blocks()
+    assert len(blocks) > 30, len(blocks)
+    claimed: dict[Block, RunBy] = {}
+    for (page, start), run_by in RUN.items():
+        claimed[block(page, start)] = run_by
+        path, _, name = run_by.test.partition("::")
+        assert f"\ndef {name}(" in (ROOT / path).read_text(encoding="utf-8"), f"{run_by.test}: no such test"
+    problems = [f"{b}: neither run by a test (RUN) nor marked <!-- not-run: REASON -->" for b in blocks
+                if b not in claimed and not b.not_run]
+    problems += [f"{b}: both run ({claimed[b].test}) and marked not run" for b in blocks if b in claimed and b.not_run]
+    assert problems == []
+
+
+def commands(text: str) -> list[str]:
+    """The commands of a block: its lines that are not blank or comments, ``\\``-continued lines joined."""
+    out, pending = [], ""
+    for line in text.splitlines():
+        if not pending and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        pending += line
+        if pending.endswith("\\"):
+            pending = pending[:-1]
+        else:
+            out.append(pending)
+            pending = ""
+    return out
+
+
+def session(text: str) -> list[tuple[str, list[str]]]:
+    """A ``$ command`` session: each command and the output lines the page shows under it."""
+    steps: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        if line.startswith("$ "):
+            steps.append((line[2:], []))
+        else:
+            steps[-1][1].append(line)
+    return steps
+
+
+def shell_environment(tmp: Path, addopts: str = "") -> dict[str, str]:
+    """Where a page's commands run: this environment's ``python`` and ``kvcache`` on PATH, after a ``pytest`` script
+    like the one pip installs (its own folder on ``sys.path``, not the current directory's); pytest's cache off and
+    ``addopts`` (a reduced size) through ``PYTEST_ADDOPTS``."""
+    bin_dir = tmp / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    script = bin_dir / "pytest"
+    (entry,) = importlib.metadata.entry_points(group="console_scripts", name="pytest")  # what pip's script runs
+    script.write_text(f"#!{sys.executable}\nimport sys\n\nfrom {entry.module} import {entry.attr}\n\n"
+                      f"sys.exit({entry.attr}())\n")
+    script.chmod(0o755)
+    path = os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    return environment(PATH=path, PYTEST_ADDOPTS=f"-p no:cacheprovider {addopts}".strip())
+
+
+def scratch_checkout(where: Path) -> Path:
+    """A folder standing in for this checkout: ``benchmarks`` links to the suite, ``pyproject.toml``,
+    ``conftest.py`` and ``kv-baseline.json`` are copies; a command that records a baseline or writes a
+    ``results.json`` writes there."""
+    where.mkdir(parents=True)
+    (where / "benchmarks").symlink_to(ROOT / "benchmarks", target_is_directory=True)
+    for name in ("pyproject.toml", "conftest.py", "kv-baseline.json"):
+        shutil.copy2(ROOT / name, where / name)
+    return where
+
+
+def run_shell(command: str, cwd: Path, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def shown_lines(done: subprocess.CompletedProcess) -> list[str]:
+    return f"{done.stdout}{done.stderr}".rstrip("\n").splitlines()
+
+
+# --- docs/pull-requests.md: kvcache comment, history and export on the recorded run (no torch) ----------------------
+
+
+@pytest.fixture
+def pull_request_runs(tmp_path) -> Path:
+    """base.json: tests/data/tiny-run.json as it is; head.json: the same with a planted +2-pass copy in dynamic
+    (what the page says they are)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    try:
+        from fakerun import RECORDED_RUN, recorded_run, write_run
+    finally:
+        sys.path.remove(str(ROOT / "tests"))
+    shutil.copy2(RECORDED_RUN, tmp_path / "base.json")
+    write_run(tmp_path / "head.json", recorded_run(counted={"dynamic": 5.0}))
+    return tmp_path
+
+
+def test_pull_request_page_examples_run_as_written(pull_request_runs):
+    """pull-requests.md on base.json and head.json: the comment, the history session and its steps.json, the export
+    (up to its ``...``) print what the page shows; the synopses' options exist; the history block runs in a git
+    repository and writes what its comment lists, beside the lock the page names."""
+    tmp, page = pull_request_runs, "docs/pull-requests.md"
+    env = shell_environment(tmp)
+    for start in ("$ kvcache comment base.json head.json", "$ kvcache history add base.json"):
+        for command, shown in session(block(page, start).text):
+            done = run_shell(command, tmp, env)
+            assert shown_lines(done) == shown, f"{command}\n{describe(done)}"
+    steps = next(b for b in fenced_blocks(ROOT / page) if b.language == "json")  # trend/steps.json, as shown
+    assert json.loads((tmp / "trend" / "steps.json").read_text()) == json.loads(steps.text)
+    ((command, shown),) = session(block(page, "$ kvcache export base.json").text)
+    done = run_shell(command, tmp, env)
+    cut = shown.index("  ...")
+    assert done.returncode == 0 and shown_lines(done)[:cut] == shown[:cut], describe(done)
+    assert shown_lines(done)[-1] == shown[-1] == "]"
+    for start in ("kvcache comment BASE.json HEAD.json", "kvcache export RUN.json"):
+        synopsis = block(page, start).text
+        usage = run_shell(" ".join(synopsis.split()[:2]) + " --help", tmp, env)
+        assert usage.returncode == 0, describe(usage)
+        assert set(re.findall(r"--[a-z-]+", synopsis)) <= set(re.findall(r"--[a-z-]+", usage.stdout)), synopsis
+    repo = tmp / "repo"  # the history block: add results.json at HEAD (git's), then plot what its comment lists
+    repo.mkdir()
+    shutil.copy2(tmp / "base.json", repo / "results.json")
+    git = {**env, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@example.com"}
+    assert run_shell("git init -q && git add results.json && git commit -qm run", repo, git).returncode == 0
+    add, plot = commands(block(page, "kvcache history add results.json").text)
+    for command in (add, plot):
+        done = run_shell(command, repo, git)
+        assert done.returncode == 0, f"{command}\n{describe(done)}"
+    listed = plot.split("#", 1)[1].strip().split(", ")
+    assert {p.name for p in (repo / "trend").iterdir()} == set(listed), listed
+    assert (repo / "history.jsonl.lock").exists()  # the lock the page tells a workflow to leave out of a commit
+
+
+def test_reports_page_quotes_what_compare_prints(tmp_path, capsys):
+    """reports.md's two quotes on an identity variable: compare's refusal (exit 2) and, with --allow-mismatch,
+    its line naming the variable."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    try:
+        from fakerun import make_run, write_run
+    finally:
+        sys.path.remove(str(ROOT / "tests"))
+    from kvcache.cli import main
+
+    runs = []
+    for name, variables in (("a.json", {}), ("b.json", {"TRANSFORMERS_SDPA_FORCE_GQA": "1"})):
+        run = make_run()
+        run["kv"]["environment"]["variables"] = variables
+        runs.append(str(write_run(tmp_path / name, run)))
+    page = " ".join((ROOT / "docs" / "reports.md").read_text(encoding="utf-8").split())
+    assert main(["compare", *runs]) == 2
+    refusal = capsys.readouterr().err.strip().replace(str(tmp_path) + "/", "")
+    assert f"`{refusal}`" in page, refusal
+    assert main(["compare", *runs, "--allow-mismatch"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("Environment variable"))
+    assert f"`{line}`" in page, line
+
+
+# --- Commands that run the suite: one pool, shared by the tests below ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def page_runs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
+    """Every suite command the pages' tests run, a few at a time: {name: (result, the folder it ran in)}."""
+    pytest.importorskip("torch")
+    tmp = tmp_path_factory.mktemp("pages")
+    attention = block("docs/attention.md", "pytest benchmarks -m counted --kv-attn sdpa,eager").text
+    counted, _timed, traffic = commands(attention)
+    extra_read = commands(block("docs/attention.md", "python -m pytest benchmarks -m counted -p kv_extra_read").text)
+    module = next(b.text for b in fenced_blocks(ROOT / "docs" / "attention.md") if "extra_read_attention" in b.text)
+    running = commands(block("docs/running.md", "pip install -e").text)[1:]
+    reduced = ("--kv-model tiny --kv-contexts 256,512,1024 --kv-rounds 1 --kv-steps 3 --kv-warmup 1 "
+               "--kv-copy-mib 16 --kv-ledger-steps 3")
+    jobs = {
+        "counted": ([counted], ""),
+        "traffic": ([traffic], ""),
+        "baseline": (commands(block("docs/attention.md", "pytest benchmarks -m counted --kv-model tiny").text), ""),
+        "extra_read": (extra_read, "--kv-model tiny"),
+        "running": (running, reduced),
+    }
+
+    def run(name: str) -> tuple[subprocess.CompletedProcess, Path]:
+        lines, addopts = jobs[name]
+        where = scratch_checkout(tmp / name)
+        if name == "extra_read":
+            (where / "kv_extra_read.py").write_text(module)
+        env = shell_environment(where, addopts)
+        done = None
+        for command in lines:
+            done = run_shell(command, where, env)
+            if done.returncode != 0:
+                break
+        return done, where
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        return dict(zip(jobs, pool.map(run, jobs)))
+
+
+def test_attention_page_commands_run_as_written(page_runs):
+    """attention.md: the default model counted under SDPA and eager prints the page's lines (and memory.md's), with
+    no memory factor too small; kvcache traffic on tiny gives the page's 9.307 / 7.307; recording the eager entries
+    changes no figure of the committed baseline; the page's own attention module, loaded with ``python -m pytest
+    -p`` from the current directory, counts 4.000."""
+    done, _ = page_runs["counted"]
+    assert done.returncode == 0, describe(done)
+    printed = output(done).splitlines()
+    outputs = (("docs/attention.md", "counted dynamic: 3.000 passes"), ("docs/memory.md", "memory dynamic: allocated"))
+    for start in outputs:  # the default model's counted lines, as the pages show them
+        shown = [line.strip() for line in block(*start).text.splitlines()]
+        assert [line for line in shown if line not in printed] == [], describe(done)
+    assert "MEMORY FACTOR TOO SMALL" not in output(done)  # eager's repeat_kv copies are the attention's
+    done, _ = page_runs["traffic"]
+    assert done.returncode == 0, describe(done)
+    assert "dynamic@eager: 9.307 counted passes" in done.stdout and "static@eager: 7.307 counted passes" in \
+        done.stdout, describe(done)  # the page: "On `tiny` (2 layers) the same ops give 9.307 / 7.307"
+    done, where = page_runs["baseline"]
+    assert done.returncode == 0, describe(done)
+
+    def undated(path: Path) -> str:
+        return re.sub(r'"recorded": "[^"]*"', '"recorded": ""', path.read_text())
+    assert "baseline written to" in done.stdout, describe(done)
+    assert json.loads(undated(where / "kv-baseline.json")) == json.loads(undated(ROOT / "kv-baseline.json"))
+    done, _ = page_runs["extra_read"]
+    assert done.returncode == 0, describe(done)
+    assert "counted dynamic@extra_read: 4.000 passes = cat 2.00, scaled_dot_product_attention 1.00, sum 1.00" in \
+        done.stdout, describe(done)
+
+
+def test_running_page_commands_run(page_runs):
+    """running.md: the suite writes results.json (reduced: tiny, three contexts, one round) and kvcache report
+    writes the report from it."""
+    done, where = page_runs["running"]
+    assert done.returncode == 0, describe(done)
+    assert (where / "results.json").is_file()
+    assert {"report.html", "report.md", "latency.png", "traffic.png"} <= {p.name for p in (where / "report").iterdir()}
+
+
+def test_a_suite_reached_through_a_link_is_the_suite(tmp_path):
+    """What :func:`scratch_checkout` relies on: the plugin takes ``benchmarks/...`` under a link to the suite for
+    the suite (its items measure), and a file beside it for none of it."""
+    from types import SimpleNamespace
+
+    from kvcache.plugin import discovery
+
+    where = scratch_checkout(tmp_path / "checkout")
+    config = SimpleNamespace(stash=pytest.Stash())
+    config.stash[discovery.SUITE_DIRS] = (ROOT / "benchmarks",)
+    assert discovery.in_suite(config, where / "benchmarks" / "test_traffic.py")
+    assert not discovery.in_suite(config, where / "conftest.py")

@@ -1,7 +1,8 @@
 """The README keeps up with the code: its registration example works as written (a user's cache class plugs in
 without editing the project: taken from README.md's "Gate your own cache class in your CI", loaded with ``-p`` and
-counted). The README's command from another repository is run as written by ``tests/suite/test_install.py``; links
-and the options page are checked by ``tests/suite/test_docs.py``."""
+counted), and its step 3 (commit the class and the baseline) runs as written in a git repository. The README's
+command from another repository is run as written by ``tests/suite/test_install.py``; links, the options page and
+which of the README's shell blocks run (and where) are checked by ``tests/suite/test_docs.py``."""
 
 from __future__ import annotations
 
@@ -30,3 +31,20 @@ def test_readme_registration_example_runs(tmp_path):
     done = subprocess.run(cmd, cwd=ROOT, env=environment([tmp_path]), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "counted mine: 3.000 passes" in done.stdout
+
+
+def test_readme_commit_step_runs_as_written(tmp_path):
+    """Step 3, "Commit it": the README's command, run by bash in a git repository holding the two files steps 1 and
+    2 leave there, commits both."""
+    from test_docs import block, commands, run_shell
+
+    (tmp_path / "my_caches.py").write_text(readme_example())
+    (tmp_path / "kv-baseline.json").write_text((ROOT / "kv-baseline.json").read_text())
+    env = environment(GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.com", GIT_COMMITTER_NAME="t",
+                      GIT_COMMITTER_EMAIL="t@example.com")
+    assert run_shell("git init -q", tmp_path, env).returncode == 0
+    (command,) = commands(block("README.md", "git add my_caches.py kv-baseline.json").text)
+    done = run_shell(command, tmp_path, env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    committed = run_shell("git show --name-only --format=%s HEAD", tmp_path, env).stdout.split()
+    assert committed[-2:] == ["kv-baseline.json", "my_caches.py"] and "baseline" in committed, committed

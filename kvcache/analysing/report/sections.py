@@ -27,7 +27,7 @@ from kvcache.analysing.report.data import (
 )
 from kvcache.analysing.report.documents import Doc
 from kvcache.analysing.stats import finite
-from kvcache.analysing.summary import verdict_table
+from kvcache.analysing.summary import attention_copies, verdict_table
 from kvcache.analysing.tables import MISSING, num
 
 TITLE = "KV-cache passes report"
@@ -237,7 +237,7 @@ def memory_section(doc: Doc, kv: KV, caches: list[str]) -> None:
     """Counted memory per class (``kv.memory``): allocated, peak and held passes, the cache sizes the peak needs beside
     the declared memory factor, and what allocates."""
     def cells(m: Memory) -> list[str]:
-        factor = f"{num(m.peak_factor)} (declares {num(m.declared_factor)})"
+        factor = f"{num(m.peak_factor)} (declares {num(m.declared_factor)}{attention_copies(m)})"
         return [num(m.allocated_passes, ".3f"), num(m.peak_passes, ".3f"), num(m.held_passes, ".3f"),
                 factor + (f": {m.factor_problem}" if m.factor_problem else ""), tables.by_op(m.allocated_by_op)]
 
