@@ -152,6 +152,14 @@ def counted_rows(comparison: Comparison, base: Run, head: Run) -> list[list[str]
             change = _part_change(h, "memory", name, better)
             rows.append([str(cache), f"memory: {name.replace('_', ' ')}", num(bv), num(hv), _delta(hv, bv, ".2f"),
                          CHANGE_WORDS.get(change, "")])
+        for gpu in dict.fromkeys([*(b.gpus or {}), *(h.gpus or {})]):  # --kv-gpus: passes per GPU class
+            bv, hv = finite((b.gpus or {}).get(gpu)), finite((h.gpus or {}).get(gpu))
+            if bv is None and hv is None:
+                continue
+            better = bv is not None and hv is not None and hv < bv - rules.counted_tolerance
+            change = _part_change(h, "gpus", gpu, better)
+            rows.append([str(cache), f"counted passes on {gpu}", num(bv), num(hv), _delta(hv, bv, ".2f"),
+                         CHANGE_WORDS.get(change, "")])
     return rows
 
 

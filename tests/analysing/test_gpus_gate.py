@@ -50,3 +50,49 @@ def test_gpu_figures_out_of_range_are_refused():
     assert "gpu_by_op" in entry_problems({"gpu_by_op": {"t4": {"clone": "8"}}})
     assert "gpu_by_op" in entry_problems({"gpu_by_op": {"t4": 8}})
     assert entry_problems({"gpu_passes": {"t4": 25.26}, "gpu_by_op": {"t4": T4_MATH}}) == {}
+
+
+def _with_gpus(doc: dict, t4: float) -> dict:
+    doc = json.loads(json.dumps(doc))
+    by_op = T4_MATH if t4 > 20 else {"reshape": 4.0, "scaled_dot_product_attention": 3.0, "cat": 2.0}
+    doc["kv"]["traffic"]["dynamic"]["gpus"] = {
+        "t4": {"backend": "math", "rejected": {"flash": "Flash attention only supports gpu architectures in the range "
+                                                        "[sm80, sm121]. Attempting to run on a sm 7.5 gpu."},
+               "passes": t4, "by_op": by_op},
+        "a100": {"backend": "flash", "rejected": {}, "passes": 3.0, "by_op": {"cat": 2.0}}}
+    return doc
+
+
+def test_compare_and_comment_judge_each_gpu_class(tmp_path):
+    from fakerun import make_run, write_run
+
+    from kvcache.analysing.comment import counted_rows
+    from kvcache.analysing.compare import compare
+    from kvcache.analysing.compare_render import cell_texts
+    from kvcache.analysing.records import load_run
+
+    base = tmp_path / "base.json"
+    head = tmp_path / "head.json"
+    write_run(base, _with_gpus(make_run(), 9.0))
+    write_run(head, _with_gpus(make_run(), 25.26))
+    runs = [load_run(base), load_run(head)]
+    comparison = compare(runs)
+    assert [r.measure for r in comparison.regressions] == ["counted passes per GPU class"]
+    assert "t4: counted passes 25.3 is above the allowed 9.05; grew: clone +8.00" in comparison.regressions[0].reason
+    head_cell = comparison.cells["dynamic"][1]
+    assert cell_texts(head_cell, ["gpus"]) == ["t4 25.26 ▲ · a100 3.00"]
+    rows = {tuple(r[:2]): r for r in counted_rows(comparison, *runs)}
+    assert rows[("dynamic", "counted passes on t4")][2:] == ["9.00", "25.26", "+16.26", "▲ regression"]
+
+
+def test_bisect_takes_a_gpu_class_as_its_figure():
+    from kvcache import bisect_search as search
+    from kvcache.analysing.records import KV
+
+    doc = _with_gpus({"kv": {"schema": 2, "settings": {"caches": ["dynamic"]}, "traffic": {"dynamic": {
+        "passes": 3.0, "by_op": {"cat": 2.0}}}, "skipped": []}}, 25.26)
+    kv = KV.from_json(doc["kv"])
+    figure = search.figure(kv, search.MEASURES["gpu:t4"], "dynamic")
+    assert figure.value == 25.26 and figure.detail["clone"] == 8.0
+    missing = search.figure(kv, search.MEASURES["gpu:h100"], "dynamic")
+    assert missing.value is None and "counted passes on h100" in missing.reason
