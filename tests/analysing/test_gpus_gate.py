@@ -96,3 +96,21 @@ def test_bisect_takes_a_gpu_class_as_its_figure():
     assert figure.value == 25.26 and figure.detail["clone"] == 8.0
     missing = search.figure(kv, search.MEASURES["gpu:h100"], "dynamic")
     assert missing.value is None and "counted passes on h100" in missing.reason
+
+
+def test_the_report_shows_backends_and_gpu_classes(tmp_path):
+    from fakerun import make_run, write_run
+
+    from kvcache.analysing.records import load_run
+    from kvcache.analysing.report.documents import to_html, to_markdown
+    from kvcache.analysing.report.sections import build_doc
+
+    doc = _with_gpus(make_run(), 25.26)
+    doc["kv"]["traffic"]["dynamic"]["backends"] = {
+        "math": {"passes": 25.26, "by_op": T4_MATH},
+        "flash": {"passes": None, "by_op": {}, "error": "torch's rules reject flash: <mask>"}}
+    built = build_doc([load_run(write_run(tmp_path / "run.json", doc))])
+    text = to_markdown(built)
+    assert "### SDPA backends" in text and "### GPU classes" in text
+    assert "| dynamic | t4 | math | 25.26 | flash: Flash attention only supports gpu architectures" in text
+    assert "<mask>" not in text and "<mask>" not in to_html(built)  # escaped
