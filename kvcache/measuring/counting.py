@@ -149,9 +149,10 @@ class Counting:
             reasons = {gpu: next((r for r in (sdpa_rules.reason(backend, call, cap) for call in calls) if r), None)
                        for gpu, cap in sdpa_rules.GPUS.items()}
             if all(reasons.values()):
+                newest = max(sdpa_rules.GPUS, key=sdpa_rules.GPUS.get)  # the reason on the most capable class
                 entry = {"passes": None, "by_op": {},
-                         "error": f"torch's rules reject {backend} for this step on every GPU class: "
-                                  f"{next(iter(reasons.values()))}"}
+                         "error": f"torch's rules reject {backend} for this step on every GPU class ({newest}: "
+                                  f"{reasons[newest]})"}
         return entry
 
     def _gpu_entry(self, gpu: str, points: dict[int, Any], warm: int, calls: list[sdpa_rules.SdpaCall],

@@ -432,7 +432,12 @@ def select(call: SdpaCall, gpu: str, w: Wheel = WHEEL,
            filters: dict[str, tuple[Filter, ...]] | None = None) -> Selection:
     """``select_sdp_backend`` (sdp_utils.cpp) for ``call`` on GPU class ``gpu``: the first backend of
     :func:`priority_order` that can take it, and the reason of every one ahead of it."""
-    cap = GPUS[gpu]
+    return select_on(call, GPUS[gpu], w, filters)
+
+
+def select_on(call: SdpaCall, cap: tuple[int, int], w: Wheel = WHEEL,
+              filters: dict[str, tuple[Filter, ...]] | None = None) -> Selection:
+    """:func:`select` on compute capability ``cap`` (a device's own, ``torch.cuda.get_device_capability()``)."""
     rejected: dict[str, str] = {}
     for backend in priority_order(cap, w):
         why = reason(backend, call, cap, w, filters)
