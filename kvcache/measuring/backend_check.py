@@ -54,33 +54,13 @@ class Observer:
     selected: list[str] = field(default_factory=list)
 
     def active(self) -> Any:
-        return _patched(self._run)
+        return backends.replacing_sdpa(self._run)
 
     def _run(self, original: Callable, query: Any, key: Any, value: Any, attn_mask: Any = None,
              dropout_p: float = 0.0, is_causal: bool = False, scale: Any = None, enable_gqa: bool = False) -> Any:
         self.calls.append(backends.call_facts(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa))
         self.selected.append(self.choose(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa))
         return original(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
-
-
-def _patched(run: Callable) -> Any:
-    """A context in which ``torch.nn.functional.scaled_dot_product_attention(...)`` is ``run(original, ...)``."""
-    import contextlib
-
-    @contextlib.contextmanager
-    def active() -> Any:
-        original = torch.nn.functional.scaled_dot_product_attention
-
-        def observed(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
-                     is_causal: bool = False, scale: Any = None, enable_gqa: bool = False) -> Any:
-            return run(original, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-
-        torch.nn.functional.scaled_dot_product_attention = observed
-        try:
-            yield
-        finally:
-            torch.nn.functional.scaled_dot_product_attention = original
-    return active()
 
 
 def compare_calls(cache: str, observer: Observer, capability: tuple[int, int],

@@ -136,19 +136,26 @@ class Emulation:
             return _math(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         return FUSED[backend](original, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
-    @contextlib.contextmanager
-    def active(self) -> Iterator[Emulation]:
-        original = torch.nn.functional.scaled_dot_product_attention
+    def active(self) -> Any:
+        """A context in which every SDPA call goes through this emulation (:func:`replacing_sdpa`)."""
+        return replacing_sdpa(self)
 
-        def emulated(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
-                     is_causal: bool = False, scale: Any = None, enable_gqa: bool = False) -> Any:
-            return self(original, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
-        torch.nn.functional.scaled_dot_product_attention = emulated
-        try:
-            yield self
-        finally:
-            torch.nn.functional.scaled_dot_product_attention = original
+@contextlib.contextmanager
+def replacing_sdpa(run: Callable[..., torch.Tensor]) -> Iterator[None]:
+    """A context in which ``torch.nn.functional.scaled_dot_product_attention(...)`` is ``run(original, query, key,
+    value, attn_mask, dropout_p, is_causal, scale, enable_gqa)``; the original is restored on leaving."""
+    original = torch.nn.functional.scaled_dot_product_attention
+
+    def replaced(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
+                 is_causal: bool = False, scale: Any = None, enable_gqa: bool = False) -> Any:
+        return run(original, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+    torch.nn.functional.scaled_dot_product_attention = replaced
+    try:
+        yield
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = original
 
 
 def always(backend: str) -> Chooser:
