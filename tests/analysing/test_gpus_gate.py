@@ -114,3 +114,16 @@ def test_the_report_shows_backends_and_gpu_classes(tmp_path):
     assert "### SDPA backends" in text and "### GPU classes" in text
     assert "| dynamic | t4 | math | 25.26 | flash: Flash attention only supports gpu architectures" in text
     assert "<mask>" not in text and "<mask>" not in to_html(built)  # escaped
+
+
+def test_the_versions_table_has_a_column_per_class_and_gpu_class(tmp_path):
+    from fakerun import make_run, write_run
+
+    from kvcache.versions_table import counted_table
+
+    doc = _with_gpus(make_run(), 25.26)
+    doc["kv"]["traffic"]["static"]["gpus"] = {"t4": {"backend": None, "passes": None, "error": "not predicted: x"}}
+    text = counted_table([write_run(tmp_path / "counted-5.24.0.json", doc)])
+    header = text.splitlines()[0]
+    assert "| dynamic on t4 | dynamic on a100 |" in header and "static on t4" in header
+    assert "| 25.26 (math) | 3.00 (flash) |" in text and "not predicted: x" in text
