@@ -278,6 +278,8 @@ class Settings:
         d["caches"], d["contexts"], d["counted_contexts"] = list(self.caches), list(self.contexts), list(
             self.counted_contexts)
         d["gpus"] = list(self.gpus)
+        if not self.gpus:  # recorded only when given (--kv-gpus): a run without it keeps its settings as before
+            del d["gpus"]
         d["model"] = model_key(self.model)
         if d["model"] != self.model:
             d["model_path"] = self.model
