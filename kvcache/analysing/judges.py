@@ -196,24 +196,27 @@ def judge_gpus(counted: dict[str, Counted], base: BaselineEntry | None, *, toler
     if not counted:
         return Verdict("not-measured", "no GPU class was predicted (--kv-gpus)")
     parts: dict[str, Part] = {}
-    reasons: list[str] = []
+    reasons: dict[str, list[str]] = {}  # reason -> the GPU classes it is given for
     for gpu, figure in counted.items():
         base_passes = (base.gpu_passes or {}).get(gpu) if base is not None else None
         base_by_op = (base.gpu_by_op or {}).get(gpu) if base is not None else None
         if figure.passes is None:
             verdict = Verdict("not-measured", figure.why_missing or "not predicted")
         else:
-            verdict = judge_counted(figure, key=f"{key} | {gpu}", base_by_op=base_by_op,
+            verdict = judge_counted(figure, key=key, base_by_op=base_by_op,
                                     allowed=allowed_passes(base_passes, tolerance, None, relative=False))
+            if verdict.status == "no-baseline":
+                verdict.reason = (f"no baseline for {key!r} on this GPU class; record one with --kv-update-baseline "
+                                  "--kv-gpus")
         parts[gpu] = Part(verdict.status, value=verdict.value, allowed=verdict.allowed,
                           reason=verdict.reason if verdict.status != "pass" else None)
-        if verdict.status not in ("pass",):
-            reasons.append(f"{gpu}: {verdict.reason}")
+        if verdict.status != "pass":
+            reasons.setdefault(verdict.reason, []).append(gpu)
     statuses = [p.status for p in parts.values()]
     worst = max(statuses, key=lambda s: PRIORITY.get(s, 0))
     if worst == "not-measured" and "pass" in statuses:
         worst = "pass"
-    reason = "; ".join(dict.fromkeys(reasons)) or (
+    reason = "; ".join(f"{', '.join(gpus)}: {why}" for why, gpus in reasons.items()) or (
         f"counted passes of {', '.join(parts)} within the allowed per GPU class")
     return Verdict(worst, reason, parts=parts)
 
