@@ -43,9 +43,10 @@ test: $(VENV)/.test
 	$(MAKE) --no-print-directory gate
 
 # The counted gate (deterministic, any machine): every registered class on the tiny model, under the
-# release's default attention (sdpa) and eager (keyed <class>@eager), against kv-baseline.json.
+# release's default attention (sdpa) and eager (keyed <class>@eager), and each SDPA class's passes on three GPU
+# classes (--kv-gpus: torch's backend rules, docs/gpu-backends.md), against kv-baseline.json.
 gate: $(VENV)/.bench
-	$(PY) -m pytest benchmarks -m counted --kv-model tiny --kv-caches all --kv-attn sdpa,eager \
+	$(PY) -m pytest benchmarks -m counted --kv-model tiny --kv-caches all --kv-attn sdpa,eager --kv-gpus t4,a100,h100 \
 	  -p no:cacheprovider -q --benchmark-json counted.json
 
 # Counted passes under every Transformers minor release since 4.45 (newest patch of each), installed

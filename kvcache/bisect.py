@@ -104,7 +104,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--versions-dir", default=".versions", help="where --releases installs releases (.versions)")
     p.add_argument("--measure", default="passes", choices=list(search.MEASURES),
                    help="the figure: counted passes (default), ops (ATen ops per step), weight (weight passes), "
-                        "held/peak/allocated (memory per step, where the runs have it)")
+                        "held/peak/allocated (memory per step, where the runs have it), gpu:<class> (counted passes "
+                        "under the SDPA backend torch would select on that GPU class: --kv-gpus is added)")
     p.add_argument("--class", dest="cls", metavar="NAME",
                    help="the class whose figure is bisected (default: the first whose figure differs at the ends)")
     p.add_argument("--model", default="tiny", help="--kv-model of every probe (default tiny)")
@@ -177,6 +178,8 @@ def prepare(args: argparse.Namespace, extra: list[str], workdir: Path, say: Call
     if not args.releases and not (args.repo and args.good and args.bad):
         missing = [o for o, v in (("--repo", args.repo), ("--good", args.good), ("--bad", args.bad)) if not v]
         raise BisectError(f"give {', '.join(missing)} (or --releases A..B)")
+    if args.measure.startswith("gpu:") and not any(a == "--kv-gpus" or a.startswith("--kv-gpus=") for a in extra):
+        extra = [*extra, "--kv-gpus", args.measure.removeprefix("gpu:")]
     suite = Suite(args.model, ",".join(caches), args.attention, args.driver, args.batch, extra, workdir,
                   args.probe_timeout, None if args.no_fork_server else
                   PRELOAD + (() if args.releases else PRELOAD_FAMILY), say=say)

@@ -21,6 +21,7 @@ from kvcache.analysing.judges import COUNTED_RELATIVE_SLACK, OP_CHANGE
 from kvcache.analysing.records import KV
 from kvcache.analysing.rules import Rules
 from kvcache.analysing.tables import MISSING
+from kvcache.measuring.sdpa_rules import GPUS
 
 GOOD, BAD, SKIP = "good", "bad", "skip"
 
@@ -47,6 +48,10 @@ MEASURES = {
     "peak": Measure("peak", "memory peak per step", "peak passes", "memory", "peak_passes", "peak_by_op"),
     "allocated": Measure("allocated", "memory allocated per step", "allocated passes", "memory", "allocated_passes",
                          "allocated_by_op"),
+    # per GPU class (--kv-gpus, added to every probe): the step's counted passes under the SDPA backend torch's rules
+    # select on that class
+    **{f"gpu:{gpu}": Measure(f"gpu:{gpu}", f"counted passes on {gpu}", "passes", "gpus", gpu, "by_op")
+       for gpu in GPUS},
 }
 
 
@@ -83,8 +88,17 @@ def figure(kv: KV, measure: Measure, cache: str) -> Figure:
     """``cache``'s figure of ``measure`` in a run's ``kv`` section (counted passes: the fused count under
     ``--kv-compile``, as the gate judges it)."""
     why_missing = None
+    if measure.section == "gpus":  # the class's figure on that GPU class: a Counted with passes, by_op
+        traffic = kv.traffic.get(cache)
+        record: Any = traffic.gpu_counted().get(measure.key) if traffic is not None else None
+        why_missing = record.why_missing if record is not None else None
+        value = record.passes if record is not None else None
+        if not _number(value):
+            return Figure(None, {}, skip_reason(kv, cache) or why_missing or f"no {measure.label} of {cache} in the "
+                          "run")
+        return Figure(float(value), {str(op): float(v) for op, v in record.by_op.items() if _number(v)})
     if measure.section == "memory":
-        record: Any = kv.memory.get(cache)
+        record = kv.memory.get(cache)
     elif measure.name == "passes":  # the fused count under --kv-compile, else the eager one
         traffic = kv.traffic.get(cache)
         record = traffic.counted() if traffic is not None else None

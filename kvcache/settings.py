@@ -149,6 +149,23 @@ def _max_passes(option: str, text: Any) -> dict[str, float]:
         raise SettingsError(str(exc)) from None
 
 
+def _gpus(option: str, text: Any) -> tuple[str, ...]:
+    """``t4,a100`` -> GPU class names (:mod:`kvcache.measuring.sdpa_rules`, pure Python); none (the default) imports
+    nothing. An unknown name, or a torch release whose rules are not transcribed, is a one-line SettingsError."""
+    if not str(text).strip():
+        return ()
+    import importlib.metadata
+
+    from kvcache.measuring import sdpa_rules
+
+    try:
+        names = sdpa_rules.gpu_names(str(text))
+        sdpa_rules.check_release(importlib.metadata.version("torch"))
+    except (sdpa_rules.RulesError, importlib.metadata.PackageNotFoundError) as exc:
+        raise SettingsError(str(exc)) from None
+    return tuple(names)
+
+
 #: How each option that sets a :class:`Settings` field (``Option.setting``) reads its value, by flag.
 PARSERS: dict[str, Parser] = {
     "--kv-model": _text,
@@ -167,6 +184,7 @@ PARSERS: dict[str, Parser] = {
     "--kv-threads": _threads,
     "--kv-compile": _choice(COMPILE_MODES),
     "--kv-driver": _choice(DRIVERS),
+    "--kv-gpus": _gpus,
     "--kv-batch": _whole(1),
     "--kv-ragged": _given,
     "--kv-ledger-steps": _whole(0),
@@ -240,6 +258,7 @@ class Settings:
     threads: int | None = _default("--kv-threads")  # torch's CPU threads for the whole session; None: torch's default
     compile: str = _default("--kv-compile")
     driver: str = _default("--kv-driver")
+    gpus: tuple[str, ...] = _default("--kv-gpus")  # GPU classes predicted (kvcache.measuring.sdpa_rules.GPUS)
     batch: int = _default("--kv-batch")  # sequences per decode step
     ragged: bool = _default("--kv-ragged")
 
@@ -258,6 +277,9 @@ class Settings:
         d = asdict(self)
         d["caches"], d["contexts"], d["counted_contexts"] = list(self.caches), list(self.contexts), list(
             self.counted_contexts)
+        d["gpus"] = list(self.gpus)
+        if not self.gpus:  # recorded only when given (--kv-gpus): a run without it keeps its settings as before
+            del d["gpus"]
         d["model"] = model_key(self.model)
         if d["model"] != self.model:
             d["model_path"] = self.model

@@ -29,6 +29,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--warmup", default=str(WARMUP_CHOICES[-1]),
                         help=f"decode steps before the counted one: {', '.join(map(str, WARMUP_CHOICES))} "
                              f"(default {WARMUP_CHOICES[-1]}: the counted bytes do not change after)")
+    parser.add_argument("--gpus", default="", help="GPU classes whose SDPA backend is predicted (--kv-gpus: t4, a100, "
+                        "h100, sm80, ...)")
     parser.add_argument("--json", action="store_true", help="print the traffic and probe as JSON")
     args = parser.parse_args(argv)
 
@@ -41,9 +43,10 @@ def main(argv: list[str]) -> int:
     from kvcache.measuring import caches, configs, preflight, presets
     from kvcache.measuring.devices import Device, DeviceError
     from kvcache.measuring.session import KVSession, Skipped
-    from kvcache.settings import Settings
+    from kvcache.settings import PARSERS, Settings
 
     try:
+        gpus = PARSERS["--kv-gpus"]("--kv-gpus", args.gpus)
         names = caches.parse_caches(args.cache)
         contexts = parse_ints("--contexts", args.contexts)
         if len(contexts) != 2:
@@ -52,10 +55,12 @@ def main(argv: list[str]) -> int:
         configs.load_config(args.model)
         device = Device.from_choice(args.device)
         settings = Settings(model=args.model, device=args.device, dtype=args.dtype, caches=tuple(names),
-                            contexts=tuple(sorted(contexts)), counted_contexts=tuple(sorted(contexts)), warmup=warmup)
+                            contexts=tuple(sorted(contexts)), counted_contexts=tuple(sorted(contexts)), warmup=warmup,
+                            gpus=gpus)
         preflight.check_model_memory(settings)  # the weights and the smallest point fit, before anything is built
     except (caches.CacheError, SettingsError, DeviceError, presets.ModelError) as exc:
         message = str(exc)
+        message = message.replace("--kv-gpus", "--gpus")
         for option in ("caches", "model", "dtype", "device"):
             message = message.replace(f"--kv-{option}", f"--{option.rstrip('s')}")
         print(f"kvcache traffic: {message}", file=sys.stderr)
@@ -130,6 +135,17 @@ def print_one(name: str, traffic: Traffic, probe: Probe | None) -> None:
               f"expansions {probe.expansions} over {probe.calls} calls")
     for line in kind_lines(traffic):
         print(f"  {line}")
+    for line in backend_lines_of(name, traffic):
+        print(f"  {line}")
+
+
+def backend_lines_of(name: str, traffic: Traffic) -> list[str]:
+    """The summary's ``backends``/``gpus`` lines of one class (:func:`kvcache.analysing.summary.backend_lines`)."""
+    from kvcache.analysing.records import KV
+    from kvcache.analysing.summary import backend_lines
+
+    kv = KV.from_json({"schema": 2, "traffic": {name: traffic.to_json()}})
+    return backend_lines(kv)
 
 
 def kind_lines(traffic: Traffic) -> list[str]:

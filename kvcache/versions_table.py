@@ -55,7 +55,17 @@ def counted_cells(path: Path) -> tuple[str, dict[str, str]]:
             cells[skip.cache] = "skipped: " + skip.reason[:60]
     for cache, t in kv.traffic.items():
         cells[cache] = traffic_cell(t, kv.memory.get(cache))
+        for gpu, entry in (t.gpus or {}).items():  # --kv-gpus: a column per class and GPU class
+            cells[f"{cache} on {gpu}"] = gpu_cell(entry)
     return str(kv.environment["transformers"]), cells
+
+
+def gpu_cell(entry: dict) -> str:
+    """One class on one GPU class (``kv.traffic.<cache>.gpus.<gpu>``): the counted passes under the SDPA backend
+    torch's rules select there, and the backend (``25.26 (math)``), or why it was not predicted."""
+    if entry.get("backend") is None:
+        return str(entry.get("error") or "not predicted")[:60]
+    return f"{_passes(entry.get('passes'))} ({entry['backend']})"
 
 
 def failed_classes(kv: KV, path: Path) -> dict[str, str]:

@@ -226,6 +226,11 @@ def entries_of_run(kv: KV, recorded: str) -> tuple[dict[str, dict[str, dict[str,
         passes = judged.passes
         if isinstance(passes, (int, float)) and math.isfinite(passes) and passes > 0:
             counted[cache] = {**common, "counted_passes": passes, "counted_by_op": dict(judged.by_op)}
+            gpus = {gpu: figure for gpu, figure in traffic.gpu_counted().items()
+                    if isinstance(figure.passes, (int, float)) and math.isfinite(figure.passes) and figure.passes > 0}
+            if gpus:
+                counted[cache]["gpu_passes"] = {gpu: figure.passes for gpu, figure in gpus.items()}
+                counted[cache]["gpu_by_op"] = {gpu: dict(figure.by_op) for gpu, figure in gpus.items()}
             problem = entry_problem(counted[cache])
             if problem:
                 del counted[cache]
@@ -274,6 +279,10 @@ def record(path: str | Path, kv: KV, recorded: str) -> tuple[dict[str, dict[str,
 
 # --- writing -----------------------------------------------------------------------------------------------
 
+#: Entry fields keyed by GPU class, merged class by class when a run is recorded (not replaced whole).
+MERGED_BY_GPU = ("gpu_passes", "gpu_by_op")
+
+
 def update(path: str | Path, entries: dict[str, dict[str, dict[str, Any]]]) -> None:
     """Merge ``{key: {cache: entry}}`` into the file under a lock and write it atomically (mode kept).
 
@@ -285,7 +294,11 @@ def update(path: str | Path, entries: dict[str, dict[str, dict[str, Any]]]) -> N
         for key, by_cache in entries.items():
             recorded = doc["devices"].setdefault(key, {})
             for cache, entry in by_cache.items():
-                recorded.setdefault(cache, {}).update(entry)
+                target = recorded.setdefault(cache, {})
+                for name in MERGED_BY_GPU:  # GPU classes the run did not predict keep their recorded figures
+                    if isinstance(entry.get(name), dict) and isinstance(target.get(name), dict):
+                        entry = {**entry, name: {**target[name], **entry[name]}}
+                target.update(entry)
         problem = problem_of(doc)
         if problem:
             raise BaselineError(f"{p}: refusing to write a malformed baseline ({problem})")

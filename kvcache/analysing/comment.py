@@ -148,11 +148,22 @@ def counted_rows(comparison: Comparison, base: Run, head: Run) -> list[list[str]
             bv, hv = base_memory.get(name), head_memory.get(name)
             if bv is None and hv is None:
                 continue
-            better = bv is not None and hv is not None and hv < bv - rules.memory_tolerance
-            change = _part_change(h, "memory", name, better)
-            rows.append([str(cache), f"memory: {name.replace('_', ' ')}", num(bv), num(hv), _delta(hv, bv, ".2f"),
-                         CHANGE_WORDS.get(change, "")])
+            rows.append(_part_row(cache, h, "memory", name, f"memory: {name.replace('_', ' ')}", bv, hv,
+                                  rules.memory_tolerance))
+        for gpu in dict.fromkeys([*(b.gpus or {}), *(h.gpus or {})]):  # --kv-gpus: passes per GPU class
+            bv, hv = finite((b.gpus or {}).get(gpu)), finite((h.gpus or {}).get(gpu))
+            if bv is None and hv is None:
+                continue
+            rows.append(_part_row(cache, h, "gpus", gpu, f"counted passes on {gpu}", bv, hv, rules.counted_tolerance))
     return rows
+
+
+def _part_row(cache: str, head: Cell, measure: str, part: str, label: str, bv: float | None, hv: float | None,
+              tolerance: float) -> list[str]:
+    """``[class, label, BASE, HEAD, Δ, change]`` of one part of a judged measure (a memory figure, a GPU class)."""
+    better = bv is not None and hv is not None and hv < bv - tolerance
+    change = _part_change(head, measure, part, better)
+    return [str(cache), label, num(bv), num(hv), _delta(hv, bv, ".2f"), CHANGE_WORDS.get(change, "")]
 
 
 def paired(ab: dict[str, Any] | None) -> dict[str, dict[str, PairedVerdict]]:

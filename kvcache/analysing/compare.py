@@ -34,7 +34,7 @@ SAME, REGRESSED, IMPROVED, INCONCLUSIVE = "same", "regressed", "improved", "inco
 CHANGE_OF = {"regression": REGRESSED, "inconclusive": INCONCLUSIVE}
 # What each verdict judges, as a regression line names it.
 JUDGED = {"counted": "counted passes", "timed": "timed passes", "overhead": "overhead", "intercept": "intercept",
-          "ledger": "per-op ledger", "memory": "counted memory"}
+          "ledger": "per-op ledger", "memory": "counted memory", "gpus": "counted passes per GPU class"}
 #: Whose recorded rules judge each later run: its own (``each``) or the first run's (``first``).
 RULES_FROM = ("each", "first")
 
@@ -56,7 +56,8 @@ class Cell:
 
     Figures: ``timed`` passes with ``timed_ci`` its interval, ``counted`` passes (the judged count: fused when
     compiled), ``intercept_ms`` (ms per step), ``r2``, ``ops`` (ATen ops per step), ``weight_passes``, ``memory``
-    and ``peak`` (held and peak passes), ``verdict`` (the run's own gate status of the class).
+    and ``peak`` (held and peak passes), ``verdict`` (the run's own gate status of the class), ``gpus`` (--kv-gpus:
+    {GPU class: counted passes under the SDPA backend torch would select there}).
     ``*_change`` are SAME/REGRESSED/IMPROVED/INCONCLUSIVE against the baseline, or "" where there is nothing to
     compare (the baseline itself, or a value missing on either side); ``*_delta`` the difference, in the figure's
     unit; ``judged`` the judge's verdicts of the class against the first run, by measure.
@@ -74,6 +75,7 @@ class Cell:
     peak: float | None = None
     allocated: float | None = None
     verdict: str | None = None
+    gpus: dict[str, float | None] | None = None
     reason: str | None = None
     timed_change: str = ""
     timed_delta: float | None = None
@@ -156,6 +158,8 @@ def cell_of(run: Run, cache: str) -> Cell:
         timed=finite(fit.passes) if fit else None,
         timed_ci=interval(fit.passes_ci) if fit else None,
         counted=finite(traffic.counted().passes) if traffic is not None else None,  # fused if compiled
+        gpus={gpu: finite(c.passes) for gpu, c in traffic.gpu_counted().items()} if traffic is not None and
+        traffic.gpus else None,
         intercept_ms=finite(fit.intercept_ms) if fit else None,
         r2=finite(fit.r2) if fit else None,
         ops=ops if isinstance(ops, int) and not isinstance(ops, bool) else None,

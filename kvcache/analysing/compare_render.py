@@ -18,7 +18,7 @@ LEGEND = (
     "▲ regression against the first run (the gate's judge), ▼ better beyond tolerance, "
     "? inconclusive (interval straddles the allowed value, poor fit, drift, or no passes figure): not a regression"
 )
-MEASURES = ("timed", "counted", "intercept_ms", "r2", "ops", "weight_passes", "memory", "verdict")
+MEASURES = ("timed", "counted", "intercept_ms", "r2", "ops", "weight_passes", "memory", "gpus", "verdict")
 HEADERS = {
     "timed": "timed passes",
     "counted": "counted passes",
@@ -27,6 +27,7 @@ HEADERS = {
     "ops": "ops/step",
     "weight_passes": "weight passes",
     "memory": "memory held/peak",
+    "gpus": "passes per GPU class",
     "verdict": "verdict",
 }
 
@@ -76,6 +77,12 @@ def cell_texts(cell: Cell, shown: Sequence[str]) -> list[str]:
             texts.append(_marked(held, cell.memory_change, cell.memory_delta, figure=cell.memory_figure))
         elif measure == "r2":
             texts.append(num(cell.r2, ".3f"))
+        elif measure == "gpus":
+            gpus_verdict = (cell.judged or {}).get("gpus")
+            texts.append(" · ".join(
+                f"{gpu} {num(passes)}" + (" ▲" if gpus_verdict is not None and gpus_verdict.parts and
+                                         getattr(gpus_verdict.parts.get(gpu), "status", "") == "regression" else "")
+                for gpu, passes in cell.gpus.items()) if cell.gpus else MISSING)
         else:
             texts.append(cell.verdict or MISSING)
     return texts

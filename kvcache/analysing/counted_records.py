@@ -31,7 +31,8 @@ class Traffic(Record):
     {context: logical KV bytes held} (the denominator), ``stored_bytes``/``stored_passes`` (bytes actually stored,
     passes per stored byte), ``beyond`` (steps past every sliding window), ``kinds`` (per layer kind), ``compiled``
     (--kv-compile: the compiled step's unfused and fused counts), ``allocated_bytes``/``allocated_passes``/``batch``
-    (--kv-batch: the left-padded batch): see kv.schema.json."""
+    (--kv-batch: the left-padded batch), ``backends`` ({backend: {passes, by_op}}: the step under each SDPA backend a
+    CUDA GPU runs), ``gpus`` (--kv-gpus: {GPU class: {backend, rejected, passes, by_op}}): see kv.schema.json."""
 
     passes: float | None
     by_op: dict[str, float] = field(default_factory=dict)
@@ -54,12 +55,20 @@ class Traffic(Record):
     allocated_bytes: dict[str, float] | None = None
     allocated_passes: float | None = None
     batch: dict[str, Any] | None = None
+    backends: dict[str, dict[str, Any]] | None = None
+    gpus: dict[str, dict[str, Any]] | None = None
     extra: dict[str, Any] = extra_field()
     absent: frozenset[str] = absent_field()
 
     @classmethod
     def _readers(cls) -> dict[str, Reader]:
         return {"compiled": CompiledTraffic.from_json}
+
+    def gpu_counted(self) -> dict[str, Counted]:
+        """``gpus`` (--kv-gpus) as the counted figure of each GPU class: the passes counted under the SDPA backend
+        torch would select there, per op; ``why_missing`` when the class was not predicted."""
+        return {gpu: Counted(entry.get("passes"), dict(entry.get("by_op") or {}), entry.get("error"))
+                for gpu, entry in (self.gpus or {}).items()}
 
     def counted(self) -> Counted:
         """The counted figure the class is judged (and recorded) by: under ``--kv-compile`` the fused count of the

@@ -73,7 +73,10 @@ OP_FIGURES = {
     "timed_ledger": Range(-MAX_PASSES, MAX_PASSES),
     "op_calls": Range(0, MAX_OPS, whole=True),
     "memory_allocated_by_op": Range(-MAX_PASSES, MAX_PASSES),
+    "gpu_passes": Range(0, MAX_PASSES, above=True),  # {GPU class: counted passes under its SDPA backend}
 }
+#: Every ``{GPU class: {op: number}}`` map an entry holds, and the range of each number.
+NESTED_OP_FIGURES = {"gpu_by_op": Range(-MAX_PASSES, MAX_PASSES)}
 #: Text an entry holds (where the figures came from); a string or null.
 TEXTS = ("recorded", "transformers", "torch", "model", "dtype")
 #: Figures of a timed entry that are recorded as null when out of range, the passes beside them kept.
@@ -117,6 +120,17 @@ def entry_problems(entry: dict[str, Any]) -> dict[str, str]:
             if problem:
                 out[name] = f"{name}[{value_shown(op)}] {problem}"
                 break
+    for name, within in NESTED_OP_FIGURES.items():
+        nested = entry.get(name)
+        if nested is None:
+            continue
+        if not isinstance(nested, dict) or not all(isinstance(ops, dict) for ops in nested.values()):
+            out[name] = f"{name} is {value_shown(nested)}, expected an object of GPU class: {{op: number}}, or null"
+            continue
+        bad = next(((gpu, op, problem) for gpu, ops in nested.items() for op, value in ops.items()
+                    for problem in [figure_problem(value, within)] if problem), None)
+        if bad:
+            out[name] = f"{name}[{value_shown(bad[0])}][{value_shown(bad[1])}] {bad[2]}"
     for name in TEXTS:
         value = entry.get(name)
         if value is not None and not isinstance(value, str):
@@ -136,7 +150,8 @@ class BaselineEntry(Record):
     ``timed_r2``, ``timed_intercept_ms`` in ms, ``timed_ledger`` {op: timed passes}, ``timed_weights_ms`` the run's
     decode speed in ms), counted (``counted_passes``, ``counted_by_op`` {op: passes}), counted overhead
     (``ops_per_step``, ``data_ops_per_step``, ``weight_passes``, ``fixed_bytes`` in bytes, ``layers``, ``op_calls``
-    {op: calls}), counted memory (``memory_*_passes``: bytes per KV byte, ``memory_allocated_by_op``), and where
+    {op: calls}), counted memory (``memory_*_passes``: bytes per KV byte, ``memory_allocated_by_op``), counted passes
+    per GPU class (``gpu_passes`` {class: passes}, ``gpu_by_op`` {class: {op: passes}}; --kv-gpus), and where
     they came from (``recorded``: ISO date-time, ``transformers``, ``torch``, ``model``, ``dtype``)."""
 
     timed_passes: float | None = None
@@ -156,6 +171,8 @@ class BaselineEntry(Record):
     memory_peak_passes: float | None = None
     memory_held_passes: float | None = None
     memory_allocated_by_op: dict[str, float] | None = None
+    gpu_passes: dict[str, float] | None = None
+    gpu_by_op: dict[str, dict[str, float]] | None = None
     recorded: str | None = None
     transformers: str | None = None
     torch: str | None = None

@@ -12,6 +12,9 @@ walking that tree (:func:`failures`).
   only when all of it is above baseline × (1 + ``tolerance``), *pass* only when all of it is within;
   a poor fit, drift, a fit that gives no figure or a straddling interval is *inconclusive*, never a
   pass and never red (unless ``strict``).
+- Counted passes per GPU class (``--kv-gpus``: the step under the SDPA backend torch's own rules select on that
+  class, ``kv.traffic.<cache>.gpus``) are judged like counted passes, each class against its own baseline figure
+  (``gpu_passes``, keyed by GPU class within the counted entry): measure ``gpus``, one part per class.
 - Counted overhead (exact, like counted passes): *regression* when ATen ops per step rise by more than
   ``ops_tolerance`` per layer, or weight passes (bytes that do not grow with context / weight bytes) by more
   than ``weight_passes_tolerance``. Its baseline is keyed by the torch release as well.
@@ -53,6 +56,7 @@ from kvcache.analysing.judges import (
     allowed_passes,
     drift_problem,
     judge_counted,
+    judge_gpus,
     judge_intercept,
     judge_ledger,
     judge_memory,
@@ -132,6 +136,9 @@ def judge_run(kv: KV, baseline: dict[str, dict[str, BaselineEntry]], rules: Rule
             base_counted_by_op=counted_base.counted_by_op if counted_base is not None else None)
         out[cache] = {"counted": counted, "timed": timed, "overhead": overhead, "intercept": intercept,
                       "ledger": ledger}
+        if (traffic is not None and traffic.gpus) or (counted_base is not None and counted_base.gpu_passes):
+            out[cache]["gpus"] = judge_gpus(traffic.gpu_counted() if traffic is not None else {}, counted_base,
+                                            tolerance=rules.counted_tolerance, key=keys["counted"])
         memory, memory_base = kv.memory.get(cache), entry("memory")
         if memory is not None or memory_base is not None:  # a run from before counted memory has no verdict of it
             out[cache]["memory"] = judge_memory(memory, memory_base, rules=rules,

@@ -25,9 +25,9 @@ from kvcache.analysing.records import (
 from kvcache.analysing.rules import Rules
 from kvcache.analysing.stats import finite
 
-MEASURES = ("counted", "timed", "overhead", "intercept", "ledger", "memory")
+MEASURES = ("counted", "timed", "overhead", "intercept", "ledger", "memory", "gpus")
 # Measures that are counted, not timed: never inconclusive for noise, so --kv-strict leaves them alone.
-EXACT = ("counted", "overhead", "memory")
+EXACT = ("counted", "overhead", "memory", "gpus")
 STATUSES = ("pass", "regression", "inconclusive", "no-baseline", "not-measured")
 # Higher wins when the measures of a class are shown as one status.
 PRIORITY = {"not-measured": 0, "no-baseline": 1, "pass": 2, "inconclusive": 3, "regression": 4}
@@ -185,6 +185,41 @@ def judge_counted(counted: Counted | None, *, allowed: float | None, base_by_op:
     else:
         verdict.reason = f"counted passes {fmt(passes)} is within the allowed {fmt(allowed)}"
     return verdict
+
+
+def judge_gpus(counted: dict[str, Counted], base: BaselineEntry | None, *, tolerance: float, key: str) -> Verdict:
+    """Judge the counted passes each GPU class would move (``kv.traffic.<cache>.gpus``, --kv-gpus: the step under the
+    SDPA backend torch's rules select there) like counted passes (:func:`judge_counted`), each against the baseline's
+    figure for that class (``gpu_passes``, ``gpu_by_op``: the baseline is keyed by GPU class within the counted
+    entry) + ``tolerance``; a class not predicted (attention that is not SDPA) is not-measured with its reason. The
+    verdict is the worst of the classes (``parts``: one per class, passes against allowed), its reason the non-passing
+    classes' reasons (the ops that grew among them)."""
+    if not counted:
+        return Verdict("not-measured", "no GPU class was predicted (--kv-gpus)")
+    parts: dict[str, Part] = {}
+    reasons: dict[str, list[str]] = {}  # reason -> the GPU classes it is given for
+    for gpu, figure in counted.items():
+        base_passes = (base.gpu_passes or {}).get(gpu) if base is not None else None
+        base_by_op = (base.gpu_by_op or {}).get(gpu) if base is not None else None
+        if figure.passes is None:
+            verdict = Verdict("not-measured", figure.why_missing or "not predicted")
+        else:
+            verdict = judge_counted(figure, key=key, base_by_op=base_by_op,
+                                    allowed=allowed_passes(base_passes, tolerance, None, relative=False))
+            if verdict.status == "no-baseline":
+                verdict.reason = (f"no baseline for {key!r} on this GPU class; record one with --kv-update-baseline "
+                                  "--kv-gpus")
+        parts[gpu] = Part(verdict.status, value=verdict.value, allowed=verdict.allowed,
+                          reason=verdict.reason if verdict.status != "pass" else None)
+        if verdict.status != "pass":
+            reasons.setdefault(verdict.reason, []).append(gpu)
+    statuses = [p.status for p in parts.values()]
+    worst = max(statuses, key=lambda s: PRIORITY.get(s, 0))
+    if worst == "not-measured" and "pass" in statuses:
+        worst = "pass"
+    reason = "; ".join(f"{', '.join(gpus)}: {why}" for why, gpus in reasons.items()) or (
+        f"counted passes of {', '.join(parts)} within the allowed per GPU class")
+    return Verdict(worst, reason, parts=parts)
 
 
 def judge_overhead(traffic: Traffic | None, base: BaselineEntry | None, *, rules: Rules, key: str) -> Verdict:

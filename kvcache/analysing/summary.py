@@ -141,6 +141,49 @@ def drift_line(drift: Drift | UnmeasuredDrift | None) -> list[str]:
             f"({num(drift.fraction, '+.1%')}, allowed ±{num(drift.max_fraction, '.0%')}): {state}"]
 
 
+def backend_lines(kv: KV) -> list[str]:
+    """Per SDPA class, the counted passes under each SDPA backend a CUDA GPU runs (``backends <cache>: math 25.26 ·
+    flash 3.00 · ...``) and, with --kv-gpus, per GPU class the backend torch's rules select and its passes, with the
+    reasons the backends ahead of it were rejected (``gpus dynamic: a100 3.00 (flash) · t4 25.3 (math: flash needs
+    sm80 or newer; ...)``)."""
+    out = []
+    for cache, t in kv.traffic.items():
+        if t.backends:
+            shown = " · ".join(f"{b} {num(e.get('passes'), '.2f')}" if e.get("passes") is not None
+                               else f"{b} — ({e.get('error', 'not counted')})" for b, e in t.backends.items())
+            out.append(f"backends {cache}: {shown}")
+        if t.gpus:
+            errors = {e.get("error") for e in t.gpus.values() if e.get("backend") is None}
+            if len(errors) == 1 and all(e.get("backend") is None for e in t.gpus.values()):
+                out.append(f"gpus {cache}: {', '.join(t.gpus)} — {errors.pop() or 'not predicted'}")
+            else:
+                out.append(f"gpus {cache}: " + " · ".join(gpu_text(gpu, e) for gpu, e in t.gpus.items()))
+    return out
+
+
+def gpu_text(gpu: str, entry: dict) -> str:
+    """``t4 25.26 (math: flash needs sm80 or newer; efficient takes float16, float32)``; ``t4 — (why not)``."""
+    if entry.get("backend") is None:
+        return f"{gpu} — ({entry.get('error') or 'not predicted'})"
+    rejected = "; ".join(short_reason(b, why) for b, why in (entry.get("rejected") or {}).items())
+    return f"{gpu} {num(entry.get('passes'), '.2f')} ({entry['backend']}{': ' + rejected if rejected else ''})"
+
+
+def short_reason(backend: str, why: str) -> str:
+    """A few words of torch's reason for a summary line: ``flash needs sm80 or newer``, ``efficient takes float16,
+    float32``, ``flash takes no mask``; else its first 60 characters."""
+    lowered = why.lower()
+    if "gpu architectures in the range [" in lowered:
+        return f"{backend} needs {why.split('[')[1].split(',')[0]} or newer"
+    if "of dtype: {" in lowered:
+        return f"{backend} takes {why.split('{')[1].split('}')[0]}"
+    if "attn_mask" in lowered:
+        return f"{backend} takes no mask"
+    if "got query.size(-1)" in lowered:
+        return f"{backend}: head dim {why.split('Query.size(-1): ')[1].split(',')[0]}"
+    return f"{backend}: {why[:60]}"
+
+
 def compiled_lines(kv: KV) -> list[str]:
     """``--kv-compile``: per class the compiled step counted unfused and fused (the gated figure), kernels and graphs
     per step, and the timed points' compilation (seconds compiling, recompiles inside the timed steps)."""
@@ -233,6 +276,7 @@ def lines(kv: KV) -> list[str]:
         ragged = finite(t.allocated_passes) is not None and t.batch is not None and t.batch.get("ragged")
         per_allocated = f" ({t.allocated_passes:.3f} per allocated KV byte)" if ragged else ""
         out.append(f"counted {cache}: {num(t.passes, '.3f')} passes{per_allocated} = {tables.by_op(t.by_op)}")
+    out += backend_lines(kv)
     out += memory_lines(kv)
     out += noted_table(OVERHEAD_HEADER, overhead_rows(kv),
                        "ops: ATen ops from the model's forward call to its return, one step; fixed: bytes a step moves "

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvcache.measuring import attention, caches, compat, memory, traffic
+from kvcache.measuring import attention, backends, caches, compat, memory, sdpa_rules, traffic
+from kvcache.measuring.attention import DEFAULT as SDPA
 from kvcache.measuring.generate import leading_steps
 from kvcache.measuring.probe import probe
 
@@ -26,6 +27,17 @@ class CountedSteps:
     stored: dict[int, int] = field(default_factory=dict)
     memory: dict[int, memory.MemoryStep] = field(default_factory=dict)
     probe: dict[str, Any] | None = None
+
+
+@dataclass
+class EmulatedRun:
+    """Steps counted with SDPA emulated (:mod:`kvcache.measuring.backends`): counts and tokens per context, the
+    calls seen and the backend each ran under."""
+
+    counts: dict[int, traffic.TrafficCount] = field(default_factory=dict)
+    tokens: dict[int, int] = field(default_factory=dict)
+    calls: list[Any] = field(default_factory=list)
+    chosen: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -64,7 +76,102 @@ class Counting:
         measured = self._memory(cache, steps)
         if spec.mixed:
             self._add_kinds(cache, steps, scopes, result, measured)
+        self._add_backends(cache, contexts, steps.probe, result)
         return ClassCount(result, steps.probe, measured)
+
+    def not_emulated(self, cache: str, probe: dict[str, Any] | None) -> str | None:
+        """Why the SDPA backends of ``cache``'s step are not counted (and no GPU class predicted), or None: its
+        attention is not SDPA, its step calls none, or the step is not the suite's own eager loop."""
+        s = self.session
+        attention = caches.get(cache).attention
+        if attention != SDPA:
+            return (f"not predicted: its attention is {attention}, not sdpa (torch's SDPA backend rules say nothing "
+                    "of it)")
+        if probe is not None and not probe.get("calls"):
+            return "not predicted: its step calls no scaled_dot_product_attention"
+        if s.generating:
+            return ("not predicted: --kv-driver generate counts the step inside generate(); backends are counted on "
+                    "the loop")
+        return None
+
+    def _add_backends(self, cache: str, contexts: tuple[int, ...], probe: dict[str, Any] | None,
+                      result: dict[str, Any]) -> None:
+        """``backends`` {backend: {passes, by_op}}: the step counted at each counted context with every SDPA call run
+        as torch runs it on CUDA under that backend (:mod:`kvcache.measuring.backends`); a backend torch's rules
+        reject for the step's calls on every GPU class has ``passes`` None and ``error`` (their words). ``gpus``
+        (``--kv-gpus``) {class: {backend, rejected, passes, by_op}}: the backend torch would select for the step's
+        calls on that class (:mod:`kvcache.measuring.sdpa_rules`), and the passes counted under it."""
+        s = self.session
+        gpus = tuple(getattr(s.settings, "gpus", ()) or ())
+        why = self.not_emulated(cache, probe)
+        if why:
+            if gpus:
+                result["gpus"] = {gpu: {"backend": None, "rejected": {}, "passes": None, "by_op": {}, "error": why}
+                                  for gpu in gpus}
+            return
+        warm = min(s.settings.warmup, COUNT_WARMUP)
+        _, spec = s.model()
+        points = {c: s.open(cache, c, warmup=warm, steps=len(sdpa_rules.BACKENDS) + len(gpus) + 1) for c in contexts}
+        try:
+            runs = {backend: self._emulated(points, warm, backends.always(backend))
+                    for backend in sdpa_rules.BACKENDS}
+            calls = [call for run in runs.values() for call in run.calls]
+            counted = {backend: self._backend_entry(backend, run, calls, spec) for backend, run in runs.items()}
+            result["backends"] = counted
+            if gpus:
+                result["gpus"] = {gpu: self._gpu_entry(gpu, points, warm, runs["math"].calls, counted, spec)
+                                  for gpu in gpus}
+        finally:
+            for dp in points.values():
+                dp.release()
+
+    def _emulated(self, points: dict[int, Any], warm: int, chooser: backends.Chooser) -> EmulatedRun:
+        """One step of every point counted with SDPA emulated by ``chooser``; the tokens each step's attention read."""
+        run = EmulatedRun()
+        for context, dp in points.items():
+            emulation = backends.Emulation(chooser)
+            with emulation.active():
+                run.counts[context] = dp.count_step(warm)
+            run.tokens[context] = dp.position
+            run.calls.extend(emulation.calls)
+            run.chosen.extend(emulation.chosen)
+        return run
+
+    def _passes(self, run: EmulatedRun, spec: Any) -> dict[str, Any]:
+        held = {c: self.session.held(c, run.tokens[c]) for c in run.counts}
+        counted = traffic.counted_passes(run.counts, spec.bytes_per_token, kv_bytes=held)
+        return {"passes": counted["passes"], "by_op": counted["by_op"]}
+
+    def _backend_entry(self, backend: str, run: EmulatedRun, calls: list[sdpa_rules.SdpaCall],
+                       spec: Any) -> dict[str, Any]:
+        entry = self._passes(run, spec)
+        if backend != "math" and calls:
+            reasons = {gpu: next((r for r in (sdpa_rules.reason(backend, call, cap) for call in calls) if r), None)
+                       for gpu, cap in sdpa_rules.GPUS.items()}
+            if all(reasons.values()):
+                newest = max(sdpa_rules.GPUS, key=sdpa_rules.GPUS.get)  # the reason on the most capable class
+                entry = {"passes": None, "by_op": {},
+                         "error": f"torch's rules reject {backend} for this step on every GPU class ({newest}: "
+                                  f"{reasons[newest]})"}
+        return entry
+
+    def _gpu_entry(self, gpu: str, points: dict[int, Any], warm: int, calls: list[sdpa_rules.SdpaCall],
+                   counted: dict[str, dict[str, Any]], spec: Any) -> dict[str, Any]:
+        """One GPU class: the backend its rules select for the step's calls (every call of every counted step),
+        ``rejected`` {backend ahead of it: torch's reason} of the first call, and the passes counted under it (the
+        backend's own count when every call selects it, else the step counted with each call under its own)."""
+        selections = [sdpa_rules.select(call, gpu) for call in calls]
+        chosen = {sel.backend for sel in selections}
+        first = selections[0] if selections else sdpa_rules.Selection("math")
+        entry: dict[str, Any] = {"backend": first.backend, "rejected": dict(first.rejected)}
+        if len(chosen) == 1:
+            entry.update({k: counted[first.backend][k] for k in ("passes", "by_op")})
+        else:
+            mixed = self._emulated(points, warm, backends.by_rules(gpu))
+            entry.update(self._passes(mixed, spec))
+            entry["backend"] = "mixed"
+            entry["by_call"] = {b: mixed.chosen.count(b) for b in sdpa_rules.BACKENDS if b in mixed.chosen}
+        return entry
 
     def _steps(self, cache: str, contexts: tuple[int, ...], *, probe_at: int | None = None,
                scopes: dict[Any, str] | None = None) -> CountedSteps:

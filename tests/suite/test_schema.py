@@ -24,7 +24,8 @@ def real_run(tmp_path_factory) -> tuple[Path, dict]:
     path = tmp / "run.json"
     done = run_suite("--kv-model", "tiny", "--kv-caches", "dynamic,static", "--kv-contexts", "128,256,512",
                      "--kv-rounds", "1", "--kv-steps", "3", "--kv-warmup", "0", "--kv-copy-mib", "8", "--kv-no-gate",
-                     "--kv-baseline", str(tmp / "no-baseline.json"), "--benchmark-json", str(path))
+                     "--kv-gpus", "t4,a100,h100", "--kv-baseline", str(tmp / "no-baseline.json"),
+                     "--benchmark-json", str(path))
     assert done.returncode == 0, describe(done)
     return path, load_json(path)
 
@@ -68,3 +69,18 @@ def test_the_records_know_every_key_a_real_run_writes(real_run):
     record = KV.from_json(real_run[1]["kv"])
     sections = {f"kv.{key}" for key in record.extra}  # whole sections beside the known ones may be added
     assert [path for path in record.unknown_keys("kv") if path not in sections] == []
+
+
+def test_backends_and_gpus_are_recorded_and_typed(real_run, validator):
+    _, doc = real_run
+    dynamic = doc["kv"]["traffic"]["dynamic"]
+    assert set(dynamic["backends"]) == {"cudnn", "flash", "efficient", "math"}
+    assert dynamic["gpus"]["t4"]["backend"] == "math" and dynamic["gpus"]["a100"]["backend"] == "flash"
+    assert "flash" in dynamic["gpus"]["t4"]["rejected"]
+    broken = copy.deepcopy(doc)
+    broken["kv"]["traffic"]["dynamic"]["gpus"]["t4"]["passes"] = "25"
+    assert [list(e.absolute_path) for e in validator.iter_errors(broken)] == [
+        ["kv", "traffic", "dynamic", "gpus", "t4", "passes"]]
+    broken = copy.deepcopy(doc)
+    broken["kv"]["traffic"]["dynamic"]["backends"]["math"]["surprise"] = 1
+    assert not validator.is_valid(broken)

@@ -46,3 +46,15 @@ def test_warmup_is_honoured(capsys, monkeypatch):
     out = json.loads(capsys.readouterr().out)
     assert out["dynamic"]["traffic"]["passes"] > 0
     assert asked and set(asked) == {1}, asked
+
+
+def test_unknown_gpu_class_is_a_usage_error_and_known_ones_print_their_lines(capsys):
+    assert traffic_cli.main(["--model", "tiny", "--device", "cpu", "--gpus", "t4,v100"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("kvcache traffic: --gpus: unknown GPU class 'v100'; known: t4, a10g, l4, a100, h100, b200, sm75, "
+                   "sm80, sm86, sm89, sm90, sm100")
+    assert traffic_cli.main(["--model", "tiny", "--device", "cpu", "--cache", "dynamic", "--gpus", "t4,a100"]) == 0
+    out = capsys.readouterr().out
+    assert "backends dynamic: cudnn 3.00 · flash 3.00 · efficient 3.00 · math 25.26" in out
+    assert "gpus dynamic: t4 25.26 (math: flash needs sm80 or newer; efficient takes float16, float32) · a100 3.00 " \
+           "(flash)" in out

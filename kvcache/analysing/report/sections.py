@@ -51,6 +51,7 @@ def build_doc(runs: list[Run]) -> Doc:
         doc.para(f"Drift: {drift_text(kv)}")
         class_table(doc, "Counted traffic", caches, kv.traffic, "counted traffic", "no counted traffic",
                     ["cache", "counted passes", "bytes per token per step", "passes by op"], traffic_cells)
+        backends_section(doc, kv, caches)
         overhead_section(doc, kv, caches)
         memory_section(doc, kv, caches)
         ledger_section(doc, kv, caches)
@@ -211,6 +212,33 @@ def optional_section(doc: Doc, title: str, text: str, header: list[str], rows: l
         doc.heading(3, title)
         doc.para(text)
         doc.table(header, rows)
+
+
+def backends_section(doc: Doc, kv: KV, caches: list[str]) -> None:
+    """Per SDPA class and backend a CUDA GPU runs, the counted passes of the step under it; with --kv-gpus, per GPU
+    class the backend torch's own rules select, the reasons the backends ahead of it were rejected (torch's words),
+    and the passes under it (only for runs that have them)."""
+    rows = []
+    for cache in caches:
+        t = kv.traffic.get(cache)
+        for backend, entry in ((t.backends or {}).items() if t is not None else ()):
+            passes = entry.get("passes")
+            rows.append([cache, backend, num(finite(passes)),
+                         tables.by_op(entry.get("by_op") or {}) if passes is not None else entry.get("error", "")])
+    optional_section(doc, "SDPA backends", "The step counted with every scaled_dot_product_attention call run as torch "
+                     "runs it on CUDA under each backend (kvcache.measuring.backends): counted passes and per op.",
+                     ["cache", "backend", "counted passes", "passes by op (or why not)"], rows)
+    rows = []
+    for cache in caches:
+        t = kv.traffic.get(cache)
+        for gpu, entry in ((t.gpus or {}).items() if t is not None else ()):
+            rejected = "; ".join(f"{b}: {why}" for b, why in (entry.get("rejected") or {}).items())
+            rows.append([cache, gpu, entry.get("backend") or MISSING, num(finite(entry.get("passes"))),
+                         rejected or entry.get("error") or MISSING])
+    optional_section(doc, "GPU classes", "The backend torch's own rules (torch 2.13's select_sdp_backend, transcribed: "
+                     "docs/gpu-backends.md) select for the step's SDPA calls on each GPU class, and the counted passes "
+                     "under it; the reasons are torch's debug warnings for every backend ahead of it.",
+                     ["cache", "GPU class", "backend", "counted passes", "rejected before it"], rows)
 
 
 def overhead_section(doc: Doc, kv: KV, caches: list[str]) -> None:

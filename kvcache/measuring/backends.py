@@ -1,0 +1,168 @@
+"""Counted traffic of a decode step under each SDPA backend a CUDA GPU can run, and under the backend each GPU class
+would select (``kv.traffic.<cache>.backends`` and ``.gpus``), counted on any device.
+
+While a step is counted, ``torch.nn.functional.scaled_dot_product_attention`` (which Transformers looks up at call
+time) is replaced by :class:`Emulation`, which records each call's parameters (:class:`sdpa_rules.SdpaCall`) and runs
+what torch's ``scaled_dot_product_attention`` (``aten/src/ATen/native/transformers/attention.cpp``, torch 2.13) does
+on CUDA for the backend chosen, with real ATen ops, so that the traffic counter charges them by its usual rules:
+
+- ``math``: ``convert_boolean_attn_mask`` (a boolean mask becomes an additive one: ``logical_not``, ``where``), then
+  ``_scaled_dot_product_attention_math`` decomposed (its CompositeImplicit body called with autograd and inference
+  mode off, so every ATen op reaches the counter: the float32 upcast of fp16/bf16 inputs unless
+  ``torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True)``, the scale multiplied into q and k, K/V repeated
+  to the query heads under ``enable_gqa``, ``bmm``, ``_safe_softmax``, the cast back);
+- ``flash``: ``pad_last_dim<8>`` of q, k and v when the head dim is not a multiple of 8 (``constant_pad_nd``), the
+  kernel, the output sliced back;
+- ``efficient``: the mask converted, then ``preprocess_mask``: expanded to (B, H, L, S) and, when S is not a multiple
+  of 16, ``pad_bias<16>`` (padded, a copy, then sliced back); the kernel;
+- ``cudnn``: the mask converted (``convert_boolean_attn_mask_cudnn``), the kernel. torch's cuDNN wrapper in
+  ``cuda/attention.cu`` was not read: nothing else is charged for it.
+
+A fused kernel is charged as the suite charges every fused SDPA kernel: each distinct input read once (K/V once,
+grouped-query heads included: logical traffic), its outputs written; on a CPU the kernel that stands in for it is
+torch's CPU flash kernel, given exactly the tensors the CUDA kernel would be given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from kvcache.measuring import sdpa_rules
+
+DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
+               torch.float64: "float64", torch.bool: "bool"}
+
+
+def facts(t: torch.Tensor) -> sdpa_rules.TensorFacts:
+    """The plain facts torch's rules read of one tensor."""
+    return sdpa_rules.TensorFacts(tuple(t.shape), tuple(t.stride()), int(t.storage_offset()),
+                                  DTYPE_NAMES.get(t.dtype, str(t.dtype).removeprefix("torch.")), t.element_size())
+
+
+def call_facts(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Any, dropout_p: float,
+               is_causal: bool, enable_gqa: bool) -> sdpa_rules.SdpaCall:
+    """One SDPA call as :class:`sdpa_rules.SdpaCall` (``requires_grad``: inputs needing grad with grad mode on)."""
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    mask = facts(attn_mask) if isinstance(attn_mask, torch.Tensor) else None
+    return sdpa_rules.SdpaCall(facts(query), facts(key), facts(value), mask, float(dropout_p), bool(is_causal),
+                               bool(enable_gqa), grad)
+
+
+def _additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """``convert_boolean_attn_mask`` (attention.cpp): a boolean mask as 0 / -inf of the query's dtype."""
+    if mask is None or mask.dtype != torch.bool:
+        return mask
+    return torch.where(mask.logical_not(), torch.tensor(float("-inf"), dtype=dtype), torch.tensor(0.0, dtype=dtype))
+
+
+def _math(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Any, dropout_p: float, is_causal: bool,
+          scale: Any, enable_gqa: bool) -> torch.Tensor:
+    mask = _additive(mask, query.dtype)
+    math = torch.ops.aten._scaled_dot_product_attention_math.default
+    with torch.inference_mode(False), torch.no_grad():
+        return math.decompose(query, key, value, mask, dropout_p, is_causal, None, scale=scale,
+                              enable_gqa=enable_gqa)[0]
+
+
+def _pad_last_dim_8(t: torch.Tensor) -> torch.Tensor:
+    """``pad_last_dim<8, false>`` (attention.cpp): pad the head dim to a multiple of 8 (a copy) when it is not one."""
+    rest = t.shape[-1] % 8
+    return t if rest == 0 else torch.nn.functional.pad(t, (0, 8 - rest))
+
+
+def _flash(original: Callable, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Any,
+           dropout_p: float, is_causal: bool, scale: Any, enable_gqa: bool) -> torch.Tensor:
+    size = query.shape[-1]
+    scale = scale if scale is not None else size ** -0.5  # the scale of the unpadded head dim, as torch computes it
+    out = original(_pad_last_dim_8(query), _pad_last_dim_8(key), _pad_last_dim_8(value), None, dropout_p, is_causal,
+                   scale=scale, enable_gqa=enable_gqa)
+    return out[..., :size] if out.shape[-1] != size else out
+
+
+def _preprocess_mask(mask: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """``preprocess_mask`` (attention.cpp): the mask expanded to (B, H, L, S); ``pad_bias<16>`` when S is not a
+    multiple of 16 (padded: a copy, sliced back); made contiguous when its strides are not multiples of 16."""
+    mask = mask.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+    size = mask.shape[-1]
+    if size % 16:
+        return torch.nn.functional.pad(mask, (0, 16 - size % 16))[..., :size]
+    if any(s % 16 for s in mask.stride()[:3]):
+        return mask.contiguous()
+    return mask
+
+
+def _efficient(original: Callable, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Any,
+               dropout_p: float, is_causal: bool, scale: Any, enable_gqa: bool) -> torch.Tensor:
+    mask = _additive(mask, query.dtype)
+    if mask is not None:
+        mask = _preprocess_mask(mask, query, key)
+    return original(query, key, value, mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+
+
+def _cudnn(original: Callable, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Any,
+           dropout_p: float, is_causal: bool, scale: Any, enable_gqa: bool) -> torch.Tensor:
+    return original(query, key, value, _additive(mask, query.dtype), dropout_p, is_causal, scale=scale,
+                    enable_gqa=enable_gqa)
+
+
+FUSED = {"flash": _flash, "efficient": _efficient, "cudnn": _cudnn}
+
+#: chooses the backend of call number ``index`` (in the step) from its facts
+Chooser = Callable[[int, sdpa_rules.SdpaCall], str]
+
+
+@dataclass
+class Emulation:
+    """Replaces ``torch.nn.functional.scaled_dot_product_attention`` while active (:meth:`active`): each call's facts
+    are kept in ``calls`` and the call runs as ``chooser`` says (:data:`sdpa_rules.BACKENDS`)."""
+
+    chooser: Chooser
+    calls: list[sdpa_rules.SdpaCall] = field(default_factory=list)
+    chosen: list[str] = field(default_factory=list)
+
+    def __call__(self, original: Callable, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False, scale: Any = None,
+                 enable_gqa: bool = False) -> torch.Tensor:
+        call = call_facts(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
+        backend = self.chooser(len(self.calls), call)
+        self.calls.append(call)
+        self.chosen.append(backend)
+        if backend == "math":
+            return _math(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        return FUSED[backend](original, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+    def active(self) -> Any:
+        """A context in which every SDPA call goes through this emulation (:func:`replacing_sdpa`)."""
+        return replacing_sdpa(self)
+
+
+@contextlib.contextmanager
+def replacing_sdpa(run: Callable[..., torch.Tensor]) -> Iterator[None]:
+    """A context in which ``torch.nn.functional.scaled_dot_product_attention(...)`` is ``run(original, query, key,
+    value, attn_mask, dropout_p, is_causal, scale, enable_gqa)``; the original is restored on leaving."""
+    original = torch.nn.functional.scaled_dot_product_attention
+
+    def replaced(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
+                 is_causal: bool = False, scale: Any = None, enable_gqa: bool = False) -> Any:
+        return run(original, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+    torch.nn.functional.scaled_dot_product_attention = replaced
+    try:
+        yield
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = original
+
+
+def always(backend: str) -> Chooser:
+    """A chooser that runs every call under ``backend``."""
+    return lambda index, call: backend
+
+
+def by_rules(gpu: str) -> Chooser:
+    """A chooser that runs every call under the backend :func:`sdpa_rules.select` picks on GPU class ``gpu``."""
+    return lambda index, call: sdpa_rules.select(call, gpu).backend

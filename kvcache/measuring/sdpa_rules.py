@@ -1,0 +1,448 @@
+"""Which ``scaled_dot_product_attention`` backend torch would select on a CUDA GPU class, and why every backend ahead
+of it was rejected: a Python transcription of torch's own rules, so that a CPU run can say what a GPU runs.
+
+Pure Python (no torch import): a call is described by plain facts (:class:`TensorFacts`, :class:`SdpaCall`: shapes,
+strides, storage offsets, dtypes by name, the mask, ``is_causal``, dropout, ``enable_gqa``), a GPU class by its compute
+capability (:data:`GPUS`), and :func:`select` answers like torch's ``select_sdp_backend`` with the words of torch's
+debug warnings as the reasons.
+
+Source, for torch 2.13 (:data:`TRANSCRIBED`): ``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp`` (priority
+order, ``can_use_flash_attention``, ``can_use_mem_efficient_attention``, ``can_use_cudnn_attention`` and their
+``check_*`` filters) and ``aten/src/ATen/native/transformers/sdp_utils_cpp.h`` (the shared filters), pytorch/pytorch.
+The installed torch 2.13.0's ``torch/version.py`` names git hash cf30153c4c131c8164ee7798e5022d810682e2cb, which the
+project's source index does not hold; the nearest stored versions were read: sdp_utils.cpp at commit
+001f694aef6f922b4fdf6d27d59162d27bf3df58 (it carries the cuDNN 9.15.1 preference of the 2.10+ releases) and the
+sdp_utils_cpp.h whose ``check_batch_size_and_num_heads_dense<supports_gqa, requires_same_num_heads>`` it calls
+(docs/gpu-backends.md). Every rule below names its function there.
+
+What a CPU cannot know is assumed from the release's default CUDA wheel (:data:`WHEEL`): cuDNN enabled, its runtime
+version, the cuDNN frontend supporting head dim 256, flash and memory-efficient attention compiled in, the default
+backend switches (all enabled, math reductions in float32, FA3 off, deterministic algorithms off,
+``TORCH_CUDNN_SDPA_DEPRIORITIZED`` unset). Pointer alignment: the CUDA caching allocator aligns base pointers to 256
+bytes, so alignment is the storage offset's (as torch's own comment says), which a CPU run knows exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+BACKENDS = ("cudnn", "flash", "efficient", "math")
+#: torch's names of the backends in its warnings and enums
+TORCH_NAMES = {"cudnn": "cudnn_attention", "flash": "flash_attention", "efficient": "efficient_attention",
+               "math": "math"}
+#: the torch releases whose rules are transcribed here (major.minor)
+TRANSCRIBED = ("2.13",)
+
+#: GPU classes by name: (compute capability major, minor). Names accepted by ``--kv-gpus``.
+GPUS: dict[str, tuple[int, int]] = {
+    "t4": (7, 5), "a10g": (8, 6), "l4": (8, 9), "a100": (8, 0), "h100": (9, 0), "b200": (10, 0),
+    "sm75": (7, 5), "sm80": (8, 0), "sm86": (8, 6), "sm89": (8, 9), "sm90": (9, 0), "sm100": (10, 0),
+}
+
+HALF = ("float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class Wheel:
+    """What torch's rules read from the build and the machine that a CPU run cannot see, as the release's default
+    CUDA wheel has it (an assumption, named in docs/gpu-backends.md)."""
+
+    cuda: tuple[int, int] = (13, 0)
+    cudnn: int = 91501  # cuDNN 9.15.1, as versionRuntimeCuDNN() reports it
+    cudnn_frontend_d256: bool = True  # CUDNN_FRONTEND_VERSION >= 12400
+    cudnn_preferred_env: bool = True  # TORCH_CUDNN_SDPA_DEPRIORITIZED unset
+
+
+WHEEL = Wheel()
+
+
+@dataclass(frozen=True)
+class TensorFacts:
+    """One tensor argument of an SDPA call: ``shape``, ``stride`` (elements), ``offset`` (storage offset, elements),
+    ``dtype`` (torch's name without ``torch.``: ``bfloat16``), ``itemsize`` (bytes)."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    dtype: str
+    itemsize: int
+
+    def to_dict(self) -> dict:
+        return {"shape": list(self.shape), "stride": list(self.stride), "offset": self.offset, "dtype": self.dtype,
+                "itemsize": self.itemsize}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TensorFacts:
+        return cls(tuple(d["shape"]), tuple(d["stride"]), int(d["offset"]), d["dtype"], int(d["itemsize"]))
+
+
+@dataclass(frozen=True)
+class SdpaCall:
+    """The parameters of one ``scaled_dot_product_attention`` call that torch's rules read (``sdp_params``)."""
+
+    query: TensorFacts
+    key: TensorFacts
+    value: TensorFacts
+    mask: TensorFacts | None = None
+    dropout: float = 0.0
+    is_causal: bool = False
+    enable_gqa: bool = False
+    requires_grad: bool = False
+
+    def to_dict(self) -> dict:
+        return {"query": self.query.to_dict(), "key": self.key.to_dict(), "value": self.value.to_dict(),
+                "mask": self.mask.to_dict() if self.mask else None, "dropout": self.dropout,
+                "is_causal": self.is_causal, "enable_gqa": self.enable_gqa, "requires_grad": self.requires_grad}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> SdpaCall:
+        mask = d.get("mask")
+        return cls(TensorFacts.from_dict(d["query"]), TensorFacts.from_dict(d["key"]),
+                   TensorFacts.from_dict(d["value"]), TensorFacts.from_dict(mask) if mask else None,
+                   float(d.get("dropout", 0.0)), bool(d.get("is_causal")), bool(d.get("enable_gqa")),
+                   bool(d.get("requires_grad")))
+
+
+@dataclass
+class Selection:
+    """The backend selected for one call on one GPU class, and {backend ahead of it: torch's words for why not}."""
+
+    backend: str
+    rejected: dict[str, str] = field(default_factory=dict)
+
+
+class RulesError(ValueError):
+    """An unknown GPU class or a torch release without transcribed rules; one line."""
+
+
+def gpu_names(text: str) -> list[str]:
+    """``"t4,a100"`` -> names, each once; an unknown name is a one-line :class:`RulesError` listing the known ones."""
+    names = [n.strip().lower() for n in str(text).split(",") if n.strip()]
+    if not names:
+        raise RulesError(f"--kv-gpus {text!r} names no GPU class; known: {', '.join(GPUS)}")
+    for name in names:
+        if name not in GPUS:
+            raise RulesError(f"--kv-gpus: unknown GPU class {name!r}; known: {', '.join(GPUS)}")
+    return list(dict.fromkeys(names))
+
+
+def check_release(torch_version: str) -> str:
+    """``"2.13"`` for torch ``2.13.0+cpu``; a release whose rules are not transcribed is a one-line
+    :class:`RulesError` naming the supported range."""
+    release = ".".join(str(torch_version).split("+")[0].split(".")[:2])
+    if release not in TRANSCRIBED:
+        raise RulesError(f"SDPA backend rules are transcribed for torch {', '.join(TRANSCRIBED)} only; the installed "
+                         f"torch is {torch_version}: GPU classes cannot be predicted for it")
+    return release
+
+
+# --- filters: each returns None (passes) or the reason, in the words of torch's TORCH_WARN --------------------------
+
+Filter = Callable[[SdpaCall, tuple[int, int], Wheel], "str | None"]
+
+
+def _sm_in(cap: tuple[int, int], low: tuple[int, int], high: tuple[int, int]) -> bool:
+    """``check_sm_version<lower, upper>`` (sdp_utils.cpp): inclusive."""
+    return low <= cap <= high
+
+
+def check_tensor_shapes(c: SdpaCall, cap: tuple[int, int], w: Wheel) -> str | None:
+    """``check_tensor_shapes`` (sdp_utils_cpp.h): q, k, v 4-dimensional."""
+    dims = (len(c.query.shape), len(c.key.shape), len(c.value.shape))
+    if dims == (4, 4, 4):
+        return None
+    return (f"All fused kernels requires query, key and value to be 4 dimensional, but got Query dim: {dims[0]}, "
+            f"Key dim: {dims[1]}, Value dim: {dims[2]} instead.")
+
+
+def check_for_attn_mask(c: SdpaCall, cap: tuple[int, int], w: Wheel) -> str | None:
+    """``check_for_attn_mask`` (sdp_utils_cpp.h): flash takes no explicit mask."""
+    return "Flash Attention does not support non-null attn_mask." if c.mask is not None else None
+
+
+def check_head_dim_size_flash(c: SdpaCall, cap: tuple[int, int], w: Wheel) -> str | None:
+    """``check_head_dim_size_flash<false>`` (sdp_utils.cpp, CUDA): q, k, v head dims equal and at most 256."""
+    q, k, v = c.query.shape[-1], c.key.shape[-1], c.value.shape[-1]
+    if q == k == v and q <= 256:
+        return None
+    return ("Flash attention requires q,k,v to have the same last dimension and to be less than or equal to 256. "
+            f"Got Query.size(-1): {q}, Key.size(-1): {k}, Value.size(-1): {v} instead.")
+
+
+def check_flash_attention_hardware_support(c: SdpaCall, cap: tuple[int, int], w: Wheel) -> str | None:
+    """``check_flash_attention_hardware_support`` (sdp_utils.cpp): sm80 to sm121."""
+    if _sm_in(cap, (8, 0), (12, 1)):
+        return None
+    return ("Flash attention only supports gpu architectures in the range [sm80, sm121]. Attempting to run on a sm "
+            f"{cap[0]}.{cap[1]} gpu.")
+
+
+def check_requires_grad_and_head_dim_gt192(c: SdpaCall, cap: tuple[int, int], w: Wheel) -> str | None:
+    """``check_requires_grad_and_head_dim_gt192_constraints_on_sm86_89_or_120`` (sdp_utils.cpp): training only."""
+    if not c.requires_grad or not (_sm_in(cap, (8, 6), (8, 9)) or _sm_in(cap, (12, 0), (12, 1))):
+        return None
+    d = c.query.shape[-1]
+    if d <= 192 or (c.dropout == 0.0 and d > 224):
+        return None
+    return ("Flash attention currently doesn't support training with head_dim ∈ (192, 224] or (head_dim ∈ (224, 256] "
+            "and dropout > 0.0) on gpu architectures in the range[sm86, sm89].")
+
+
+def check_flash_causal_non_square_seqlens(c: SdpaCall, cap: tuple[int, int], w: Wheel) -> str | None:
+    """``check_flash_causal_non_square_seqlens`` (sdp_utils.cpp): is_causal needs seqlen_q == seqlen_k."""
+    if c.is_causal and c.query.shape[-2] != c.key.shape[-2]:
+        return (f"Flash attention does not support the is_causal flag when seqlen_q != seqlen_k. Got seqlen_q: "
+                f"{c.query.shape[-2]} seqlen_k: {c.key.shape[-2]}.")
+    return None
+
+
+def _dtype_reason(c: SdpaCall, allowed: tuple[str, ...]) -> str | None:
+    """``check_tensor_dtype`` (sdp_utils_cpp.h)."""
+    if c.query.dtype == c.key.dtype == c.value.dtype and c.query.dtype in allowed:
+        return None
+    shown = ", ".join(allowed)
+    return (f"Expected query, key and value to all be of dtype: {{{shown}}}. Got Query dtype: {c.query.dtype}, "
+            f"Key dtype: {c.key.dtype}, and Value dtype: {c.value.dtype} instead.")
+
+
+def check_dtypes_low_precision(c: SdpaCall, cap: tuple[int, int], w: Wheel) -> str | None:
+    """``check_dtypes_low_precision`` (sdp_utils.cpp): fp16/bf16 from sm80, fp16 below; also flash's dtypes
+    (``check_dtypes_flash_attention``: fp8 only with FA3, off by default)."""
+    return _dtype_reason(c, HALF if cap[0] >= 8 else ("float16",))
+
+
+def check_batch_size_and_num_heads_dense(supports_gqa: bool) -> Filter:
+    """``check_batch_size_and_num_heads_dense<supports_gqa>`` (sdp_utils_cpp.h), with
+    ``check_grouped_query_attention`` under ``enable_gqa``."""
+
+    def check(c: SdpaCall, cap: tuple[int, int], w: Wheel) -> str | None:
+        q, k, v = c.query.shape, c.key.shape, c.value.shape
+        if not (q[0] == k[0] == v[0]):
+            return (f"For dense inputs, both fused kernels require query, key and value to have the same batch_size. "
+                    f"Query.sizes(): {list(q)}, Key.sizes(): {list(k)}, Value.sizes(): {list(v)} instead.")
+        if c.enable_gqa and supports_gqa:
+            if k[-3] != v[-3]:
+                return ("Both fused kernels require key and value to have the same num_heads and batch_size but got: "
+                        f"Key sizes: {list(k)}, Value sizes: {list(v)}, Query sizes: {list(q)} instead.")
+            if q[-3] % k[-3]:
+                return ("The number of heads in key/value must divide number of heads in query.Got input Key sizes(): "
+                        f"{k[-3]}, Value sizes(): {v[-3]}, Query sizes(): {q[-3]} instead.")
+            return None
+        if not (q[-3] == k[-3] == v[-3]):
+            return ("For dense input, both fused kernels require query, key and value to have the same num_heads. "
+                    f"Query.sizes(): {list(q)}, Key sizes(): {list(k)}, Value sizes(): {list(v)} instead. To "
+                    "broadcast dense inputs, try using unsqueeze and expand_to before passing them into the kernel.")
+        return None
+    check.__name__ = f"check_batch_size_and_num_heads_dense<{str(supports_gqa).lower()}>"
+    return check
+
+
+def check_nonzero_sequence_lengths_dense(c: SdpaCall, cap: tuple[int, int], w: Wheel) -> str | None:
+    """``check_nonzero_sequence_lengths_dense`` (sdp_utils_cpp.h)."""
+    if c.query.shape[-2] == 0 or c.key.shape[-2] == 0:
+        return "All fused kernels do not support zero seq_len_q or seq_len_kv."
+    return None
+
+
+def check_last_dim_stride_equals_1_dense(ignore_singleton_dim: bool) -> Filter:
+    """``check_last_dim_stride_equals_1_dense<ignore_singleton_dim>`` (sdp_utils_cpp.h): q, k, v (and on CUDA the
+    mask) with stride 1 along the last dimension."""
+
+    def check(c: SdpaCall, cap: tuple[int, int], w: Wheel) -> str | None:
+        ok = c.query.stride[-1] == 1 and c.key.stride[-1] == 1 and c.value.stride[-1] == 1
+        if ignore_singleton_dim:
+            ok = ok or c.query.shape[-1] == 1
+        mask_ok = c.mask is None or c.mask.stride[-1] == 1
+        if ok and mask_ok:
+            return None
+        return ("All fused kernels require the last dimension of the input to have stride 1. Got Query.stride(-1): "
+                f"{c.query.stride[-1]}, Key.stride(-1): {c.key.stride[-1]}, Value.stride(-1): {c.value.stride[-1]}")
+    check.__name__ = f"check_last_dim_stride_equals_1_dense<{str(ignore_singleton_dim).lower()}>"
+    return check
+
+
+def minimum_gemm_alignment(c: SdpaCall, cap: tuple[int, int]) -> int:
+    """``minimum_gemm_alignment`` (sdp_utils.cpp): elements; 8 for half types on tensor cores (sm70+), 4 from sm80."""
+    is_half = c.query.dtype in HALF
+    use_tc = cap[0] >= 8 or (cap[0] >= 7 and is_half)
+    alignment = 4 if cap[0] >= 8 else 1
+    if use_tc:
+        alignment = max(alignment, 128 // (16 if is_half else 32))
+    return alignment
+
+
+def check_mem_efficient_hardware_support(c: SdpaCall, cap: tuple[int, int], w: Wheel) -> str | None:
+    """``check_mem_efficient_hardware_support`` (sdp_utils.cpp): sm50 to sm121."""
+    if _sm_in(cap, (5, 0), (12, 1)):
+        return None
+    return ("Mem Efficient Attention only supports gpu architectures in the range [sm50, sm121]. Attempting to run on "
+            f"a sm {cap[0]}.{cap[1]} gpu.")
+
+
+def check_head_dim_size_mem_efficient(c: SdpaCall, cap: tuple[int, int], w: Wheel) -> str | None:
+    """``check_head_dim_size_mem_efficient`` (sdp_utils.cpp, CUDA): q and k head dims equal, q and v head dims
+    divisible by :func:`minimum_gemm_alignment` (no upper bound on CUDA)."""
+    q, k, v = c.query.shape[-1], c.key.shape[-1], c.value.shape[-1]
+    alignment = minimum_gemm_alignment(c, cap)
+    if q == k and q % alignment == 0 and q > 0 and v % alignment == 0 and v > 0:
+        return None
+    return (f"Mem efficient attention requires last dimension of inputs to be divisible by {alignment}. Got "
+            f"Query.size(-1): {q}, Key.size(-1): {k}, Value.size(-1): {v} instead.")
+
+
+def check_data_ptr_alignment_mem_efficient(c: SdpaCall, cap: tuple[int, int], w: Wheel) -> str | None:
+    """``check_data_ptr_alignment_mem_efficient`` (sdp_utils.cpp): from sm80, storage offset × element size of q, k
+    and v aligned to minimum_gemm_alignment × element size bytes (base pointers are 256-byte aligned)."""
+    if cap[0] < 8:
+        return None
+    alignment = minimum_gemm_alignment(c, cap) * c.query.itemsize
+    offsets = [t.offset * t.itemsize % alignment for t in (c.query, c.key, c.value)
+               if t.offset * t.itemsize % alignment and all(t.shape)]
+    if not offsets:
+        return None
+    q, k, v = (t.offset * t.itemsize % alignment for t in (c.query, c.key, c.value))
+    return ("Mem efficient attention on sm80 or newer requires q, k, and v storage offsets * element_size to be "
+            f"aligned to {alignment} bytes. Got query.storage_offset() * element_size % alignment_bytes: {q}, "
+            f"key.storage_offset() * element_size % alignment_bytes: {k}, "
+            f"value.storage_offset() * element_size % alignment_bytes: {v}.")
+
+
+def check_mem_efficient_dtypes(c: SdpaCall, cap: tuple[int, int], w: Wheel) -> str | None:
+    """The last test of ``can_use_mem_efficient_attention`` (sdp_utils.cpp): fp16/fp32/bf16 from sm80, fp16/fp32
+    below."""
+    return _dtype_reason(c, ("float16", "float32", "bfloat16") if cap[0] >= 8 else ("float16", "float32"))
+
+
+def check_attn_mask_shape(c: SdpaCall, cap: tuple[int, int], w: Wheel) -> str | None:
+    """``check_attn_mask_shape`` (sdp_utils_cpp.h): a 2-d or 4-d mask broadcastable to (B, H, L, S)."""
+    m = c.mask
+    if m is None:
+        return None
+    b, h, lq, lk = c.query.shape[0], c.query.shape[1], c.query.shape[2], c.key.shape[2]
+    shape_text = ("Please use the following attn mask shapes: 2d - ({Q_seq_len, 1}  x {KV_seq_len, 1}); "
+                  "4d - ({Batch, 1} x {Num_heads, 1} x {Q_seq_len, 1}  x {KV_seq_len, 1})")
+    if m.shape[-2] not in (lq, 1) or m.shape[-1] not in (lk, 1):
+        return shape_text
+    if len(m.shape) == 2 or (len(m.shape) == 4 and m.shape[0] in (1, b) and m.shape[1] in (1, h)):
+        return None
+    return shape_text
+
+
+def check_cudnn_hardware_support(c: SdpaCall, cap: tuple[int, int], w: Wheel) -> str | None:
+    """``check_cudnn_hardware_support`` (sdp_utils.cpp): sm80 to sm121."""
+    if _sm_in(cap, (8, 0), (12, 1)):
+        return None
+    return ("cuDNN MHA only supports gpu architectures in the range [sm80, sm121]. Attempting to run on a sm "
+            f"{cap[0]}.{cap[1]} gpu.")
+
+
+def check_cudnn_dropout(c: SdpaCall, cap: tuple[int, int], w: Wheel) -> str | None:
+    """``check_cudnn_dropout`` (sdp_utils.cpp): a multiple of 1/16."""
+    if c.dropout * 16.0 == int(c.dropout * 16.0):
+        return None
+    return ("cuDNN dropout probability resolution is limited to 1/16.Use a dropout probability that is a multiple of "
+            "1/16 to select the cuDNN backend")
+
+
+def check_cudnn_tensor_shapes(c: SdpaCall, cap: tuple[int, int], w: Wheel) -> str | None:
+    """``check_cudnn_tensor_shapes`` (sdp_utils.cpp): batch and heads ≤ 65535, head dims ≤ the limit of the cuDNN
+    version and architecture (128; 256 on sm90/sm10x with cuDNN newer than 9.22 and frontend 1.24; 192/128 on
+    sm90/sm10x from cuDNN 9.11) and multiples of 8, key/value length not 1."""
+    b, h = c.query.shape[0], c.query.shape[1]
+    if b > 65535 or h > 65535:
+        return (f"cuDNN SDPA does not support batch size or num_heads greater than 65535. Got batch size: {b}, "
+                f"num_heads: {h}")
+    s_q, s_k, d_qk, d_v = c.query.shape[2], c.key.shape[2], c.query.shape[3], c.value.shape[3]
+    if w.cudnn < 8903:
+        return "SDPA fprop requires cudnn 8.9.3 or higher"
+    limit = 128
+    sm90_or_10x = cap == (9, 0) or cap[0] == 10
+    unsupported_sm107 = cap == (10, 7) and w.cudnn <= 92500
+    if sm90_or_10x and not unsupported_sm107 and w.cudnn > 92200 and w.cudnn_frontend_d256:
+        limit = 256
+    elif sm90_or_10x and w.cudnn >= 91100 and d_qk == 192 and d_v == 128:
+        limit = 192
+    if d_qk > limit or d_v > limit:
+        return f"head_dim should be no more than {limit}"
+    if d_qk % 8 or d_v % 8:
+        return "head_dim should be a multiple of 8"
+    if w.cudnn < 90000 and s_q < 64:
+        return "s_q less than 64 is not supported before cudnn 9.0.0"
+    if s_k == 1:
+        return "cudnn SDPA does not support key/value sequence length 1."
+    if c.dropout != 0.0 and s_q == 1:
+        return "cudnn SDPA does not support query sequence length 1 with dropout."
+    return None
+
+
+FLASH: tuple[Filter, ...] = (
+    check_tensor_shapes, check_for_attn_mask, check_head_dim_size_flash, check_flash_attention_hardware_support,
+    check_requires_grad_and_head_dim_gt192, check_flash_causal_non_square_seqlens, check_dtypes_low_precision,
+    check_batch_size_and_num_heads_dense(True), check_nonzero_sequence_lengths_dense,
+    check_last_dim_stride_equals_1_dense(True))
+EFFICIENT: tuple[Filter, ...] = (
+    check_mem_efficient_hardware_support, check_tensor_shapes, check_head_dim_size_mem_efficient,
+    check_data_ptr_alignment_mem_efficient, check_nonzero_sequence_lengths_dense,
+    check_last_dim_stride_equals_1_dense(False), check_batch_size_and_num_heads_dense(True),
+    check_mem_efficient_dtypes)
+CUDNN: tuple[Filter, ...] = (
+    check_tensor_shapes, check_dtypes_low_precision, check_attn_mask_shape, check_cudnn_hardware_support,
+    check_cudnn_dropout, check_nonzero_sequence_lengths_dense, check_last_dim_stride_equals_1_dense(True),
+    check_batch_size_and_num_heads_dense(True), check_cudnn_tensor_shapes)
+#: ``can_use_flash_attention``, ``can_use_mem_efficient_attention``, ``can_use_cudnn_attention`` (sdp_utils.cpp):
+#: their filters in torch's order (the runtime switches, nested-tensor and device checks pass on a dense CUDA call
+#: with the default switches, and are left out).
+FILTERS: dict[str, tuple[Filter, ...]] = {"flash": FLASH, "efficient": EFFICIENT, "cudnn": CUDNN}
+
+
+def prefers_cudnn(cap: tuple[int, int], w: Wheel = WHEEL) -> bool:
+    """``check_prefer_cudnn_attention`` (sdp_utils.cpp): cuDNN newer than 9.15.0 on sm90/sm10x (with CUDA < 13 only
+    minor 0 or 3), unless ``TORCH_CUDNN_SDPA_DEPRIORITIZED``."""
+    if not w.cudnn_preferred_env:
+        return False
+    right_major = cap[0] in (9, 10)
+    if w.cuda < (13, 0):
+        right_major = right_major and cap[1] in (0, 3)
+    return w.cudnn > 91500 and right_major
+
+
+def priority_order(cap: tuple[int, int], w: Wheel = WHEEL) -> tuple[str, ...]:
+    """``priority_order`` (sdp_utils.cpp) over the global context's default order (flash, efficient, math, cuDNN;
+    ATen/Context.h): cuDNN, flash, efficient, math where :func:`prefers_cudnn`."""
+    if prefers_cudnn(cap, w):
+        return ("cudnn", "flash", "efficient", "math")
+    return ("flash", "efficient", "math", "cudnn")
+
+
+def reason(backend: str, call: SdpaCall, cap: tuple[int, int], w: Wheel = WHEEL,
+           filters: dict[str, tuple[Filter, ...]] | None = None) -> str | None:
+    """Why ``backend`` cannot take ``call`` on compute capability ``cap`` (the first failing filter's words), or
+    None when it can. Math always can."""
+    if backend == "math":
+        return None
+    for check in (filters or FILTERS)[backend]:
+        why = check(call, cap, w)
+        if why:
+            return why
+    return None
+
+
+def select(call: SdpaCall, gpu: str, w: Wheel = WHEEL,
+           filters: dict[str, tuple[Filter, ...]] | None = None) -> Selection:
+    """``select_sdp_backend`` (sdp_utils.cpp) for ``call`` on GPU class ``gpu``: the first backend of
+    :func:`priority_order` that can take it, and the reason of every one ahead of it."""
+    return select_on(call, GPUS[gpu], w, filters)
+
+
+def select_on(call: SdpaCall, cap: tuple[int, int], w: Wheel = WHEEL,
+              filters: dict[str, tuple[Filter, ...]] | None = None) -> Selection:
+    """:func:`select` on compute capability ``cap`` (a device's own, ``torch.cuda.get_device_capability()``)."""
+    rejected: dict[str, str] = {}
+    for backend in priority_order(cap, w):
+        why = reason(backend, call, cap, w, filters)
+        if why is None:
+            return Selection(backend, rejected)
+        rejected[backend] = why
+    return Selection("math", rejected)  # not reached: math takes every call
+
