@@ -150,8 +150,9 @@ def _max_passes(option: str, text: Any) -> dict[str, float]:
 
 
 def _gpus(option: str, text: Any) -> tuple[str, ...]:
-    """``t4,a100`` -> GPU class names (:mod:`kvcache.measuring.sdpa_rules`, pure Python); none (the default) imports
-    nothing. An unknown name, or a torch release whose rules are not transcribed, is a one-line SettingsError."""
+    """``t4,a100,t4@2.12`` -> GPU class names (:mod:`kvcache.measuring.sdpa_rules`, pure Python; ``@release``: under
+    that torch release's rules); none (the default) imports nothing. An unknown name or release, or (for a name
+    without ``@``) an installed torch release whose rules are not transcribed, is a one-line SettingsError."""
     if not str(text).strip():
         return ()
     import importlib.metadata
@@ -160,7 +161,8 @@ def _gpus(option: str, text: Any) -> tuple[str, ...]:
 
     try:
         names = sdpa_rules.gpu_names(str(text))
-        sdpa_rules.check_release(importlib.metadata.version("torch"))
+        if any("@" not in name for name in names):
+            sdpa_rules.check_release(importlib.metadata.version("torch"))
     except (sdpa_rules.RulesError, importlib.metadata.PackageNotFoundError) as exc:
         raise SettingsError(str(exc)) from None
     return tuple(names)

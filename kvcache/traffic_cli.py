@@ -30,7 +30,7 @@ def main(argv: list[str]) -> int:
                         help=f"decode steps before the counted one: {', '.join(map(str, WARMUP_CHOICES))} "
                              f"(default {WARMUP_CHOICES[-1]}: the counted bytes do not change after)")
     parser.add_argument("--gpus", default="", help="GPU classes whose SDPA backend is predicted (--kv-gpus: t4, a100, "
-                        "h100, sm80, ...)")
+                        "h100, sm80, ...; t4@2.12: under torch 2.12's rules)")
     parser.add_argument("--json", action="store_true", help="print the traffic and probe as JSON")
     args = parser.parse_args(argv)
 

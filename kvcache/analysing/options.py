@@ -70,8 +70,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("--kv-driver", "loop", "loop (default: the suite's own decode loop) or generate (the decode steps of a "
            "real model.generate() call); part of the run identity", "driver"),
     Option("--kv-gpus", "", "GPU classes whose SDPA backend is predicted from torch's own rules, comma-separated: "
-           "t4, a10g, l4, a100, h100, b200 or sm75, sm80, sm86, sm89, sm90, sm100 (default none); their counted "
-           "passes are judged per class", "gpus"),
+           "t4, a10g, l4, a100, h100, b200 or sm75, sm80, sm86, sm89, sm90, sm100 (default none), under the "
+           "installed torch release's rules, or another transcribed release's with @: t4@2.12 (2.5 to 2.14); "
+           "their counted passes are judged per class", "gpus"),
     Option("--kv-batch", 1, "sequences per decode step (default 1); passes are per KV byte the whole batch holds",
            "batch"),
     Option("--kv-ragged", None, "with --kv-batch N: sequence lengths spread evenly over the context (left padding); "

@@ -177,6 +177,8 @@ def short_reason(backend: str, why: str) -> str:
         return f"{backend} needs {why.split('[')[1].split(',')[0]} or newer"
     if "of dtype: {" in lowered:
         return f"{backend} takes {why.split('{')[1].split('}')[0]}"
+    if "the same num_heads" in lowered:
+        return f"{backend} needs as many K/V heads as query heads"
     if "attn_mask" in lowered:
         return f"{backend} takes no mask"
     if "got query.size(-1)" in lowered:

@@ -103,6 +103,26 @@ def table(checks: list[CallCheck], math_rows: dict[str, tuple[float | None, floa
     return lines, mismatches
 
 
+def efficient_gqa_probe(device: str = "cuda", can_use: Callable[[Any], bool] | None = None) -> tuple[str, int]:
+    """Whether torch's memory-efficient backend takes grouped-query heads under ``enable_gqa`` on ``device``
+    (``can_use``, by default ``torch.backends.cuda.can_use_efficient_attention``, asked about a float16 decode call:
+    9 query heads on 3 K/V heads, 16 keys) against the rules of the installed torch release
+    (``Rules.efficient_gqa``: pytorch PR #191085, from 2.14 by the evidence of docs/gpu-backends.md). Any CUDA device
+    from sm50 answers it; the line and 1 on a mismatch."""
+    if can_use is None:
+        def can_use(params: Any) -> bool:
+            return bool(torch.backends.cuda.can_use_efficient_attention(params, False))
+    query = torch.zeros(1, 9, 1, 64, dtype=torch.float16, device=device)
+    kv = torch.zeros(1, 3, 16, 64, dtype=torch.float16, device=device)
+    took = bool(can_use(torch.backends.cuda.SDPAParams(query, kv, kv, None, 0.0, False, True)))
+    release = sdpa_rules.installed_release()
+    expected = sdpa_rules.RULES[release].efficient_gqa
+    words = {True: "yes", False: "no"}
+    return (f"memory-efficient takes enable_gqa (9 query heads on 3 K/V heads, float16): torch {words[took]}, the "
+            f"rules of torch {release} {words[expected]}: {'ok' if took == expected else 'MISMATCH'}",
+            int(took != expected))
+
+
 def check(model: str, caches: list[str], dtype: str = "bfloat16", context: int = 512,
           choose: Callable[..., str] = torch_choice, device: str = "cuda",
           capability: tuple[int, int] | None = None) -> tuple[list[str], int]:
@@ -133,6 +153,10 @@ def check(model: str, caches: list[str], dtype: str = "bfloat16", context: int =
                       for where, s in sessions.items()}
             math_rows[cache] = (passes[device], passes["cpu"])
     lines, mismatches = table(checks, math_rows)
+    if device == "cuda":  # the rule the releases differ by, asked directly (a T4 is not needed)
+        line, wrong = efficient_gqa_probe(device)
+        lines.append(line)
+        mismatches += wrong
     return [f"SDPA backends on sm{capability[0]}{capability[1]} ({device}): torch's choice against "
             "kvcache.measuring.sdpa_rules", *lines], mismatches
 

@@ -98,7 +98,8 @@ class Counting:
                       result: dict[str, Any]) -> None:
         """``backends`` {backend: {passes, by_op}}: the step counted at each counted context with every SDPA call run
         as torch runs it on CUDA under that backend (:mod:`kvcache.measuring.backends`); a backend torch's rules
-        reject for the step's calls on every GPU class has ``passes`` None and ``error`` (their words). ``gpus``
+        reject for the step's calls on every GPU class under every transcribed torch release has ``passes`` None and
+        ``error`` (their words). ``gpus``
         (``--kv-gpus``) {class: {backend, rejected, passes, by_op}}: the backend torch would select for the step's
         calls on that class (:mod:`kvcache.measuring.sdpa_rules`), and the passes counted under it."""
         s = self.session
@@ -145,14 +146,9 @@ class Counting:
     def _backend_entry(self, backend: str, run: EmulatedRun, calls: list[sdpa_rules.SdpaCall],
                        spec: Any) -> dict[str, Any]:
         entry = self._passes(run, spec)
-        if backend != "math" and calls:
-            reasons = {gpu: next((r for r in (sdpa_rules.reason(backend, call, cap) for call in calls) if r), None)
-                       for gpu, cap in sdpa_rules.GPUS.items()}
-            if all(reasons.values()):
-                newest = max(sdpa_rules.GPUS, key=sdpa_rules.GPUS.get)  # the reason on the most capable class
-                entry = {"passes": None, "by_op": {},
-                         "error": f"torch's rules reject {backend} for this step on every GPU class ({newest}: "
-                                  f"{reasons[newest]})"}
+        why = sdpa_rules.rejected_everywhere(backend, calls) if calls else None
+        if why:
+            entry = {"passes": None, "by_op": {}, "error": why}
         return entry
 
     def _gpu_entry(self, gpu: str, points: dict[int, Any], warm: int, calls: list[sdpa_rules.SdpaCall],

@@ -6,24 +6,28 @@ strides, storage offsets, dtypes by name, the mask, ``is_causal``, dropout, ``en
 capability (:data:`GPUS`), and :func:`select` answers like torch's ``select_sdp_backend`` with the words of torch's
 debug warnings as the reasons.
 
-Source, for torch 2.13 (:data:`TRANSCRIBED`): ``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp`` (priority
-order, ``can_use_flash_attention``, ``can_use_mem_efficient_attention``, ``can_use_cudnn_attention`` and their
-``check_*`` filters) and ``aten/src/ATen/native/transformers/sdp_utils_cpp.h`` (the shared filters), pytorch/pytorch.
-The installed torch 2.13.0's ``torch/version.py`` names git hash cf30153c4c131c8164ee7798e5022d810682e2cb, which the
-project's source index does not hold; the nearest stored versions were read: sdp_utils.cpp at commit
-001f694aef6f922b4fdf6d27d59162d27bf3df58 (it carries the cuDNN 9.15.1 preference of the 2.10+ releases) and the
-sdp_utils_cpp.h whose ``check_batch_size_and_num_heads_dense<supports_gqa, requires_same_num_heads>`` it calls
-(docs/gpu-backends.md). Every rule below names its function there.
+Source: ``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp`` (priority order, ``can_use_flash_attention``,
+``can_use_mem_efficient_attention``, ``can_use_cudnn_attention`` and their ``check_*`` filters) and
+``aten/src/ATen/native/transformers/sdp_utils_cpp.h`` (the shared filters), pytorch/pytorch, read at commit
+001f694aef6f922b4fdf6d27d59162d27bf3df58 (the project's source index does not hold a release tag's commit). Every
+rule below names its function there.
 
-What a CPU cannot know is assumed from the release's default CUDA wheel (:data:`WHEEL`): cuDNN enabled, its runtime
-version, the cuDNN frontend supporting head dim 256, flash and memory-efficient attention compiled in, the default
-backend switches (all enabled, math reductions in float32, FA3 off, deterministic algorithms off,
+Several torch releases (:data:`RULES`, ``t4@2.12`` in ``--kv-gpus``): one transcription, and per release the few
+facts that differ, each naming its source and evidence (:class:`Rules`): whether the memory-efficient backend takes
+grouped-query heads (pytorch PR #191085, in 2.14, not in the installed 2.13.0), when cuDNN goes first, and the
+release's default CUDA wheel (:class:`Wheel`). A GPU class without a release suffix is predicted under the installed
+torch release's rules (:func:`installed_release`). docs/gpu-backends.md has the evidence and the limits.
+
+What a CPU cannot know is assumed from the release's default CUDA wheel (:data:`WHEEL` for 2.13): cuDNN enabled, its
+runtime version, the cuDNN frontend supporting head dim 256, flash and memory-efficient attention compiled in, the
+default backend switches (all enabled, math reductions in float32, FA3 off, deterministic algorithms off,
 ``TORCH_CUDNN_SDPA_DEPRIORITIZED`` unset). Pointer alignment: the CUDA caching allocator aligns base pointers to 256
 bytes, so alignment is the storage offset's (as torch's own comment says), which a CPU run knows exactly.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -31,9 +35,6 @@ BACKENDS = ("cudnn", "flash", "efficient", "math")
 #: torch's names of the backends in its warnings and enums
 TORCH_NAMES = {"cudnn": "cudnn_attention", "flash": "flash_attention", "efficient": "efficient_attention",
                "math": "math"}
-#: the torch releases whose rules are transcribed here (major.minor)
-TRANSCRIBED = ("2.13",)
-
 #: GPU classes by name: (compute capability major, minor). Names accepted by ``--kv-gpus``.
 GPUS: dict[str, tuple[int, int]] = {
     "t4": (7, 5), "a10g": (8, 6), "l4": (8, 9), "a100": (8, 0), "h100": (9, 0), "b200": (10, 0),
@@ -55,6 +56,74 @@ class Wheel:
 
 
 WHEEL = Wheel()
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The facts of torch's rules that differ between the transcribed releases (:data:`RULES`); everything else is
+    the one transcription of this module.
+
+    ``efficient_gqa``: ``can_use_mem_efficient_attention`` checks its dense inputs with
+    ``check_batch_size_and_num_heads_dense<supports_gqa = true, ..., supports_mqa = true>`` (grouped-query heads under
+    ``enable_gqa``, and a single K/V head without it) rather than ``<false>`` (the same number of heads); the same
+    release's flash and cuDNN take a single K/V head without ``enable_gqa`` too (pytorch PR #191085).
+    ``cudnn_first``: when ``priority_order`` puts cuDNN first (``check_prefer_cudnn_attention``): ``never`` (the
+    default order, flash, efficient, math, cuDNN), ``sm90-sm100`` (compute capability 9.0 or 10.0, from a cuDNN of
+    9.9 or newer at build time) or ``cudnn-9.15.1`` (a runtime cuDNN newer than 9.15.0 on sm9x/sm10x; with CUDA < 13
+    only minor 0 or 3). ``wheel``: the release's default CUDA wheel. ``releases``: the releases these rules stand for;
+    ``source`` and ``evidence``: where each difference was read, in words."""
+
+    release: str
+    releases: str
+    efficient_gqa: bool
+    cudnn_first: str
+    wheel: Wheel
+    source: str
+    evidence: str
+
+
+_READ = "sdp_utils.cpp and sdp_utils_cpp.h at 001f694aef6f922b4fdf6d27d59162d27bf3df58"
+_NO_EFFICIENT_GQA = ("efficient without grouped-query heads: the sdp_utils.cpp before pytorch PR #191085 "
+                     "(2026-07-25) checks the efficient backend's dense inputs with "
+                     "check_batch_size_and_num_heads_dense<false /*supports_grouped_query_attention=*/>")
+_PRE_CUDNN_DEFAULT = Rules(
+    "2.5", "2.5.1 to 2.8", False, "never", Wheel(cuda=(12, 4), cudnn=90100),
+    f"{_READ}, less #191085; priority_order returning the default order",
+    f"{_NO_EFFICIENT_GQA}; cuDNN made opt-in after 2.5.0 (pytorch PR #138522, 2.5.1; 2.5.0 itself put cuDNN first on "
+    "H100, not transcribed), first again by default from 2.9 (PR #162073)")
+_CUDNN_SM90 = Rules(
+    "2.9", "2.9", False, "sm90-sm100", Wheel(cuda=(12, 8), cudnn=91002),
+    f"{_READ}, less #191085; check_prefer_cudnn_attention of PR #162073 (cuDNN >= 9.9 at build, sm90/sm100 minor 0)",
+    f"{_NO_EFFICIENT_GQA}; PR #162073 'Enable cuDNN SDPA by default for SM 9.0, SM 10.0' (2025-09, 'for 2.9')")
+_CUDNN_9151_OLD_WHEEL = Rules(
+    "2.10", "2.10", False, "cudnn-9.15.1", Wheel(cudnn=91400),  # a cuDNN not newer than 9.15.0: 9.14 assumed
+    f"{_READ}, less #191085; its check_prefer_cudnn_attention (cuDNN > 9.15.0 at run time, #169849)",
+    f"{_NO_EFFICIENT_GQA}; the cuDNN > 9.15.0 preference is in 2.10 but its default wheel's cuDNN is not newer "
+    "(transformers PR #48163's reading of sdp_utils.cpp: 'What changes at 2.11 is the bundled cuDNN crossing the "
+    "threshold'), so cuDNN is not first")
+_CUDNN_9151 = Rules(
+    "2.13", "2.11 to 2.13", False, "cudnn-9.15.1", WHEEL,
+    f"{_READ}, less #191085",
+    f"{_NO_EFFICIENT_GQA}. The installed torch 2.13.0 (git cf30153c4c131c8164ee7798e5022d810682e2cb) documents in "
+    "its own torch/nn/functional.py docstring that GQA 'currently works only for Flash_attention and math kernel on "
+    "CUDA tensor', while the torch 2.14 documentation says 'Memory-efficient attention also supports GQA on NVIDIA "
+    "CUDA' and v2.14.1's sdp_utils.cpp (5c4886908584029761b579af026dcfb627c84070) has supports_gqa = true there; the "
+    "PR's thread is listed closed (pytorch lands PRs by closing them), so its date alone does not place it in 2.13")
+_EFFICIENT_GQA = Rules(
+    "2.14", "2.14", True, "cudnn-9.15.1", WHEEL,
+    f"{_READ} (the commit read carries #191085)",
+    "pytorch PR #191085 '[SDPA] Add memory-efficient GQA and vmap backward support' (2026-07-25): the efficient "
+    "backend's dense check <supports_gqa = true, true, supports_mqa = true> on CUDA; v2.14.1's sdp_utils.cpp and the "
+    "torch 2.14 documentation of scaled_dot_product_attention say the same")
+
+#: the transcribed torch releases (major.minor) and their rules; ``--kv-gpus t4@2.12`` predicts under 2.12's
+RULES: dict[str, Rules] = {
+    "2.5": _PRE_CUDNN_DEFAULT, "2.6": _PRE_CUDNN_DEFAULT, "2.7": _PRE_CUDNN_DEFAULT, "2.8": _PRE_CUDNN_DEFAULT,
+    "2.9": _CUDNN_SM90, "2.10": _CUDNN_9151_OLD_WHEEL, "2.11": _CUDNN_9151, "2.12": _CUDNN_9151,
+    "2.13": _CUDNN_9151, "2.14": _EFFICIENT_GQA,
+}
+#: the torch releases whose rules are transcribed here (major.minor)
+TRANSCRIBED = tuple(RULES)
 
 
 @dataclass(frozen=True)
@@ -117,24 +186,48 @@ class RulesError(ValueError):
 
 
 def gpu_names(text: str) -> list[str]:
-    """``"t4,a100"`` -> names, each once; an unknown name is a one-line :class:`RulesError` listing the known ones."""
+    """``"t4,a100,t4@2.12"`` -> names, each once (``class@release``: predicted under that torch release's rules); an
+    unknown class or release is a one-line :class:`RulesError` listing the known ones."""
     names = [n.strip().lower() for n in str(text).split(",") if n.strip()]
     if not names:
         raise RulesError(f"--kv-gpus {text!r} names no GPU class; known: {', '.join(GPUS)}")
     for name in names:
-        if name not in GPUS:
-            raise RulesError(f"--kv-gpus: unknown GPU class {name!r}; known: {', '.join(GPUS)}")
+        gpu, _, release = name.partition("@")
+        if gpu not in GPUS:
+            raise RulesError(f"--kv-gpus: unknown GPU class {gpu!r}; known: {', '.join(GPUS)}")
+        if "@" in name and release not in RULES:
+            raise RulesError(f"--kv-gpus: no SDPA rules transcribed for torch {release!r} ({name}); transcribed: "
+                             f"{', '.join(TRANSCRIBED)}")
     return list(dict.fromkeys(names))
 
 
 def check_release(torch_version: str) -> str:
     """``"2.13"`` for torch ``2.13.0+cpu``; a release whose rules are not transcribed is a one-line
-    :class:`RulesError` naming the supported range."""
+    :class:`RulesError` naming the transcribed ones."""
     release = ".".join(str(torch_version).split("+")[0].split(".")[:2])
     if release not in TRANSCRIBED:
         raise RulesError(f"SDPA backend rules are transcribed for torch {', '.join(TRANSCRIBED)} only; the installed "
-                         f"torch is {torch_version}: GPU classes cannot be predicted for it")
+                         f"torch is {torch_version}: GPU classes cannot be predicted for it (name a transcribed "
+                         "release: t4@2.13)")
     return release
+
+
+@functools.lru_cache(maxsize=1)
+def installed_release() -> str:
+    """The installed torch's major.minor (package metadata, no import), whose rules a GPU class without a release
+    suffix is predicted under; a release not transcribed is a one-line :class:`RulesError`."""
+    import importlib.metadata
+
+    try:
+        return check_release(importlib.metadata.version("torch"))
+    except importlib.metadata.PackageNotFoundError:
+        raise RulesError("torch is not installed: name a transcribed release (t4@2.13)") from None
+
+
+def resolve(gpu: str) -> tuple[tuple[int, int], Rules]:
+    """``t4`` -> (its compute capability, the installed release's :class:`Rules`); ``t4@2.12`` -> 2.12's."""
+    name, _, release = gpu.partition("@")
+    return GPUS[name], RULES[release or installed_release()]
 
 
 # --- filters: each returns None (passes) or the reason, in the words of torch's TORCH_WARN --------------------------
@@ -212,9 +305,10 @@ def check_dtypes_low_precision(c: SdpaCall, cap: tuple[int, int], w: Wheel) -> s
     return _dtype_reason(c, HALF if cap[0] >= 8 else ("float16",))
 
 
-def check_batch_size_and_num_heads_dense(supports_gqa: bool) -> Filter:
-    """``check_batch_size_and_num_heads_dense<supports_gqa>`` (sdp_utils_cpp.h), with
-    ``check_grouped_query_attention`` under ``enable_gqa``."""
+def check_batch_size_and_num_heads_dense(supports_gqa: bool, supports_mqa: bool = False) -> Filter:
+    """``check_batch_size_and_num_heads_dense<supports_gqa, ..., supports_mqa>`` (sdp_utils_cpp.h), with
+    ``check_grouped_query_attention`` under ``enable_gqa``; ``supports_mqa`` (PR #191085): a single K/V head passes
+    without ``enable_gqa``."""
 
     def check(c: SdpaCall, cap: tuple[int, int], w: Wheel) -> str | None:
         q, k, v = c.query.shape, c.key.shape, c.value.shape
@@ -229,12 +323,15 @@ def check_batch_size_and_num_heads_dense(supports_gqa: bool) -> Filter:
                 return ("The number of heads in key/value must divide number of heads in query.Got input Key sizes(): "
                         f"{k[-3]}, Value sizes(): {v[-3]}, Query sizes(): {q[-3]} instead.")
             return None
+        if supports_mqa and k[-3] == v[-3] == 1 and q[-3] > 0:
+            return None
         if not (q[-3] == k[-3] == v[-3]):
             return ("For dense input, both fused kernels require query, key and value to have the same num_heads. "
                     f"Query.sizes(): {list(q)}, Key sizes(): {list(k)}, Value sizes(): {list(v)} instead. To "
                     "broadcast dense inputs, try using unsqueeze and expand_to before passing them into the kernel.")
         return None
-    check.__name__ = f"check_batch_size_and_num_heads_dense<{str(supports_gqa).lower()}>"
+    check.__name__ = (f"check_batch_size_and_num_heads_dense<{str(supports_gqa).lower()}"
+                      f"{', supports_mqa' if supports_mqa else ''}>")
     return check
 
 
@@ -376,73 +473,101 @@ def check_cudnn_tensor_shapes(c: SdpaCall, cap: tuple[int, int], w: Wheel) -> st
     return None
 
 
-FLASH: tuple[Filter, ...] = (
-    check_tensor_shapes, check_for_attn_mask, check_head_dim_size_flash, check_flash_attention_hardware_support,
-    check_requires_grad_and_head_dim_gt192, check_flash_causal_non_square_seqlens, check_dtypes_low_precision,
-    check_batch_size_and_num_heads_dense(True), check_nonzero_sequence_lengths_dense,
-    check_last_dim_stride_equals_1_dense(True))
-EFFICIENT: tuple[Filter, ...] = (
-    check_mem_efficient_hardware_support, check_tensor_shapes, check_head_dim_size_mem_efficient,
-    check_data_ptr_alignment_mem_efficient, check_nonzero_sequence_lengths_dense,
-    check_last_dim_stride_equals_1_dense(False), check_batch_size_and_num_heads_dense(True),
-    check_mem_efficient_dtypes)
-CUDNN: tuple[Filter, ...] = (
-    check_tensor_shapes, check_dtypes_low_precision, check_attn_mask_shape, check_cudnn_hardware_support,
-    check_cudnn_dropout, check_nonzero_sequence_lengths_dense, check_last_dim_stride_equals_1_dense(True),
-    check_batch_size_and_num_heads_dense(True), check_cudnn_tensor_shapes)
-#: ``can_use_flash_attention``, ``can_use_mem_efficient_attention``, ``can_use_cudnn_attention`` (sdp_utils.cpp):
-#: their filters in torch's order (the runtime switches, nested-tensor and device checks pass on a dense CUDA call
-#: with the default switches, and are left out).
-FILTERS: dict[str, tuple[Filter, ...]] = {"flash": FLASH, "efficient": EFFICIENT, "cudnn": CUDNN}
+@functools.cache
+def filters_of(rules: Rules) -> dict[str, tuple[Filter, ...]]:
+    """``can_use_flash_attention``, ``can_use_mem_efficient_attention``, ``can_use_cudnn_attention``
+    (sdp_utils.cpp) under ``rules``: their filters in torch's order (the runtime switches, nested-tensor and device
+    checks pass on a dense CUDA call with the default switches, and are left out)."""
+    mqa = rules.efficient_gqa  # the release whose efficient backend takes GQA takes a single K/V head in all three
+    flash = (
+        check_tensor_shapes, check_for_attn_mask, check_head_dim_size_flash, check_flash_attention_hardware_support,
+        check_requires_grad_and_head_dim_gt192, check_flash_causal_non_square_seqlens, check_dtypes_low_precision,
+        check_batch_size_and_num_heads_dense(True, mqa), check_nonzero_sequence_lengths_dense,
+        check_last_dim_stride_equals_1_dense(True))
+    efficient = (
+        check_mem_efficient_hardware_support, check_tensor_shapes, check_head_dim_size_mem_efficient,
+        check_data_ptr_alignment_mem_efficient, check_nonzero_sequence_lengths_dense,
+        check_last_dim_stride_equals_1_dense(False), check_batch_size_and_num_heads_dense(rules.efficient_gqa, mqa),
+        check_mem_efficient_dtypes)
+    cudnn = (
+        check_tensor_shapes, check_dtypes_low_precision, check_attn_mask_shape, check_cudnn_hardware_support,
+        check_cudnn_dropout, check_nonzero_sequence_lengths_dense, check_last_dim_stride_equals_1_dense(True),
+        check_batch_size_and_num_heads_dense(True, mqa), check_cudnn_tensor_shapes)
+    return {"flash": flash, "efficient": efficient, "cudnn": cudnn}
 
 
-def prefers_cudnn(cap: tuple[int, int], w: Wheel = WHEEL) -> bool:
-    """``check_prefer_cudnn_attention`` (sdp_utils.cpp): cuDNN newer than 9.15.0 on sm90/sm10x (with CUDA < 13 only
-    minor 0 or 3), unless ``TORCH_CUDNN_SDPA_DEPRIORITIZED``."""
-    if not w.cudnn_preferred_env:
+def prefers_cudnn(cap: tuple[int, int], w: Wheel = WHEEL, rules: Rules | None = None) -> bool:
+    """``check_prefer_cudnn_attention`` (sdp_utils.cpp) of ``rules``' release (the installed one by default):
+    ``cudnn-9.15.1``: cuDNN newer than 9.15.0 on sm9x/sm10x (with CUDA < 13 only minor 0 or 3), unless
+    ``TORCH_CUDNN_SDPA_DEPRIORITIZED``; ``sm90-sm100``: compute capability 9.0 or 10.0 (cuDNN 9.9 or newer at build);
+    ``never``."""
+    rules = rules or RULES[installed_release()]
+    if rules.cudnn_first == "never" or not w.cudnn_preferred_env:
         return False
+    if rules.cudnn_first == "sm90-sm100":
+        return w.cudnn >= 90900 and cap in ((9, 0), (10, 0))
     right_major = cap[0] in (9, 10)
     if w.cuda < (13, 0):
         right_major = right_major and cap[1] in (0, 3)
     return w.cudnn > 91500 and right_major
 
 
-def priority_order(cap: tuple[int, int], w: Wheel = WHEEL) -> tuple[str, ...]:
+def priority_order(cap: tuple[int, int], w: Wheel = WHEEL, rules: Rules | None = None) -> tuple[str, ...]:
     """``priority_order`` (sdp_utils.cpp) over the global context's default order (flash, efficient, math, cuDNN;
     ATen/Context.h): cuDNN, flash, efficient, math where :func:`prefers_cudnn`."""
-    if prefers_cudnn(cap, w):
+    if prefers_cudnn(cap, w, rules):
         return ("cudnn", "flash", "efficient", "math")
     return ("flash", "efficient", "math", "cudnn")
 
 
 def reason(backend: str, call: SdpaCall, cap: tuple[int, int], w: Wheel = WHEEL,
            filters: dict[str, tuple[Filter, ...]] | None = None) -> str | None:
-    """Why ``backend`` cannot take ``call`` on compute capability ``cap`` (the first failing filter's words), or
-    None when it can. Math always can."""
+    """Why ``backend`` cannot take ``call`` on compute capability ``cap`` (the first failing filter's words, under
+    ``filters``, by default the installed release's), or None when it can. Math always can."""
     if backend == "math":
         return None
-    for check in (filters or FILTERS)[backend]:
+    for check in (filters or filters_of(RULES[installed_release()]))[backend]:
         why = check(call, cap, w)
         if why:
             return why
     return None
 
 
-def select(call: SdpaCall, gpu: str, w: Wheel = WHEEL,
+def select(call: SdpaCall, gpu: str, w: Wheel | None = None,
            filters: dict[str, tuple[Filter, ...]] | None = None) -> Selection:
-    """``select_sdp_backend`` (sdp_utils.cpp) for ``call`` on GPU class ``gpu``: the first backend of
+    """``select_sdp_backend`` (sdp_utils.cpp) for ``call`` on GPU class ``gpu`` (``t4``: under the installed torch
+    release's rules; ``t4@2.12``: under 2.12's, with its default wheel): the first backend of
     :func:`priority_order` that can take it, and the reason of every one ahead of it."""
-    return select_on(call, GPUS[gpu], w, filters)
+    cap, rules = resolve(gpu)
+    return select_on(call, cap, w or rules.wheel, filters, rules)
 
 
 def select_on(call: SdpaCall, cap: tuple[int, int], w: Wheel = WHEEL,
-              filters: dict[str, tuple[Filter, ...]] | None = None) -> Selection:
-    """:func:`select` on compute capability ``cap`` (a device's own, ``torch.cuda.get_device_capability()``)."""
+              filters: dict[str, tuple[Filter, ...]] | None = None, rules: Rules | None = None) -> Selection:
+    """:func:`select` on compute capability ``cap`` (a device's own, ``torch.cuda.get_device_capability()``),
+    under ``rules`` (the installed release's by default)."""
+    rules = rules or RULES[installed_release()]
+    filters = filters or filters_of(rules)
     rejected: dict[str, str] = {}
-    for backend in priority_order(cap, w):
+    for backend in priority_order(cap, w, rules):
         why = reason(backend, call, cap, w, filters)
         if why is None:
             return Selection(backend, rejected)
         rejected[backend] = why
     return Selection("math", rejected)  # not reached: math takes every call
 
+
+def rejected_everywhere(backend: str, calls: list[SdpaCall]) -> str | None:
+    """Why torch's rules reject ``backend`` for some of ``calls`` on every GPU class under every transcribed release
+    (the reason on the most capable class under the installed release's rules), or None when some class and release
+    takes every call. Math is never rejected."""
+    if backend == "math":
+        return None
+    for rules in dict.fromkeys(RULES.values()):
+        filters = filters_of(rules)
+        for cap in GPUS.values():
+            if all(reason(backend, call, cap, rules.wheel, filters) is None for call in calls):
+                return None
+    newest = max(GPUS, key=GPUS.get)
+    why = next((r for r in (reason(backend, call, GPUS[newest]) for call in calls) if r), None)
+    return f"torch's rules reject {backend} for this step on every GPU class ({newest}: {why})"

@@ -49,3 +49,15 @@ def test_no_cuda_device_exits_2(capsys):
         pytest.skip("a CUDA device is visible")
     assert backend_check.main([]) == 2
     assert "no CUDA device" in capsys.readouterr().out
+
+
+def test_the_efficient_gqa_rule_is_asked_directly(monkeypatch):
+    """torch's own answer on the device against the installed release's rule (pytorch PR #191085): a CUDA torch 2.13
+    that takes grouped-query heads in the memory-efficient backend is a mismatch (2.13's rules say no)."""
+    monkeypatch.setattr(sdpa_rules, "installed_release", lambda: "2.13")
+    line, wrong = backend_check.efficient_gqa_probe("cpu", can_use=lambda params: False)
+    assert wrong == 0 and line.endswith("torch no, the rules of torch 2.13 no: ok"), line
+    line, wrong = backend_check.efficient_gqa_probe("cpu", can_use=lambda params: True)
+    assert wrong == 1 and line.endswith("torch yes, the rules of torch 2.13 no: MISMATCH"), line
+    monkeypatch.setattr(sdpa_rules, "installed_release", lambda: "2.14")
+    assert backend_check.efficient_gqa_probe("cpu", can_use=lambda params: True)[1] == 0

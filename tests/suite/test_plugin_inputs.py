@@ -22,7 +22,7 @@ CASES = [  # the keys of _cases (they need a directory to write files in)
     "counted-contexts", "steps", "min-r2", "min-r2-nan", "tolerance-nan", "tolerance-inf",
     "counted-tolerance-inf", "max-drift-nan", "baseline-corrupt",
     "baseline-shape", "baseline-nan", "baseline-negative-intercept", "driver", "batch-0", "ragged-alone",
-    "generate-compiled", "gpus-unknown",
+    "generate-compiled", "gpus-unknown", "gpus-release",
 ]
 COMMAND_LINES = ("dtype", "baseline-corrupt")  # also run as real command lines
 
@@ -80,6 +80,8 @@ def _cases(tmp) -> dict[str, tuple[list[str], list[str]]]:
         "batch-0": (["--kv-batch", "0"], ["--kv-batch 0", "at least 1"]),
         "ragged-alone": (["--kv-ragged"], ["--kv-ragged needs --kv-batch of at least 2"]),
         "gpus-unknown": (["--kv-gpus", "t4,v100"], ["--kv-gpus: unknown GPU class 'v100'", "known: t4, a10g, l4"]),
+        "gpus-release": (["--kv-gpus", "t4,t4@2.15"], ["--kv-gpus: no SDPA rules transcribed for torch '2.15'",
+                                                       "transcribed: 2.5, 2.6"]),
         "generate-compiled": (["--kv-driver", "generate", "--kv-compile", "default"],
                               ["--kv-driver generate with --kv-compile default", "not supported"]),
         "baseline-shape": (["--kv-baseline", str(wrong_shape)], [str(wrong_shape), "not a kvcache baseline",

@@ -53,8 +53,16 @@ def test_unknown_gpu_class_is_a_usage_error_and_known_ones_print_their_lines(cap
     err = capsys.readouterr().err.strip()
     assert err == ("kvcache traffic: --gpus: unknown GPU class 'v100'; known: t4, a10g, l4, a100, h100, b200, sm75, "
                    "sm80, sm86, sm89, sm90, sm100")
-    assert traffic_cli.main(["--model", "tiny", "--device", "cpu", "--cache", "dynamic", "--gpus", "t4,a100"]) == 0
+    assert traffic_cli.main(["--model", "tiny", "--device", "cpu", "--gpus", "t4@2.4"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "kvcache traffic: --gpus: no SDPA rules transcribed for torch '2.4' (t4@2.4); transcribed: 2.5, 2.6, 2.7, "
+        "2.8, 2.9, 2.10, 2.11, 2.12, 2.13, 2.14")
+    assert traffic_cli.main(["--model", "tiny", "--device", "cpu", "--cache", "dynamic", "--gpus",
+                             "t4@2.13,t4@2.14,a100@2.13"]) == 0
     out = capsys.readouterr().out
     assert "backends dynamic: cudnn 3.00 · flash 3.00 · efficient 3.00 · math 25.26" in out
-    assert "gpus dynamic: t4 25.26 (math: flash needs sm80 or newer; efficient takes float16, float32) · a100 3.00 " \
-           "(flash)" in out
+    # bf16 on a T4 is math under both releases' rules; torch checks the heads before the dtype, so 2.13's efficient
+    # backend (no grouped-query heads) gives the heads as its reason and 2.14's the dtype
+    assert "gpus dynamic: t4@2.13 25.26 (math: flash needs sm80 or newer; efficient needs as many K/V heads as query " \
+           "heads) · t4@2.14 25.26 (math: flash needs sm80 or newer; efficient takes float16, float32) · a100@2.13 " \
+           "3.00 (flash)" in out
