@@ -3,13 +3,14 @@ installed Transformers as ``src/transformers``, the tiny model's folders only; a
 and mended, a ``.clone()`` in DynamicLayer.update: +2.00 counted passes, +4 ops) whose last commit is replaced by one
 that adds a ``.view_as()`` to what update returns (+4 ops, no bytes): two changes of the ops in one range. One class on
 the tiny model, one probe cache: the first run (5 probes) names both commits and skips the broken one; a second run
-with no new commit raises nothing; a run interrupted while it probes leaves the state as it was; a revert of both
+with no new commit raises nothing; a run stopped by SIGTERM while it probes leaves the state as it was; a revert of both
 recovers every change. Bad input is checked in this process, before anything is probed."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,6 @@ import pytest
 from test_bisect import CACHE_UTILS, PLANTED, build_repository, commit, edit, git
 
 from kvcache import sentinel as sentinel_cli
-from kvcache.bisect_runners import CommitRunner
 
 VIEWED = """        self.values = torch.cat([self.values, value_states], dim=-2)
         return self.keys.clone().view_as(self.keys), self.values.clone().view_as(self.values)"""
@@ -48,8 +48,7 @@ def planted(tmp_path_factory):
     return root, repo, shas
 
 
-def test_sentinel_names_each_change_skips_what_does_not_build_and_sees_a_revert_recover(planted, capsys,
-                                                                                          monkeypatch):
+def test_sentinel_names_each_change_skips_what_does_not_build_and_sees_a_revert_recover(planted):
     root, repo, shas = planted
     state, out, issue = root / "state.json", root / "out.json", root / "issue.md"
     common = ["--repo", str(repo), "--state", str(state), "--caches", "dynamic", "--cache-dir", str(root / "cache"),
@@ -91,15 +90,16 @@ def test_sentinel_names_each_change_skips_what_does_not_build_and_sees_a_revert_
     git(repo, "revert", "--no-edit", shas["viewed"])
     git(repo, "revert", "--no-edit", shas["planted"])
 
-    def interrupted(self, item):
-        raise KeyboardInterrupt
-
-    with monkeypatch.context() as patch:
-        patch.setattr(CommitRunner, "measure", interrupted)
-        patch.delenv("PYTEST_ADDOPTS", raising=False)
-        stopped = sentinel_here(capsys, *common, "--no-cache")
-    assert stopped.returncode == 130, stopped.stdout + stopped.stderr
-    assert "the state is as it was" in stopped.stderr and state.read_bytes() == before
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+    running = subprocess.Popen([sys.executable, "-m", "kvcache.cli", "sentinel", *common, "--no-cache"], cwd=root,
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert running.stdout is not None
+    started = running.stdout.readline()  # said once the signal handlers are set, before the head is probed
+    assert "2 new commits after" in started, started
+    running.send_signal(signal.SIGTERM)  # while it probes the head
+    said, err = running.communicate(timeout=120)
+    assert running.returncode == 130, started + said + err
+    assert "the state is as it was" in err and state.read_bytes() == before
 
     revert = sentinel(*common, cwd=root)
     assert revert.returncode == 1, revert.stdout + revert.stderr
