@@ -414,7 +414,12 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(args, int):  # --help, or a usage error argparse has printed
         return args
 
-    def say(line: str) -> None:
+    said: set[str] = set()
+
+    def say(line: str) -> None:  # a probe's line once: each figure's walk shares the probes
+        if line.startswith("  [") and line in said:
+            return
+        said.add(line)
         print(line, flush=True)
 
     workdir = Path(tempfile.mkdtemp(prefix="kvcache-sentinel-"))

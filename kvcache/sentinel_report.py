@@ -76,9 +76,9 @@ def lost(key: str, before: float, plan: Plan) -> dict[str, Any]:
 def settle(opened: list[dict[str, Any]], found: Found, head: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """``(still open, recovered)``: a change reported before (``opened``, oldest first) is recovered when its figure
     is back within its tolerance of where it was before that change, or before an earlier open change of the same
-    figure (undoing the first of two changes undoes both). Recovered changes are named with the step of this run that
-    brought the figure back, where there is one, and those steps are marked ``recovered``; every other step of this run
-    opens a new change."""
+    figure (undoing the first of two changes undoes both). A recovered change is named with the step of this run that
+    brought the figure back to where it was before it (else the last step of the figure, where there is one), and the
+    figure's steps are marked ``recovered``; every other step of this run opens a new change."""
     still, recovered = [], []
     for figure in dict.fromkeys(i["figure"] for i in opened):
         chain = [i for i in opened if i["figure"] == figure]
@@ -91,11 +91,13 @@ def settle(opened: list[dict[str, Any]], found: Found, head: str) -> tuple[list[
         steps = [s for s in found.steps if s["figure"] == figure]
         for s in steps:
             s["kind"] = "recovered"
-        last = steps[-1] if steps else {}
-        recovered += [{**i, "now": now.value, "recovered_at": last.get("commit"),
-                       "recovered_subject": last.get("subject", ""), "recovered_date": last.get("date", "")}
-                      for i in chain[back:]]
-    still += [{**s, "found_at": head, "now": s["after"]} for s in found.steps if s["kind"] != "recovered"]
+        for i in chain[back:]:  # named with the step that brought the figure back to where it was before it
+            at = next((s for s in steps if s["after"] is not None
+                       and not search.differs(s["after"], i["before"], now.tolerance)), steps[-1] if steps else {})
+            recovered.append({**i, "now": now.value, "recovered_at": at.get("commit"),
+                              "recovered_subject": at.get("subject", ""), "recovered_date": at.get("date", "")})
+    still += [{**s, "found_at": head, "now": found.head[s["figure"]].value if s["figure"] in found.head else None}
+              for s in found.steps if s["kind"] != "recovered"]
     return still, recovered
 
 
@@ -219,7 +221,8 @@ def markdown(doc: dict[str, Any]) -> str:
     lines = [f"## kvcache sentinel: {doc['status']}"]
     if doc.get("reason"):
         lines += ["", f"The head could not be measured: {tables.escape_markdown(doc['reason'])}"]
-    this_run = [{**c, "now": c["after"]} for c in doc["changes"] if c["kind"] != "recovered"]
+    this_run = [{**c, "now": doc.get("figures", {}).get(c["figure"])} for c in doc["changes"]
+                if c["kind"] != "recovered"]
     for key, parts in grouped(this_run, doc["recovered"]).items():
         lines += ["", *section(key, parts, doc)]
     if doc.get("releases"):
