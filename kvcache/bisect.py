@@ -108,13 +108,20 @@ def parser() -> argparse.ArgumentParser:
                         "under the SDPA backend torch would select on that GPU class: --kv-gpus is added)")
     p.add_argument("--class", dest="cls", metavar="NAME",
                    help="the class whose figure is bisected (default: the first whose figure differs at the ends)")
+    p.add_argument("--json", metavar="OUT", help="write the result as JSON (first_bad, before, after, measure, "
+                                                 "probes, ...)")
+    add_probe_options(p)
+    return p
+
+
+def add_probe_options(p: argparse.ArgumentParser) -> None:
+    """The options of how every probe runs the counted suite and where probes are cached (``kvcache bisect`` and
+    ``kvcache sentinel``)."""
     p.add_argument("--model", default="tiny", help="--kv-model of every probe (default tiny)")
     p.add_argument("--caches", default=DEFAULT_CACHES, help=f"--kv-caches of every probe (default {DEFAULT_CACHES})")
     p.add_argument("--attention", help="--kv-attn of every probe (where the suite has it)")
     p.add_argument("--driver", choices=DRIVERS, help="--kv-driver of every probe")
     p.add_argument("--batch", type=_positive, help="--kv-batch of every probe")
-    p.add_argument("--json", metavar="OUT", help="write the result as JSON (first_bad, before, after, measure, "
-                                                 "probes, ...)")
     p.add_argument("--cache-dir", help=f"probe cache (default {default_cache_dir()})")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the probe cache")
     p.add_argument("--no-fork-server", action="store_true",
@@ -122,7 +129,6 @@ def parser() -> argparse.ArgumentParser:
                         "imported torch and pytest once, where forking is safe: one thread, no CUDA)")
     p.add_argument("--probe-timeout", type=_positive, default=PROBE_TIMEOUT,
                    help=f"seconds a probe may run before it is skipped (default {PROBE_TIMEOUT})")
-    return p
 
 
 def _positive(text: str) -> int:
@@ -156,9 +162,9 @@ def release_range(text: str, say: Callable[[str], None]) -> tuple[str, str]:
     return ends[0], ends[1]
 
 
-def prepare(args: argparse.Namespace, extra: list[str], workdir: Path, say: Callable[[str], None]) -> Plan:
-    """Check every input and build the plan; BisectError (one line) on bad input. Runs git, and with ``--releases``
-    ``pip index versions``; measures nothing."""
+def probe_caches(args: argparse.Namespace, extra: list[str]) -> list[str]:
+    """The classes every probe runs (``--caches``), after checking ``--model`` and the pytest arguments after
+    ``--``; BisectError (one line) on bad input."""
     from kvcache.measuring.presets import ModelError, check_name  # standard library only
 
     try:
@@ -168,11 +174,51 @@ def prepare(args: argparse.Namespace, extra: list[str], workdir: Path, say: Call
     caches = [c.strip() for c in args.caches.split(",") if c.strip()]
     if not caches:
         raise BisectError(f"--caches {args.caches!r} names no class")
-    if args.cls and "all" not in caches and args.cls not in caches:
-        raise BisectError(f"--class {args.cls!r} is not among --caches {','.join(caches)}")
     for bad in ("--benchmark-json", "--kv-update-baseline", "--kv-baseline"):
         if any(a == bad or a.startswith(bad + "=") for a in extra):
             raise BisectError(f"{bad} after -- is the bisect's own: leave it out")
+    return caches
+
+
+def probe_suite(args: argparse.Namespace, caches: list[str], extra: list[str], workdir: Path,
+                say: Callable[[str], None], releases: bool) -> tuple[Suite, Path | None]:
+    """The suite every probe runs (:func:`add_probe_options`) and the probe cache's folder (None: ``--no-cache``)."""
+    suite = Suite(args.model, ",".join(caches), args.attention, args.driver, args.batch, extra, workdir,
+                  args.probe_timeout, None if args.no_fork_server else
+                  PRELOAD + (() if releases else PRELOAD_FAMILY), say=say)
+    cache_root = None if args.no_cache else Path(args.cache_dir).expanduser() if args.cache_dir \
+        else default_cache_dir()
+    problem = files.paths_problem(folders=[
+        ("--cache-dir" if args.cache_dir else "the probe cache", cache_root, ()),
+        ("--versions-dir", Path(args.versions_dir).expanduser() if releases else None, ())])
+    if problem:
+        raise BisectError(problem)
+    return suite, cache_root
+
+
+def published_range(first: str, last: str) -> list[str]:
+    """Every published release (``pip index versions``), oldest first, after checking that ``first`` and ``last``
+    are among them; BisectError naming the releases around one that is not."""
+    try:
+        listed = installer.published()
+    except installer.ReleaseError as exc:
+        raise BisectError(str(exc)) from None
+    for end in (first, last):
+        if end not in listed:
+            key = installer.version_key(end)
+            near = [*[v for v in listed if installer.version_key(v) < key][-1:],
+                    *[v for v in listed if installer.version_key(v) > key][:1]]
+            raise BisectError(f"--releases: transformers {end} is not published (the releases around it: "
+                              f"{', '.join(near) or 'none'})")
+    return listed
+
+
+def prepare(args: argparse.Namespace, extra: list[str], workdir: Path, say: Callable[[str], None]) -> Plan:
+    """Check every input and build the plan; BisectError (one line) on bad input. Runs git, and with ``--releases``
+    ``pip index versions``; measures nothing."""
+    caches = probe_caches(args, extra)
+    if args.cls and "all" not in caches and args.cls not in caches:
+        raise BisectError(f"--class {args.cls!r} is not among --caches {','.join(caches)}")
     if args.releases and (args.repo or args.good or args.bad):
         raise BisectError("--releases walks published releases: give it without --repo/--good/--bad")
     if not args.releases and not (args.repo and args.good and args.bad):
@@ -180,31 +226,14 @@ def prepare(args: argparse.Namespace, extra: list[str], workdir: Path, say: Call
         raise BisectError(f"give {', '.join(missing)} (or --releases A..B)")
     if args.measure.startswith("gpu:") and not any(a == "--kv-gpus" or a.startswith("--kv-gpus=") for a in extra):
         extra = [*extra, "--kv-gpus", args.measure.removeprefix("gpu:")]
-    suite = Suite(args.model, ",".join(caches), args.attention, args.driver, args.batch, extra, workdir,
-                  args.probe_timeout, None if args.no_fork_server else
-                  PRELOAD + (() if args.releases else PRELOAD_FAMILY), say=say)
-    cache_root = None if args.no_cache else Path(args.cache_dir).expanduser() if args.cache_dir \
-        else default_cache_dir()
-    problem = files.paths_problem(
-        reads=[("--repo", args.repo)], writes=[("--json", args.json)],
-        folders=[("--cache-dir" if args.cache_dir else "the probe cache", cache_root, ()),
-                 ("--versions-dir", Path(args.versions_dir).expanduser() if args.releases else None, ())])
+    suite, cache_root = probe_suite(args, caches, extra, workdir, say, releases=bool(args.releases))
+    problem = files.paths_problem(reads=[("--repo", args.repo)], writes=[("--json", args.json)])
     if problem:
         raise BisectError(problem)
     notes: list[str] = []
     if args.releases:
         first, last = release_range(args.releases, say)
-        try:
-            listed = installer.published()
-        except installer.ReleaseError as exc:
-            raise BisectError(str(exc)) from None
-        for end in (first, last):
-            if end not in listed:
-                key = installer.version_key(end)
-                near = [*[v for v in listed if installer.version_key(v) < key][-1:],
-                        *[v for v in listed if installer.version_key(v) > key][:1]]
-                raise BisectError(f"--releases: transformers {end} is not published (the releases around it: "
-                                  f"{', '.join(near) or 'none'})")
+        listed = published_range(first, last)
         chosen = [v for v in listed if installer.version_key(first) <= installer.version_key(v)
                   <= installer.version_key(last)]
         items = [Item(f"release-{v}", v) for v in chosen]

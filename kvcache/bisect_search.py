@@ -29,7 +29,10 @@ GOOD, BAD, SKIP = "good", "bad", "skip"
 @dataclass(frozen=True)
 class Measure:
     """A figure of a run's ``kv`` section that a bisect can follow: the record field ``key`` of
-    ``kv.<section>.<cache>`` and ``detail``, the field of its per-op parts (None: it has none)."""
+    ``kv.<section>.<cache>`` and ``detail``, the field of its per-op parts (None: it has none); with ``path``, the
+    fields of the object at that path inside the class's record instead (``("gpus", "T4")``:
+    ``kv.traffic.<cache>.gpus.T4.passes``), read from its JSON, so that a family of figures a later schema adds is
+    followed before any record knows it."""
 
     name: str
     label: str  # for messages: "counted passes"
@@ -37,6 +40,7 @@ class Measure:
     section: str  # "traffic" or "memory"
     key: str
     detail: str | None = None
+    path: tuple[str, ...] = ()
 
 
 MEASURES = {
@@ -99,20 +103,27 @@ def figure(kv: KV, measure: Measure, cache: str) -> Figure:
         return Figure(float(value), {str(op): float(v) for op, v in record.by_op.items() if _number(v)})
     if measure.section == "memory":
         record = kv.memory.get(cache)
-    elif measure.name == "passes":  # the fused count under --kv-compile, else the eager one
+    elif measure.name == "passes" and not measure.path:  # the fused count under --kv-compile, else the eager one
         traffic = kv.traffic.get(cache)
         record = traffic.counted() if traffic is not None else None
         why_missing = record.why_missing if record is not None else None
     else:
         record = kv.traffic.get(cache)
-    value = None if record is None else getattr(record, measure.key)
+    if measure.path:  # a figure inside the class's record: read from its JSON
+        node: Any = record.to_json() if record is not None else None
+        for part in measure.path:
+            node = node.get(part) if isinstance(node, dict) else None
+        value = node.get(measure.key) if isinstance(node, dict) else None
+        parts = node.get(measure.detail) if isinstance(node, dict) and measure.detail else None
+    else:
+        value = None if record is None else getattr(record, measure.key)
+        parts = getattr(record, measure.detail) if measure.detail and record is not None else None
     if not _number(value):
         why = skip_reason(kv, cache) or why_missing
         if why is None and measure.section == "memory" and not kv.memory:
             why = "the run has no memory figures (kv.memory)"
         return Figure(None, {}, why or f"no {measure.label} of {cache} in the run")
-    parts = getattr(record, measure.detail) if measure.detail else None
-    detail = {str(op): float(v) for op, v in (parts or {}).items() if _number(v)}
+    detail = {str(op): float(v) for op, v in (parts if isinstance(parts, dict) else {}).items() if _number(v)}
     return Figure(float(value), detail)
 
 

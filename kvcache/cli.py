@@ -12,6 +12,8 @@ COMMANDS = {
     "baseline": ("kvcache.baseline_cli", "record a finished run's passes in the baseline file"),
     "ab": ("kvcache.ab", "two environments side by side, interleaved: B judged against A; exit 1 on a regression"),
     "bisect": ("kvcache.bisect", "find the Transformers commit or release that changed a counted figure"),
+    "sentinel": ("kvcache.sentinel",
+                 "watch a Transformers branch: each counted figure that changed, bisected to its commit"),
     "comment": ("kvcache.analysing.comment_cli",
                 "a pull request's comment (Markdown): HEAD against BASE, verdict first"),
     "history": ("kvcache.analysing.history", "add a run to a history across commits; plot its trend with steps"),

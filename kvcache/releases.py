@@ -42,6 +42,19 @@ def version_key(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in version.split("."))
 
 
+def newest_per_minor(versions: list[str], since: str) -> list[str]:
+    """The newest patch of every ``major.minor`` at or after ``since``'s, oldest first (what ``make versions`` and
+    ``kvcache sentinel --releases`` run)."""
+    floor = version_key(since)[:2]
+    newest: dict[tuple[int, ...], str] = {}
+    for version in versions:
+        key = version_key(version)
+        minor = key[:2]
+        if minor >= floor and (minor not in newest or key > version_key(newest[minor])):
+            newest[minor] = version
+    return [newest[minor] for minor in sorted(newest)]
+
+
 def normalise(text: str) -> tuple[str, str | None]:
     """``(release, note)``: a release number as pip publishes it. ``4.45`` is read as ``4.45.0`` and ``v5.23.0`` (a
     git tag) as ``5.23.0``, with a note saying so (None when taken as given); anything else that is not a final

@@ -44,6 +44,9 @@ from kvcache.releases import (  # the one side-by-side installer (standard libra
     version_key,
     write_constraints,
 )
+from kvcache.releases import (
+    newest_per_minor as releases_newest_per_minor,
+)
 from kvcache.versions_table import counted_table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,15 +71,8 @@ DEFAULT_MODEL = "smollm2-135m"
 
 
 def newest_per_minor(versions: list[str], since: str = SINCE) -> list[str]:
-    """The newest patch of every ``major.minor`` at or after ``since``, oldest first."""
-    floor = version_key(since)[:2]
-    newest: dict[tuple[int, ...], str] = {}
-    for version in versions:
-        key = version_key(version)
-        minor = key[:2]
-        if minor >= floor and (minor not in newest or key > version_key(newest[minor])):
-            newest[minor] = version
-    return [newest[minor] for minor in sorted(newest)]
+    """The newest patch of every ``major.minor`` at or after ``since``, oldest first (:mod:`kvcache.releases`)."""
+    return releases_newest_per_minor(versions, since)
 
 
 class Releases(list):

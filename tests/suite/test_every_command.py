@@ -202,6 +202,18 @@ CASES: dict[str, dict[str, Callable[[Files], Case]]] = {
         "an empty run": lambda f: Case(["add", s(f.empty), "--store", s(f.store), "--release", "5.23.0"],
                                        ("no figure", "every class was skipped")),
     },
+    "sentinel": {  # refused before git runs or anything is measured
+        "--json is --state": lambda f: Case(["--repo", s(f.tmp), "--state", s(f.tmp / "s.json"), "--json",
+                                             s(f.tmp / "s.json")], ("are one file",)),
+        "--issue-out links to --state": lambda f: Case(["--repo", s(f.tmp), "--state", s(f.run), "--issue-out",
+                                                        s(f.link)], ("are one file",)),
+        "immutable --state folder": lambda f: Case(["--repo", s(f.tmp), "--state", f.locked("s.json")],
+                                                   ("--state",), needs="immutable"),
+        "--repo not a git repository": lambda f: Case(["--repo", s(f.tmp), "--state", s(f.tmp / "s.json")],
+                                                      ("--repo",)),
+        "--issue-out in an immutable folder (releases)": lambda f: Case(
+            ["--releases", "4.45..4.46", "--issue-out", f.locked("i.md")], ("--issue-out",), needs="immutable"),
+    },
     "export": {
         "--out is the run": lambda f: Case([s(f.run), *GAB, "--out", s(f.run)], ("are one file",)),
         "--out links to the run": lambda f: Case([s(f.run), *GAB, "--out", s(f.link)], ("are one file",)),

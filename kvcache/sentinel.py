@@ -1,0 +1,445 @@
+"""``kvcache sentinel``: watch a Transformers branch commit by commit; when a counted figure changed, name the commit.
+
+    kvcache sentinel --repo PATH [--branch main] --state FILE [--since REF] [--json OUT] [--issue-out FILE.md]
+                     [--model tiny] [--caches dynamic,static] [...] [-- PYTEST ARGS]
+    kvcache sentinel --releases FIRST..LAST [--versions-dir .versions] [--json OUT] [--issue-out FILE.md] [...]
+
+The state file holds the last commit checked and its counted figures (every figure the gate judges, by family:
+:mod:`kvcache.sentinel_figures`), and the changes reported and not yet recovered. A first run starts at ``--since``
+(measured). Each run measures the branch's head with ``kvcache bisect``'s probes (:mod:`kvcache.bisect_probes`: the
+counted suite against the commit's source, cached per commit and identity). No figure moved beyond the counted
+judge's tolerance for it: the head is recorded, exit 0. One moved: for each such figure ``kvcache bisect``'s walk
+(:class:`kvcache.bisect_walk.Bisect`) finds the first commit that changed it between the last commit checked and the
+head (commits that do not build are skipped, never blamed; two changes of one figure in a range are both named),
+``--issue-out`` gets a Markdown issue body (each commit: full sha, subject, author date, the figures before and
+after, the ops that changed, the command that reproduces it) and ``--json`` the same for tools; exit 1. A figure that
+comes back to where it was before a reported change is reported as recovered, and that change is closed.
+
+``--releases FIRST..LAST`` replays the newest patch of every minor release from FIRST's to LAST (``make versions``'
+list), each as if it were new, installed side by side by ``kvcache bisect --releases``' installer
+(:mod:`kvcache.releases`); no state.
+
+The state is written once, at the end, atomically (:func:`kvcache.analysing.files.write_text_atomically`): an
+interrupted run (Ctrl-C, SIGTERM: exit 130) leaves the previous state as it was. Exit status: 0 no figure changed,
+1 a figure changed (or recovered), 2 bad input (one line, the state untouched) or a starting commit that cannot be
+measured, 3 the head cannot be measured (nothing recorded), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from kvcache import bisect_search as search
+from kvcache import releases as installer
+from kvcache import sentinel_figures as figs
+from kvcache import sentinel_report as report
+from kvcache.analysing import arguments, files
+from kvcache.bisect import add_probe_options, probe_caches, probe_suite, published_range
+from kvcache.bisect_probes import (
+    EXIT_AMBIGUOUS,
+    EXIT_FOUND,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    BisectError,
+    Item,
+    Probe,
+    ProbeCache,
+)
+from kvcache.bisect_report import step_json
+from kvcache.bisect_runners import (
+    CommitRunner,
+    ReleaseRunner,
+    check_transformers,
+    commit_range,
+    describe,
+    git,
+    repository,
+    resolve,
+)
+from kvcache.bisect_walk import Bisect, Plan
+
+EXIT_UNCHANGED, EXIT_CHANGED, EXIT_HEAD_UNMEASURED = 0, 1, 3
+STATE_FORMAT = 1
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kvcache sentinel",
+        description="Measure a Transformers branch's head against the last commit checked (the state file); when a "
+                    "counted figure changed beyond the gate's tolerance, bisect to the commit that changed it and "
+                    "write an issue body. Exit 0 unchanged, 1 changed or recovered, 2 bad input, 3 the head "
+                    "cannot be measured. Extra pytest arguments for every probe go after --.")
+    p.add_argument("--repo", help="a Transformers git checkout whose branch is watched")
+    p.add_argument("--branch", default="main", help="the branch watched (default main)")
+    p.add_argument("--state", metavar="FILE", help="the state: the last commit checked, its figures, the changes "
+                                                   "not yet recovered (read, then replaced at the end)")
+    p.add_argument("--since", metavar="REF", help="the first run's starting commit (measured); ignored once the "
+                                                  "state exists")
+    p.add_argument("--releases", metavar="FIRST..LAST", help="instead of --repo: replay the newest patch of every "
+                   "minor release from FIRST's to LAST, each as if it were new (pip index versions: the network)")
+    p.add_argument("--versions-dir", default=".versions", help="where --releases installs releases (.versions)")
+    p.add_argument("--json", metavar="OUT", help="write the result as JSON (changes, recovered, open, issues)")
+    p.add_argument("--issue-out", metavar="FILE.md", help="write a Markdown issue body naming every change")
+    add_probe_options(p)
+    return p
+
+
+# --- the state -----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class State:
+    """The last commit checked, its figures ({key: value}) and the changes reported and not recovered (each a
+    :func:`report.incident` dict), with what the state is bound to: the repository's origin, the branch, the suite
+    options and the probe identity they were measured with."""
+
+    commit: str
+    figures: dict[str, float]
+    options: list[str]
+    probe_identity: str
+    origin: str | None = None
+    branch: str = "main"
+    open: list[dict[str, Any]] = field(default_factory=list)
+    subject: str = ""
+    date: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kvcache_sentinel_state": STATE_FORMAT, "origin": self.origin, "branch": self.branch,
+                "options": self.options, "probe_identity": self.probe_identity, "commit": self.commit,
+                "subject": self.subject, "date": self.date, "figures": self.figures, "open": self.open}
+
+    @classmethod
+    def read(cls, path: Path) -> State:
+        """The state in ``path``; BisectError (one line) when it cannot be read or is not a sentinel's state."""
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as exc:
+            raise BisectError(f"--state {path} cannot be read: {exc}") from None
+        except ValueError as exc:
+            raise BisectError(f"--state {path} is not JSON: {exc}") from None
+        if not isinstance(doc, dict) or doc.get("kvcache_sentinel_state") != STATE_FORMAT:
+            raise BisectError(f"--state {path} is not a kvcache sentinel state (format {STATE_FORMAT})")
+        try:
+            state = cls(commit=str(doc["commit"]), figures={str(k): float(v) for k, v in doc["figures"].items()},
+                        options=[str(o) for o in doc["options"]], probe_identity=str(doc["probe_identity"]),
+                        origin=doc.get("origin"), branch=str(doc.get("branch", "main")),
+                        open=[dict(i) for i in doc.get("open", [])], subject=str(doc.get("subject", "")),
+                        date=str(doc.get("date", "")))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise BisectError(f"--state {path} is not a kvcache sentinel state (its {exc} is missing or "
+                              "malformed)") from None
+        return state
+
+
+def origin_of(top: Path) -> str | None:
+    """The repository's ``remote.origin.url`` (None: it has none), which binds a state to its repository."""
+    return git(top, "config", "--get", "remote.origin.url", check=False).stdout.strip() or None
+
+
+def branch_head(top: Path, branch: str) -> str:
+    """The full sha of ``branch``'s head (a local branch, else ``origin/<branch>``); BisectError naming the
+    branches there are."""
+    for ref in (f"refs/heads/{branch}", f"refs/remotes/origin/{branch}"):
+        done = git(top, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", check=False)
+        if done.returncode == 0 and done.stdout.strip() and not branch.startswith("-"):
+            return done.stdout.strip()
+    listed = git(top, "for-each-ref", "--format=%(refname:short)", "refs/heads", "refs/remotes/origin",
+                 check=False).stdout.split()
+    raise BisectError(f"--branch {branch!r} is not a branch of {top} (its branches: {', '.join(listed) or 'none'})")
+
+
+def author_date(top: Path, sha: str) -> str:
+    return git(top, "show", "-s", "--format=%aI", sha, check=False).stdout.strip()
+
+
+def is_ancestor(top: Path, older: str, newer: str) -> bool:
+    return git(top, "merge-base", "--is-ancestor", older, newer, check=False).returncode == 0
+
+
+# --- the walk ------------------------------------------------------------------------------------------------------
+
+
+class SharedBisect(Bisect):
+    """``kvcache bisect``'s walk, whose probes are shared by item with the other walks of one sentinel run (``memo``):
+    every figure is bisected by a walk of its own, and no commit is probed twice."""
+
+    def __init__(self, plan: Plan, say: Callable[[str], None], memo: dict[str, Probe]):
+        super().__init__(plan, say)
+        self.memo = memo
+
+    def probe(self, index: int) -> Probe:
+        if index not in self.probes and self.item(index).key in self.memo:
+            self.probes[index] = self.memo[self.item(index).key]
+            self.order.append(index)
+        found = super().probe(index)
+        self.memo[found.item.key] = found
+        return found
+
+
+def check_range(plan: Plan, reference: dict[str, float], head_kv: Any, memo: dict[str, Probe],
+                say: Callable[[str], None]) -> report.Found:
+    """Compare the head's figures with ``reference`` and bisect every figure that moved over ``plan``'s range, each
+    with a walk of its own (:class:`SharedBisect`)."""
+    found = report.Found(head=figs.figures(head_kv))
+    for moved in figs.moved(reference, found.head):
+        if moved.after is None:
+            found.steps.append(report.lost(moved.key, moved.before, plan))
+            say(f"{moved.key}: {moved.before:g} at {plan.ends[0].short}, not measured at {plan.ends[1].short}")
+            continue
+        watched = moved.after
+        figure_plan = replace(plan, measure=watched.measure, cls=watched.cache)
+        walk = SharedBisect(figure_plan, say, memo)
+        try:
+            result = walk.run()
+        except BisectError as exc:
+            found.steps.append(report.unbisected(watched, moved.before, figure_plan, str(exc)))
+            continue
+        if result.exit not in (EXIT_FOUND, EXIT_AMBIGUOUS) or not result.changes:
+            found.steps.append(report.unbisected(watched, moved.before, figure_plan, "the walk found no change "
+                                                 "between the ends (the last commit measures otherwise now)"))
+            continue
+        found.steps += [report.step(watched, step_json(walk, step), figure_plan) for step in result.changes]
+    return found
+
+
+def measure_end(walk: Bisect, index: int, what: str, say: Callable[[str], None]) -> Probe:
+    probe = walk.probe(index)
+    say(walk.probe_line(index, what))
+    return probe
+
+
+# --- commits of a branch -------------------------------------------------------------------------------------------
+
+
+def run_commits(args: argparse.Namespace, extra: list[str], workdir: Path, say: Callable[[str], None]) -> int:
+    if not args.state:
+        raise BisectError("give --state FILE (the last commit checked; --since REF starts it)")
+    problem = files.outputs_problem([(o, p, True) for o, p in (("--state", args.state), ("--json", args.json),
+                                                                ("--issue-out", args.issue_out)) if p])
+    if problem:
+        raise BisectError(problem)
+    caches = probe_caches(args, extra)
+    top = repository(args.repo)
+    head = branch_head(top, args.branch)
+    check_transformers(top, head, "--branch", args.branch)
+    suite, cache_root = probe_suite(args, caches, extra, workdir, say, releases=False)
+    cache = ProbeCache(cache_root, suite.identity())
+    options = list(cache.identity["options"])
+    state_path = Path(args.state)
+    state = State.read(state_path) if state_path.exists() else None
+    origin = origin_of(top)
+    if state is not None:
+        if args.since:
+            say(f"--since {args.since} is for the first run: the state starts at {state.commit[:12]}")
+        if state.options != options:
+            raise BisectError(f"--state {state_path} was written for {' '.join(state.options)}, not "
+                              f"{' '.join(options)}: give this suite a state of its own")
+        if state.origin and origin and state.origin != origin:
+            raise BisectError(f"--state {state_path} is of the repository {state.origin}, not {origin}")
+        if state.branch != args.branch:
+            raise BisectError(f"--state {state_path} watches --branch {state.branch}, not {args.branch}")
+        if git(top, "cat-file", "-e", f"{state.commit}^{{commit}}", check=False).returncode != 0:
+            raise BisectError(f"--state {state_path}: its last commit {state.commit[:12]} is not in {top} (a state "
+                              "of another repository, or a clone too shallow to reach it)")
+        if not is_ancestor(top, state.commit, head):
+            raise BisectError(f"--state {state_path}: its last commit {state.commit[:12]} is not an ancestor of "
+                              f"--branch {args.branch} (history rewritten?)")
+        last = state.commit
+    elif not args.since:
+        raise BisectError(f"--state {state_path} does not exist yet: give --since REF, the first commit to measure")
+    else:
+        last = resolve(top, args.since, "--since")
+        check_transformers(top, last, "--since", args.since)
+        if not is_ancestor(top, last, head):
+            raise BisectError(f"--since {args.since} is not an ancestor of --branch {args.branch}")
+    items = commit_range(top, last, head)
+    start = describe(top, last)
+    say(f"kvcache sentinel: repo {top} --branch {args.branch}: {len(items)} new commits after {start.short} "
+        f"(last checked) up to {head[:12]}; {' '.join(options)}")
+    runner = CommitRunner(top, suite)
+    memo: dict[str, Probe] = {}
+    try:
+        plan = Plan((start, items[-1] if items else start), items or [start], runner, cache,
+                    search.MEASURES["passes"], None, f"repo {top}")
+        walk = SharedBisect(plan, say, memo)
+        reference = state.figures if state is not None else None
+        notes: list[str] = []
+        if state is not None and state.probe_identity != cache.identity_hash:
+            notes.append(f"the suite or its environment changed since {start.short} was checked: it is measured "
+                         "again, and its figures are the reference")
+            say(notes[-1])
+            reference = None
+        if reference is None:
+            probe = measure_end(walk, -1, "last", say)
+            if probe.kv is None:
+                raise BisectError(f"the starting commit {start.short} cannot be measured: {probe.reason}")
+            reference = {k: w.value for k, w in figs.figures(probe.kv).items()}
+        opened = list(state.open) if state is not None else []
+        doc = report.document("commits", f"repo {top}", args.branch, start, describe(top, head), options, notes)
+        doc["figures"] = reference
+        if not items:
+            say(f"no new commit on {args.branch} since {start.short}: nothing to check")
+            new_state = State(last, reference, options, cache.identity_hash, origin, args.branch, opened,
+                              start.subject, author_date(top, last))
+            return finish(args, doc, new_state, report.Found(), [], opened, EXIT_UNCHANGED, memo, say)
+        probe = measure_end(walk, len(items) - 1, "head", say)
+        if probe.kv is None:
+            say(f"the head {head[:12]} cannot be measured: {probe.reason}; nothing recorded")
+            doc["status"], doc["reason"] = "head-unmeasured", probe.reason
+            return finish(args, doc, None, report.Found(), [], opened, EXIT_HEAD_UNMEASURED, memo, say)
+        found = check_range(plan, reference, probe.kv, memo, say)
+        for step in found.steps:
+            step["date"] = author_date(top, step["commit"]) if step.get("commit") else ""
+        still, recovered = report.settle(opened, found, head)
+        new_state = State(head, {k: w.value for k, w in found.head.items()}, options, cache.identity_hash, origin,
+                          args.branch, still, items[-1].subject, author_date(top, head))
+        code = EXIT_CHANGED if found.steps or recovered else EXIT_UNCHANGED
+        return finish(args, doc, new_state, found, recovered, still, code, memo, say)
+    finally:
+        runner.close()
+
+
+def finish(args: argparse.Namespace, doc: dict[str, Any], state: State | None, found: report.Found,
+           recovered: list[dict[str, Any]], still: list[dict[str, Any]], code: int, memo: dict[str, Probe],
+           say: Callable[[str], None]) -> int:
+    """Say what was found, write ``--json``, ``--issue-out`` and then the state; ``code``."""
+    report.fill(doc, found, recovered, still, code, list(memo.values()))
+    for line in report.lines(doc):
+        say(line)
+    if args.json:
+        files.write_text_atomically(args.json, json.dumps(doc, indent=1) + "\n")
+        say(f"written: {args.json}")
+    if args.issue_out:
+        files.write_text_atomically(args.issue_out, report.markdown(doc))
+        say(f"written: {args.issue_out}")
+    if state is not None and getattr(args, "state", None):
+        files.write_text_atomically(args.state, json.dumps(state.to_json(), indent=1) + "\n")
+        say(f"state: {state.commit[:12]} recorded in {args.state}")
+    return code
+
+
+# --- published releases --------------------------------------------------------------------------------------------
+
+
+def replay_releases(text: str, say: Callable[[str], None]) -> list[str]:
+    """The newest patch of every minor from FIRST's minor to LAST, oldest first (LAST given as a minor, ``5.24``: up to
+    its newest patch; as a release, ``5.24.0``: up to that release)."""
+    if text.count("..") != 1:
+        raise BisectError(f"--releases {text!r} is not a range FIRST..LAST (e.g. 4.45..5.24)")
+    try:
+        first, last = (installer.normalise(part)[0] for part in text.split(".."))
+    except installer.ReleaseError as exc:
+        raise BisectError(f"--releases {text!r}: {exc}") from None
+    if installer.version_key(first) >= installer.version_key(last):
+        raise BisectError(f"--releases {text!r} is an empty range: {first} is not older than {last}")
+    whole_minor = text.split("..")[1].strip().lstrip("vV").count(".") == 1  # LAST given as 5.24: its newest patch
+    if whole_minor:
+        try:
+            listed = installer.published()
+        except installer.ReleaseError as exc:
+            raise BisectError(str(exc)) from None
+    else:
+        listed = published_range(last, last)
+    cap = installer.version_key(last)[:2] if whole_minor else installer.version_key(last)
+    chosen = installer.newest_per_minor([v for v in listed if installer.version_key(v)[:len(cap)] <= cap], first)
+    if len(chosen) < 2:
+        raise BisectError(f"--releases {text!r} holds fewer than two published minor releases")
+    say(f"--releases {text}: the newest patch of every minor: {', '.join(chosen)}")
+    return chosen
+
+
+def run_releases(args: argparse.Namespace, extra: list[str], workdir: Path, say: Callable[[str], None]) -> int:
+    if args.repo or args.state or args.since:
+        raise BisectError("--releases replays published releases: give it without --repo/--state/--since")
+    problem = files.outputs_problem([(o, p, True) for o, p in (("--json", args.json), ("--issue-out",
+                                                                                          args.issue_out)) if p])
+    if problem:
+        raise BisectError(problem)
+    caches = probe_caches(args, extra)
+    chosen = replay_releases(args.releases, say)
+    suite, cache_root = probe_suite(args, caches, extra, workdir, say, releases=True)
+    cache = ProbeCache(cache_root, {**suite.identity(), "mode": "releases"})
+    runner = ReleaseRunner(Path(args.versions_dir).expanduser().resolve(), suite)
+    items = [Item(f"release-{v}", v) for v in chosen]
+    memo: dict[str, Probe] = {}
+    options = list(cache.identity["options"])
+    started = time.monotonic()
+    try:
+        doc = report.document("releases", f"releases {chosen[0]}..{chosen[-1]}", None, items[0], items[-1],
+                              options, [])
+        total = report.Found()
+        rows: list[dict[str, Any]] = []
+        reference: dict[str, float] | None = None
+        previous: Item | None = None
+        for item in items:
+            plan = Plan((previous or item, item), [item], runner, cache, search.MEASURES["passes"], None,
+                        f"releases {(previous or item).name}..{item.name}", mode="releases")
+            walk = SharedBisect(plan, say, memo)
+            probe = measure_end(walk, 0, "new", say)
+            if probe.kv is None:
+                rows.append({"release": item.name, "skipped": probe.reason, "changes": []})
+                continue
+            if reference is None or previous is None:
+                found = report.Found(head=figs.figures(probe.kv))
+            else:
+                found = check_range(plan, reference, probe.kv, memo, say)
+            rows.append({"release": item.name, "changes": found.steps})
+            total.steps += found.steps
+            reference, previous = {k: w.value for k, w in found.head.items()}, item
+        doc["releases"] = rows
+        doc["seconds"] = round(time.monotonic() - started, 1)
+        code = EXIT_CHANGED if total.steps else EXIT_UNCHANGED
+        return finish(args, doc, None, total, [], [], code, memo, say)
+    finally:
+        runner.close()
+
+
+# --- the command ---------------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    own, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    args = arguments.parse(parser(), own)
+    if isinstance(args, int):  # --help, or a usage error argparse has printed
+        return args
+
+    said: set[str] = set()
+
+    def say(line: str) -> None:  # a probe's line once: each figure's walk shares the probes
+        if line.startswith("  [") and line in said:
+            return
+        said.add(line)
+        print(line, flush=True)
+
+    workdir = Path(tempfile.mkdtemp(prefix="kvcache-sentinel-"))
+    try:
+        if bool(args.releases) == bool(args.repo):
+            raise BisectError("give --repo PATH --state FILE (a branch, commit by commit) or --releases FIRST..LAST")
+        # the first SIGINT/SIGTERM stops the run like Ctrl-C (the state untouched); later ones only print
+        with files.signals_stop("kvcache sentinel", KeyboardInterrupt):
+            return (run_releases if args.releases else run_commits)(args, extra, workdir, say)
+    except BisectError as exc:
+        print(f"kvcache sentinel: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("kvcache sentinel: interrupted; the state is as it was, finished probes stay cached", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except subprocess.SubprocessError as exc:  # a git that could not run at all
+        print(f"kvcache sentinel: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
