@@ -99,6 +99,21 @@ def describe(done: subprocess.CompletedProcess, tail: int = 4000) -> str:
     return f"$ {' '.join(map(str, done.args))}\nexit {done.returncode}\n{output(done)[-tail:]}"
 
 
+def kvcache_command(command: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``kvcache COMMAND ARGS`` in a subprocess, in ``cwd``, without pytest's variables."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+    return subprocess.run([sys.executable, "-m", "kvcache.cli", command, *args], capture_output=True, text=True,
+                          cwd=cwd, env=env)
+
+
+def in_process(main: Any, capsys: Any, *args: str) -> subprocess.CompletedProcess:
+    """A command's ``main(args)`` in this process (no interpreter to start: what it checks before its work costs
+    milliseconds), its exit status and output as a CompletedProcess."""
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out, err)
+
+
 def load_json(path: Path) -> dict[str, Any]:
     return json.loads(Path(path).read_text())
 

@@ -11,11 +11,11 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import transformers
+from kvrun import in_process, kvcache_command
 
 from kvcache import bisect as bisect_cli
 
@@ -106,16 +106,11 @@ def side_commit(repo: Path, parent: str, tmp_path: Path) -> str:
 
 
 def bisect(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
-    return subprocess.run([sys.executable, "-m", "kvcache.cli", "bisect", *args], capture_output=True, text=True,
-                          cwd=cwd, env=env)
+    return kvcache_command("bisect", *args, cwd=cwd)
 
 
 def bisect_here(capsys, *args: str) -> subprocess.CompletedProcess:
-    """The command in this process (no interpreter to start: what it checks before probing costs milliseconds)."""
-    code = bisect_cli.main(list(args))
-    out, err = capsys.readouterr()
-    return subprocess.CompletedProcess(args, code, out, err)
+    return in_process(bisect_cli.main, capsys, *args)
 
 
 @pytest.fixture(scope="module")

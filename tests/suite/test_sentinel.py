@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from kvrun import in_process, kvcache_command
 from test_bisect import CACHE_UTILS, PLANTED, build_repository, commit, edit, git
 
 from kvcache import sentinel as sentinel_cli
@@ -26,15 +27,11 @@ PASSES, OPS = "traffic.dynamic.passes", "traffic.dynamic.ops_per_step"
 
 
 def sentinel(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
-    return subprocess.run([sys.executable, "-m", "kvcache.cli", "sentinel", *args], capture_output=True, text=True,
-                          cwd=cwd, env=env)
+    return kvcache_command("sentinel", *args, cwd=cwd)
 
 
 def sentinel_here(capsys, *args: str) -> subprocess.CompletedProcess:
-    code = sentinel_cli.main(list(args))
-    out, err = capsys.readouterr()
-    return subprocess.CompletedProcess(args, code, out, err)
+    return in_process(sentinel_cli.main, capsys, *args)
 
 
 @pytest.fixture(scope="module")
