@@ -33,12 +33,17 @@ from pathlib import Path
 from typing import Any
 
 from kvcache.analysing import tables
-from kvcache.analysing.options import default
+from kvcache.analysing.options import CPU_TIMED, default
 from kvcache.analysing.records import KV, Drift, Fit, RecordError, load_run
 
 ROOT = Path(__file__).resolve().parent.parent
 CLEAN = "twin-clean"
 MANIFEST = "runs.json"
+
+
+def timed_default(flag: str) -> str:
+    """The value of ``flag`` in the recommended CPU timed configuration (``options.CPU_TIMED``)."""
+    return CPU_TIMED[CPU_TIMED.index(flag) + 1]
 
 
 def pytest_command(opts: argparse.Namespace, cache: str, json_out: Path, baseline: Path,
@@ -47,7 +52,7 @@ def pytest_command(opts: argparse.Namespace, cache: str, json_out: Path, baselin
     return [sys.executable, "-m", "pytest", "benchmarks", "-p", "no:cacheprovider", "-q",
             "--benchmark-json", str(json_out), "--kv-model", opts.model, "--kv-contexts", opts.contexts,
             "--kv-steps", str(opts.steps), "--kv-warmup", str(opts.warmup), "--kv-rounds", str(opts.rounds),
-            "--kv-ledger-steps", str(opts.ledger_steps), "--kv-threads", opts.threads,
+            "--kv-ledger-steps", str(opts.ledger_steps), "--kv-threads", opts.threads, "--kv-dtype", opts.dtype,
             "--kv-tolerance", str(opts.tolerance), "--kv-baseline", str(baseline), "--kv-caches", cache, *extra]
 
 
@@ -280,8 +285,10 @@ def parser() -> argparse.ArgumentParser:
                     help="--kv-tolerance of the measured runs (the suite's default)")
     ap.add_argument("--ledger-steps", type=int, default=default("--kv-ledger-steps"),
                     help="--kv-ledger-steps of every run (the suite's default)")
-    ap.add_argument("--threads", default=default("--kv-threads"),
-                    help="--kv-threads of every run (the suite's default)")
+    ap.add_argument("--threads", default=timed_default("--kv-threads"),
+                    help="--kv-threads of every run (default: the recommended CPU timed configuration's)")
+    ap.add_argument("--dtype", default=timed_default("--kv-dtype"),
+                    help="--kv-dtype of every run (default: the recommended CPU timed configuration's)")
     ap.add_argument("--calibration", help="a folder of an earlier series whose calibration (baseline) to reuse")
     ap.add_argument("--competing", action="store_true",
                     help="keep one CPU-bound process running beside the measured runs (not the calibration)")

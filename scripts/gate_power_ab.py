@@ -46,7 +46,8 @@ def ab_command(opts: argparse.Namespace, side: str, json_out: Path, log_dir: Pat
         cmd += ["--b-args", " ".join(b_args)]
     return cmd + ["--", "--kv-model", opts.model, "--kv-contexts", opts.contexts, "--kv-steps", str(opts.steps),
                   "--kv-warmup", str(opts.warmup), "--kv-rounds", str(opts.rounds), "--kv-ledger-steps",
-                  str(opts.ledger_steps), "--kv-threads", opts.threads, "--kv-caches", "dynamic",
+                  str(opts.ledger_steps), "--kv-threads", opts.threads, "--kv-dtype", opts.dtype,
+                  "--kv-caches", "dynamic",
                   "--kv-seed", str(seed)]
 
 

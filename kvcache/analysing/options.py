@@ -110,6 +110,13 @@ OPTIONS: tuple[Option, ...] = (
 
 BY_FLAG: dict[str, Option] = {option.flag: option for option in OPTIONS}
 
+#: The recommended timed configuration on a CPU: the options under which a CPU decode step comes closest to moving its
+#: cache at copy speed (docs/results.md, "Where a CPU step is memory-bound": on the default model, 1 thread, float32
+#: DynamicCache times 6.2 passes for 3.00 counted, bfloat16 38; 2 threads double the copy bandwidth, not the step).
+#: ``make gate-power`` (both modes) and the A/B of the versions workflow run under it; the suite's own defaults stay
+#: (bfloat16 is what users decode in, and counted figures do not depend on dtype or threads).
+CPU_TIMED: tuple[str, ...] = ("--kv-dtype", "float32", "--kv-threads", "1")
+
 #: The judge's tolerance-like rules, by their Settings (and Rules) field name, with their defaults.
 RULE_DEFAULTS: dict[str, float] = {o.setting: o.default for o in OPTIONS if o.rule}
 

@@ -65,3 +65,11 @@ def test_the_baseline_release_is_in_the_list():
     found = re.search(r'^\s*BASELINE_RELEASE:\s*"([^"]+)"', WORKFLOW.read_text(), re.M)
     assert found, "no BASELINE_RELEASE in versions.yml"
     assert found.group(1) in versions_script().RELEASES
+
+
+def test_the_workflows_a_b_runs_under_the_recommended_cpu_timed_configuration():
+    """The versions workflow's A/B passes ``options.CPU_TIMED`` as it stands (a workflow cannot import it)."""
+    from kvcache.analysing.options import CPU_TIMED
+
+    ab_line = next(line for line in WORKFLOW.read_text().splitlines() if "--out-dir ab-logs --" in line)
+    assert " ".join(CPU_TIMED) in ab_line
