@@ -6,18 +6,19 @@ from __future__ import annotations
 import sys
 
 COMMANDS = {
-    "traffic": ("kvcache.traffic_cli", "count the bytes one decode step moves, per op, and probe attention"),
-    "compare": ("kvcache.analysing.compare_cli", "compare benchmark JSON runs; exit 1 on a regression"),
-    "report": ("kvcache.analysing.report", "write latency.png, traffic.png, report.md and report.html"),
-    "baseline": ("kvcache.baseline_cli", "record a finished run's passes in the baseline file"),
-    "ab": ("kvcache.ab", "two environments side by side, interleaved: B judged against A; exit 1 on a regression"),
-    "bisect": ("kvcache.bisect", "find the Transformers commit or release that changed a counted figure"),
-    "sentinel": ("kvcache.sentinel",
+    "traffic": ("kvcache.commands.traffic", "count the bytes one decode step moves, per op, and probe attention"),
+    "compare": ("kvcache.commands.compare", "compare benchmark JSON runs; exit 1 on a regression"),
+    "report": ("kvcache.commands.report", "write latency.png, traffic.png, report.md and report.html"),
+    "baseline": ("kvcache.commands.baseline", "record a finished run's passes in the baseline file"),
+    "ab": ("kvcache.commands.ab",
+           "two environments side by side, interleaved: B judged against A; exit 1 on a regression"),
+    "bisect": ("kvcache.commands.bisect", "find the Transformers commit or release that changed a counted figure"),
+    "sentinel": ("kvcache.commands.sentinel",
                  "watch a Transformers branch: each counted figure that changed, bisected to its commit"),
-    "comment": ("kvcache.analysing.comment_cli",
+    "comment": ("kvcache.commands.comment",
                 "a pull request's comment (Markdown): HEAD against BASE, verdict first"),
-    "history": ("kvcache.analysing.history", "add a run to a history across commits; plot its trend with steps"),
-    "export": ("kvcache.analysing.export", "a run's figures for github-action-benchmark (customSmallerIsBetter)"),
+    "history": ("kvcache.commands.history", "add a run to a history across commits; plot its trend with steps"),
+    "export": ("kvcache.commands.export", "a run's figures for github-action-benchmark (customSmallerIsBetter)"),
 }
 
 

@@ -22,8 +22,8 @@ from kvcache.analysing.records import KV
 #: B sides of the A/B mode: name -> (pytest arguments of side B, whether its counted and overhead gates count).
 AB_SIDES = {
     "clean": ([], True),  # B the same as A: every gate on, any red is a false alarm
-    "copy": (["-p", "kvcache.measuring.twin_copy"], False),  # dynamic + one planted full copy: +2.00 counted passes
-    "layout": (["-p", "kvcache.measuring.twin_layout"], False),  # token-major K/V, transposed views: +0 counted bytes
+    "copy": (["-p", "kvcache.testing.twin_copy"], False),  # dynamic + one planted full copy: +2.00 counted passes
+    "layout": (["-p", "kvcache.testing.twin_layout"], False),  # token-major K/V, transposed views: +0 counted bytes
 }
 AB_MANIFEST = "runs-ab.json"
 

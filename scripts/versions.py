@@ -1,5 +1,5 @@
 """Counted passes across Transformers releases on this machine (``make versions``); no torch (the runs are read as
-records, :mod:`kvcache.analysing.records`; ``counted.md`` is :mod:`kvcache.versions_table`'s).
+records, :mod:`kvcache.analysing.records`; ``counted.md`` is :mod:`kvcache.bisect.versions_table`'s).
 
     python scripts/versions.py [--releases 4.45.2,...] [--models M1,M2|families] [--out DIR] [--jobs 1] [--list]
                                [-- PYTEST ARGS]
@@ -7,7 +7,7 @@ records, :mod:`kvcache.analysing.records`; ``counted.md`` is :mod:`kvcache.versi
 Each release is installed once with its own huggingface_hub/tokenizers/safetensors into
 ``.versions/<release>`` (``pip install --target``), constrained to this venv's versions of every other
 package (numpy included) so nothing there shadows the venv with something different; copies identical to
-the venv's are then removed, and torch never lands there (the installer is :mod:`kvcache.releases`, shared
+the venv's are then removed, and torch never lands there (the installer is :mod:`kvcache.analysing.releases`, shared
 with ``kvcache bisect --releases``). A release given as ``4.45`` is read as ``4.45.0`` (said at the start, before
 anything is installed). The counted suite then runs with that directory first on PYTHONPATH, writing
 ``<out>/counted-<release>.json`` and ``<out>/<release>.log``; a release that does not install or import is
@@ -33,8 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvcache.analysing.records import RecordError, load_run
-from kvcache.measuring.presets import ABSENT_ARCHITECTURE  # the standard library only: no torch needed
-from kvcache.releases import (  # the one side-by-side installer (standard library only)
+from kvcache.analysing.releases import (  # the one side-by-side installer (standard library only)
     ReleaseError,
     ensure,
     normalise,
@@ -44,10 +43,11 @@ from kvcache.releases import (  # the one side-by-side installer (standard libra
     version_key,
     write_constraints,
 )
-from kvcache.releases import (
+from kvcache.analysing.releases import (
     newest_per_minor as releases_newest_per_minor,
 )
-from kvcache.versions_table import counted_table
+from kvcache.bisect.versions_table import counted_table
+from kvcache.measuring.presets import ABSENT_ARCHITECTURE  # the standard library only: no torch needed
 
 ROOT = Path(__file__).resolve().parent.parent
 SINCE = "4.45"
@@ -71,7 +71,8 @@ DEFAULT_MODEL = "smollm2-135m"
 
 
 def newest_per_minor(versions: list[str], since: str = SINCE) -> list[str]:
-    """The newest patch of every ``major.minor`` at or after ``since``, oldest first (:mod:`kvcache.releases`)."""
+    """The newest patch of every ``major.minor`` at or after ``since``, oldest first
+    (:mod:`kvcache.analysing.releases`)."""
     return releases_newest_per_minor(versions, since)
 
 

@@ -84,10 +84,10 @@ def http_url(option: str, text: str) -> str:
 
 def release(option: str, text: str) -> str:
     """A Transformers release named on the command line, normalised by the installer's rule
-    (:func:`kvcache.releases.normalise`: ``v5.23.0`` and ``5.23`` are ``5.23.0``), so that one release has one name
-    wherever it is stored; a pre-release keeps its suffix (``v5.0rc1`` is ``5.0.0rc1``). ValueError (one line
+    (:func:`kvcache.analysing.releases.normalise`: ``v5.23.0`` and ``5.23`` are ``5.23.0``), so that one release has
+    one name wherever it is stored; a pre-release keeps its suffix (``v5.0rc1`` is ``5.0.0rc1``). ValueError (one line
     naming ``option``) for a name that is not a release number."""
-    from kvcache.releases import ReleaseError, normalise
+    from kvcache.analysing.releases import ReleaseError, normalise
 
     given = text.strip()
     found = re.fullmatch(r"[vV]?(\d+(?:\.\d+)+)((?:a|b|rc)\d+)?(\.dev\d+)?", given)

@@ -1,4 +1,4 @@
-"""The body of ``kvcache comment BASE.json HEAD.json`` (:mod:`kvcache.analysing.comment_cli`): one Markdown body for
+"""The body of ``kvcache comment BASE.json HEAD.json`` (:mod:`kvcache.commands.comment`): one Markdown body for
 a pull request's comment.
 
 HEAD is judged against BASE by ``kvcache compare``'s judge (:func:`kvcache.analysing.compare.compare`, the

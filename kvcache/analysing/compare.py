@@ -1,4 +1,4 @@
-"""The comparison behind ``kvcache compare`` (:mod:`kvcache.analysing.compare_cli`): runs side by side, the first
+"""The comparison behind ``kvcache compare`` (:mod:`kvcache.commands.compare`): runs side by side, the first
 as the baseline, every later run judged against it. No torch here.
 
 Every later run is judged against the first by the session-end gate's own judge (:mod:`kvcache.analysing.gate`), as

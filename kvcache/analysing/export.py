@@ -24,15 +24,11 @@ No torch here.
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from collections.abc import Sequence
 from typing import Any
 
-from kvcache.analysing import arguments, identity, judges
-from kvcache.analysing.files import write_text_atomically
-from kvcache.analysing.records import Fit, FitFailure, RecordError, Run, load_run
+from kvcache.analysing import identity, judges
+from kvcache.analysing.records import Fit, FitFailure, Run
 from kvcache.analysing.stats import finite, interval
 
 FORMATS = ("github-action-benchmark",)
@@ -123,63 +119,3 @@ def github_action_benchmark(run: Run, measures: Sequence[str] = ALL,
             entry["extra"] = extra
             entries.append(entry)
     return entries
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="kvcache export",
-        description="Write a run's figures in a format other tools read. github-action-benchmark: a JSON array "
-        "for its customSmallerIsBetter tool, one entry per class and measure (counted passes, ATen ops per step, "
-        "weight passes, timed passes and intercept with their interval as range, memory allocated, peak and held "
-        "passes where recorded), each "
-        "with name, unit, value and the run's identity as extra; a figure that is not a finite number is left "
-        "out and named. Exit 0, or 2 on unreadable input, bad options, an output on an input, or no figure for "
-        "the measures asked (the message says why).",
-    )
-    parser.add_argument("run", metavar="RUN.json", help="a pytest --benchmark-json file of the suite")
-    parser.add_argument("--format", required=True, metavar="FORMAT", help=f"one of: {', '.join(FORMATS)}")
-    parser.add_argument("--measures", default=",".join(ALL),
-                        help=f"comma-separated, from {', '.join(ALL)} (default: all the run has)")
-    parser.add_argument("--out", metavar="FILE", help="write here instead of to stdout")
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = arguments.parse(_parser(), argv)
-    if isinstance(args, int):  # --help (0) or a usage error (2)
-        return args
-    if args.format not in FORMATS:
-        print(f"kvcache export: --format {args.format!r} is not known; choose from {', '.join(FORMATS)}",
-              file=sys.stderr)
-        return 2
-    measures = [m.strip() for m in args.measures.split(",") if m.strip()]
-    unknown = [m for m in measures if m not in ALL]
-    if unknown or not measures:
-        print(f"kvcache export: --measures {args.measures!r}: {', '.join(map(repr, unknown)) or 'none given'}; "
-              f"choose from {', '.join(ALL)}", file=sys.stderr)
-        return 2
-    if arguments.paths_refused("kvcache export", reads=[("RUN.json", args.run)], writes=[("--out", args.out)]):
-        return 2
-    try:
-        run = load_run(args.run)
-    except RecordError as exc:
-        print(f"kvcache export: {exc}", file=sys.stderr)
-        return 2
-    notes: list[str] = []
-    entries = github_action_benchmark(run, measures, notes)
-    if not entries:  # one line saying why
-        print(f"kvcache export: {args.run}: no figure to export for --measures {','.join(measures)}: "
-              f"{no_figure(run, measures, notes)}", file=sys.stderr)
-        return 2
-    for note in notes:
-        print(f"kvcache export: {note}", file=sys.stderr)
-    text = json.dumps(entries, indent=2) + "\n"
-    if args.out:
-        try:
-            write_text_atomically(args.out, text)
-        except OSError as exc:
-            print(f"kvcache export: --out {args.out}: cannot write ({exc.strerror or exc})", file=sys.stderr)
-            return 2
-    else:
-        sys.stdout.write(text)
-    return 0

@@ -25,20 +25,18 @@ for the PNGs).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import re
 import subprocess
-import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from kvcache.analysing import arguments, files, identity
 from kvcache.analysing.export import figure, no_figure
-from kvcache.analysing.records import Fit, RecordError, Run, load_run
+from kvcache.analysing.records import Fit, Run
 from kvcache.analysing.report.data import ReportError
 from kvcache.analysing.stats import finite, interval
 from kvcache.analysing.steps import COUNTED_RESOLUTION, Step, counted_steps, steps_markdown, timed_steps
@@ -361,77 +359,3 @@ def plot(entries: list[dict[str, Any]], out: str | Path) -> tuple[list[Path], li
 
 #: The files ``plot`` writes into ``--out``: one PNG per measure, steps.json and steps.md.
 PLOT_FILES = (*(f"{measure}.png" for measure in MEASURES), "steps.json", "steps.md")
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="kvcache history",
-        description="Keep runs across commits or releases and draw their trend. 'add RUN.json --store FILE' appends "
-        "one entry (the commit from --commit, by default git rev-parse HEAD, or --release), atomically, refusing "
-        "an entry whose commit or release and identity are stored already. 'plot --store FILE --out DIR' writes "
-        "one trend PNG per measure (classes as lines across the entries: commits as added, releases by version) "
-        "with the steps marked by their commit (counted: every change; timed: where the intervals of two levels "
-        "do not overlap), steps.json and steps.md. Exit 0, or 2 on bad input.",
-    )
-    sub = parser.add_subparsers(dest="action", required=True, metavar="add|plot")
-    adding = sub.add_parser("add", help="append a run to the store")
-    adding.add_argument("run", metavar="RUN.json", help="a pytest --benchmark-json file of the suite")
-    adding.add_argument("--store", required=True, metavar="FILE", help="the history, JSON lines")
-    where = adding.add_mutually_exclusive_group()
-    where.add_argument("--commit", metavar="REV", help="the commit the run measured, resolved to its full sha by git "
-                       "(default: git rev-parse HEAD)")
-    where.add_argument("--release", metavar="VERSION", help="a release the run measured, instead of a commit "
-                       "(a release number; v5.23.0 and 5.23 are stored as 5.23.0)")
-    plotting = sub.add_parser("plot", help="draw the trend PNGs")
-    plotting.add_argument("--store", required=True, metavar="FILE", help="the history, JSON lines")
-    plotting.add_argument("--out", required=True, metavar="DIR", help="folder for the PNGs and steps.json")
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = arguments.parse(_parser(), argv)
-    if isinstance(args, int):  # --help (0) or a usage error (2)
-        return args
-    try:
-        if args.action == "add":
-            if args.commit is not None and (not args.commit.strip() or any(c.isspace() for c in args.commit)):
-                raise HistoryError(f"--commit {args.commit!r} must be one word, not empty")
-            try:
-                release = None if args.release is None else arguments.release("--release", args.release)
-            except ValueError as exc:
-                raise HistoryError(str(exc)) from None
-            if arguments.paths_refused("kvcache history", reads=[("RUN.json", args.run)],
-                                       writes=[("--store", args.store)]):
-                return 2
-            try:
-                run = load_run(args.run)
-            except RecordError as exc:
-                raise HistoryError(str(exc)) from None
-            commit = resolve_commit(args.commit) if args.commit else None if release else git_head()
-            notes: list[str] = []
-            entry = entry_of(run, commit=commit, release=release, notes=notes)
-            for note in notes:
-                print(f"kvcache history: {note}", file=sys.stderr)
-            add(args.store, entry)
-            print(f"kvcache history: added {key_of(entry)[0]} ({entry['setup']}, {len(entry['caches'])} classes) "
-                  f"to {args.store}")
-        else:
-            if arguments.paths_refused("kvcache history", reads=[("--store", args.store)],
-                                       folders=[("--out", args.out, PLOT_FILES)]):
-                return 2
-            entries = ordered(read_store(args.store))
-            if not entries:
-                raise HistoryError(f"--store {args.store}: no entries (add some with kvcache history add)")
-            try:
-                written, steps = plot(entries, args.out)
-            except OSError as exc:
-                raise HistoryError(f"--out {args.out}: cannot write ({exc.strerror or exc})") from None
-            for step in steps:
-                print(f"step: {step.cache} {step.measure} at {step.label}: {step.before:.4g} -> {step.after:.4g} "
-                      f"({step.delta:+.4g})")
-            print(f"kvcache history: {len(entries)} entries, {len(steps)} steps; wrote "
-                  f"{', '.join(p.name for p in written)}, steps.json and steps.md to {args.out}")
-    except HistoryError as exc:
-        print(f"kvcache history: {exc}", file=sys.stderr)
-        return 2
-    return 0

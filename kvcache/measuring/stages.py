@@ -3,7 +3,7 @@ done (a point's cache filled, the copy bandwidth's tensors allocated and paged i
 :data:`MEASURED` once its timed part is done (the timed steps, the profiled steps, the timed copies) and only
 untimed work is left (counting one more step, reading the profile, records).
 
-A plain run ignores the marks. ``kvcache ab``'s worker (:mod:`kvcache.ab_worker`) waits at each for its driver, which
+A plain run ignores the marks. ``kvcache ab``'s worker (:mod:`kvcache.ab.worker`) waits at each for its driver, which
 lets each side's timed part run alone while both sides' untimed parts run at the same time. Standard library only.
 """
 

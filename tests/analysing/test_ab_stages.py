@@ -1,4 +1,4 @@
-"""``kvcache ab``'s driver stepping an item in stages (:func:`kvcache.ab_session.run_in_stages`), against scripted
+"""``kvcache ab``'s driver stepping an item in stages (:func:`kvcache.ab.schedule.run_in_stages`), against scripted
 workers: each side alone from its start (its fill) to the end of its timed part, back to back in the given order,
 then both finish at once; a side that stops at no stage (a skipped point) or dies is handled. Standard library only:
 no torch."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvcache.ab_session import run_in_stages
+from kvcache.ab.schedule import run_in_stages
 
 ITEM = "benchmarks/test_decode.py::test_decode[dynamic-1024-r0]"
 

@@ -10,10 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kvcache import bisect_probes as probes
-from kvcache import bisect_runners as runners
-from kvcache import bisect_server as server
 from kvcache.analysing.records import KV
+from kvcache.bisect import probes, runners, server
 
 
 def suite(tmp_path, extra=()):

@@ -7,11 +7,12 @@ import json
 
 import pytest
 
-from kvcache import bisect as bisect_cli
-from kvcache import bisect_probes as probes
-from kvcache import bisect_search as search
-from kvcache import releases
+from kvcache.analysing import releases
 from kvcache.analysing.records import KV, SCHEMA
+from kvcache.bisect import plan as bisect_plan
+from kvcache.bisect import probes, search, walk
+from kvcache.bisect import report as bisect_report
+from kvcache.commands import bisect as bisect_cli
 
 LAYERS = 2
 
@@ -54,15 +55,15 @@ def run(figures, measure="passes", cls=None, cache=None):
     """Bisect over commits ``c0 .. c{n-1}`` after the good end ``g``; ``figures`` maps names to kv sections or skip
     reasons. Returns (exit, json document, lines, runner)."""
     names = [n for n in figures if n != "g"]
-    items = [bisect_cli.Item(n, n, f"subject of {n}", "2026-01-01") for n in names]
+    items = [probes.Item(n, n, f"subject of {n}", "2026-01-01") for n in names]
     runner = FakeRunner(figures)
-    plan = bisect_cli.Plan((bisect_cli.Item("g", "g"), items[-1]), items, runner,
-                           cache or bisect_cli.ProbeCache(None, {"options": []}), search.MEASURES[measure], cls,
+    plan = walk.Plan((probes.Item("g", "g"), items[-1]), items, runner,
+                           cache or probes.ProbeCache(None, {"options": []}), search.MEASURES[measure], cls,
                            "test", [])
     said = []
-    bisect = bisect_cli.Bisect(plan, said.append)
+    bisect = walk.Bisect(plan, said.append)
     result = bisect.run()
-    lines, doc = bisect_cli.report(bisect, result)
+    lines, doc = bisect_report.report(bisect, result)
     return result.exit, doc, said + lines, runner
 
 
@@ -161,7 +162,7 @@ def test_class_follows_the_first_that_changed_or_the_one_asked_for():
 
 
 def test_a_figure_the_runs_do_not_have_is_an_error():
-    with pytest.raises(bisect_cli.BisectError, match=r"--measure held: no class has memory held per step at both "
+    with pytest.raises(probes.BisectError, match=r"--measure held: no class has memory held per step at both "
                                                      r"ends \(the run has no memory figures \(kv.memory\)\)"):
         run(series([3.0, 5.0]), measure="held")
     table = series([3.0, 5.0])
@@ -173,20 +174,20 @@ def test_a_figure_the_runs_do_not_have_is_an_error():
 
 def test_an_end_that_cannot_be_measured_is_an_error():
     table = {"g": "ImportError: old", "c0": kv()}
-    with pytest.raises(bisect_cli.BisectError, match="the good end g cannot be measured: ImportError: old"):
+    with pytest.raises(probes.BisectError, match="the good end g cannot be measured: ImportError: old"):
         run(table)
 
 
 def test_probe_cache_round_trip_by_item_and_identity(tmp_path):
     table = series([3.0, 3.0, 5.0, 5.0])
-    cache = bisect_cli.ProbeCache(tmp_path, {"options": ["--kv-model", "tiny"]})
+    cache = probes.ProbeCache(tmp_path, {"options": ["--kv-model", "tiny"]})
     run(table, cache=cache)
     assert (tmp_path / cache.identity_hash / "identity.json").is_file()
-    code, doc, _, runner = run(table, cache=bisect_cli.ProbeCache(tmp_path, {"options": ["--kv-model", "tiny"]}))
+    code, doc, _, runner = run(table, cache=probes.ProbeCache(tmp_path, {"options": ["--kv-model", "tiny"]}))
     assert runner.asked == [] and all(p["cached"] for p in doc["probes"]) and doc["first_bad"] == "c1"
-    other = bisect_cli.ProbeCache(tmp_path, {"options": ["--kv-model", "smollm2-135m"]})
-    assert other.get(bisect_cli.Item("c0", "c0")) is None  # another identity: its own folder
-    probe = probes.Probe(bisect_cli.Item("c9", "c9"), reason="timed out", cacheable=False)
+    other = probes.ProbeCache(tmp_path, {"options": ["--kv-model", "smollm2-135m"]})
+    assert other.get(probes.Item("c0", "c0")) is None  # another identity: its own folder
+    probe = probes.Probe(probes.Item("c9", "c9"), reason="timed out", cacheable=False)
     cache.put(probe)
     assert cache.get(probe.item) is None
     stored = json.loads((tmp_path / cache.identity_hash / "c0.json").read_text())
@@ -234,12 +235,12 @@ def test_release_numbers_that_are_not_refused(bad):
 
 def test_release_range_is_checked_before_the_index_is_asked():
     said = []
-    assert bisect_cli.release_range("5.22..5.24.0", said.append) == ("5.22.0", "5.24.0")
+    assert bisect_plan.release_range("5.22..5.24.0", said.append) == ("5.22.0", "5.24.0")
     assert said == ["--releases: 5.22 is read as 5.22.0"]
     for bad, message in (("5.24.0", "is not a range A..B"), ("5.24.0..5.22.2", "is an empty range"),
                          ("5.24.0..5.24.0", "is an empty range")):
-        with pytest.raises(bisect_cli.BisectError, match=message):
-            bisect_cli.release_range(bad, said.append)
+        with pytest.raises(probes.BisectError, match=message):
+            bisect_plan.release_range(bad, said.append)
 
 
 def test_releases_walk_every_published_release_in_the_range_patches_included(monkeypatch, tmp_path):
@@ -247,11 +248,11 @@ def test_releases_walk_every_published_release_in_the_range_patches_included(mon
     monkeypatch.setattr(releases, "published", lambda: listed)
     said = []
     args = bisect_cli.parser().parse_args(["--releases", "5.22..5.24.0", "--cache-dir", str(tmp_path / "c")])
-    plan = bisect_cli.prepare(args, [], tmp_path, said.append)
+    plan = bisect_plan.prepare(args, [], tmp_path, said.append)
     assert plan.mode == "releases" and plan.ends[0].name == "5.22.0"
     assert [i.name for i in plan.items] == ["5.22.1", "5.22.2", "5.23.0", "5.23.1", "5.24.0"]
     assert said == ["--releases: 5.22 is read as 5.22.0"] and not (tmp_path / "c").exists()
     args = bisect_cli.parser().parse_args(["--releases", "5.22.3..5.24.0"])
-    with pytest.raises(bisect_cli.BisectError, match=r"transformers 5.22.3 is not published \(the releases "
+    with pytest.raises(probes.BisectError, match=r"transformers 5.22.3 is not published \(the releases "
                                                      r"around it: 5.22.2, 5.23.0\)"):
-        bisect_cli.prepare(args, [], tmp_path, said.append)
+        bisect_plan.prepare(args, [], tmp_path, said.append)

@@ -426,8 +426,8 @@ def test_the_rule_options_are_the_option_tables_rules():
     """One home: compare's rule options are the table's rules (Option.rule), in its order, named without ``kv-``,
     with the table's help (its default replaced by each run's own setting)."""
     from kvcache.analysing import arguments
-    from kvcache.analysing.compare_cli import parser
     from kvcache.analysing.options import OPTIONS, RULE_DEFAULTS
+    from kvcache.commands.compare import parser
 
     rules = [o for o in OPTIONS if o.rule]
     actions = [a for a in parser()._actions if a.dest in RULE_DEFAULTS]

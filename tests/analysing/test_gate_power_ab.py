@@ -28,8 +28,8 @@ def test_ab_runs_rotate_the_b_sides_and_load_each_twin_on_side_b_only(tmp_path):
         assert common[common.index("--kv-caches") + 1] == "dynamic" and "--kv-model" in common
         assert "--a-args" not in cmd
         b_args = cmd[cmd.index("--b-args") + 1] if "--b-args" in cmd else ""
-        assert b_args == {"clean": "", "copy": "-p kvcache.measuring.twin_copy",
-                          "layout": "-p kvcache.measuring.twin_layout"}[r["side"]]
+        assert b_args == {"clean": "", "copy": "-p kvcache.testing.twin_copy",
+                          "layout": "-p kvcache.testing.twin_layout"}[r["side"]]
     with pytest.raises(SystemExit):
         gate_power_ab.ab_sides("clean,nope")
 

@@ -86,8 +86,8 @@ def test_compare_and_comment_judge_each_gpu_class(tmp_path):
 
 
 def test_bisect_takes_a_gpu_class_as_its_figure():
-    from kvcache import bisect_search as search
     from kvcache.analysing.records import KV
+    from kvcache.bisect import search
 
     doc = _with_gpus({"kv": {"schema": 2, "settings": {"caches": ["dynamic"]}, "traffic": {"dynamic": {
         "passes": 3.0, "by_op": {"cat": 2.0}}}, "skipped": []}}, 25.26)
@@ -119,7 +119,7 @@ def test_the_report_shows_backends_and_gpu_classes(tmp_path):
 def test_the_versions_table_has_a_column_per_class_and_gpu_class(tmp_path):
     from fakerun import make_run, write_run
 
-    from kvcache.versions_table import counted_table
+    from kvcache.bisect.versions_table import counted_table
 
     doc = _with_gpus(make_run(), 25.26)
     doc["kv"]["traffic"]["static"]["gpus"] = {"t4": {"backend": None, "passes": None, "error": "not predicted: x"}}

@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "kvcache"
-FORBIDDEN_IN_ANALYSING = ("torch", "transformers", "kvcache.measuring", "kvcache.plugin", "kvcache.traffic_cli")
+FACES = ("kvcache.plugin", "kvcache.commands", "kvcache.cli", "kvcache.caches", "kvcache.ab", "kvcache.bisect",
+         "kvcache.sentinel", "kvcache.testing")
+FORBIDDEN_IN_ANALYSING = ("torch", "transformers", "kvcache.measuring", *FACES)
 
 
 def module_name(path: Path) -> str:

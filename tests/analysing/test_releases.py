@@ -1,4 +1,4 @@
-"""kvcache.releases, the side-by-side installer of Transformers releases (shared by scripts/versions.py and
+"""kvcache.analysing.releases, the side-by-side installer of Transformers releases (shared by scripts/versions.py and
 ``kvcache bisect --releases``): what it takes as a release number, and how it checks an installed release, with
 stand-in packages (no pip, no network)."""
 
@@ -8,7 +8,7 @@ import io
 
 import pytest
 
-from kvcache import releases
+from kvcache.analysing import releases
 
 
 def fake_release(root, release, version=None, body=""):

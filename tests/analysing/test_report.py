@@ -15,6 +15,7 @@ import pytest
 from fakerun import make_run, without, write_run
 
 from kvcache.analysing import report, tables
+from kvcache.commands import report as report_command
 from kvcache.analysing.records import KV, Run, load_run, points_from_benchmarks
 
 OUTPUTS = ("report.md", "report.html", "latency.png", "traffic.png")
@@ -224,7 +225,7 @@ def test_bad_input_exits_2_naming_the_file(tmp_path, capsys, content):
     bad = tmp_path / "bad.json"
     if content is not None:
         bad.write_text(content)
-    assert report.main([str(good), str(bad), "--out", str(tmp_path / "rep")]) == 2
+    assert report_command.main([str(good), str(bad), "--out", str(tmp_path / "rep")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and str(bad) in err
 
@@ -240,7 +241,7 @@ def test_an_ab_file_gets_its_pair_section_and_chart(tmp_path):
                "a": {"transformers": "5.24.0", "torch": "2.13.0+cpu", "drift": 0.01, "failed": None},
                "b": {"transformers": "5.25.0", "torch": "2.13.0+cpu", "drift": None, "failed": "worker <b>died</b>"}}}}
     path = write_run(tmp_path / "ab.json", doc)
-    assert report.main([str(path), "--out", str(tmp_path / "rep")]) == 0
+    assert report_command.main([str(path), "--out", str(tmp_path / "rep")]) == 0
     md = (tmp_path / "rep" / "report.md").read_text()
     assert md.count("## transformers") == 2 and "## A/B: B against A, paired" in md
     assert "- **A**: transformers 5.24.0, torch 2.13.0+cpu, drift +1.0%" in md
@@ -252,7 +253,7 @@ def test_an_ab_file_gets_its_pair_section_and_chart(tmp_path):
 def test_without_matplotlib_md_and_html_are_still_written(tmp_path, capsys, monkeypatch):
     path = write_run(tmp_path / "run.json", make_run())
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    assert report.main([str(path), "--out", str(tmp_path / "rep")]) == 2
+    assert report_command.main([str(path), "--out", str(tmp_path / "rep")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "matplotlib is not installed" in err
     assert (tmp_path / "rep" / "report.md").exists() and (tmp_path / "rep" / "report.html").exists()

@@ -14,9 +14,9 @@ import ghstub
 import pytest
 from fakerun import recorded_run
 
-from kvcache import sentinel_figures as figs
-from kvcache import sentinel_report as report
 from kvcache.analysing.records import KV
+from kvcache.sentinel import figures as figs
+from kvcache.sentinel import report
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / ".github" / "sentinel" / "issues.sh"

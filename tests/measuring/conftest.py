@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from kvcache.measuring import testing
+from kvcache.testing import classes as testing
 
 testing.register()
 

@@ -19,7 +19,7 @@ from kvcache.measuring import attention, caches, compat, decode, traffic  # noqa
 from kvcache.measuring.devices import Device  # noqa: E402
 from kvcache.measuring.models import build_model  # noqa: E402
 from kvcache.measuring.probe import probe  # noqa: E402
-from kvcache.measuring.testing import lively  # noqa: E402
+from kvcache.testing.classes import lively  # noqa: E402
 
 CPU = Device.from_choice("cpu")
 STEPS = 8

@@ -13,11 +13,11 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from kvcache.analysing.records import Traffic  # noqa: E402
+from kvcache.commands.traffic import kind_lines  # noqa: E402
 from kvcache.measuring import compat, configs, geometry, presets  # noqa: E402
 from kvcache.measuring.devices import Device  # noqa: E402
 from kvcache.measuring.session import KVSession, Skipped  # noqa: E402
 from kvcache.settings import Settings  # noqa: E402
-from kvcache.traffic_cli import kind_lines  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

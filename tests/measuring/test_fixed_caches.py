@@ -29,7 +29,7 @@ from kvcache.measuring.devices import Device  # noqa: E402
 from kvcache.measuring.fixed import InplaceCache, StaticSlicedCache, sliced_sdpa  # noqa: E402
 from kvcache.measuring.geometry import ModelSpec  # noqa: E402
 from kvcache.measuring.models import build_model  # noqa: E402
-from kvcache.measuring.testing import lively  # noqa: E402
+from kvcache.testing.classes import lively  # noqa: E402
 
 CPU = Device.from_choice("cpu")
 NEW_TOKENS = 32

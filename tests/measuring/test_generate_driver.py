@@ -12,7 +12,7 @@ from kvcache.measuring.batch import BatchShape
 from kvcache.measuring.devices import Device
 from kvcache.measuring.generate import GeneratePoint
 from kvcache.measuring.models import build_model
-from kvcache.measuring.testing import lively
+from kvcache.testing.classes import lively
 
 CONTEXT = 48
 TOKENS = 6

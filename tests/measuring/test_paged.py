@@ -20,7 +20,7 @@ from kvcache.measuring import caches, compat, decode, paged, paged_api, traffic 
 from kvcache.measuring.batch import BatchShape  # noqa: E402
 from kvcache.measuring.devices import Device  # noqa: E402
 from kvcache.measuring.models import build_model  # noqa: E402
-from kvcache.measuring.testing import lively  # noqa: E402
+from kvcache.testing.classes import lively  # noqa: E402
 
 CPU = Device.from_choice("cpu")
 STEPS = 10

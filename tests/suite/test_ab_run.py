@@ -28,7 +28,7 @@ def test_an_ab_run_pairs_every_item_abba_and_a_worker_killed_at_the_end_keeps_ev
     to attention as transposed views: the counted bytes of DynamicCache, 4 more view ops a layer), and it kills
     itself when its drift re-measurement starts (the last item)."""
     out = tmp_path / "ab.json"
-    done = kvcache_ab(tmp_path, "--json", str(out), "--b-args", "-p kv_ab_die -p kvcache.measuring.twin_layout",
+    done = kvcache_ab(tmp_path, "--json", str(out), "--b-args", "-p kv_ab_die -p kvcache.testing.twin_layout",
                       "--b-env", "KV_AB_DIE_AT=test_drift", *COMMON, "--kv-rounds", "1", "--kv-ledger-steps", "3")
     assert done.returncode == 1, (done.stdout[-1500:], done.stderr[-1500:])  # the overhead regression, exact
     doc = json.loads(out.read_text())

@@ -17,7 +17,7 @@ import pytest
 import transformers
 from kvrun import in_process, kvcache_command
 
-from kvcache import bisect as bisect_cli
+from kvcache.commands import bisect as bisect_cli
 
 CACHE_UTILS = "src/transformers/cache_utils.py"
 UPDATE = """        self.values = torch.cat([self.values, value_states], dim=-2)

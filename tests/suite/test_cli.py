@@ -39,7 +39,7 @@ def test_every_command_help_is_a_whole_description(capsys, command):
 
 
 def test_traffic_help_has_its_whole_docstring(capsys):
-    from kvcache import traffic_cli
+    from kvcache.commands import traffic as traffic_cli
 
     assert description(help_text(capsys, "traffic")) == cli.description(traffic_cli.__doc__)
     assert cli.description(traffic_cli.__doc__).endswith("the Transformers and torch versions the counts hold for.")

@@ -231,7 +231,7 @@ def test_cached_hub_id_touches_no_network(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("config, expected", [('{"model_type": ', "is not JSON"), (BERT, "model_type 'bert'")])
 def test_traffic_command_gets_the_same_one_line(tmp_path, capsys, config, expected):
-    from kvcache import traffic_cli
+    from kvcache.commands import traffic as traffic_cli
 
     d = model_dir(tmp_path, "model", config)
     assert traffic_cli.main(["--model", str(d), "--device", "cpu"]) == 2
@@ -243,7 +243,7 @@ def test_traffic_command_gets_the_same_one_line(tmp_path, capsys, config, expect
 # --- memory: the weights and the smallest point against free memory, before anything is built ----------------
 
 def test_traffic_command_refuses_weights_larger_than_free_memory(tmp_path, capsys):
-    from kvcache import traffic_cli
+    from kvcache.commands import traffic as traffic_cli
 
     d = model_dir(tmp_path, "model", {**TINY_LLAMA, "vocab_size": HUGE_VOCAB})
     assert traffic_cli.main(["--model", str(d), "--device", "cpu"]) == 2

@@ -19,7 +19,7 @@ import pytest
 from kvrun import in_process, kvcache_command
 from test_bisect import CACHE_UTILS, PLANTED, build_repository, commit, edit, git
 
-from kvcache import sentinel as sentinel_cli
+from kvcache.commands import sentinel as sentinel_cli
 
 VIEWED = """        self.values = torch.cat([self.values, value_states], dim=-2)
         return self.keys.clone().view_as(self.keys), self.values.clone().view_as(self.values)"""

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from kvcache import traffic_cli
+from kvcache.commands import traffic as traffic_cli
 
 
 @pytest.mark.parametrize("value, says", [("-5", "--warmup -5 is out of range"), ("3", "--warmup 3 is out of range"),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kvcache import releases
+from kvcache.analysing import releases
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "versions.py"
 spec = importlib.util.spec_from_file_location("versions_script", SCRIPT)
@@ -44,8 +44,8 @@ def test_newest_patch_per_minor_since_4_45_numeric_order():
 
 
 def test_default_releases_come_from_the_one_installer(monkeypatch):
-    """The release list is kvcache.releases.published's (versions.py no longer runs pip index itself); the built-in
-    list when it cannot be had."""
+    """The release list is kvcache.analysing.releases.published's (versions.py no longer runs pip index itself); the
+    built-in list when it cannot be had."""
     monkeypatch.setattr(versions, "published", lambda: releases.parse_pip_index(PIP_INDEX)[::-1])
     assert versions.default_releases() == (["4.45.2", "4.46.3", "4.57.6", "5.0.0", "5.10.4", "5.24.0"],
                                            "pip index versions transformers")
@@ -205,8 +205,8 @@ def test_families_are_the_presets():
 
 
 def test_run_release_checks_the_install_through_the_one_installer(tmp_path):
-    """A release installed in ``--dir`` that imports as another version is skipped with kvcache.releases.ensure's
-    reason (no pytest run)."""
+    """A release installed in ``--dir`` that imports as another version is skipped with
+    kvcache.analysing.releases.ensure's reason (no pytest run)."""
     target = tmp_path / "dir" / "5.0.0"
     (target / "transformers").mkdir(parents=True)
     (target / "transformers" / "__init__.py").write_text("__version__ = '5.0.1'\n")

@@ -19,14 +19,9 @@ By concern: :mod:`.data` (runs shaped into what is tabled and drawn), :mod:`.sec
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 
-from kvcache.analysing import arguments
-from kvcache.analysing.compare import mismatch
-from kvcache.analysing.records import RecordError, Run, load_runs
-from kvcache.analysing.report.ab import write_ab
+from kvcache.analysing.records import Run
 from kvcache.analysing.report.charts import (
     latency_figure,
     ledger_figure,
@@ -51,7 +46,7 @@ from kvcache.analysing.report.page import render_html
 from kvcache.analysing.report.sections import build_doc
 
 __all__ = ["Doc", "ReportError", "build_doc", "chart_data", "crossovers", "fit_line", "fit_problem",
-           "latency_figure", "ledger_figure", "main", "memory_figure", "plot_latency", "plot_ledger",
+           "latency_figure", "ledger_figure", "memory_figure", "plot_latency", "plot_ledger",
            "plot_memory", "plot_traffic",
            "points_by_cache", "render", "render_html", "run_names", "to_html", "to_markdown", "traffic_figure"]
 
@@ -86,30 +81,3 @@ def render(runs: list[Run], out_dir: Path) -> list[Path]:
     except OSError as exc:
         raise ReportError(f"{exc.filename or out_dir}: cannot write ({exc.strerror or exc})") from None
     return written
-
-
-def main(argv: list[str]) -> int:
-    """``kvcache report RUN.json [RUN.json ...] --out DIR``; exit 2 on unreadable input or output."""
-    parser = argparse.ArgumentParser(prog="kvcache report", description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", metavar="RUN.json", help="pytest-benchmark JSON written with the kv plugin")
-    parser.add_argument("--out", type=Path, default=Path("report"), help="output directory (default: report)")
-    parser.add_argument("--allow-mismatch", action="store_true",
-                        help="report runs whose identity differs (device, model, dtype, threads) side by side anyway")
-    args = parser.parse_args(argv)
-    if arguments.paths_refused("kvcache report", reads=[("RUN.json", path) for path in args.runs],
-                               folders=[("--out", args.out, REPORT_FILES)]):
-        return 2
-    try:
-        runs = [run for path in args.runs for run in load_runs(path)]  # an A/B run: its two sides
-        problem = mismatch(runs)
-        if problem and not args.allow_mismatch:
-            raise ReportError(f"refusing to report runs that differ in {problem} side by side; pass "
-                              "--allow-mismatch to report them anyway")
-        paths = render(runs, args.out)
-        paths += [p for path in args.runs for p in write_ab(path, runs, args.out)]  # kvcache ab --json: the pair
-    except (RecordError, ReportError) as exc:
-        print(f"kvcache report: {exc}", file=sys.stderr)
-        return 2
-    for path in paths:
-        print(path)
-    return 0

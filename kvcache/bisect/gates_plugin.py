@@ -1,5 +1,5 @@
-"""A pytest plugin for the probes of ``kvcache bisect`` (``-p kvcache.bisect_probe --kvbisect-gates OUT.json``): at
-the end of the session it writes to OUT.json the Transformers version the run imported and the version gates it
+"""A pytest plugin for the probes of ``kvcache bisect`` (``-p kvcache.bisect.gates_plugin --kvbisect-gates OUT.json``):
+at the end of the session it writes to OUT.json the Transformers version the run imported and the version gates it
 took that this version cannot answer (:func:`kvcache.measuring.compat.ambiguous_gates`: a commit between two
 releases reports the next release's number, ``5.24.0.dev0``, whatever that release's cycle has merged so far).
 Standard library only; it reads the compat layer only when the run imported it."""

@@ -1,6 +1,6 @@
 """The probes of ``kvcache bisect``: what is probed (:class:`Item`), what a probe gave (:class:`Probe`), how a probe
 runs the counted suite (:class:`Suite`: one pytest run per commit or release, forked from the
-:mod:`kvcache.bisect_server` or a new interpreter) and the probe cache (:class:`ProbeCache`) with the identity it is
+:mod:`kvcache.bisect.server` or a new interpreter) and the probe cache (:class:`ProbeCache`) with the identity it is
 keyed by. Standard library only: a probe's figures come back as its run JSON's ``kv`` section.
 """
 
@@ -19,10 +19,10 @@ from importlib import machinery, metadata, util
 from pathlib import Path
 from typing import Any, Callable
 
-from kvcache import releases as installer
 from kvcache.analysing import files
+from kvcache.analysing import releases as installer
 from kvcache.analysing.records import KV, RecordError, Skip, load_run
-from kvcache.bisect_server import ForkServer, ServerRefused
+from kvcache.bisect.server import ForkServer, ServerRefused
 
 EXIT_FOUND, EXIT_SAME, EXIT_USAGE, EXIT_AMBIGUOUS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 DEFAULT_CACHES = "dynamic,static"
@@ -75,7 +75,7 @@ def suite_files() -> list[tuple[Path, Path]]:
     """``(root, file)`` of every source file whose change can change a probe's figures: the whole kvcache package
     (what measures, and what builds ``kv.traffic`` from it: analysing/analysis.py, records.py, ...) and the
     benchmarks the probes run; ``__pycache__`` left out."""
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]
     folders = [(package.parent, package)]
     spec = util.find_spec("kvcache.benchmarks")
     if spec is not None and spec.submodule_search_locations:
@@ -260,7 +260,7 @@ class Suite:
         out, gates, log_path = folder / "run.json", folder / "gates.json", folder / "log.txt"
         cmd = [sys.executable, "-m", "pytest", *suite_location(), "-m", "counted", *self.options(),
                "--kv-no-gate", "--kv-baseline", str(folder / "no-baseline.json"), "--benchmark-json", str(out),
-               "-p", "no:cacheprovider", "-p", "kvcache.plugin", "-p", "kvcache.bisect_probe",
+               "-p", "no:cacheprovider", "-p", "kvcache.plugin", "-p", "kvcache.bisect.gates_plugin",
                "--kvbisect-gates", str(gates), "-q"]
         env = probe_env(first_on_path)
         start = time.monotonic()
@@ -286,7 +286,7 @@ class Suite:
         try:
             found = json.loads(gates.read_text(encoding="utf-8"))
             probe.transformers, probe.untrusted = found["transformers"], list(found["ambiguous"])
-        except (OSError, ValueError, KeyError, TypeError):  # not written (kvcache.bisect_probe): the run stopped early
+        except (OSError, ValueError, KeyError, TypeError):  # no gates file: the run stopped early
             pass
         if probe.kv is not None:
             probe.transformers = probe.kv.environment.get("transformers") or probe.transformers
@@ -342,7 +342,7 @@ def probe_env(first_on_path: Path) -> dict[str, str]:
     """The environment of a probe: ``first_on_path`` first on ``PYTHONPATH``, then this kvcache's folder when it is
     not installed in site-packages; no ``PYTEST_ADDOPTS``."""
     env = installer.release_env(first_on_path)
-    own = Path(__file__).resolve().parent.parent  # this kvcache, importable there even when not installed
+    own = Path(__file__).resolve().parents[2]  # this kvcache, importable there even when not installed
     if own.name not in ("site-packages", "dist-packages"):
         env["PYTHONPATH"] += os.pathsep + str(own)
     env.pop("PYTEST_ADDOPTS", None)
@@ -354,7 +354,7 @@ def probe_env(first_on_path: Path) -> dict[str, str]:
 #: environment's (commits, not releases, which bring their own).
 PRELOAD = ("torch", "torch._dynamo", "torch._inductor", "numpy", "sympy", "PIL.Image", "jinja2", "yaml", "regex",
            "filelock", "packaging.version", "tqdm.auto", "pytest", "pytest_benchmark.plugin", "kvcache.plugin",
-           "kvcache.bisect_probe", "kvcache.settings")
+           "kvcache.bisect.gates_plugin", "kvcache.settings")
 PRELOAD_FAMILY = ("huggingface_hub", "safetensors.torch", "tokenizers")
 
 
@@ -364,4 +364,4 @@ def suite_location() -> list[str]:
     spec = util.find_spec("kvcache.benchmarks")
     if spec is not None and spec.submodule_search_locations:
         return ["--pyargs", "kvcache.benchmarks"]
-    return [str(Path(__file__).resolve().parent.parent / "benchmarks")]
+    return [str(Path(__file__).resolve().parents[2] / "benchmarks")]

@@ -1,4 +1,4 @@
-"""A fork server for the probes of ``kvcache bisect`` (POSIX): ``python -m kvcache.bisect_server MODULES-JSON``, and
+"""A fork server for the probes of ``kvcache bisect`` (POSIX): ``python -m kvcache.bisect.server MODULES-JSON``, and
 its client, :class:`ForkServer`.
 
 Importing torch, pytest and their dependencies is the same for every commit (docs/bisect.md says what it costs).
@@ -180,7 +180,7 @@ class ServerRefused(OSError):
 
 
 class ForkServer:
-    """The client: a :mod:`kvcache.bisect_server` process and its answers (JSON lines on its stdout)."""
+    """The client: a :mod:`kvcache.bisect.server` process and its answers (JSON lines on its stdout)."""
 
     def __init__(self, preload: list[str], cwd: Path, env: dict[str, str], start_timeout: float = 300):
         if not hasattr(os, "fork"):
@@ -188,7 +188,7 @@ class ForkServer:
         env = dict(env)
         env["PYTHONPATH"] = env["PYTHONPATH"].split(os.pathsep, 1)[1] if os.pathsep in env["PYTHONPATH"] else ""
         env["OPENBLAS_NUM_THREADS"] = "1"  # no BLAS thread alive across a fork (counted figures need none)
-        self.proc = subprocess.Popen([sys.executable, "-m", "kvcache.bisect_server", json.dumps(preload)],
+        self.proc = subprocess.Popen([sys.executable, "-m", "kvcache.bisect.server", json.dumps(preload)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      cwd=cwd, env=env)
         self.answers = Lines(self.proc.stdout.fileno())

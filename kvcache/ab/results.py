@@ -8,8 +8,8 @@ import datetime
 import shlex
 from typing import Any
 
-from kvcache.ab_session import Session
-from kvcache.ab_sides import Side
+from kvcache.ab.schedule import Session
+from kvcache.ab.sides import Side
 from kvcache.analysing.records import KV, Run
 
 FORMAT = 1  # the format of the ab_run section

@@ -9,14 +9,14 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kvcache import bisect_search as search
 from kvcache.analysing import tables
-from kvcache.bisect_report import bisect_options
+from kvcache.bisect import search
+from kvcache.bisect.report import bisect_options
 
 if TYPE_CHECKING:
-    from kvcache.bisect_probes import Item, Probe
-    from kvcache.bisect_walk import Plan
-    from kvcache.sentinel_figures import Watched
+    from kvcache.bisect.probes import Item, Probe
+    from kvcache.bisect.walk import Plan
+    from kvcache.sentinel.figures import Watched
 
 
 @dataclass
@@ -48,7 +48,7 @@ def reproduce(plan: Plan, cache: str, parent: str, bad: str) -> str:
 
 
 def step(watched: Watched, found: dict[str, Any], plan: Plan) -> dict[str, Any]:
-    """One change of one figure from a bisect's step (:func:`kvcache.bisect_report.step_json`)."""
+    """One change of one figure from a bisect's step (:func:`kvcache.bisect.report.step_json`)."""
     bad = found["first_bad"] or (found.get("candidates") or [None])[-1]
     return {**_figure(watched), "kind": "changed", "commit": found["first_bad"],
             "candidates": found.get("candidates", []), "subject": found["subject"], "date": found["date"],

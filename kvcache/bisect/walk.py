@@ -1,5 +1,5 @@
 """The walk of ``kvcache bisect``: the plan (everything checked before anything runs) and :class:`Bisect`, which
-probes the ends, picks the class whose figure changed and bisects the range with :mod:`kvcache.bisect_search`
+probes the ends, picks the class whose figure changed and bisects the range with :mod:`kvcache.bisect.search`
 (going on after a first bad commit that does not account for the whole change). Standard library only."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from kvcache import bisect_search as search
 from kvcache.analysing.records import KV
 from kvcache.analysing.tables import MISSING
-from kvcache.bisect_probes import EXIT_AMBIGUOUS, EXIT_FOUND, EXIT_SAME, BisectError, Item, Probe, ProbeCache
+from kvcache.bisect import search
+from kvcache.bisect.probes import EXIT_AMBIGUOUS, EXIT_FOUND, EXIT_SAME, BisectError, Item, Probe, ProbeCache
 
 
 @dataclass

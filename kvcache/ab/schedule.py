@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from kvcache.ab_sides import ABError, Hello, Side
+from kvcache.ab.sides import ABError, Hello, Side
 
 CONCURRENT_ROLES = ("counted", "other")  # items whose figures do not depend on time: both sides at once
 STAGES = ("prepared", "measured", "done")  # where a worker stops in an item run in stages (the last: its records)

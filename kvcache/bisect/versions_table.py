@@ -9,8 +9,8 @@ from pathlib import Path
 
 from kvcache.analysing import tables
 from kvcache.analysing.records import KV, Memory, Traffic, load_run
-from kvcache.bisect_probes import failed_counts
-from kvcache.releases import version_key
+from kvcache.analysing.releases import version_key
+from kvcache.bisect.probes import failed_counts
 
 
 def _passes(value: object) -> str:

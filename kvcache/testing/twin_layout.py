@@ -1,4 +1,4 @@
-"""A B-side plug-in for ``kvcache ab`` and ``make gate-power`` (``-p kvcache.measuring.twin_layout``): ``dynamic``
+"""A B-side plug-in for ``kvcache ab`` and ``make gate-power`` (``-p kvcache.testing.twin_layout``): ``dynamic``
 replaced (``replace=True``) by a DynamicCache whose K and V are kept token-major, ``[batch, tokens, heads,
 head_dim]``, and handed to attention as transposed views, ``[batch, heads, tokens, head_dim]`` with non-contiguous
 strides. It moves exactly the counted bytes of ``dynamic`` (the ``cat`` of each step reads the cache and writes it

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kvcache import bisect_search as search
-from kvcache.bisect_probes import DEFAULT_CACHES, EXIT_AMBIGUOUS, JSON_FORMAT
+from kvcache.bisect import search
+from kvcache.bisect.probes import DEFAULT_CACHES, EXIT_AMBIGUOUS, JSON_FORMAT
 
 if TYPE_CHECKING:
-    from kvcache.bisect_walk import Bisect, Plan, Result, Step
+    from kvcache.bisect.walk import Bisect, Plan, Result, Step
 
 
 def step_json(bisect: Bisect, step: Step) -> dict[str, Any]:

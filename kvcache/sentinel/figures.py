@@ -1,6 +1,6 @@
 """The figures ``kvcache sentinel`` watches and when one changed: every counted figure the gate judges, found in a run's
 ``kv`` section through one table of figure families (:data:`FAMILIES`), each judged with the counted judge's
-tolerance for it (:func:`kvcache.bisect_search.tolerance`). Standard library only; nothing here runs anything.
+tolerance for it (:func:`kvcache.bisect.search.tolerance`). Standard library only; nothing here runs anything.
 
 A figure is keyed by where it sits in the run's ``kv`` section: ``traffic.dynamic.passes`` (counted passes of
 ``dynamic``), ``traffic.dynamic@eager.passes`` (the same class under eager attention: ``--kv-attn`` keys a class by
@@ -15,15 +15,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from kvcache import bisect_search as search
 from kvcache.analysing.records import KV
+from kvcache.bisect import search
 
 ANY = "*"  # in a family's path: every key found there
 
 
 @dataclass(frozen=True)
 class Family:
-    """Figures of one kind: the bisect measure (:data:`kvcache.bisect_search.MEASURES`) whose field, per-op parts and
+    """Figures of one kind: the bisect measure (:data:`kvcache.bisect.search.MEASURES`) whose field, per-op parts and
     tolerance they have, found at ``path`` inside each class's record (:data:`ANY`: every key there)."""
 
     measure: str

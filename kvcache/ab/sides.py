@@ -1,5 +1,5 @@
 """The two sides of ``kvcache ab``: each is one worker process (``python -m pytest --pyargs kvcache.benchmarks -p
-kvcache.ab_worker ...``, :mod:`kvcache.ab_worker`) with its own environment and pytest arguments, and the two pipes
+kvcache.ab.worker ...``, :mod:`kvcache.ab.worker`) with its own environment and pytest arguments, and the two pipes
 this driver steps it through; :func:`build_sides` makes them from the command's options (installing a side's
 ``--x-release`` first). Standard library only."""
 
@@ -34,7 +34,7 @@ class ABError(Exception):
 
 @dataclass
 class Hello:
-    """A worker's first message (:mod:`kvcache.ab_worker`): its items in measuring order and their roles
+    """A worker's first message (:mod:`kvcache.ab.worker`): its items in measuring order and their roles
     (``counted``, ``point``, ``copy``, ``ledger``, ``drift``...), its ``kv.settings``, ``kv.environment`` and
     baseline."""
 
@@ -46,7 +46,7 @@ class Hello:
 
     @classmethod
     def from_message(cls, hello: dict[str, Any]) -> Hello:
-        """The hello as the worker sends it (every key, :func:`kvcache.ab_worker.pytest_collection_finish`); KeyError
+        """The hello as the worker sends it (every key, :func:`kvcache.ab.worker.pytest_collection_finish`); KeyError
         when one is missing."""
         return cls(items=hello["items"], roles=hello["roles"], settings=hello["settings"],
                    environment=hello["environment"], baseline=hello["baseline"])
@@ -82,7 +82,7 @@ class Side:
         req_r, req_w = os.pipe()
         ans_r, ans_w = os.pipe()
         cmd = [sys.executable, "-m", "pytest", "--pyargs", "kvcache.benchmarks", "-p", "no:cacheprovider", "-q",
-               "-p", "kvcache.ab_worker", "--kv-ab-control", f"{req_r},{ans_w}", *common, *self.args]
+               "-p", "kvcache.ab.worker", "--kv-ab-control", f"{req_r},{ans_w}", *common, *self.args]
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("w") as log:
             log.write("$ " + shlex.join(cmd) + "\n")
@@ -199,7 +199,7 @@ def refused(args: list[str], where: str) -> None:
 def build_sides(args: argparse.Namespace, out_dir: Path, say: Callable[[str], None]) -> list[Side]:
     """Sides A and B from the command's options: environment, pytest arguments, and a ``--x-release`` installed
     into ``--versions-dir`` (unless it is this environment's own) and put first on ``PYTHONPATH``."""
-    from kvcache import releases as installer
+    from kvcache.analysing import releases as installer
 
     own = _own_transformers()
     sides = []

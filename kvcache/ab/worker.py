@@ -1,4 +1,4 @@
-"""One side of ``kvcache ab``: a pytest plugin (``-p kvcache.ab_worker --kv-ab-control R,W``) that turns an
+"""One side of ``kvcache ab``: a pytest plugin (``-p kvcache.ab.worker --kv-ab-control R,W``) that turns an
 ordinary run of the suite into a worker the driver steps item by item.
 
 The run is the suite as the side's own ``pytest`` would run it (its environment, its ``-p`` plugins and conftest

@@ -4,12 +4,12 @@
                [--a-release X] [--b-release Y] [--versions-dir .versions] [--out-dir DIR] [--json OUT]
                [--tolerance 0.10] [-- COMMON PYTEST OPTIONS]
 
-Each side is one worker process, ``python -m pytest --pyargs kvcache.benchmarks -p kvcache.ab_worker COMMON
+Each side is one worker process, ``python -m pytest --pyargs kvcache.benchmarks -p kvcache.ab.worker COMMON
 SIDE-ARGS`` with the side's environment (this one's, plus its ``--x-env``; ``--x-release`` puts that Transformers
-release, installed side by side into ``--versions-dir`` by :mod:`kvcache.releases`, first on ``PYTHONPATH``). It is
-the suite as that side's own ``pytest`` runs it (its ``-p`` plugins, conftest files and Transformers), up for the
-whole session: one model build per side (:mod:`kvcache.ab_sides`). This command steps the two through the suite's
-items in the suite's own order (:mod:`kvcache.ab_session`): counted items on both sides at once (exact figures: time
+release, installed side by side into ``--versions-dir`` by :mod:`kvcache.analysing.releases`, first on ``PYTHONPATH``).
+It is the suite as that side's own ``pytest`` runs it (its ``-p`` plugins, conftest files and Transformers), up for the
+whole session: one model build per side (:mod:`kvcache.ab.sides`). This command steps the two through the suite's
+items in the suite's own order (:mod:`kvcache.ab.schedule`): counted items on both sides at once (exact figures: time
 does not matter), and every other item (each round's copy bandwidth, each timed point, each profiled ledger point,
 the drift re-measurement) in stages: each side alone from its start to the end of its timed part (fill, warm-up,
 timed steps), one side and then the other, back to back, in ABBA order (which side goes first alternates from one
@@ -19,7 +19,7 @@ sweep (the common options), shared by both sides: each side's fills and timed pa
 counted items and what is left after the timed parts are run on both sides at once (docs/ab.md).
 
 Each side's records come back item by item and are analysed here (no torch) into that side's ``kv`` section;
-:mod:`kvcache.analysing.ab` judges B against A (:mod:`kvcache.ab_results`). Each worker's output goes to
+:mod:`kvcache.analysing.ab` judges B against A (:mod:`kvcache.ab.results`). Each worker's output goes to
 ``--out-dir/a.log`` and ``b.log``.
 
 Output: a summary like ``kvcache compare``'s, and with ``--json OUT`` one file that ``kvcache compare``, ``kvcache
@@ -49,9 +49,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvcache.ab_results import results, results_before_start, summary
-from kvcache.ab_session import Session, drive, start
-from kvcache.ab_sides import ABError, build_sides, refused
+from kvcache.ab.results import results, results_before_start, summary
+from kvcache.ab.schedule import Session, drive, start
+from kvcache.ab.sides import ABError, build_sides, refused
 from kvcache.analysing import arguments, files
 from kvcache.analysing.options import option
 

@@ -1,61 +1,31 @@
-"""``kvcache sentinel``: watch a Transformers branch commit by commit; when a counted figure changed, name the commit.
-
-    kvcache sentinel --repo PATH [--branch main] --state FILE [--since REF] [--json OUT] [--issue-out FILE.md]
-                     [--model tiny] [--caches dynamic,static] [...] [-- PYTEST ARGS]
-    kvcache sentinel --releases FIRST..LAST [--versions-dir .versions] [--json OUT] [--issue-out FILE.md] [...]
-
-The state file holds the last commit checked and its counted figures (every figure the gate judges, by family:
-:mod:`kvcache.sentinel_figures`), and the changes reported and not yet recovered. A first run starts at ``--since``
-(measured). Each run measures the branch's head with ``kvcache bisect``'s probes (:mod:`kvcache.bisect_probes`: the
-counted suite against the commit's source, cached per commit and identity). No figure moved beyond the counted
-judge's tolerance for it: the head is recorded, exit 0. One moved: for each such figure ``kvcache bisect``'s walk
-(:class:`kvcache.bisect_walk.Bisect`) finds the first commit that changed it between the last commit checked and the
-head (commits that do not build are skipped, never blamed; two changes of one figure in a range are both named),
-``--issue-out`` gets a Markdown issue body (each commit: full sha, subject, author date, the figures before and
-after, the ops that changed, the command that reproduces it) and ``--json`` the same for tools; exit 1. A figure that
-comes back to where it was before a reported change is reported as recovered, and that change is closed.
-
-``--releases FIRST..LAST`` replays the newest patch of every minor release from FIRST's to LAST (``make versions``'
-list), each as if it were new, installed side by side by ``kvcache bisect --releases``' installer
-(:mod:`kvcache.releases`); no state.
-
-The state is written once, at the end, atomically (:func:`kvcache.analysing.files.write_text_atomically`): an
-interrupted run (Ctrl-C, SIGTERM: exit 130) leaves the previous state as it was. Exit status: 0 no figure changed,
-1 a figure changed (or recovered), 2 bad input (one line, the state untouched) or a starting commit that cannot be
-measured, 3 the head cannot be measured (nothing recorded), 130 interrupted.
-"""
+"""What ``kvcache sentinel`` does once its arguments are parsed (:mod:`kvcache.commands.sentinel`): the state
+file (:class:`State`), the branch walked commit by commit (:func:`run_commits`) or the releases replayed
+(:func:`run_releases`), each changed figure bisected to its commit, and the outputs written (:func:`finish`).
+Standard library only."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import subprocess
-import sys
-import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from kvcache import bisect_search as search
-from kvcache import releases as installer
-from kvcache import sentinel_figures as figs
-from kvcache import sentinel_report as report
-from kvcache.analysing import arguments, files
-from kvcache.bisect import add_probe_options, probe_caches, probe_suite, published_range
-from kvcache.bisect_probes import (
+from kvcache.analysing import files
+from kvcache.analysing import releases as installer
+from kvcache.bisect import search
+from kvcache.bisect.plan import probe_caches, probe_suite, published_range
+from kvcache.bisect.probes import (
     EXIT_AMBIGUOUS,
     EXIT_FOUND,
-    EXIT_INTERRUPTED,
-    EXIT_USAGE,
     BisectError,
     Item,
     Probe,
     ProbeCache,
 )
-from kvcache.bisect_report import step_json
-from kvcache.bisect_runners import (
+from kvcache.bisect.report import step_json
+from kvcache.bisect.runners import (
     CommitRunner,
     ReleaseRunner,
     check_transformers,
@@ -65,32 +35,12 @@ from kvcache.bisect_runners import (
     repository,
     resolve,
 )
-from kvcache.bisect_walk import Bisect, Plan
+from kvcache.bisect.walk import Bisect, Plan
+from kvcache.sentinel import figures as figs
+from kvcache.sentinel import report
 
 EXIT_UNCHANGED, EXIT_CHANGED, EXIT_HEAD_UNMEASURED = 0, 1, 3
 STATE_FORMAT = 1
-
-
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="kvcache sentinel",
-        description="Measure a Transformers branch's head against the last commit checked (the state file); when a "
-                    "counted figure changed beyond the gate's tolerance, bisect to the commit that changed it and "
-                    "write an issue body. Exit 0 unchanged, 1 changed or recovered, 2 bad input, 3 the head "
-                    "cannot be measured. Extra pytest arguments for every probe go after --.")
-    p.add_argument("--repo", help="a Transformers git checkout whose branch is watched")
-    p.add_argument("--branch", default="main", help="the branch watched (default main)")
-    p.add_argument("--state", metavar="FILE", help="the state: the last commit checked, its figures, the changes "
-                                                   "not yet recovered (read, then replaced at the end)")
-    p.add_argument("--since", metavar="REF", help="the first run's starting commit (measured); ignored once the "
-                                                  "state exists")
-    p.add_argument("--releases", metavar="FIRST..LAST", help="instead of --repo: replay the newest patch of every "
-                   "minor release from FIRST's to LAST, each as if it were new (pip index versions: the network)")
-    p.add_argument("--versions-dir", default=".versions", help="where --releases installs releases (.versions)")
-    p.add_argument("--json", metavar="OUT", help="write the result as JSON (changes, recovered, open, issues)")
-    p.add_argument("--issue-out", metavar="FILE.md", help="write a Markdown issue body naming every change")
-    add_probe_options(p)
-    return p
 
 
 # --- the state -----------------------------------------------------------------------------------------------------
@@ -401,45 +351,3 @@ def run_releases(args: argparse.Namespace, extra: list[str], workdir: Path, say:
         return finish(args, doc, None, total, [], [], code, memo, say)
     finally:
         runner.close()
-
-
-# --- the command ---------------------------------------------------------------------------------------------------
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    own, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    args = arguments.parse(parser(), own)
-    if isinstance(args, int):  # --help, or a usage error argparse has printed
-        return args
-
-    said: set[str] = set()
-
-    def say(line: str) -> None:  # a probe's line once: each figure's walk shares the probes
-        if line.startswith("  [") and line in said:
-            return
-        said.add(line)
-        print(line, flush=True)
-
-    workdir = Path(tempfile.mkdtemp(prefix="kvcache-sentinel-"))
-    try:
-        if bool(args.releases) == bool(args.repo):
-            raise BisectError("give --repo PATH --state FILE (a branch, commit by commit) or --releases FIRST..LAST")
-        # the first SIGINT/SIGTERM stops the run like Ctrl-C (the state untouched); later ones only print
-        with files.signals_stop("kvcache sentinel", KeyboardInterrupt):
-            return (run_releases if args.releases else run_commits)(args, extra, workdir, say)
-    except BisectError as exc:
-        print(f"kvcache sentinel: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("kvcache sentinel: interrupted; the state is as it was, finished probes stay cached", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except subprocess.SubprocessError as exc:  # a git that could not run at all
-        print(f"kvcache sentinel: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,5 +1,6 @@
 """The runners of ``kvcache bisect``: git (the range, one detached worktree whose ``src/`` a probe puts first on
-``PYTHONPATH``) and published releases installed side by side (:mod:`kvcache.releases`). Standard library only."""
+``PYTHONPATH``) and published releases installed side by side (:mod:`kvcache.analysing.releases`).
+Standard library only."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from kvcache import releases as installer
-from kvcache.bisect_probes import BisectError, Item, Probe, Suite, version_of
+from kvcache.analysing import releases as installer
+from kvcache.bisect.probes import BisectError, Item, Probe, Suite, version_of
 from kvcache.cli import one_line
 
 
@@ -125,7 +126,8 @@ class CommitRunner:
 
 
 class ReleaseRunner:
-    """Probes published releases, each installed side by side into ``root/<release>`` by :mod:`kvcache.releases`."""
+    """Probes published releases, each installed side by side into ``root/<release>`` by
+    :mod:`kvcache.analysing.releases`."""
 
     def __init__(self, root: Path, suite: Suite):
         self.root, self.suite = root, suite

@@ -1,0 +1,44 @@
+"""``kvcache report RUN.json [RUN.json ...] --out DIR``: the arguments and the exit status; what the report holds
+and how it is drawn are :mod:`kvcache.analysing.report`'s."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from kvcache.analysing import arguments, report
+from kvcache.analysing.compare import mismatch
+from kvcache.analysing.records import RecordError, load_runs
+from kvcache.analysing.report import REPORT_FILES, render
+from kvcache.analysing.report.ab import write_ab
+from kvcache.analysing.report.data import (
+    ReportError,
+)
+
+
+def main(argv: list[str]) -> int:
+    """``kvcache report RUN.json [RUN.json ...] --out DIR``; exit 2 on unreadable input or output."""
+    parser = argparse.ArgumentParser(prog="kvcache report", description=report.__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", metavar="RUN.json", help="pytest-benchmark JSON written with the kv plugin")
+    parser.add_argument("--out", type=Path, default=Path("report"), help="output directory (default: report)")
+    parser.add_argument("--allow-mismatch", action="store_true",
+                        help="report runs whose identity differs (device, model, dtype, threads) side by side anyway")
+    args = parser.parse_args(argv)
+    if arguments.paths_refused("kvcache report", reads=[("RUN.json", path) for path in args.runs],
+                               folders=[("--out", args.out, REPORT_FILES)]):
+        return 2
+    try:
+        runs = [run for path in args.runs for run in load_runs(path)]  # an A/B run: its two sides
+        problem = mismatch(runs)
+        if problem and not args.allow_mismatch:
+            raise ReportError(f"refusing to report runs that differ in {problem} side by side; pass "
+                              "--allow-mismatch to report them anyway")
+        paths = render(runs, args.out)
+        paths += [p for path in args.runs for p in write_ab(path, runs, args.out)]  # kvcache ab --json: the pair
+    except (RecordError, ReportError) as exc:
+        print(f"kvcache report: {exc}", file=sys.stderr)
+        return 2
+    for path in paths:
+        print(path)
+    return 0
