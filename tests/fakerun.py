@@ -52,7 +52,7 @@ def make_run(
     """A run dict; ``caches`` maps class -> true timed passes, ``counted`` class -> counted passes; ``memory``: with
     counted memory (``kv.memory``) for every counted class, as the plugin writes it."""
     from kvcache.analysing import identity
-    from kvcache.settings import Settings
+    from kvcache.analysing.settings import Settings
 
     caches = {"dynamic": 3.0, "static": 1.0} if caches is None else caches
     counted = dict(caches) if counted is None else counted
@@ -230,7 +230,7 @@ def analysed(run: dict[str, Any], *, resamples: int | None = 200, baseline: dict
     ``kv.fit``. ``resamples`` (bootstrap resamples; None keeps the run's own setting) and ``baseline`` (a
     baseline file's contents; none by default) are the analysis's."""
     from kvcache.analysing.analysis import analyse
-    from kvcache.settings import Settings
+    from kvcache.analysing.settings import Settings
 
     kv = run["kv"]
     settings = {**Settings().to_dict(), **(kv.get("settings") or {})}

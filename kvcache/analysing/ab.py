@@ -58,7 +58,7 @@ from kvcache.analysing.tables import MISSING, figure, num
 STATUSES = ("pass", "regression", "improvement", "inconclusive")
 PAIRED = ("timed", "intercept", "ledger")  # judged here from the pairs; the gate's other measures are kept as judged
 MIN_CONTEXTS = 2  # a slope needs two contexts; the suite's fit needs three (fit.MIN_CONTEXTS), a ratio does not
-#: The bootstrap of a side's settings that lack one (the suite's defaults, ``kvcache.settings.Settings``).
+#: The bootstrap of a side's settings that lack one (the suite's defaults, ``kvcache.analysing.settings.Settings``).
 RESAMPLES, CONFIDENCE = 2000, 0.95
 
 

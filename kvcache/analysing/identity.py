@@ -27,7 +27,12 @@ were. Cache directories, thread variables (the thread count is already a field) 
 
 from __future__ import annotations
 
+import hashlib
+import json
+from pathlib import Path
 from typing import Any
+
+from kvcache.analysing.presets import FAMILY_PRESETS, LAYERS_SUFFIX, PRESETS
 
 #: Every field of a run's identity, in display order.
 FIELDS = ("device_name", "device_type", "model", "dtype", "threads", "torch")
@@ -54,6 +59,37 @@ MEASURE_FIELDS = {
 }
 #: How a field is spelled in a key, when not by its bare value.
 KEY_FORMS = {"torch": "torch {}"}
+
+
+#: Fields of a config.json that name where and with which release it was saved, not the model: left out of its hash.
+VOLATILE_CONFIG_FIELDS = ("_name_or_path", "transformers_version")
+
+
+def model_key(name: str) -> str:
+    """What a ``--kv-model`` value is called in a run's identity (``settings.model``, hence its baseline keys): a
+    preset or a hub id as given; a local directory as its name plus the first 8 hex digits of the SHA-256 of its
+    ``config.json`` (``mymodel@3f2a9c1b``), so the same model typed as a relative or an absolute path, or a moved
+    checkout, keeps its identity, and a changed config gets a new one. The JSON is hashed canonically (keys sorted,
+    no whitespace, without :data:`VOLATILE_CONFIG_FIELDS`); a file that is not a JSON object, by its bytes.
+    Nothing is imported or built."""
+    match = LAYERS_SUFFIX.match(name)
+    base = match["base"] if match else name
+    if base in PRESETS or base in FAMILY_PRESETS:
+        return name
+    path = Path(name).expanduser()
+    file = path / "config.json"
+    try:
+        data = file.read_bytes()
+    except OSError:
+        return name  # a hub id (or nothing the run can load: refused before it runs)
+    try:
+        raw = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raw = None
+    if isinstance(raw, dict):
+        raw = {k: v for k, v in raw.items() if k not in VOLATILE_CONFIG_FIELDS}
+        data = json.dumps(raw, sort_keys=True, separators=(",", ":")).encode()
+    return f"{path.resolve().name or path.resolve()}@{hashlib.sha256(data).hexdigest()[:8]}"
 
 
 def of_run(kv: Any) -> dict[str, Any]:

@@ -1,10 +1,11 @@
 """The ``--kv-*`` options: one table, the one home of every default.
 
-Each :class:`Option` names its flag, its default as typed on the command line, the :class:`kvcache.settings.Settings`
-field it sets and whether it is a judge's rule. From this table come the pytest options (``kvcache.plugin``), the
-defaults of ``Settings`` and of the judge's :class:`kvcache.analysing.rules.Rules`, the tolerance options of
-``kvcache compare`` (and of the commands built on it) and the options page of the documentation
-(``python -m kvcache.analysing.options > docs/options.md``). ``tests/analysing/test_options.py`` keeps them equal.
+Each :class:`Option` names its flag, its default as typed on the command line, the
+:class:`kvcache.analysing.settings.Settings` field it sets and whether it is a judge's rule. From this table come the
+pytest options (``kvcache.plugin``), the defaults of ``Settings`` and of the judge's
+:class:`kvcache.analysing.rules.Rules`, the tolerance options of ``kvcache compare`` (and of the commands built on it)
+and the options page of the documentation (``python -m kvcache.analysing.options > docs/options.md``).
+``tests/analysing/test_options.py`` keeps them equal.
 Stdlib only.
 """
 
@@ -18,10 +19,10 @@ from typing import Any
 @dataclass(frozen=True)
 class Option:
     """One ``--kv-*`` option. ``default`` is the value as the command line gives it (None for a flag, which is off
-    unless given); ``setting`` is the :class:`~kvcache.settings.Settings` field it sets, through the option's parser
-    (:data:`kvcache.settings.PARSERS`: ``--kv-copy-mib`` sets ``copy_bytes`` in bytes, ``--kv-no-gate`` sets
-    ``gate`` false; ``""`` when it sets none directly, as ``--kv-attn``); ``rule``: the judge reads it
-    (:class:`~kvcache.analysing.rules.Rules`), so ``kvcache compare`` takes it too, without the ``kv-`` prefix;
+    unless given); ``setting`` is the :class:`~kvcache.analysing.settings.Settings` field it sets, through the
+    option's parser (:data:`kvcache.analysing.settings.PARSERS`: ``--kv-copy-mib`` sets ``copy_bytes`` in bytes,
+    ``--kv-no-gate`` sets ``gate`` false; ``""`` when it sets none directly, as ``--kv-attn``); ``rule``: the judge
+    reads it (:class:`~kvcache.analysing.rules.Rules`), so ``kvcache compare`` takes it too, without the ``kv-`` prefix;
     ``accepts`` says, in a few words, which values are accepted."""
 
     flag: str

@@ -244,7 +244,7 @@ class Suite:
         return opts + list(self.extra)
 
     def identity(self) -> dict[str, Any]:
-        from kvcache.measuring.presets import model_key  # standard library only
+        from kvcache.analysing.identity import model_key  # standard library only
 
         opts = self.options()
         opts = [*opts[:1], model_key(self.model), *opts[2:len(opts) - len(self.extra)], *extra_identity(self.extra)]
@@ -354,7 +354,7 @@ def probe_env(first_on_path: Path) -> dict[str, str]:
 #: environment's (commits, not releases, which bring their own).
 PRELOAD = ("torch", "torch._dynamo", "torch._inductor", "numpy", "sympy", "PIL.Image", "jinja2", "yaml", "regex",
            "filelock", "packaging.version", "tqdm.auto", "pytest", "pytest_benchmark.plugin", "kvcache.plugin",
-           "kvcache.bisect.gates_plugin", "kvcache.settings")
+           "kvcache.bisect.gates_plugin", "kvcache.analysing.settings")
 PRELOAD_FAMILY = ("huggingface_hub", "safetensors.torch", "tokenizers")
 
 

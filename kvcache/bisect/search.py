@@ -20,8 +20,8 @@ from typing import Any
 from kvcache.analysing.judges import COUNTED_RELATIVE_SLACK, OP_CHANGE
 from kvcache.analysing.records import KV
 from kvcache.analysing.rules import Rules
+from kvcache.analysing.sdpa_rules import GPUS
 from kvcache.analysing.tables import MISSING
-from kvcache.measuring.sdpa_rules import GPUS
 
 GOOD, BAD, SKIP = "good", "bad", "skip"
 

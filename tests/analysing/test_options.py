@@ -11,8 +11,8 @@ import pytest
 
 from kvcache.analysing.options import BY_FLAG, OPTIONS, RULE_DEFAULTS, markdown
 from kvcache.analysing.rules import Rules
+from kvcache.analysing.settings import PARSERS, Settings, SettingsError, parse_options
 from kvcache.plugin import options as plugin_options
-from kvcache.settings import PARSERS, Settings, SettingsError, parse_options
 
 ROOT = Path(__file__).resolve().parents[2]
 BY_DEST = {o.dest: o for o in OPTIONS}

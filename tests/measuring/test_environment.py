@@ -9,9 +9,9 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from kvcache.analysing import identity  # noqa: E402
+from kvcache.analysing.settings import Settings  # noqa: E402
 from kvcache.measuring.devices import Device  # noqa: E402
 from kvcache.measuring.session import KVSession  # noqa: E402
-from kvcache.settings import Settings  # noqa: E402
 
 
 def environment() -> dict:
