@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gate_power import build, rotations, run_series, setup_text  # the script beside this one
+from gate_power_series import build, rotations, run_series, setup_text  # the script beside this one
 
 from kvcache.analysing import ab as judge
 from kvcache.analysing import tables
