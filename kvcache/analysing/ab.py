@@ -50,7 +50,7 @@ import numpy as np
 
 from kvcache.analysing.fit import context_draws
 from kvcache.analysing.jsonrecord import Record, absent_field, extra_field
-from kvcache.analysing.options import RULE_DEFAULTS
+from kvcache.analysing.options import CONFIDENCE, RESAMPLES, RULE_DEFAULTS
 from kvcache.analysing.records import KV, Drift, Fit, LedgerPoint, LedgerRow, Verdict
 from kvcache.analysing.stats import finite, median, percentile_interval
 from kvcache.analysing.tables import MISSING, figure, num
@@ -58,8 +58,6 @@ from kvcache.analysing.tables import MISSING, figure, num
 STATUSES = ("pass", "regression", "improvement", "inconclusive")
 PAIRED = ("timed", "intercept", "ledger")  # judged here from the pairs; the gate's other measures are kept as judged
 MIN_CONTEXTS = 2  # a slope needs two contexts; the suite's fit needs three (fit.MIN_CONTEXTS), a ratio does not
-#: The bootstrap of a side's settings that lack one (the suite's defaults, ``kvcache.analysing.settings.Settings``).
-RESAMPLES, CONFIDENCE = 2000, 0.95
 
 
 @dataclass

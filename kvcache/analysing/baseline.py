@@ -55,6 +55,7 @@ from kvcache.analysing.entries import (
 )
 from kvcache.analysing.fit import record_problem
 from kvcache.analysing.judges import MEMORY_FIGURES
+from kvcache.analysing.options import RULE_DEFAULTS
 from kvcache.analysing.records import KV, Drift, Fit, UnmeasuredDrift, jsonable
 
 SCHEMA = 2
@@ -161,7 +162,7 @@ def for_run(doc: dict[str, Any], ident: dict[str, Any]) -> tuple[dict[str, dict[
 def timed_problem(kv: KV, cache: str) -> str | None:
     """Why a run's timed passes of ``cache`` may not enter a baseline, or None when they may."""
     fit, session, drift = kv.fit.get(cache), kv.session, kv.drift
-    min_r2 = kv.settings.get("min_r2", 0.90)
+    min_r2 = kv.settings.get("min_r2", RULE_DEFAULTS["min_r2"])
     if session is not None and session.interrupted:
         return f"the session did not finish ({session.exit})"
     if session is not None and cache in session.failed:

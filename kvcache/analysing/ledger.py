@@ -21,6 +21,7 @@ from typing import Any
 
 from kvcache.analysing.counted_records import Traffic
 from kvcache.analysing.fit import FitError, slope_passes
+from kvcache.analysing.options import CONFIDENCE, RESAMPLES
 from kvcache.analysing.stats import median
 from kvcache.analysing.timed_records import LedgerPoint, LedgerRow, Point, Speed
 
@@ -55,8 +56,8 @@ def _points(name: str, entries: Series) -> list[Point]:
 
 
 def _row(points: list[Point], copy_samples: list[float], settings: dict[str, Any]) -> LedgerRow:
-    passes, (lo, hi), _ = slope_passes(points, copy_samples, confidence=settings.get("confidence", 0.95),
-                                       resamples=settings.get("resamples", 2000), seed=settings.get("seed", 0))
+    passes, (lo, hi), _ = slope_passes(points, copy_samples, confidence=settings.get("confidence", CONFIDENCE),
+                                       resamples=settings.get("resamples", RESAMPLES), seed=settings.get("seed", 0))
     largest = max(points, key=lambda p: p.kv_bytes)
     return LedgerRow(timed=passes, timed_ci=[lo, hi], ms=largest.median_s * 1e3)
 

@@ -121,6 +121,14 @@ CPU_TIMED: tuple[str, ...] = ("--kv-dtype", "float32", "--kv-threads", "1")
 #: The judge's tolerance-like rules, by their Settings (and Rules) field name, with their defaults.
 RULE_DEFAULTS: dict[str, float] = {o.setting: o.default for o in OPTIONS if o.rule}
 
+#: The bootstrap of every timed interval, which no option sets (a run records both in ``kv.settings``): the
+#: intervals' confidence and the resamples drawn.
+CONFIDENCE = 0.95
+RESAMPLES = 2000
+#: Counted passes: an op (or a fused kernel) below this is left out of a figure's ops, and a change of an op's passes
+#: below it is not named (figures are shown to 2 decimals).
+MIN_OP_PASSES = 0.005
+
 
 def option(flag: str) -> Option:
     return BY_FLAG[flag]

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from kvcache.analysing.identity import model_key
-from kvcache.analysing.options import BY_FLAG, OPTIONS
+from kvcache.analysing.options import BY_FLAG, CONFIDENCE, OPTIONS, RESAMPLES
 
 ORDERS = ("interleaved", "ascending")
 FILLS = ("synthetic", "prefill")
@@ -251,8 +251,8 @@ class Settings:
     ledger_tolerance: float = _default("--kv-ledger-tolerance")  # timed passes per op, besides tolerance
     max_passes: dict[str, float] = field(default_factory=lambda: _default("--kv-max-passes"))  # cache -> passes
     min_r2: float = _default("--kv-min-r2")
-    confidence: float = 0.95  # of the bootstrap intervals
-    resamples: int = 2000  # bootstrap resamples
+    confidence: float = CONFIDENCE  # of the bootstrap intervals
+    resamples: int = RESAMPLES  # bootstrap resamples
     gate: bool = _default("--kv-no-gate")
     strict: bool = _default("--kv-strict")
     remeasure: int = _default("--kv-remeasure")  # points

@@ -17,7 +17,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from kvcache.analysing.judges import COUNTED_RELATIVE_SLACK, OP_CHANGE
+from kvcache.analysing.judges import COUNTED_RELATIVE_SLACK
+from kvcache.analysing.options import MIN_OP_PASSES
 from kvcache.analysing.records import KV
 from kvcache.analysing.rules import Rules
 from kvcache.analysing.sdpa_rules import GPUS
@@ -195,7 +196,7 @@ def op_changes(before: dict[str, float], after: dict[str, float]) -> dict[str, f
     ops included), the largest move first."""
     ops = dict.fromkeys([*before, *after])
     moved = {op: after.get(op, 0.0) - before.get(op, 0.0) for op in ops}
-    return dict(sorted(((op, d) for op, d in moved.items() if abs(d) > OP_CHANGE),
+    return dict(sorted(((op, d) for op, d in moved.items() if abs(d) > MIN_OP_PASSES),
                        key=lambda kv: (-abs(kv[1]), kv[0])))
 
 
