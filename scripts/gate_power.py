@@ -194,14 +194,15 @@ def summarize(out: Path, *, again: bool = False) -> str:
     base = fit.passes if isinstance(fit, Fit) else None
     runs = json.loads((out / MANIFEST).read_text())
     planted = list(dict.fromkeys(r["cache"] for r in runs if r["cache"] != CLEAN))
-    tolerance = calibration.settings.get("tolerance") if calibration is not None else None
+    tolerance = calibration.settings.tolerance if calibration is not None else None
     for r in runs:
         r["kv"] = load_kv(out / r["json"])
         if r["kv"] is not None:
-            tolerance = r["kv"].settings.get("tolerance", tolerance)
+            recorded = r["kv"].settings.tolerance
+            tolerance = tolerance if recorded is None else recorded
         if again:
             rejudge(out, r)
-    device = calibration.environment.get("device_name", "?") if calibration is not None else "?"
+    device = (calibration.environment.device_name or "?") if calibration is not None else "?"
     lines = [f"# Timed gate power on {device}", "",
              setup_text(calibration, runs, "profiled steps per point for the ledger") + f" Baseline: {CLEAN} "
              f"{tables.num(base, missing='?')} timed passes from one calibration run; "

@@ -134,7 +134,7 @@ def summarize_ab(out: Path) -> str:
     runs = json.loads((out / AB_MANIFEST).read_text())
     read = {r["name"]: ABRun.load(out / r["json"]) for r in runs}
     first = next((run.side_b for run in read.values() if run.side_b is not None), None)
-    device = first.environment.get("device_name", "?") if first is not None else "?"
+    device = (first.environment.device_name or "?") if first is not None else "?"
     lines = [f"# Timed A/B gate power on {device}", "",
              setup_text(first, runs, "profiled ledger steps, class dynamic; one `kvcache ab` a run (A: the suite as "
                         "it is; B: clean, the planted copy twin, or the token-major layout twin, each registered as "

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from kvcache.analysing import tables
-from kvcache.analysing.records import KV
+from kvcache.analysing.records import KV, Environment, RunSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPETITOR = "while True: pass"  # one CPU-bound process beside the suite (--competing)
@@ -58,9 +58,12 @@ def build(code: int | None) -> str:
 
 def setup_text(kv: KV | None, runs: list[dict[str, Any]], ledger: str) -> str:
     """What a series ran on (the first run's settings and environment) and what ran beside it."""
-    s, env = (kv.settings, kv.environment) if kv is not None else ({}, {})
+    s, env = (kv.settings, kv.environment) if kv is not None else (RunSettings(), Environment())
+
+    def shown(value: Any) -> str:
+        return "?" if value is None else str(value)
+
     beside = "one CPU-bound process beside it" if any(r.get("competing") for r in runs) else "nothing beside it"
-    return (f"Model {s.get('model', '?')}, contexts {', '.join(map(str, s.get('contexts', [])))}, "
-            f"{s.get('rounds', '?')} rounds of {s.get('steps', '?')} timed steps a point, "
-            f"{s.get('ledger_steps', '?')} {ledger}, {beside}; transformers {env.get('transformers', '?')}, torch "
-            f"{env.get('torch', '?')}.")
+    return (f"Model {shown(s.model)}, contexts {', '.join(map(str, s.contexts))}, {shown(s.rounds)} rounds of "
+            f"{shown(s.steps)} timed steps a point, {shown(s.ledger_steps)} {ledger}, {beside}; transformers "
+            f"{shown(env.transformers)}, torch {shown(env.torch)}.")

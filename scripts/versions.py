@@ -272,9 +272,10 @@ def recorded_releases(out: Path) -> list[str]:
 def _recorded_release(path: Path) -> str | None:
     """The transformers release a run JSON records, or None when there is no readable run."""
     try:
-        return str(load_run(path).record.environment["transformers"])
-    except (RecordError, KeyError):
+        release = load_run(path).record.environment.transformers
+    except RecordError:
         return None
+    return None if release is None else str(release)
 
 
 def _duration(seconds: float) -> str:

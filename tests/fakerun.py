@@ -22,7 +22,7 @@ from statistics import median
 from typing import Any
 
 from kvcache.analysing import analysis, bandwidth, judges
-from kvcache.analysing.records import KV
+from kvcache.analysing.records import KV, Environment, RunSettings
 
 BYTES_PER_TOKEN = 23_040
 WEIGHT_BYTES = 269_030_016
@@ -109,7 +109,7 @@ def make_run(
         "session": {"interrupted": False, "exit": "ok", "failed": []},
         "ledger": {}, "ledger_points": [], "ledger_errors": {}, "speed": None,
     }
-    kv["identity"] = identity.of(environment, settings)
+    kv["identity"] = identity.of(Environment.from_json(environment), RunSettings.from_json(settings)).to_json()
     record = KV.from_json(kv)
     kv["crossovers"] = bandwidth.crossovers(record.model, record.fit, record.traffic, {}).to_json()
     record.verdict = analysis.judge(record, {})  # the real judge of this fit and traffic, against no baseline

@@ -19,14 +19,14 @@ def side_record(side: Side, interrupted: bool, exit_text: str) -> KV:
     """The side's ``kv`` section, analysed from the records its worker sent back."""
     from kvcache.analysing import analysis
 
-    return analysis.analyse(side.records, side.hello.settings, side.hello.baseline,
+    return analysis.analyse(side.records, side.hello.settings.to_json(), side.hello.baseline,
                             {"interrupted": interrupted, "exit": exit_text, "failed": []})
 
 
 def run_of(kv: KV, path: str) -> Run:
     """A side as a run (its timed points and ``kv`` section), the way compare reads one from a file."""
     points = [p.to_point() for p in kv.points if p.samples_ms is not None]
-    return Run(path=path, points=points, record=kv, machine_info={"kv_environment": kv.environment})
+    return Run(path=path, points=points, record=kv, machine_info={"kv_environment": kv.environment.to_json()})
 
 
 def described(side: Side, kv: KV) -> dict[str, Any]:
@@ -34,8 +34,8 @@ def described(side: Side, kv: KV) -> dict[str, Any]:
     from kvcache.analysing import ab as judge
 
     copies = [{"label": m.label, "gbps": m.gbps} for m in (kv.copy.measurements if kv.copy is not None else [])]
-    return {"args": side.args, "release": side.release, "transformers": side.hello.environment.get("transformers"),
-            "torch": side.hello.environment.get("torch"), "log": str(side.log), "failed": side.failure,
+    return {"args": side.args, "release": side.release, "transformers": side.hello.environment.transformers,
+            "torch": side.hello.environment.torch, "log": str(side.log), "failed": side.failure,
             "items_finished": len(side.finished), "drift": judge.drift_of(kv), "copy": copies}
 
 
@@ -57,7 +57,7 @@ def results(session: Session, tolerance: float) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 - the paired verdicts stand on their own; say why these are missing
         counted = {}
         session.notes.append(f"counted and overhead not judged: {exc}")
-    verdicts = judge.judge(kv_a, kv_b, tolerance=tolerance, counted=counted, seed=int(kv_b.settings.get("seed", 0)))
+    verdicts = judge.judge(kv_a, kv_b, tolerance=tolerance, counted=counted, seed=kv_b.settings.seed or 0)
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     run = {"format": FORMAT, "tolerance": tolerance, "interrupted": session.interrupted,
            "failed": [side.name for side in broken], "items": len(session.items),
@@ -65,9 +65,9 @@ def results(session: Session, tolerance: float) -> dict[str, Any]:
            "sides": {side.name: described(side, kv) for side, kv in ((a, kv_a), (b, kv_b))},
            "paired_drift": {cache: judge.paired_drift(kv_a, kv_b, cache) for cache in verdicts},
            "notes": session.notes}
-    return {"benchmarks": [], "machine_info": {"kv_environment": kv_b.environment}, "commit_info": {},
+    return {"benchmarks": [], "machine_info": {"kv_environment": kv_b.environment.to_json()}, "commit_info": {},
             "datetime": now, "version": None, "kv": kv_b.to_json(), "ab": verdicts, "ab_run": run,
-            "side_a": {"benchmarks": [], "machine_info": {"kv_environment": kv_a.environment},
+            "side_a": {"benchmarks": [], "machine_info": {"kv_environment": kv_a.environment.to_json()},
                        "datetime": now, "kv": kv_a.to_json()}}
 
 

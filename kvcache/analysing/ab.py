@@ -360,12 +360,15 @@ def judge(kv_a: KV, kv_b: KV, *, tolerance: float = RULE_DEFAULTS["tolerance"], 
     ``counted``: the gate's verdicts of B with A as the baseline (:func:`kvcache.analysing.compare.judge_against`),
     whose measures other than :data:`PAIRED` (``counted``, ``overhead``, and any other exact measure the gate has) are
     kept as they are."""
-    settings = kv_b.settings or kv_a.settings
-    max_drift = float(settings.get("max_drift", RULE_DEFAULTS["max_drift"]) if max_drift is None else max_drift)
-    ledger_tolerance = float(settings.get("ledger_tolerance", RULE_DEFAULTS["ledger_tolerance"])
-                             if ledger_tolerance is None else ledger_tolerance)
-    resamples = int(settings.get("resamples", RESAMPLES) if resamples is None else resamples)
-    confidence = float(settings.get("confidence", CONFIDENCE) if confidence is None else confidence)
+    settings = kv_b.settings if kv_b.settings.to_json() else kv_a.settings
+
+    def rule(given: float | None, recorded: float | None, default: float) -> float:
+        return given if given is not None else recorded if recorded is not None else default
+
+    max_drift = float(rule(max_drift, settings.max_drift, RULE_DEFAULTS["max_drift"]))
+    ledger_tolerance = float(rule(ledger_tolerance, settings.ledger_tolerance, RULE_DEFAULTS["ledger_tolerance"]))
+    resamples = int(rule(resamples, settings.resamples, RESAMPLES))
+    confidence = float(rule(confidence, settings.confidence, CONFIDENCE))
     caches: dict[str, None] = {}
     for kv in (kv_a, kv_b):
         caches.update(dict.fromkeys(str(p.cache) for p in kv.points))

@@ -144,10 +144,11 @@ def upgrade(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 
-def for_run(doc: dict[str, Any], ident: dict[str, Any]) -> tuple[dict[str, dict[str, BaselineEntry]], dict[str, str]]:
+def for_run(doc: dict[str, Any],
+            ident: identity.Identity) -> tuple[dict[str, dict[str, BaselineEntry]], dict[str, str]]:
     """What a run of identity ``ident`` is judged against: ``({measure: {cache: entry}}, {measure: key})``; ``doc``
     is a loaded baseline file (:func:`load`), or ``{}`` for none."""
-    keys = {m: identity.key(ident, m) for m in identity.MEASURE_FIELDS}
+    keys = {m: identity.baseline_key(ident, m) for m in identity.MEASURE_FIELDS}
     devices = doc["devices"] if doc else {}
     entries: dict[str, dict[str, BaselineEntry]] = {}
     for measure, key in keys.items():
@@ -162,7 +163,7 @@ def for_run(doc: dict[str, Any], ident: dict[str, Any]) -> tuple[dict[str, dict[
 def timed_problem(kv: KV, cache: str) -> str | None:
     """Why a run's timed passes of ``cache`` may not enter a baseline, or None when they may."""
     fit, session, drift = kv.fit.get(cache), kv.session, kv.drift
-    min_r2 = kv.settings.get("min_r2", RULE_DEFAULTS["min_r2"])
+    min_r2 = RULE_DEFAULTS["min_r2"] if kv.settings.min_r2 is None else kv.settings.min_r2
     if session is not None and session.interrupted:
         return f"the session did not finish ({session.exit})"
     if session is not None and cache in session.failed:
@@ -197,8 +198,8 @@ def timed_problem(kv: KV, cache: str) -> str | None:
 def entries_of_run(kv: KV, recorded: str) -> tuple[dict[str, dict[str, dict[str, Any]]], list[str]]:
     """What recording a run writes, ``{key: {cache: entry}}``, and one line per timed figure left out (why)."""
     ident, env, settings = identity.of_run(kv), kv.environment, kv.settings
-    common = {"recorded": recorded, "transformers": env.get("transformers"), "torch": env.get("torch"),
-              "model": settings.get("model"), "dtype": settings.get("dtype")}
+    common = {"recorded": recorded, "transformers": env.transformers, "torch": env.torch, "model": settings.model,
+              "dtype": settings.dtype}
     timed: dict[str, Any] = {}
     counted: dict[str, Any] = {}
     overhead: dict[str, Any] = {}
@@ -260,13 +261,13 @@ def entries_of_run(kv: KV, recorded: str) -> tuple[dict[str, dict[str, dict[str,
             refused.append(f"{cache}: counted memory not recorded: {problem}")
     out: dict[str, dict[str, Any]] = {}
     if counted:
-        out[identity.key(ident, "counted")] = counted
+        out[identity.baseline_key(ident, "counted")] = counted
     if overhead:
-        out[identity.key(ident, "overhead")] = overhead
+        out[identity.baseline_key(ident, "overhead")] = overhead
     for cache, entry in memory.items():  # the overhead's key: one entry per class holds both
-        out.setdefault(identity.key(ident, "memory"), {}).setdefault(cache, {}).update(entry)
+        out.setdefault(identity.baseline_key(ident, "memory"), {}).setdefault(cache, {}).update(entry)
     if timed:
-        out[identity.key(ident, "timed")] = timed
+        out[identity.baseline_key(ident, "timed")] = timed
     return out, refused
 
 

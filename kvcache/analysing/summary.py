@@ -259,12 +259,13 @@ def noted_table(header: list[str], rows: list[list[str]], note: str) -> list[str
 def lines(kv: KV) -> list[str]:
     """The summary printed at the end of a session."""
     env, model, settings, default = kv.environment, kv.model, kv.settings, identity.EXTRA_FIELDS
-    out = [f"device {env.get('device_name')}; transformers {env.get('transformers')}, torch {env.get('torch')}; "
-           f"model {model.get('name')} ({model.get('dtype')}, {model.get('bytes_per_token')} B/token of KV, "
-           f"{model.get('weight_bytes')} B of weights)"]
-    driver, batch = (settings.get(name, default[name]) for name in ("driver", "batch"))
+    out = [f"device {env.device_name}; transformers {env.transformers}, torch {env.torch}; "
+           f"model {model.name} ({model.dtype}, {model.bytes_per_token} B/token of KV, {model.weight_bytes} B of "
+           "weights)"]
+    driver, batch = (default[name] if getattr(settings, name) is None else getattr(settings, name)
+                     for name in ("driver", "batch"))
     if (driver, batch) != (default["driver"], default["batch"]):
-        ragged = ", ragged (left-padded; passes per live KV byte)" if settings.get("ragged") else ""
+        ragged = ", ragged (left-padded; passes per live KV byte)" if settings.ragged else ""
         out.append(f"driver {driver}; batch {batch}{ragged}")
     start, end = (kv.copy.start_gbps, kv.copy.end_gbps) if kv.copy else (None, None)
     out.append(f"copy bandwidth (read + write): start {num(start, '.1f')} GB/s, end {num(end, '.1f')} GB/s, "

@@ -289,7 +289,7 @@ class Suite:
         except (OSError, ValueError, KeyError, TypeError):  # no gates file: the run stopped early
             pass
         if probe.kv is not None:
-            probe.transformers = probe.kv.environment.get("transformers") or probe.transformers
+            probe.transformers = probe.kv.environment.transformers or probe.transformers
             # a class whose count failed: its message (the run's record of it, else pytest's log) stands in for a figure
             session = probe.kv.session
             failed = session.reasons if session is not None and session.reasons else failed_counts(text)

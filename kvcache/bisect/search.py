@@ -73,7 +73,7 @@ class Figure:
 
 def classes(kv: KV) -> list[str]:
     """The classes of a run, in its own order: its settings' classes, then any it measured besides."""
-    names = [*kv.settings.get("caches", []), *kv.traffic, *kv.memory]
+    names = [*kv.settings.caches, *kv.traffic, *kv.memory]
     return [c for c in dict.fromkeys(names) if c != "all"]
 
 
@@ -136,12 +136,12 @@ def tolerance(kv: KV, measure: Measure, cache: str) -> float:
     rules = Rules.from_settings(kv.settings)
     if measure.name == "ops":
         traffic = kv.traffic.get(cache)
-        layers = traffic.layers if traffic is not None and traffic.layers else kv.model.get("layers")
+        layers = traffic.layers if traffic is not None and traffic.layers else kv.model.layers
         return rules.ops_tolerance * (layers or 1)
     if measure.name == "weight":
         return rules.weight_passes_tolerance
     if measure.section == "memory":
-        return rules.memory_tolerance if "memory_tolerance" in kv.settings else rules.counted_tolerance
+        return rules.memory_tolerance if kv.settings.memory_tolerance is not None else rules.counted_tolerance
     return rules.counted_tolerance
 
 

@@ -13,7 +13,7 @@ from kvcache.analysing.entries import BaselineEntry
 from kvcache.analysing.fit import fit_passes
 from kvcache.analysing.gate import failures, judge_run, parse_max_passes, status_of
 from kvcache.analysing.judges import allowed_passes, judge_counted, judge_timed, ops_that_grew
-from kvcache.analysing.records import KV, Counted, Drift, Fit, FitFailure, Traffic, points_from_benchmarks
+from kvcache.analysing.records import KV, Counted, Drift, Fit, FitFailure, RunSettings, Traffic, points_from_benchmarks
 from kvcache.analysing.rules import Rules
 
 KEY = "cpu: test machine | smollm2-135m | bfloat16"
@@ -195,7 +195,8 @@ def run_kv(*, drift=DRIFT_OK, strict=False, timed=5.0, counted_passes=5.0) -> KV
     def traffic(figure: Counted) -> Traffic:
         return Traffic(passes=figure.passes, by_op=figure.by_op)
 
-    return KV(settings={"caches": ["dynamic", "static"], "strict": strict}, drift=drift, fit={"dynamic": fitted(timed)},
+    return KV(settings=RunSettings(caches=["dynamic", "static"], strict=strict), drift=drift,
+              fit={"dynamic": fitted(timed)},
               traffic={"dynamic": traffic(counted(counted_passes)), "static": traffic(counted(1.0, {"sdpa": 1.0}))})
 
 

@@ -76,10 +76,10 @@ def test_no_baseline_and_a_declared_factor_too_small_are_said():
 def test_memory_is_keyed_like_the_overhead_and_recorded_beside_it():
     kv = KV.from_json(run_with({"dynamic": DYNAMIC, "static": STATIC})["kv"])
     ident = identity.of_run(kv)
-    assert identity.key(ident, "memory") == identity.key(ident, "overhead") == \
+    assert identity.baseline_key(ident, "memory") == identity.baseline_key(ident, "overhead") == \
         "cpu | smollm2-135m | bfloat16 | torch 2.13.0+cpu"
     entries, _ = baseline.entries_of_run(kv, "now")
-    entry = entries[identity.key(ident, "memory")]["dynamic"]
+    entry = entries[identity.baseline_key(ident, "memory")]["dynamic"]
     assert entry["memory_held_passes"] == 1.0 and entry["memory_allocated_by_op"] == {"cat": 1.0}
     assert "ops_per_step" in entry  # one entry per class holds both
     found, keys = baseline.for_run({"schema": 2, "devices": entries}, ident)

@@ -15,6 +15,7 @@ import pytest
 from kvcache.analysing import identity
 from kvcache.analysing.identity import model_key
 from kvcache.analysing.presets import PRESETS
+from kvcache.analysing.records import Environment, RunSettings
 from kvcache.analysing.settings import Settings
 
 CONFIG = {"model_type": "llama", **PRESETS["tiny"], "transformers_version": "5.24.0"}
@@ -28,7 +29,7 @@ def model_dir(parent: Path, config: dict, name: str = "mymodel", **dumps) -> Pat
 
 
 def counted_key(settings: Settings) -> str:
-    return identity.key(identity.of({"device_type": "cpu"}, settings.to_dict()),
+    return identity.baseline_key(identity.of(Environment(device_type="cpu"), RunSettings.from_json(settings.to_dict())),
                         "counted")
 
 

@@ -46,11 +46,11 @@ def run_names(runs: list[Run]) -> list[str]:
 
 def model_name(kv: KV) -> str:
     """The model of a run: its description's name, else the ``--kv-model`` it was asked for."""
-    return str(kv.model.get("name") or kv.settings.get("model") or "?")
+    return str(kv.model.name or kv.settings.model or "?")
 
 
 def dtype(kv: KV) -> str:
-    return str(kv.settings.get("dtype") or kv.model.get("dtype") or "?")
+    return str(kv.settings.dtype or kv.model.dtype or "?")
 
 
 def run_title(run: Run, name: str) -> str:
@@ -62,7 +62,7 @@ def run_title(run: Run, name: str) -> str:
 def run_caches(run: Run) -> list[str]:
     """Cache classes of a run: those with points or records, then those only named in its settings."""
     caches = run.caches()
-    for cache in run.record.settings.get("caches", ()):
+    for cache in run.record.settings.caches:
         if str(cache) not in caches:
             caches.append(str(cache))
     return caches
@@ -118,7 +118,7 @@ def per_context(points: list[Point]) -> list[dict[str, Any]]:
 
 def trained_context(kv: KV) -> int | None:
     """The model's trained context in tokens (kv.model.max_position_embeddings), if known."""
-    x = finite(kv.model.get("max_position_embeddings"))
+    x = finite(kv.model.max_position_embeddings)
     return int(x) if x else None
 
 
