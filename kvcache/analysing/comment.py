@@ -31,7 +31,7 @@ from urllib.parse import quote
 
 from kvcache.analysing import compare as comparing
 from kvcache.analysing import identity, judges, tables
-from kvcache.analysing.ab import PairedVerdict, read_section
+from kvcache.analysing.ab_records import PairedVerdict, read_ab_section
 from kvcache.analysing.compare import Cell, Comparison, Regression
 from kvcache.analysing.compare_render import cell_texts, with_interval
 from kvcache.analysing.records import Fit, Run, Verdict
@@ -169,7 +169,7 @@ def _part_row(cache: str, head: Cell, measure: str, part: str, label: str, bv: f
 def paired(ab: dict[str, Any] | None) -> dict[str, dict[str, PairedVerdict]]:
     """``{cache: {measure: paired verdict}}`` of an A/B run's ``ab`` section (:mod:`kvcache.analysing.ab`), the
     measures the comment shows (:data:`AB_MEASURES`); {} for none."""
-    section = read_section(ab) if ab else {}
+    section = read_ab_section(ab) if ab else {}
     return {cache: {m: v for m, v in measures.items() if m in AB_MEASURES} for cache, measures in section.items()}
 
 
