@@ -58,8 +58,8 @@ from kvcache.analysing.judges import MEMORY_FIGURES
 from kvcache.analysing.options import RULE_DEFAULTS
 from kvcache.analysing.records import KV, Drift, Fit, UnmeasuredDrift, jsonable
 
-SCHEMA = 2
-READABLE_SCHEMAS = (1, 2)
+BASELINE_SCHEMA = 2
+READABLE_BASELINE_SCHEMAS = (1, 2)
 PASSES_KEYS = ("timed_passes", "counted_passes")
 NUMBER_KEYS = (*PASSES_KEYS, "timed_intercept_ms", "ops_per_step", "data_ops_per_step", "weight_passes")
 #: The field whose presence makes an entry a baseline of each measure.
@@ -72,7 +72,7 @@ class BaselineError(ValueError):
 
 
 def empty() -> dict[str, Any]:
-    return {"schema": SCHEMA, "devices": {}}
+    return {"schema": BASELINE_SCHEMA, "devices": {}}
 
 
 def load(path: str | Path) -> dict[str, Any]:
@@ -84,7 +84,7 @@ def load(path: str | Path) -> dict[str, Any]:
     except FileNotFoundError:
         return empty()
     except (OSError, UnicodeDecodeError) as exc:
-        raise BaselineError(f"{p}: cannot read baseline ({one_line(exc)})") from None
+        raise BaselineError(f"{p}: cannot read baseline ({error_line(exc)})") from None
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -100,8 +100,9 @@ def problem_of(doc: Any) -> str | None:
     entry (:func:`entry_problem`), named with the entry and the value."""
     if not isinstance(doc, dict):
         return f"top level is a {type(doc).__name__}, expected an object"
-    if doc.get("schema") not in READABLE_SCHEMAS:
-        return f"schema {doc.get('schema')!r} is not one of the supported {', '.join(map(str, READABLE_SCHEMAS))}"
+    if doc.get("schema") not in READABLE_BASELINE_SCHEMAS:
+        supported = ", ".join(map(str, READABLE_BASELINE_SCHEMAS))
+        return f"schema {doc.get('schema')!r} is not one of the supported {supported}"
     devices = doc.get("devices")
     if not isinstance(devices, dict):
         return "'devices' is missing or not an object"
@@ -121,7 +122,7 @@ def problem_of(doc: Any) -> str | None:
 def upgrade(doc: dict[str, Any]) -> dict[str, Any]:
     """Schema 1 -> 2: counted passes recorded under a machine key (``"cpu: X (2 threads) | m | d"``) move to
     the device-type key (``"cpu | m | d"``) unless one is there already; entries left without passes go."""
-    if doc.get("schema") == SCHEMA:
+    if doc.get("schema") == BASELINE_SCHEMA:
         return doc
     devices: dict[str, dict[str, Any]] = {k: {c: dict(e) for c, e in v.items()} for k, v in doc["devices"].items()}
     for key in list(devices):
@@ -140,7 +141,7 @@ def upgrade(doc: dict[str, Any]) -> dict[str, Any]:
                 del devices[key][cache]
         if not devices[key]:
             del devices[key]
-    return {"schema": SCHEMA, "devices": devices}
+    return {"schema": BASELINE_SCHEMA, "devices": devices}
 
 
 
@@ -321,7 +322,7 @@ def locked(path: Path) -> Iterator[None]:
     try:
         fd = os.open(folder, os.O_RDONLY)
     except OSError as exc:
-        raise BaselineError(f"{path}: cannot open its folder to lock it ({one_line(exc)})") from None
+        raise BaselineError(f"{path}: cannot open its folder to lock it ({error_line(exc)})") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -337,8 +338,8 @@ def write_json_atomically(path: Path, doc: dict[str, Any]) -> None:
     try:
         files.write_text_atomically(path, text)
     except OSError as exc:
-        raise BaselineError(f"{files.shown(path)}: cannot write baseline ({one_line(exc)})") from None
+        raise BaselineError(f"{files.shown(path)}: cannot write baseline ({error_line(exc)})") from None
 
 
-def one_line(exc: BaseException) -> str:
+def error_line(exc: BaseException) -> str:
     return " ".join(str(getattr(exc, "strerror", None) or exc).split())

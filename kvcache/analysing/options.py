@@ -139,7 +139,7 @@ def default(flag: str) -> Any:
     return BY_FLAG[flag].default
 
 
-def markdown() -> str:
+def options_page() -> str:
     """The options page of the documentation (``docs/options.md``), generated from :data:`OPTIONS`."""
     lines = ["# Options", "", "Generated from `kvcache/analysing/options.py` (`python -m kvcache.analysing.options > "
              "docs/options.md`); a test keeps this page equal to the table. Every option is a pytest option of the "
@@ -155,4 +155,4 @@ def markdown() -> str:
 
 
 if __name__ == "__main__":
-    sys.stdout.write(markdown())
+    sys.stdout.write(options_page())

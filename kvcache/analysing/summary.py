@@ -19,7 +19,7 @@ OVERHEAD_HEADER = ["cache", "ops/step", "data ops/step", "ops/layer", "fixed MB"
 POINT_HEADER = ["cache", "context", "rounds", "median ms", "achieved GB/s", "of copy"]
 LEDGER_HEADER = ["cache", "op", "counted", "timed [CI]", "ms/step at largest context", "ledger verdict"]
 #: The verdict table's columns, in this order; a measure a later judge adds follows them.
-MEASURES = ("counted", "timed", "intercept", "overhead", "ledger", "memory")
+SUMMARY_MEASURES = ("counted", "timed", "intercept", "overhead", "ledger", "memory")
 
 
 def measured_verdicts(kv: KV) -> dict[str, dict[str, Verdict]]:
@@ -29,11 +29,11 @@ def measured_verdicts(kv: KV) -> dict[str, dict[str, Verdict]]:
 
 
 def verdict_table(verdicts: dict[str, dict[str, Verdict]]) -> tuple[Table, tables.Notes]:
-    """One row per class, one column per measure (:data:`MEASURES`): each cell the status (pass, regression,
+    """One row per class, one column per measure (:data:`SUMMARY_MEASURES`): each cell the status (pass, regression,
     inconclusive, no-baseline, not-measured) and the number of its reason, ``no-baseline [2]``; and the reasons,
     each said once however many cells share it, as ``[n] reason`` (:class:`~kvcache.analysing.tables.Notes`)."""
     seen = dict.fromkeys(m for measures in verdicts.values() for m in measures)
-    measures = [m for m in MEASURES if m in seen] + [m for m in seen if m not in MEASURES]
+    measures = [m for m in SUMMARY_MEASURES if m in seen] + [m for m in seen if m not in SUMMARY_MEASURES]
     notes = tables.Notes()
     rows = [[cache, *(notes.cell(v[m].status, v[m].reason) if m in v else MISSING for m in measures)]
             for cache, v in verdicts.items()]

@@ -192,12 +192,12 @@ def fit_line(run: Run, cache: str, points: list[Point]) -> dict[str, Any] | None
     return {"intercept_ms": line.intercept, "ms_per_byte": line.slope, "source": "refit from points"}
 
 
-def no_figure(reason: str) -> str:
+def no_figure_cell(reason: str) -> str:
     """A table cell in place of the timed passes: why there is no figure."""
     return f"{MISSING} ({reason})" if fitting.NO_FIGURE in reason else f"{MISSING} ({fitting.NO_FIGURE}: {reason})"
 
 
-def crossovers(kv: KV) -> Crossovers:
+def run_crossovers(kv: KV) -> Crossovers:
     """Contexts (tokens) where the KV cache meets the weights: ``kv.crossovers`` when the run records them, else
     worked out from the run by the analysis's own rule (:func:`kvcache.analysing.bandwidth.crossovers`)."""
     if kv.crossovers is not None:

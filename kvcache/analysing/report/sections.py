@@ -12,14 +12,14 @@ from typing import TypeVar
 from kvcache.analysing import tables
 from kvcache.analysing.records import KV, Fit, Memory, Point, Probe, Run, Traffic, UnmeasuredDrift
 from kvcache.analysing.report.data import (
-    crossovers,
     dtype,
     fit_line,
     fit_problem,
     missing_points,
-    no_figure,
+    no_figure_cell,
     points_by_cache,
     run_caches,
+    run_crossovers,
     run_names,
     shape_text,
     skip_reasons,
@@ -31,7 +31,7 @@ from kvcache.analysing.summary import attention_copies, verdict_table
 from kvcache.analysing.tables import MISSING, num
 
 TITLE = "KV-cache passes report"
-R = TypeVar("R")
+ClassRecord = TypeVar("ClassRecord")
 
 
 def build_doc(runs: list[Run]) -> Doc:
@@ -130,7 +130,7 @@ def _ci_label(kv: KV) -> str:
 def fit_section(doc: Doc, run: Run, kv: KV, caches: list[str], groups: dict[str, list[Point]]) -> None:
     """One row per class: intercept, effective bandwidth, timed passes [CI], R², counted passes, their ratio and
     the timed and counted crossovers; then where the cache holds as many bytes as the weights."""
-    crossing = crossovers(kv)
+    crossing = run_crossovers(kv)
     rows = []
     for cache in caches:
         fit, traffic, crossing_of = kv.fit.get(cache), kv.traffic.get(cache), crossing.by_cache.get(cache)
@@ -144,7 +144,7 @@ def fit_section(doc: Doc, run: Run, kv: KV, caches: list[str], groups: dict[str,
             continue
         problem = fit_problem(run, cache, groups.get(cache, []))
         if problem is not None or not isinstance(fit, Fit):
-            rows.append([cache, MISSING, MISSING, no_figure(problem or fit.error), MISSING, num(counted), MISSING,
+            rows.append([cache, MISSING, MISSING, no_figure_cell(problem or fit.error), MISSING, num(counted), MISSING,
                          MISSING, counted_crossover])
             continue
         timed = finite(fit.passes)
@@ -188,8 +188,8 @@ def drift_text(kv: KV) -> str:
             f"last {num(drift.last_ms)} ms, change {change}{limit} — {status}")
 
 
-def class_table(doc: Doc, title: str, caches: list[str], parts: Mapping[str, R], what: str, none: str,
-                header: list[str], cells: Callable[[R], list[str]]) -> None:
+def class_table(doc: Doc, title: str, caches: list[str], parts: Mapping[str, ClassRecord], what: str, none: str,
+                header: list[str], cells: Callable[[ClassRecord], list[str]]) -> None:
     """A section of one row per class: the ``cells`` of its part, or ``none`` where the class has no part; a note
     instead of the table when the run has no ``what`` at all."""
     doc.heading(3, title)
