@@ -128,10 +128,8 @@ def run_in_stages(order: tuple[Side, Side], nodeid: str, seconds: dict[str, floa
     whatever is left (counting a step, reading a profile) on both at once (each side's seconds from its start to the
     end of its timed part into ``seconds``). Whenever every side has stopped (at a stage, done, or not started): a
     side that is prepared goes on alone; else the next side in ``order`` starts alone; else every side that has
-    measured goes on at once; else the item is done. False when a worker is gone.
-
-    Both sides preparing at once was tried and not kept; whether it pairs worse is not settled (docs/ab.md), so
-    each side fills alone, right before its timed part, as in a run of its own."""
+    measured goes on at once; else the item is done. False when a worker is gone. Each side fills alone, right
+    before its timed part, as in a run of its own (docs/ab.md, "Notes")."""
     if not _ready(order, nodeid):
         return False
     where: dict[str, str] = {}

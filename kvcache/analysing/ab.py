@@ -22,14 +22,12 @@ Timed figures (per class):
   the pairs (:func:`paired_drift`: per context, how much the paired ratio B/A moved from its first measurement to
   its last, the median over contexts): beyond ``max_drift`` (``--kv-max-drift``), timed verdicts are inconclusive.
 
-``ledger.<op>``: the same ratio per op of the per-op timed ledger (profiled steps, one (class, context) on both
-sides back to back), contexts drawn with replacement and steps within each drawn context (a single profiled point
-per context and side moved its paired ratio by 10-30% from one context to the next in identical A/B runs, far more
-than its steps show); the ops are the rows of either side's ``kv.ledger``
-(aggregate rows such as ``(other ops)`` and ``(profiled step)`` are not judged). An op not shown above
-``ledger_tolerance`` timed passes on either side (its interval's lower bound; a side that folded the op into
-``(other ops)``, under ``ledger.KEEP``, shows nothing) is a pass whatever its ratio (noise of a small op, or of one
-whose time does not grow with the cache, such as ``linear``); an op only one side has is a regression (B) or an
+``ledger.<op>``: the same ratio per op of the per-op timed ledger (profiled steps, one (class, context) on both sides
+back to back), contexts drawn with replacement and steps within each drawn context (docs/ab.md, "Notes"); the ops are
+the rows of either side's ``kv.ledger`` (aggregate rows such as ``(other ops)`` and ``(profiled step)`` are not judged).
+An op not shown above ``ledger_tolerance`` timed passes on either side (its interval's lower bound; a side that folded
+the op into ``(other ops)``, under ``ledger.KEEP``, shows nothing) is a pass whatever its ratio (noise of a small op, or
+of one whose time does not grow with the cache, such as ``linear``); an op only one side has is a regression (B) or an
 improvement (A) when its lower bound is above ``ledger_tolerance``.
 
 Counted passes and overhead are judged by the gate's own judge with A as the baseline
@@ -198,10 +196,8 @@ def paired_drift(kv_a: KV, kv_b: KV, cache: str) -> float | None:
     last (the last round's; for the context of the drift check, its re-measurement at the end of the session),
     ``last / first - 1``; the median over contexts. None when no context was measured twice on both sides.
 
-    Drift both sides share cancels in each ratio. A single re-measurement of one small point per side is noisy (in
-    the gate-power series of docs/ab.md the two sides' own drifts were up to 27 points apart while the paired drift
-    stayed within 10%), so the sides' separate drifts are reported but not judged; the median over contexts of the
-    paired change is what is."""
+    Drift both sides share cancels in each ratio. The sides' separate drifts (one re-measured point each) are
+    reported but not judged (docs/ab.md, "Notes"); the median over contexts of the paired change is what is."""
     changes = []
     ends = {side: kv.drift if isinstance(kv.drift, Drift) and kv.drift.cache == cache else None
             for side, kv in (("a", kv_a), ("b", kv_b))}
