@@ -89,8 +89,8 @@ def test_schema_1_files_load_and_are_upgraded_when_rewritten(tmp_path):
 
 def test_the_committed_baseline_loads():
     doc = baseline.load(ROOT / "kv-baseline.json")
-    entries, _ = baseline.for_run(doc, {"device_type": "cpu", "model": "tiny", "dtype": "bfloat16",
-                                        "device_name": "cpu: somewhere (2 threads)"})
+    entries, _ = baseline.for_run(doc, identity.Identity(device_type="cpu", model="tiny", dtype="bfloat16",
+                                                         device_name="cpu: somewhere (2 threads)"))
     assert entries["counted"]["dynamic"].counted_passes == pytest.approx(3.0)
 
 

@@ -28,10 +28,10 @@ def compiled_kv() -> dict:
 
 def test_compile_mode_is_part_of_the_identity_only_when_on():
     eager = KV.from_json(make_run()["kv"])
-    assert "compile" not in identity.of_run(eager)
+    assert "compile" not in identity.of_run(eager).to_json()
     kv = KV.from_json(compiled_kv())
     ident = identity.of_run(kv)
-    assert ident["compile"] == "default"
+    assert ident.compile == "default"
     assert identity.baseline_key(ident, "counted").endswith("| compile=default")
     assert "compile" not in identity.baseline_key(identity.of_run(eager), "counted")  # an eager run keeps its key
     assert identity.mismatches([identity.of_run(eager), ident], ["counted"]) == {"compile": ["off", "default"]}

@@ -85,13 +85,13 @@ def test_tolerances_must_be_finite_and_non_negative(field, value):
 def test_a_runs_own_rules_that_cannot_judge_are_refused(settings, named):
     """A run's settings.min_r2 NaN let an R² of 0.01 through: every comparison with NaN is false."""
     with pytest.raises(ValueError) as info:
-        Rules.from_settings({"caches": ["dynamic"], **settings})
+        Rules.from_settings(RunSettings(caches=["dynamic"], **settings))
     assert named in str(info.value) and "\n" not in str(info.value)
 
 
 def test_a_runs_own_rules_judge_it_and_an_override_replaces_one():
-    rules = Rules.from_settings({"tolerance": 0.3, "min_r2": 0.5, "max_drift": 0.2, "ledger_tolerance": 1.0,
-                                 "model": "tiny"}, tolerance=0.2)
+    rules = Rules.from_settings(RunSettings(tolerance=0.3, min_r2=0.5, max_drift=0.2, ledger_tolerance=1.0,
+                                            model="tiny"), tolerance=0.2)
     assert (rules.tolerance, rules.min_r2, rules.max_drift, rules.ledger_tolerance) == (0.2, 0.5, 0.2, 1.0)
 
 
