@@ -26,17 +26,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from gate_power_series import ROOT, build, rotations, run, run_series, setup_text  # the script beside this one
+
 from kvcache.analysing import tables
 from kvcache.analysing.options import CPU_TIMED, default
 from kvcache.analysing.records import KV, Drift, Fit, RecordError, load_run
 
-ROOT = Path(__file__).resolve().parent.parent
 CLEAN = "twin-clean"
 MANIFEST = "runs.json"
 
@@ -73,12 +73,6 @@ def measured_runs(opts: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
     return runs
 
 
-def rotations(names: list[str], repetitions: int) -> list[tuple[int, str]]:
-    """``(repetition, name)`` of every run in order: each repetition runs every name once, their order rotated by one
-    from one repetition to the next (repetitions counted from 0)."""
-    return [(i, name) for i in range(repetitions) for name in names[i % len(names):] + names[:i % len(names)]]
-
-
 def planted_classes(text: str) -> list[str]:
     names = [name.strip() for name in text.split(",") if name.strip()]
     if not names or CLEAN in names:
@@ -99,34 +93,7 @@ def measured_baseline(calibration: dict[str, Any], planted: list[str]) -> dict[s
     return doc
 
 
-
-def run_series(runs: list[dict], out: Path, manifest: str, competing: bool, label: str,
-               finished: list[dict] = ()) -> list[dict]:
-    """Run each entry's command in turn (its log beside the manifest), with a CPU-bound competitor beside them when
-    ``competing``; the manifest (``finished`` first: runs kept from before) is rewritten after every run, so a
-    stopped series keeps the runs it finished."""
-    done = list(finished)
-    competitor = subprocess.Popen([sys.executable, "-c", COMPETITOR]) if competing else None
-    try:
-        for n, entry in enumerate(runs, 1):
-            print(f"{label} {n}/{len(runs)}: {entry['name']} ...", flush=True)
-            entry["exit"] = run(entry["cmd"], out / f"{entry['name']}.log")
-            entry["competing"] = bool(competing)
-            done.append(entry)
-            (out / manifest).write_text(json.dumps(done, indent=2) + "\n")
-    finally:
-        if competitor is not None:
-            competitor.kill()
-            competitor.wait()
-    return done
-
-def run(cmd: list[str], log: Path) -> int:
-    with log.open("w") as fh:
-        return subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, check=False).returncode
-
-
 CALIBRATION_ATTEMPTS = 8
-COMPETITOR = "while True: pass"  # one CPU-bound process beside the suite (--competing)
 
 
 def measure(opts: argparse.Namespace, out: Path) -> None:
@@ -180,14 +147,6 @@ def planted_op_cell(kv: KV | None, cache: str) -> str:
 PLANTED_OPS = ("clone", "sum")
 
 
-def build(code: int | None) -> str:
-    """``green (0)``, ``red (1)`` (the gate failed the build), ``error (3)`` (any other exit status)."""
-    if code is None:
-        return f"{tables.MISSING} (not run)"
-    word = {0: "green", 1: "red"}.get(code, "error")
-    return f"{word} ({code})"
-
-
 def passes_cell(kv: KV | None, cache: str) -> str:
     fit = kv.fit.get(cache) if kv is not None else None
     return tables.figure(fit.passes, fit.passes_ci) if isinstance(fit, Fit) else tables.MISSING
@@ -229,30 +188,21 @@ def rejudge(out: Path, r: dict[str, Any]) -> None:
     r["exit"] = 1 if analysis.failures(kv) else 0
 
 
-def setup_text(kv: KV | None, runs: list[dict[str, Any]], ledger: str) -> str:
-    """What a series ran on (the first run's settings and environment) and what ran beside it."""
-    s, env = (kv.settings, kv.environment) if kv is not None else ({}, {})
-    beside = "one CPU-bound process beside it" if any(r.get("competing") for r in runs) else "nothing beside it"
-    return (f"Model {s.get('model', '?')}, contexts {', '.join(map(str, s.get('contexts', [])))}, "
-            f"{s.get('rounds', '?')} rounds of {s.get('steps', '?')} timed steps a point, "
-            f"{s.get('ledger_steps', '?')} {ledger}, {beside}; transformers {env.get('transformers', '?')}, torch "
-            f"{env.get('torch', '?')}.")
-
-
 def summarize(out: Path, *, again: bool = False) -> str:
     calibration = load_kv(out / "calibration.json")
     fit = calibration.fit.get(CLEAN) if calibration is not None else None
     base = fit.passes if isinstance(fit, Fit) else None
     runs = json.loads((out / MANIFEST).read_text())
     planted = list(dict.fromkeys(r["cache"] for r in runs if r["cache"] != CLEAN))
-    tolerance = calibration.settings.get("tolerance") if calibration is not None else None
+    tolerance = calibration.settings.tolerance if calibration is not None else None
     for r in runs:
         r["kv"] = load_kv(out / r["json"])
         if r["kv"] is not None:
-            tolerance = r["kv"].settings.get("tolerance", tolerance)
+            recorded = r["kv"].settings.tolerance
+            tolerance = tolerance if recorded is None else recorded
         if again:
             rejudge(out, r)
-    device = calibration.environment.get("device_name", "?") if calibration is not None else "?"
+    device = (calibration.environment.device_name or "?") if calibration is not None else "?"
     lines = [f"# Timed gate power on {device}", "",
              setup_text(calibration, runs, "profiled steps per point for the ledger") + f" Baseline: {CLEAN} "
              f"{tables.num(base, missing='?')} timed passes from one calibration run; "

@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gate_power import build, rotations, run_series, setup_text  # the script beside this one
+from gate_power_series import build, rotations, run_series, setup_text  # the script beside this one
 
 from kvcache.analysing import ab as judge
 from kvcache.analysing import tables
+from kvcache.analysing.ab_records import ABRunSection, ABSide, PairedVerdict, read_ab_section
 from kvcache.analysing.records import KV
 
 #: B sides of the A/B mode: name -> (pytest arguments of side B, whether its counted and overhead gates count).
@@ -87,8 +88,8 @@ class ABRun:
     (``ab.dynamic``, the ledger's ops as ``ledger.<op>``), the sides (``ab_run.sides``) and side B's ``kv`` section;
     all empty when the run wrote none."""
 
-    verdicts: dict[str, judge.PairedVerdict] = field(default_factory=dict)
-    sides: dict[str, Any] = field(default_factory=dict)
+    verdicts: dict[str, PairedVerdict] = field(default_factory=dict)
+    sides: dict[str, ABSide] = field(default_factory=dict)
     side_b: KV | None = None
     paired_drift: float | None = None
 
@@ -96,9 +97,10 @@ class ABRun:
     def load(cls, path: Path) -> ABRun:
         try:
             doc = json.loads(path.read_text())
-            verdicts = judge.read_section(doc["ab"])
-            return cls(verdicts["dynamic"], doc["ab_run"]["sides"], KV.from_json(doc["kv"], f"{path}: kv"),
-                       doc["ab_run"].get("paired_drift", {}).get("dynamic"))
+            verdicts = read_ab_section(doc["ab"])
+            run = ABRunSection.from_json(doc["ab_run"], f"{path}: ab_run")
+            return cls(verdicts["dynamic"], run.sides, KV.from_json(doc["kv"], f"{path}: kv"),
+                       run.paired_drift.get("dynamic"))
         except (OSError, ValueError, KeyError, TypeError):  # a run that stopped before writing its JSON
             return cls()
 
@@ -117,7 +119,7 @@ class ABRun:
 
     def drift_cells(self) -> str:
         """Each side's own drift and the paired drift (how far B/A moved), ``A / B (paired)``."""
-        drifts = [self.sides[s]["drift"] if s in self.sides else None for s in "ab"]
+        drifts = [self.sides[s].drift if s in self.sides else None for s in "ab"]
         cells = [tables.MISSING if d is None else f"{d:+.1%}" for d in (*drifts, self.paired_drift)]
         return f"{cells[0]} / {cells[1]} ({cells[2]})"
 
@@ -134,7 +136,7 @@ def summarize_ab(out: Path) -> str:
     runs = json.loads((out / AB_MANIFEST).read_text())
     read = {r["name"]: ABRun.load(out / r["json"]) for r in runs}
     first = next((run.side_b for run in read.values() if run.side_b is not None), None)
-    device = first.environment.get("device_name", "?") if first is not None else "?"
+    device = (first.environment.device_name or "?") if first is not None else "?"
     lines = [f"# Timed A/B gate power on {device}", "",
              setup_text(first, runs, "profiled ledger steps, class dynamic; one `kvcache ab` a run (A: the suite as "
                         "it is; B: clean, the planted copy twin, or the token-major layout twin, each registered as "

@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvcache.analysing.presets import ABSENT_ARCHITECTURE  # the standard library only: no torch needed
 from kvcache.analysing.records import RecordError, load_run
 from kvcache.analysing.releases import (  # the one side-by-side installer (standard library only)
     ReleaseError,
@@ -47,7 +48,6 @@ from kvcache.analysing.releases import (
     newest_per_minor as releases_newest_per_minor,
 )
 from kvcache.bisect.versions_table import counted_table
-from kvcache.measuring.presets import ABSENT_ARCHITECTURE  # the standard library only: no torch needed
 
 ROOT = Path(__file__).resolve().parent.parent
 SINCE = "4.45"
@@ -60,7 +60,7 @@ RELEASES = (
     "5.15.1 5.16.1 5.17.0 5.18.0 5.19.0 5.20.2 5.21.1 5.22.2 5.23.0 5.24.0"
 ).split()
 # `--models families`: every family preset at the depth its docs/models.md row uses (a multiple of its layer pattern;
-# tests/suite/test_versions_script.py checks these are kvcache.measuring.presets.FAMILY_PRESETS).
+# tests/suite/test_versions_script.py checks these are kvcache.analysing.presets.FAMILY_PRESETS).
 FAMILIES = ("qwen3-0.6b@layers=4", "mistral-7b@layers=1", "gemma3-270m@layers=6", "qwen3-next-80b-a3b@layers=4",
             "deepseek-v2-lite@layers=1", "falcon-7b@layers=1")
 DEFAULT_MODEL = "smollm2-135m"
@@ -145,7 +145,7 @@ def parse_models(text: str) -> list[str]:
                 models.append(model)
     if not models:
         raise ValueError("--models is empty (give --kv-model values, or `families`)")
-    from kvcache.measuring.presets import ModelError, check_name  # the standard library only: no torch needed
+    from kvcache.analysing.presets import ModelError, check_name  # the standard library only: no torch needed
 
     for model in models:
         try:
@@ -272,9 +272,10 @@ def recorded_releases(out: Path) -> list[str]:
 def _recorded_release(path: Path) -> str | None:
     """The transformers release a run JSON records, or None when there is no readable run."""
     try:
-        return str(load_run(path).record.environment["transformers"])
-    except (RecordError, KeyError):
+        release = load_run(path).record.environment.transformers
+    except RecordError:
         return None
+    return None if release is None else str(release)
 
 
 def _duration(seconds: float) -> str:

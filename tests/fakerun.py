@@ -22,7 +22,7 @@ from statistics import median
 from typing import Any
 
 from kvcache.analysing import analysis, bandwidth, judges
-from kvcache.analysing.records import KV
+from kvcache.analysing.records import KV, Environment, RunSettings
 
 BYTES_PER_TOKEN = 23_040
 WEIGHT_BYTES = 269_030_016
@@ -52,7 +52,7 @@ def make_run(
     """A run dict; ``caches`` maps class -> true timed passes, ``counted`` class -> counted passes; ``memory``: with
     counted memory (``kv.memory``) for every counted class, as the plugin writes it."""
     from kvcache.analysing import identity
-    from kvcache.settings import Settings
+    from kvcache.analysing.settings import Settings
 
     caches = {"dynamic": 3.0, "static": 1.0} if caches is None else caches
     counted = dict(caches) if counted is None else counted
@@ -109,7 +109,7 @@ def make_run(
         "session": {"interrupted": False, "exit": "ok", "failed": []},
         "ledger": {}, "ledger_points": [], "ledger_errors": {}, "speed": None,
     }
-    kv["identity"] = identity.of(environment, settings)
+    kv["identity"] = identity.of(Environment.from_json(environment), RunSettings.from_json(settings)).to_json()
     record = KV.from_json(kv)
     kv["crossovers"] = bandwidth.crossovers(record.model, record.fit, record.traffic, {}).to_json()
     record.verdict = analysis.judge(record, {})  # the real judge of this fit and traffic, against no baseline
@@ -230,7 +230,7 @@ def analysed(run: dict[str, Any], *, resamples: int | None = 200, baseline: dict
     ``kv.fit``. ``resamples`` (bootstrap resamples; None keeps the run's own setting) and ``baseline`` (a
     baseline file's contents; none by default) are the analysis's."""
     from kvcache.analysing.analysis import analyse
-    from kvcache.settings import Settings
+    from kvcache.analysing.settings import Settings
 
     kv = run["kv"]
     settings = {**Settings().to_dict(), **(kv.get("settings") or {})}

@@ -8,8 +8,9 @@ import datetime
 import shlex
 from typing import Any
 
-from kvcache.ab.schedule import Session
+from kvcache.ab.schedule import ABSession
 from kvcache.ab.sides import Side
+from kvcache.analysing.ab_records import ABRunSection, ABSide, CopyFigure, read_ab_section
 from kvcache.analysing.records import KV, Run
 
 FORMAT = 1  # the format of the ab_run section
@@ -19,27 +20,27 @@ def side_record(side: Side, interrupted: bool, exit_text: str) -> KV:
     """The side's ``kv`` section, analysed from the records its worker sent back."""
     from kvcache.analysing import analysis
 
-    return analysis.analyse(side.records, side.hello.settings, side.hello.baseline,
+    return analysis.analyse(side.records, side.hello.settings.to_json(), side.hello.baseline,
                             {"interrupted": interrupted, "exit": exit_text, "failed": []})
 
 
 def run_of(kv: KV, path: str) -> Run:
     """A side as a run (its timed points and ``kv`` section), the way compare reads one from a file."""
     points = [p.to_point() for p in kv.points if p.samples_ms is not None]
-    return Run(path=path, points=points, record=kv, machine_info={"kv_environment": kv.environment})
+    return Run(path=path, points=points, record=kv, machine_info={"kv_environment": kv.environment.to_json()})
 
 
-def described(side: Side, kv: KV) -> dict[str, Any]:
+def described(side: Side, kv: KV) -> ABSide:
     """``ab_run.sides.<name>``: the side's arguments, releases, log, failure, drift and copy bandwidths."""
     from kvcache.analysing import ab as judge
 
-    copies = [{"label": m.label, "gbps": m.gbps} for m in (kv.copy.measurements if kv.copy is not None else [])]
-    return {"args": side.args, "release": side.release, "transformers": side.hello.environment.get("transformers"),
-            "torch": side.hello.environment.get("torch"), "log": str(side.log), "failed": side.failure,
-            "items_finished": len(side.finished), "drift": judge.drift_of(kv), "copy": copies}
+    copies = [CopyFigure(label=m.label, gbps=m.gbps) for m in (kv.copy.measurements if kv.copy is not None else [])]
+    return ABSide(args=side.args, release=side.release, transformers=side.hello.environment.transformers,
+                  torch=side.hello.environment.torch, log=str(side.log), failed=side.failure,
+                  items_finished=len(side.finished), drift=judge.side_drift(kv), copy=copies, absent=frozenset())
 
 
-def results(session: Session, tolerance: float) -> dict[str, Any]:
+def results(session: ABSession, tolerance: float) -> dict[str, Any]:
     """The output document: pytest-benchmark-shaped with side B's ``kv`` section, side A's whole run under
     ``side_a``, the paired verdicts under ``ab`` and the session under ``ab_run``."""
     from kvcache.analysing import ab as judge
@@ -57,17 +58,17 @@ def results(session: Session, tolerance: float) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 - the paired verdicts stand on their own; say why these are missing
         counted = {}
         session.notes.append(f"counted and overhead not judged: {exc}")
-    verdicts = judge.judge(kv_a, kv_b, tolerance=tolerance, counted=counted, seed=int(kv_b.settings.get("seed", 0)))
+    verdicts = judge.judge(kv_a, kv_b, tolerance=tolerance, counted=counted, seed=kv_b.settings.seed or 0)
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    run = {"format": FORMAT, "tolerance": tolerance, "interrupted": session.interrupted,
-           "failed": [side.name for side in broken], "items": len(session.items),
-           "pairs": [pair.to_json() for pair in session.pairs],
-           "sides": {side.name: described(side, kv) for side, kv in ((a, kv_a), (b, kv_b))},
-           "paired_drift": {cache: judge.paired_drift(kv_a, kv_b, cache) for cache in verdicts},
-           "notes": session.notes}
-    return {"benchmarks": [], "machine_info": {"kv_environment": kv_b.environment}, "commit_info": {},
-            "datetime": now, "version": None, "kv": kv_b.to_json(), "ab": verdicts, "ab_run": run,
-            "side_a": {"benchmarks": [], "machine_info": {"kv_environment": kv_a.environment},
+    run = ABRunSection(
+        format=FORMAT, tolerance=tolerance, interrupted=session.interrupted, failed=[side.name for side in broken],
+        items=len(session.items), pairs=[item.rounded() for item in session.pairs],
+        sides={side.name: described(side, kv) for side, kv in ((a, kv_a), (b, kv_b))},
+        paired_drift={cache: judge.paired_drift(kv_a, kv_b, cache) for cache in verdicts}, notes=session.notes,
+        absent=frozenset({"seconds", "phase_seconds"}))
+    return {"benchmarks": [], "machine_info": {"kv_environment": kv_b.environment.to_json()}, "commit_info": {},
+            "datetime": now, "version": None, "kv": kv_b.to_json(), "ab": verdicts, "ab_run": run.to_json(),
+            "side_a": {"benchmarks": [], "machine_info": {"kv_environment": kv_a.environment.to_json()},
                        "datetime": now, "kv": kv_a.to_json()}}
 
 
@@ -79,46 +80,47 @@ def results_before_start(sides: list[Side], interrupted: str, tolerance: float) 
 
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     kv = {"schema": SCHEMA, "session": {"interrupted": True, "exit": f"interrupted by {interrupted}", "failed": []}}
-    run = {"format": FORMAT, "tolerance": tolerance, "interrupted": interrupted, "failed": [], "items": 0,
-           "pairs": [], "sides": {side.name: {"args": side.args, "release": side.release, "transformers": None,
-                                              "torch": None, "log": str(side.log), "failed": None,
-                                              "items_finished": 0, "drift": None, "copy": []} for side in sides},
-           "paired_drift": {}, "notes": [f"interrupted by {interrupted} during start-up: nothing was measured"]}
+    run = ABRunSection(
+        format=FORMAT, tolerance=tolerance, interrupted=interrupted, failed=[], items=0, pairs=[],
+        sides={side.name: ABSide(args=side.args, release=side.release, log=str(side.log), items_finished=0,
+                                 absent=frozenset()) for side in sides},
+        paired_drift={}, notes=[f"interrupted by {interrupted} during start-up: nothing was measured"],
+        absent=frozenset({"seconds", "phase_seconds"}))
     return {"benchmarks": [], "machine_info": {}, "commit_info": {}, "datetime": now, "version": None, "kv": kv,
-            "ab": {}, "ab_run": run, "side_a": {"benchmarks": [], "machine_info": {}, "datetime": now, "kv": kv}}
+            "ab": {}, "ab_run": run.to_json(),
+            "side_a": {"benchmarks": [], "machine_info": {}, "datetime": now, "kv": kv}}
 
 
-def summary(doc: dict[str, Any]) -> list[str]:
+def ab_summary(doc: dict[str, Any]) -> list[str]:
     """The terminal summary of a :func:`results` document: sides, drift and copy bandwidth per side, the verdict
     table, failures."""
     from kvcache.analysing import ab as judge
     from kvcache.analysing import tables
 
-    run = doc["ab_run"]
+    run = ABRunSection.from_json(doc["ab_run"], "ab_run")
     lines = ["kvcache ab: B against A, points paired back to back (ABBA)"]
-    for name, side in run["sides"].items():
-        drift = side["drift"]
-        copies = [c["gbps"] for c in side["copy"] if c["gbps"] is not None]
+    for name, side in run.sides.items():
+        copies = [c.gbps for c in side.copy if c.gbps is not None]
         copy = f"copy {min(copies):.1f}-{max(copies):.1f} GB/s" if copies else f"copy {tables.MISSING}"
-        lines.append(f"  {name.upper()}: transformers {side['transformers']}, torch {side['torch']}"
-                     + (f", args {shlex.join(side['args'])}" if side["args"] else "")
-                     + f"; drift {tables.MISSING if drift is None else format(drift, '+.1%')}; {copy}"
-                     + (f"; FAILED: {side['failed']}" if side["failed"] else ""))
-    moved = {cache: value for cache, value in run.get("paired_drift", {}).items() if value is not None}
+        lines.append(f"  {name.upper()}: transformers {side.transformers}, torch {side.torch}"
+                     + (f", args {shlex.join(side.args)}" if side.args else "")
+                     + f"; drift {tables.MISSING if side.drift is None else format(side.drift, '+.1%')}; {copy}"
+                     + (f"; FAILED: {side.failed}" if side.failed else ""))
+    moved = {cache: value for cache, value in run.paired_drift.items() if value is not None}
     if moved:
         lines.append("  paired drift (how far B/A moved from first to last measurement): "
                      + ", ".join(f"{cache} {value:+.1%}" for cache, value in moved.items()))
-    done = len(run["pairs"])
-    lines.append(f"  {done}/{run['items']} items finished on both sides; tolerance ×{1 + run['tolerance']:.2f}")
+    done = len(run.pairs)
+    lines.append(f"  {done}/{run.items} items finished on both sides; tolerance ×{1 + (run.tolerance or 0.0):.2f}")
     table = tables.Table(["class", "measure", "A", "B", "B/A [interval]", "verdict"], judge.summary_rows(doc["ab"]))
     lines += ["", *tables.text(table)]
-    for cache, measure, v in judge.statuses(doc["ab"]):
-        if v.get("status") in ("regression", "inconclusive") and not measure.startswith("ledger."):
-            lines.append(f"{v['status']}: {cache} {measure}: {v.get('reason', '')}")
-    lines += run["notes"]
-    if run["interrupted"]:
-        lines.append(f"interrupted by {run['interrupted']}: the {done} finished pairs are kept")
-    for name in run["failed"]:
-        lines.append(f"side {name.upper()} failed: {run['sides'][name]['failed']}; the {done} finished pairs "
-                     "are kept")
+    for cache, measures in read_ab_section(doc["ab"]).items():
+        for measure, v in measures.items():
+            if v.status in ("regression", "inconclusive") and not measure.startswith("ledger."):
+                lines.append(f"{v.status}: {cache} {measure}: {v.reason}")
+    lines += run.notes
+    if run.interrupted:
+        lines.append(f"interrupted by {run.interrupted}: the {done} finished pairs are kept")
+    for name in run.failed:
+        lines.append(f"side {name.upper()} failed: {run.sides[name].failed}; the {done} finished pairs are kept")
     return lines

@@ -11,9 +11,10 @@ import selectors
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from kvcache.ab.sides import ABError, Hello, Side
+from kvcache.analysing.ab_records import ABItem
 
 CONCURRENT_ROLES = ("counted", "other")  # items whose figures do not depend on time: both sides at once
 STAGES = ("prepared", "measured", "done")  # where a worker stops in an item run in stages (the last: its records)
@@ -25,30 +26,12 @@ MUST_MATCH = (("model", "settings", "model", None), ("dtype", "settings", "dtype
 
 
 @dataclass
-class Pair:
-    """One item both sides finished: its node id, its role, which side ran it first (None: both at once), each
-    side's wall seconds alone (its fill or allocation, then its timed part: warm-up and timed steps, the profiled
-    steps, the timed copies; of an item run at once, the side's whole item) and the item's wall seconds (``wall``)."""
-
-    item: str
-    role: str
-    first: str | None
-    seconds: dict[str, float] = field(default_factory=dict)
-    wall: float | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"item": self.item, "role": self.role, "first": self.first,
-                "seconds": {name: round(value, 2) for name, value in self.seconds.items()},
-                "wall": None if self.wall is None else round(self.wall, 2)}
-
-
-@dataclass
-class Session:
+class ABSession:
     """Both sides, the items in measuring order with their roles, the pairs finished so far, and how it ended
     (``interrupted``: the signal's name; ``notes``: what the output should say besides)."""
 
     sides: list[Side]
-    pairs: list[Pair] = field(default_factory=list)
+    pairs: list[ABItem] = field(default_factory=list)
     interrupted: str | None = None
     roles: list[str] = field(default_factory=list)
     items: list[str] = field(default_factory=list)
@@ -65,7 +48,7 @@ def identity_problem(a: Hello, b: Hello) -> str | None:
             "torch, patches, plug-ins and environment variables may differ)")
 
 
-def start(session: Session, common: list[str], cwd: Path) -> None:
+def start(session: ABSession, common: list[str], cwd: Path) -> None:
     """Start both workers and read their hellos; ABError when a side cannot run the suite or the sides differ."""
     for side in session.sides:
         side.start(common, cwd)
@@ -145,10 +128,8 @@ def run_in_stages(order: tuple[Side, Side], nodeid: str, seconds: dict[str, floa
     whatever is left (counting a step, reading a profile) on both at once (each side's seconds from its start to the
     end of its timed part into ``seconds``). Whenever every side has stopped (at a stage, done, or not started): a
     side that is prepared goes on alone; else the next side in ``order`` starts alone; else every side that has
-    measured goes on at once; else the item is done. False when a worker is gone.
-
-    Both sides preparing at once was tried and not kept; whether it pairs worse is not settled (docs/ab.md), so
-    each side fills alone, right before its timed part, as in a run of its own."""
+    measured goes on at once; else the item is done. False when a worker is gone. Each side fills alone, right
+    before its timed part, as in a run of its own (docs/ab.md, "Notes")."""
     if not _ready(order, nodeid):
         return False
     where: dict[str, str] = {}
@@ -180,7 +161,7 @@ def run_in_stages(order: tuple[Side, Side], nodeid: str, seconds: dict[str, floa
                 side.tell("go")
 
 
-def drive(session: Session, say: Callable[[str], None]) -> None:
+def drive(session: ABSession, say: Callable[[str], None]) -> None:
     """Step both workers through every item (see the module docstring); stops at the first failure."""
     a, b = session.sides
     for side in session.sides:
@@ -192,11 +173,11 @@ def drive(session: Session, say: Callable[[str], None]) -> None:
         if role in CONCURRENT_ROLES:
             if not run_concurrently((a, b), nodeid, seconds):
                 return
-            session.pairs.append(Pair(nodeid, role, None, seconds, time.monotonic() - began))
+            session.pairs.append(ABItem(nodeid, role, None, seconds, time.monotonic() - began))
             continue
         order = (a, b) if k % 2 == 0 else (b, a)
         k += 1
         if not run_in_stages(order, nodeid, seconds):
             return
-        session.pairs.append(Pair(nodeid, role, order[0].name, seconds, time.monotonic() - began))
+        session.pairs.append(ABItem(nodeid, role, order[0].name, seconds, time.monotonic() - began))
         say(f"  {len(session.pairs)}/{len(session.items)} {nodeid} ({order[0].label}{order[1].label})")

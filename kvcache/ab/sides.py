@@ -17,6 +17,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import IO, Any, Callable
 
+from kvcache.analysing.context_records import Environment, RunSettings
 from kvcache.cli import one_line
 
 STOP_WAIT = 120  # seconds a worker gets to end its session after its last item before it is killed
@@ -40,20 +41,22 @@ class Hello:
 
     items: list[str] = field(default_factory=list)
     roles: list[str] = field(default_factory=list)
-    settings: dict[str, Any] = field(default_factory=dict)
-    environment: dict[str, Any] = field(default_factory=dict)
+    settings: RunSettings = field(default_factory=RunSettings)
+    environment: Environment = field(default_factory=Environment)
     baseline: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_message(cls, hello: dict[str, Any]) -> Hello:
         """The hello as the worker sends it (every key, :func:`kvcache.ab.worker.pytest_collection_finish`); KeyError
-        when one is missing."""
-        return cls(items=hello["items"], roles=hello["roles"], settings=hello["settings"],
-                   environment=hello["environment"], baseline=hello["baseline"])
+        when one is missing; RecordError when its settings or environment is not an object."""
+        return cls(items=hello["items"], roles=hello["roles"],
+                   settings=RunSettings.from_json(hello["settings"], "hello settings"),
+                   environment=Environment.from_json(hello["environment"], "hello environment"),
+                   baseline=hello["baseline"])
 
     def value(self, section: str, key: str, default: Any) -> Any:
         """``settings.<key>`` or ``environment.<key>``; ``default`` when the worker did not say."""
-        found = getattr(self, section).get(key)
+        found = getattr(getattr(self, section), key)
         return default if found is None else found
 
 

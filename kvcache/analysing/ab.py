@@ -22,88 +22,54 @@ Timed figures (per class):
   the pairs (:func:`paired_drift`: per context, how much the paired ratio B/A moved from its first measurement to
   its last, the median over contexts): beyond ``max_drift`` (``--kv-max-drift``), timed verdicts are inconclusive.
 
-``ledger.<op>``: the same ratio per op of the per-op timed ledger (profiled steps, one (class, context) on both
-sides back to back), contexts drawn with replacement and steps within each drawn context (a single profiled point
-per context and side moved its paired ratio by 10-30% from one context to the next in identical A/B runs, far more
-than its steps show); the ops are the rows of either side's ``kv.ledger``
-(aggregate rows such as ``(other ops)`` and ``(profiled step)`` are not judged). An op not shown above
-``ledger_tolerance`` timed passes on either side (its interval's lower bound; a side that folded the op into
-``(other ops)``, under ``ledger.KEEP``, shows nothing) is a pass whatever its ratio (noise of a small op, or of one
-whose time does not grow with the cache, such as ``linear``); an op only one side has is a regression (B) or an
+``ledger.<op>``: the same ratio per op of the per-op timed ledger (profiled steps, one (class, context) on both sides
+back to back), contexts drawn with replacement and steps within each drawn context (docs/ab.md, "Notes"); the ops are
+the rows of either side's ``kv.ledger`` (aggregate rows such as ``(other ops)`` and ``(profiled step)`` are not judged).
+An op not shown above ``ledger_tolerance`` timed passes on either side (its interval's lower bound; a side that folded
+the op into ``(other ops)``, under ``ledger.KEEP``, shows nothing) is a pass whatever its ratio (noise of a small op, or
+of one whose time does not grow with the cache, such as ``linear``); an op only one side has is a regression (B) or an
 improvement (A) when its lower bound is above ``ledger_tolerance``.
 
 Counted passes and overhead are judged by the gate's own judge with A as the baseline
 (:func:`kvcache.analysing.compare.judge_against`, compare's tolerances): ``counted`` and ``overhead`` (and any
 other exact measure the gate judges, kept as it judged it).
 
-Each verdict: ``status`` (:data:`STATUSES`), ``reason``, ``value`` (the ratio), ``allowed`` (``1 + tolerance``),
-``ratio``, ``ratio_ci`` [low, high], and ``a``, ``b``: the two sides' figures (timed passes, intercept ms).
+Each verdict (:class:`~kvcache.analysing.ab_records.PairedVerdict`): ``status``, ``reason``, ``value`` (the ratio),
+``allowed`` (``1 + tolerance``), ``ratio``, ``ratio_ci`` [low, high], and ``a``, ``b``: the two sides' figures (timed
+passes, intercept ms).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from kvcache.analysing.ab_records import PairedVerdict, read_ab_section
 from kvcache.analysing.fit import context_draws
-from kvcache.analysing.jsonrecord import Record, absent_field, extra_field
-from kvcache.analysing.options import RULE_DEFAULTS
+from kvcache.analysing.options import CONFIDENCE, RESAMPLES, RULE_DEFAULTS
 from kvcache.analysing.records import KV, Drift, Fit, LedgerPoint, LedgerRow, Verdict
 from kvcache.analysing.stats import finite, median, percentile_interval
 from kvcache.analysing.tables import MISSING, figure, num
 
-STATUSES = ("pass", "regression", "improvement", "inconclusive")
 PAIRED = ("timed", "intercept", "ledger")  # judged here from the pairs; the gate's other measures are kept as judged
-MIN_CONTEXTS = 2  # a slope needs two contexts; the suite's fit needs three (fit.MIN_CONTEXTS), a ratio does not
-#: The bootstrap of a side's settings that lack one (the suite's defaults, ``kvcache.settings.Settings``).
-RESAMPLES, CONFIDENCE = 2000, 0.95
+MIN_PAIRED_CONTEXTS = 2  # a slope needs two contexts; the suite's fit needs three (fit.MIN_CONTEXTS), a ratio does not
 
 
-@dataclass
-class PairedVerdict(Record):
-    """One verdict of an ``ab`` section: ``status`` (:data:`STATUSES`) and ``reason``; ``value`` and ``ratio``, B/A
-    of the figure, with ``ratio_ci`` [low, high] its paired bootstrap interval; ``allowed``, ``1 + tolerance``;
-    ``a`` and ``b``, the two sides' figures (timed passes; intercept ms; an op's timed passes). The exact measures
-    kept from the gate (``counted``, ``overhead``) have the gate's verdict shape: their other keys stay in
-    ``extra``."""
-
-    status: str = ""
-    reason: str = ""
-    value: float | None = None
-    allowed: float | None = None
-    ratio: float | None = None
-    ratio_ci: list[float | None] | None = None
-    a: float | None = None
-    b: float | None = None
-    extra: dict[str, Any] = extra_field()
-    absent: frozenset[str] = absent_field()
-
-
-def verdict(status: str, reason: str, *, ratio: float | None = None, ci: tuple[float, float] | None = None,
-            allowed: float | None = None, a: float | None = None, b: float | None = None) -> dict[str, Any]:
-    """One paired verdict as the ``ab`` section holds it (:class:`PairedVerdict`'s JSON)."""
+def paired_verdict(status: str, reason: str, *, ratio: float | None = None, ci: tuple[float, float] | None = None,
+                   allowed: float | None = None, a: float | None = None, b: float | None = None) -> PairedVerdict:
+    """One paired verdict, its figures finite or None."""
     return PairedVerdict(status, reason, finite(ratio), allowed, finite(ratio),
-                         [finite(ci[0]), finite(ci[1])] if ci else None, finite(a), finite(b)).to_json()
-
-
-def read_section(ab: dict[str, Any]) -> dict[str, dict[str, PairedVerdict]]:
-    """The verdicts of an ``ab`` section (as written by :func:`judge`, read from a file), ``{cache: {measure:
-    verdict}}``, the per-op ledger's as ``ledger.<op>`` (see :func:`statuses`); RecordError naming the verdict when
-    one is not an object."""
-    out: dict[str, dict[str, PairedVerdict]] = {}
-    for cache, measure, value in statuses(ab):
-        out.setdefault(str(cache), {})[measure] = PairedVerdict.from_json(value, f"ab.{cache}.{measure}")
-    return out
+                         [finite(ci[0]), finite(ci[1])] if ci else None, finite(a), finite(b))
 
 
 # --- pairing ------------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Pair:
+class PointPair:
     """One point measured on both sides back to back: its round, KV bytes held, and each side's step times (s)."""
 
     round: int
@@ -112,15 +78,16 @@ class Pair:
     b: list[float]
 
 
-def paired_points(kv_a: KV, kv_b: KV, cache: str) -> dict[int, list[Pair]]:
-    """{context: [Pair per round]} of the timed points of ``cache`` both sides measured."""
+def paired_points(kv_a: KV, kv_b: KV, cache: str) -> dict[int, list[PointPair]]:
+    """{context: [PointPair per round]} of the timed points of ``cache`` both sides measured."""
     def points(kv: KV) -> dict[tuple[int, int], Any]:
         return {(int(p.context), int(p.round)): p for p in kv.points if p.cache == cache and p.samples_ms}
     pa, pb = points(kv_a), points(kv_b)
-    out: dict[int, list[Pair]] = {}
+    out: dict[int, list[PointPair]] = {}
     for key in sorted(set(pa) & set(pb)):
-        out.setdefault(key[0], []).append(Pair(key[1], float(pa[key].kv_bytes), [x / 1e3 for x in pa[key].samples_ms],
-                                               [x / 1e3 for x in pb[key].samples_ms]))
+        out.setdefault(key[0], []).append(PointPair(key[1], float(pa[key].kv_bytes),
+                                                    [x / 1e3 for x in pa[key].samples_ms],
+                                                    [x / 1e3 for x in pb[key].samples_ms]))
     return out
 def _lines(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Least-squares slope and intercept of each row of ``y`` (shape (n, k)) against ``x`` (shape (n, k))."""
@@ -136,7 +103,7 @@ def _medians(samples: list[float], count: int, rng: np.random.Generator) -> np.n
     return np.median(values[picks], axis=1)
 
 
-def paired_ratios(pairs: dict[int, list[Pair]], *, resamples: int, seed: int) -> dict[str, Any]:
+def paired_ratios(pairs: dict[int, list[PointPair]], *, resamples: int, seed: int) -> dict[str, Any]:
     """Slopes (s per KV byte) and intercepts (s) of both sides from the points' medians, and ``resamples`` paired
     bootstrap draws of each (see the module docstring): ``{"a": (slope, intercept), "b": ..., "draws": {"a": (slopes,
     intercepts), "b": ...}}``."""
@@ -172,7 +139,7 @@ def paired_ratios(pairs: dict[int, list[Pair]], *, resamples: int, seed: int) ->
 
 def _ratio_verdict(a: float, b: float, a_draws: np.ndarray, b_draws: np.ndarray, *, what: str, tolerance: float,
                    confidence: float, problems: list[str],
-                   figures: tuple[float | None, float | None]) -> dict[str, Any]:
+                   figures: tuple[float | None, float | None]) -> PairedVerdict:
     """The verdict on B/A of one figure (``what``) from its point values and paired draws."""
     allowed = 1 + tolerance
     alpha = (1 - confidence) / 2
@@ -194,7 +161,7 @@ def _ratio_verdict(a: float, b: float, a_draws: np.ndarray, b_draws: np.ndarray,
             ci = None
             problems = ["no bootstrap interval for the ratio", *problems]
     if problems:
-        return verdict("inconclusive", "; ".join(problems), ratio=ratio, ci=ci, allowed=allowed, a=figures[0],
+        return paired_verdict("inconclusive", "; ".join(problems), ratio=ratio, ci=ci, allowed=allowed, a=figures[0],
                        b=figures[1])
     assert ci is not None and ratio is not None
     lo, hi = ci
@@ -208,13 +175,13 @@ def _ratio_verdict(a: float, b: float, a_draws: np.ndarray, b_draws: np.ndarray,
     else:
         status, reason = "inconclusive", (f"{described} straddles ×{allowed:.3f}; more rounds or steps would narrow "
                                           "it")
-    return verdict(status, reason, ratio=ratio, ci=ci, allowed=allowed, a=figures[0], b=figures[1])
+    return paired_verdict(status, reason, ratio=ratio, ci=ci, allowed=allowed, a=figures[0], b=figures[1])
 
 
 # --- drift --------------------------------------------------------------------------------------------------------
 
 
-def drift_of(kv: KV) -> float | None:
+def side_drift(kv: KV) -> float | None:
     """The side's drift: its first timed point measured again at its end, last / first - 1; None when unmeasured."""
     return finite(kv.drift.fraction) if isinstance(kv.drift, Drift) else None
 
@@ -229,10 +196,8 @@ def paired_drift(kv_a: KV, kv_b: KV, cache: str) -> float | None:
     last (the last round's; for the context of the drift check, its re-measurement at the end of the session),
     ``last / first - 1``; the median over contexts. None when no context was measured twice on both sides.
 
-    Drift both sides share cancels in each ratio. A single re-measurement of one small point per side is noisy (in
-    the gate-power series of docs/ab.md the two sides' own drifts were up to 27 points apart while the paired drift
-    stayed within 10%), so the sides' separate drifts are reported but not judged; the median over contexts of the
-    paired change is what is."""
+    Drift both sides share cancels in each ratio. The sides' separate drifts (one re-measured point each) are
+    reported but not judged (docs/ab.md, "Notes"); the median over contexts of the paired change is what is."""
     changes = []
     ends = {side: kv.drift if isinstance(kv.drift, Drift) and kv.drift.cache == cache else None
             for side, kv in (("a", kv_a), ("b", kv_b))}
@@ -250,13 +215,13 @@ def paired_drift(kv_a: KV, kv_b: KV, cache: str) -> float | None:
     return float(np.median(changes)) if changes else None
 
 
-def drift_problem(kv_a: KV, kv_b: KV, cache: str, max_drift: float) -> str | None:
+def paired_drift_problem(kv_a: KV, kv_b: KV, cache: str, max_drift: float) -> str | None:
     """Why the two sides' speeds moved apart during the session (:func:`paired_drift` beyond ``max_drift``), or
     None: shared drift is no problem."""
     moved = paired_drift(kv_a, kv_b, cache)
     if moved is None or abs(moved) <= max_drift:
         return None
-    fa, fb = drift_of(kv_a), drift_of(kv_b)
+    fa, fb = side_drift(kv_a), side_drift(kv_b)
     sides = "" if fa is None or fb is None else f"; each side's own drift A {fa:+.1%}, B {fb:+.1%}"
     return (f"drift differs between the sides: the paired ratio B/A moved {moved:+.1%} from first to last "
             f"measurement (median over contexts; beyond ±{max_drift:.0%}, --kv-max-drift){sides}")
@@ -271,19 +236,21 @@ def _fit_figure(kv: KV, cache: str, key: str) -> float | None:
     return finite(getattr(fit, key)) if isinstance(fit, Fit) else None
 
 
-def judge_timed(kv_a: KV, kv_b: KV, cache: str, *, tolerance: float, max_drift: float, resamples: int = RESAMPLES,
-                seed: int = 0, confidence: float = CONFIDENCE) -> dict[str, dict[str, Any]]:
+def judge_paired_timed(kv_a: KV, kv_b: KV, cache: str, *, tolerance: float, max_drift: float,
+                       resamples: int = RESAMPLES, seed: int = 0,
+                       confidence: float = CONFIDENCE) -> dict[str, PairedVerdict]:
     """``{"timed": verdict, "intercept": verdict}`` of one class (see the module docstring)."""
     pairs = paired_points(kv_a, kv_b, cache)
     figures = {"timed": (_fit_figure(kv_a, cache, "passes"), _fit_figure(kv_b, cache, "passes")),
                "intercept": (_fit_figure(kv_a, cache, "intercept_ms"), _fit_figure(kv_b, cache, "intercept_ms"))}
-    if len(pairs) < MIN_CONTEXTS:
-        reason = (f"{len(pairs)} context(s) measured on both sides: a slope needs {MIN_CONTEXTS} or more"
+    if len(pairs) < MIN_PAIRED_CONTEXTS:
+        reason = (f"{len(pairs)} context(s) measured on both sides: a slope needs {MIN_PAIRED_CONTEXTS} or more"
                   if pairs or any(p.cache == cache for p in kv_a.points) else
                   "no timed point of this class was measured on both sides")
-        return {m: verdict("inconclusive", reason, allowed=1 + tolerance, a=f[0], b=f[1]) for m, f in figures.items()}
+        return {m: paired_verdict("inconclusive", reason, allowed=1 + tolerance, a=f[0], b=f[1])
+                for m, f in figures.items()}
     found = paired_ratios(pairs, resamples=resamples, seed=seed)
-    drifted = drift_problem(kv_a, kv_b, cache, max_drift)
+    drifted = paired_drift_problem(kv_a, kv_b, cache, max_drift)
     problems = [drifted] if drifted else []
     out = {}
     for measure, index, what in (("timed", 0, "slope"), ("intercept", 1, "intercept")):
@@ -312,16 +279,16 @@ def _bound(row: LedgerRow | None, index: int) -> float | None:
     return finite(bounds[index]) if isinstance(bounds, list) and len(bounds) == 2 else None
 
 
-def judge_ledger(kv_a: KV, kv_b: KV, cache: str, *, tolerance: float, ledger_tolerance: float, max_drift: float,
-                 resamples: int = RESAMPLES, seed: int = 0,
-                 confidence: float = CONFIDENCE) -> dict[str, dict[str, Any]]:
+def judge_paired_ledger(kv_a: KV, kv_b: KV, cache: str, *, tolerance: float, ledger_tolerance: float,
+                        max_drift: float, resamples: int = RESAMPLES, seed: int = 0,
+                        confidence: float = CONFIDENCE) -> dict[str, PairedVerdict]:
     """``{op: verdict}`` of one class's per-op ledger (see the module docstring); {} when not profiled on both."""
     pairs = ledger_pairs(kv_a, kv_b, cache)
-    if len(pairs) < MIN_CONTEXTS:
+    if len(pairs) < MIN_PAIRED_CONTEXTS:
         return {}
     rows_a, rows_b = _ledger_rows(kv_a, cache), _ledger_rows(kv_b, cache)
     ops = [op for op in dict.fromkeys([*rows_a, *rows_b]) if not op.startswith("(")]  # aggregates: no steps
-    drifted = drift_problem(kv_a, kv_b, cache, max_drift)
+    drifted = paired_drift_problem(kv_a, kv_b, cache, max_drift)
     out = {}
     for n, op in enumerate(ops):
         ra, rb = rows_a.get(op), rows_b.get(op)
@@ -332,14 +299,15 @@ def judge_ledger(kv_a: KV, kv_b: KV, cache: str, *, tolerance: float, ledger_tol
             side, index = ("B", 1) if present[1] else ("A", 0)
             if lower[index] is not None and lower[index] > ledger_tolerance:
                 status = "regression" if side == "B" else "improvement"
-                out[op] = verdict(status, f"{op} runs on side {side} only, {figures[index]:.2f} timed passes "
+                out[op] = paired_verdict(status, f"{op} runs on side {side} only, {figures[index]:.2f} timed passes "
                                           f"(above {ledger_tolerance:g}, --kv-ledger-tolerance)",
                                   allowed=1 + tolerance, a=figures[0], b=figures[1])
             else:
-                out[op] = verdict("pass", f"{op} runs on side {side} only, under {ledger_tolerance:g} timed passes",
+                out[op] = paired_verdict("pass", f"{op} runs on side {side} only, under {ledger_tolerance:g} timed "
+                                                 "passes",
                                   allowed=1 + tolerance, a=figures[0], b=figures[1])
             continue
-        as_points = {c: [Pair(0, a.kv_bytes, a.ops_s[op], b.ops_s[op])] for c, (a, b) in pairs.items()}
+        as_points = {c: [PointPair(0, a.kv_bytes, a.ops_s[op], b.ops_s[op])] for c, (a, b) in pairs.items()}
         found = paired_ratios(as_points, resamples=resamples, seed=seed + 1 + n)
         # small: shown above ledger_tolerance timed passes on neither side (a side with no row of its own folded the
         # op into "(other ops)": under ledger.KEEP); a weight op's time, which does not grow with the cache, is one
@@ -347,9 +315,9 @@ def judge_ledger(kv_a: KV, kv_b: KV, cache: str, *, tolerance: float, ledger_tol
         judged = _ratio_verdict(found["a"][0], found["b"][0], found["draws"]["a"][0], found["draws"]["b"][0],
                                 what="op slope", tolerance=tolerance, confidence=confidence,
                                 problems=[drifted] if drifted and not small else [], figures=figures)
-        if small and judged["status"] != "pass":
-            judged.update(status="pass", reason=f"{op} is not shown above {ledger_tolerance:g} timed passes on "
-                                                "either side (--kv-ledger-tolerance): its ratio is not judged")
+        if small and judged.status != "pass":
+            judged = replace(judged, status="pass", reason=f"{op} is not shown above {ledger_tolerance:g} timed "
+                             "passes on either side (--kv-ledger-tolerance): its ratio is not judged")
         out[op] = judged
     return out
 
@@ -362,44 +330,37 @@ def judge(kv_a: KV, kv_b: KV, *, tolerance: float = RULE_DEFAULTS["tolerance"], 
     ``counted``: the gate's verdicts of B with A as the baseline (:func:`kvcache.analysing.compare.judge_against`),
     whose measures other than :data:`PAIRED` (``counted``, ``overhead``, and any other exact measure the gate has) are
     kept as they are."""
-    settings = kv_b.settings or kv_a.settings
-    max_drift = float(settings.get("max_drift", RULE_DEFAULTS["max_drift"]) if max_drift is None else max_drift)
-    ledger_tolerance = float(settings.get("ledger_tolerance", RULE_DEFAULTS["ledger_tolerance"])
-                             if ledger_tolerance is None else ledger_tolerance)
-    resamples = int(settings.get("resamples", RESAMPLES) if resamples is None else resamples)
-    confidence = float(settings.get("confidence", CONFIDENCE) if confidence is None else confidence)
+    settings = kv_b.settings if kv_b.settings.to_json() else kv_a.settings
+
+    def rule(given: float | None, recorded: float | None, default: float) -> float:
+        return given if given is not None else recorded if recorded is not None else default
+
+    max_drift = float(rule(max_drift, settings.max_drift, RULE_DEFAULTS["max_drift"]))
+    ledger_tolerance = float(rule(ledger_tolerance, settings.ledger_tolerance, RULE_DEFAULTS["ledger_tolerance"]))
+    resamples = int(rule(resamples, settings.resamples, RESAMPLES))
+    confidence = float(rule(confidence, settings.confidence, CONFIDENCE))
     caches: dict[str, None] = {}
     for kv in (kv_a, kv_b):
         caches.update(dict.fromkeys(str(p.cache) for p in kv.points))
         caches.update(dict.fromkeys(str(name) for name in kv.traffic))
     out: dict[str, Any] = {}
     for i, cache in enumerate(caches):
-        entry: dict[str, Any] = judge_timed(kv_a, kv_b, cache, tolerance=tolerance, max_drift=max_drift,
-                                            resamples=resamples, seed=seed + 1000 * i, confidence=confidence)
-        entry["ledger"] = judge_ledger(kv_a, kv_b, cache, tolerance=tolerance, ledger_tolerance=ledger_tolerance,
-                                       max_drift=max_drift, resamples=resamples, seed=seed + 1000 * i + 100,
-                                       confidence=confidence)
+        timed = judge_paired_timed(kv_a, kv_b, cache, tolerance=tolerance, max_drift=max_drift, resamples=resamples,
+                                   seed=seed + 1000 * i, confidence=confidence)
+        ledger = judge_paired_ledger(kv_a, kv_b, cache, tolerance=tolerance, ledger_tolerance=ledger_tolerance,
+                                     max_drift=max_drift, resamples=resamples, seed=seed + 1000 * i + 100,
+                                     confidence=confidence)
+        entry = {**{m: v.to_json() for m, v in timed.items()}, "ledger": {op: v.to_json() for op, v in ledger.items()}}
         if counted and cache in counted:  # counted, overhead (and any exact measure), as the gate judged them
             entry.update({m: v.to_json() for m, v in counted[cache].items() if m not in PAIRED})
         out[cache] = entry
     return out
-def statuses(ab: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
-    """Every verdict of an ``ab`` section: ``(cache, measure, verdict)``, ledger ops as ``ledger.<op>``."""
-    out = []
-    for cache, measures in ab.items():
-        if not isinstance(measures, dict):
-            continue
-        for measure, value in measures.items():
-            if measure == "ledger" and isinstance(value, dict):
-                out += [(cache, f"ledger.{op}", v) for op, v in value.items() if isinstance(v, dict)]
-            elif isinstance(value, dict) and "status" in value:
-                out.append((cache, measure, value))
-    return out
+
 
 
 def regressions(ab: dict[str, Any]) -> list[str]:
     """One line per regression of an ``ab`` section."""
-    return [f"{cache} {measure}: {v.reason}" for cache, measures in read_section(ab).items()
+    return [f"{cache} {measure}: {v.reason}" for cache, measures in read_ab_section(ab).items()
             for measure, v in measures.items() if v.status == "regression"]
 
 
@@ -414,7 +375,7 @@ def ratio_text(v: PairedVerdict) -> str:
 def summary_rows(ab: dict[str, Any]) -> list[list[str]]:
     """Rows ``[class, measure, A, B, B/A [interval], verdict]`` (ledger ops that passed are left out)."""
     rows = []
-    for cache, measures in read_section(ab).items():
+    for cache, measures in read_ab_section(ab).items():
         for measure, v in measures.items():
             if measure.startswith("ledger.") and v.status == "pass":
                 continue

@@ -23,13 +23,16 @@ from kvcache.analysing.records import (
     Copy,
     CopyMeasurement,
     Drift,
+    Environment,
     FitFailure,
     LedgerPoint,
     Memory,
+    ModelGeometry,
     Point,
     PointCompile,
     PointRecord,
     Probe,
+    RunSettings,
     Session,
     Skip,
     Traffic,
@@ -60,7 +63,9 @@ def analyse(records: list[dict[str, Any]], settings: dict[str, Any], baseline: d
     reasons = {r["cache"]: str(r["reason"]) for r in by_type.get("failed", []) if r.get("cache") and r.get("reason")}
     traffic = by_type.get("traffic", [])
     kv = KV(
-        settings=settings, environment=env, model=model, copy_gbps=copy_gbps, copy=_copy_section(copies),
+        settings=RunSettings.from_json(settings, "kv.settings"),
+        environment=Environment.from_json(env, "kv.environment"), model=ModelGeometry.from_json(model, "kv.model"),
+        copy_gbps=copy_gbps, copy=_copy_section(copies),
         traffic={r["cache"]: Traffic.from_json(jsonable(r["traffic"]), f"traffic of {r['cache']}") for r in traffic},
         probe={r["cache"]: Probe.from_json(jsonable(r["probe"]), f"probe of {r['cache']}")
                for r in traffic if r.get("probe")},
@@ -69,30 +74,30 @@ def analyse(records: list[dict[str, Any]], settings: dict[str, Any], baseline: d
         skipped=_skips(by_type.get("skip", [])), points=_points_section(timed, copy_gbps),
         session=Session.from_json({**session, "failed": sorted({*session.get("failed", []), *failed}),
                                   **({"reasons": reasons} if reasons else {})}, "session"),
-        identity=identity.of(env, settings),
     )
+    kv.identity = identity.of(kv.environment, kv.settings)
     for cache in dict.fromkeys(p.cache for p in timed):
         mine = [p for p in timed if p.cache == cache]
         try:
             if not samples:
                 raise FitError("no copy bandwidth was measured in this run (its test was deselected, skipped or "
                                "failed), so latency cannot be turned into passes")
-            kv.fit[cache] = fit_passes(mine, samples, bytes_per_token=model["bytes_per_token"],
-                                       weight_bytes=model["weight_bytes"], confidence=settings["confidence"],
-                                       resamples=settings["resamples"], seed=settings["seed"])
+            kv.fit[cache] = fit_passes(mine, samples, bytes_per_token=kv.model.bytes_per_token,
+                                       weight_bytes=kv.model.weight_bytes, confidence=kv.settings.confidence,
+                                       resamples=kv.settings.resamples, seed=kv.settings.seed)
         except FitError as exc:
             kv.fit[cache] = FitFailure(error=str(exc), n_points=len(mine))
-    kv.crossovers = crossovers(model, kv.fit, kv.traffic, kv.memory)
+    kv.crossovers = crossovers(kv.model, kv.fit, kv.traffic, kv.memory)
     profiled = [LedgerPoint.from_json({k: v for k, v in r.items() if k != "type"}, "ledger record")
                 for r in by_type.get("ledger", [])]
     if profiled:
         kv.ledger_points = profiled
-        kv.ledger, kv.ledger_errors = ledgers.analyse(profiled, samples, kv.traffic, settings)
+        kv.ledger, kv.ledger_errors = ledgers.analyse(profiled, samples, kv.traffic, kv.settings)
         kv.speed = ledgers.speed(profiled)
-    elif settings.get("compile", "off") != "off" and settings.get("ledger_steps"):
-        kv.ledger_errors = {c: f"not profiled under --kv-compile {settings['compile']}: the ledger times eager ATen "
+    elif kv.settings.compile not in (None, "off") and kv.settings.ledger_steps:
+        kv.ledger_errors = {c: f"not profiled under --kv-compile {kv.settings.compile}: the ledger times eager ATen "
                                "ops, a compiled step runs fused kernels" for c in kv.traffic}
-    kv.drift = _drift_section(timed, again, settings["max_drift"])
+    kv.drift = _drift_section(timed, again, kv.settings.max_drift)
     kv.verdict = judge(kv, baseline)
     return kv
 
@@ -106,13 +111,13 @@ def judge(kv: KV, baseline: dict[str, Any], **rules: Any) -> dict[str, dict[str,
 
 def failures(kv: KV) -> list[str]:
     """One line per reason the build fails (see :func:`kvcache.analysing.gate.failures`)."""
-    return gate.failures(kv.verdict, drift=kv.drift, strict=bool(kv.settings.get("strict")))
+    return gate.failures(kv.verdict, drift=kv.drift, strict=bool(kv.settings.strict))
 
 
 def warnings(kv: KV) -> list[str]:
     """Loud lines that do not fail the build: drift beyond its limit (unless --kv-strict made it a failure)."""
     problem = drift_problem(kv.drift)
-    if problem and not kv.settings.get("strict"):
+    if problem and not kv.settings.strict:
         return [f"kv-cache drift: {problem}; timed verdicts are inconclusive (the build does not fail on drift "
                 "alone; --kv-strict makes it fail)"]
     return []

@@ -4,6 +4,7 @@ the cache's bytes or a step's cache traffic equal the weights' bytes. Stdlib onl
 
 from __future__ import annotations
 
+from kvcache.analysing.context_records import ModelGeometry
 from kvcache.analysing.counted_records import Memory, Traffic
 from kvcache.analysing.stats import finite
 from kvcache.analysing.timed_records import CacheCrossovers, Crossovers, Fit, FitFailure
@@ -37,7 +38,7 @@ def crossover_context(weight_bytes: float | None, bytes_per_token: float | None,
     return weights / (times * per_token)
 
 
-def crossovers(model: dict, fits: dict[str, Fit | FitFailure], traffic: dict[str, Traffic],
+def crossovers(model: ModelGeometry, fits: dict[str, Fit | FitFailure], traffic: dict[str, Traffic],
                memory: dict[str, Memory]) -> Crossovers:
     """``kv.crossovers``: the context (tokens) at which the cache holds as many bytes as the weights (logical KV
     bytes, ``model.weight_bytes`` / ``model.bytes_per_token``), and per class the contexts at which a step's cache
@@ -45,7 +46,7 @@ def crossovers(model: dict, fits: dict[str, Fit | FitFailure], traffic: dict[str
     (``kv.traffic``), and at which the bytes the class really holds (``kv.memory.<cache>.held_passes`` × the
     logical KV bytes) equal the weights (``held_tokens``); None where there is no figure. One rule for all:
     :func:`crossover_context`."""
-    weights, per_token = model.get("weight_bytes"), model.get("bytes_per_token")
+    weights, per_token = model.weight_bytes, model.bytes_per_token
     out = Crossovers(cache_holds_weights_tokens=crossover_context(weights, per_token))
     for cache in dict.fromkeys([*fits, *traffic]):
         fit, counted = fits.get(cache), traffic.get(cache)

@@ -55,10 +55,11 @@ from kvcache.analysing.entries import (
 )
 from kvcache.analysing.fit import record_problem
 from kvcache.analysing.judges import MEMORY_FIGURES
+from kvcache.analysing.options import RULE_DEFAULTS
 from kvcache.analysing.records import KV, Drift, Fit, UnmeasuredDrift, jsonable
 
-SCHEMA = 2
-READABLE_SCHEMAS = (1, 2)
+BASELINE_SCHEMA = 2
+READABLE_BASELINE_SCHEMAS = (1, 2)
 PASSES_KEYS = ("timed_passes", "counted_passes")
 NUMBER_KEYS = (*PASSES_KEYS, "timed_intercept_ms", "ops_per_step", "data_ops_per_step", "weight_passes")
 #: The field whose presence makes an entry a baseline of each measure.
@@ -71,7 +72,7 @@ class BaselineError(ValueError):
 
 
 def empty() -> dict[str, Any]:
-    return {"schema": SCHEMA, "devices": {}}
+    return {"schema": BASELINE_SCHEMA, "devices": {}}
 
 
 def load(path: str | Path) -> dict[str, Any]:
@@ -83,7 +84,7 @@ def load(path: str | Path) -> dict[str, Any]:
     except FileNotFoundError:
         return empty()
     except (OSError, UnicodeDecodeError) as exc:
-        raise BaselineError(f"{p}: cannot read baseline ({one_line(exc)})") from None
+        raise BaselineError(f"{p}: cannot read baseline ({error_line(exc)})") from None
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -99,8 +100,9 @@ def problem_of(doc: Any) -> str | None:
     entry (:func:`entry_problem`), named with the entry and the value."""
     if not isinstance(doc, dict):
         return f"top level is a {type(doc).__name__}, expected an object"
-    if doc.get("schema") not in READABLE_SCHEMAS:
-        return f"schema {doc.get('schema')!r} is not one of the supported {', '.join(map(str, READABLE_SCHEMAS))}"
+    if doc.get("schema") not in READABLE_BASELINE_SCHEMAS:
+        supported = ", ".join(map(str, READABLE_BASELINE_SCHEMAS))
+        return f"schema {doc.get('schema')!r} is not one of the supported {supported}"
     devices = doc.get("devices")
     if not isinstance(devices, dict):
         return "'devices' is missing or not an object"
@@ -120,7 +122,7 @@ def problem_of(doc: Any) -> str | None:
 def upgrade(doc: dict[str, Any]) -> dict[str, Any]:
     """Schema 1 -> 2: counted passes recorded under a machine key (``"cpu: X (2 threads) | m | d"``) move to
     the device-type key (``"cpu | m | d"``) unless one is there already; entries left without passes go."""
-    if doc.get("schema") == SCHEMA:
+    if doc.get("schema") == BASELINE_SCHEMA:
         return doc
     devices: dict[str, dict[str, Any]] = {k: {c: dict(e) for c, e in v.items()} for k, v in doc["devices"].items()}
     for key in list(devices):
@@ -139,14 +141,15 @@ def upgrade(doc: dict[str, Any]) -> dict[str, Any]:
                 del devices[key][cache]
         if not devices[key]:
             del devices[key]
-    return {"schema": SCHEMA, "devices": devices}
+    return {"schema": BASELINE_SCHEMA, "devices": devices}
 
 
 
-def for_run(doc: dict[str, Any], ident: dict[str, Any]) -> tuple[dict[str, dict[str, BaselineEntry]], dict[str, str]]:
+def for_run(doc: dict[str, Any],
+            ident: identity.Identity) -> tuple[dict[str, dict[str, BaselineEntry]], dict[str, str]]:
     """What a run of identity ``ident`` is judged against: ``({measure: {cache: entry}}, {measure: key})``; ``doc``
     is a loaded baseline file (:func:`load`), or ``{}`` for none."""
-    keys = {m: identity.key(ident, m) for m in identity.MEASURE_FIELDS}
+    keys = {m: identity.baseline_key(ident, m) for m in identity.MEASURE_FIELDS}
     devices = doc["devices"] if doc else {}
     entries: dict[str, dict[str, BaselineEntry]] = {}
     for measure, key in keys.items():
@@ -161,7 +164,7 @@ def for_run(doc: dict[str, Any], ident: dict[str, Any]) -> tuple[dict[str, dict[
 def timed_problem(kv: KV, cache: str) -> str | None:
     """Why a run's timed passes of ``cache`` may not enter a baseline, or None when they may."""
     fit, session, drift = kv.fit.get(cache), kv.session, kv.drift
-    min_r2 = kv.settings.get("min_r2", 0.90)
+    min_r2 = RULE_DEFAULTS["min_r2"] if kv.settings.min_r2 is None else kv.settings.min_r2
     if session is not None and session.interrupted:
         return f"the session did not finish ({session.exit})"
     if session is not None and cache in session.failed:
@@ -196,8 +199,8 @@ def timed_problem(kv: KV, cache: str) -> str | None:
 def entries_of_run(kv: KV, recorded: str) -> tuple[dict[str, dict[str, dict[str, Any]]], list[str]]:
     """What recording a run writes, ``{key: {cache: entry}}``, and one line per timed figure left out (why)."""
     ident, env, settings = identity.of_run(kv), kv.environment, kv.settings
-    common = {"recorded": recorded, "transformers": env.get("transformers"), "torch": env.get("torch"),
-              "model": settings.get("model"), "dtype": settings.get("dtype")}
+    common = {"recorded": recorded, "transformers": env.transformers, "torch": env.torch, "model": settings.model,
+              "dtype": settings.dtype}
     timed: dict[str, Any] = {}
     counted: dict[str, Any] = {}
     overhead: dict[str, Any] = {}
@@ -259,13 +262,13 @@ def entries_of_run(kv: KV, recorded: str) -> tuple[dict[str, dict[str, dict[str,
             refused.append(f"{cache}: counted memory not recorded: {problem}")
     out: dict[str, dict[str, Any]] = {}
     if counted:
-        out[identity.key(ident, "counted")] = counted
+        out[identity.baseline_key(ident, "counted")] = counted
     if overhead:
-        out[identity.key(ident, "overhead")] = overhead
+        out[identity.baseline_key(ident, "overhead")] = overhead
     for cache, entry in memory.items():  # the overhead's key: one entry per class holds both
-        out.setdefault(identity.key(ident, "memory"), {}).setdefault(cache, {}).update(entry)
+        out.setdefault(identity.baseline_key(ident, "memory"), {}).setdefault(cache, {}).update(entry)
     if timed:
-        out[identity.key(ident, "timed")] = timed
+        out[identity.baseline_key(ident, "timed")] = timed
     return out, refused
 
 
@@ -319,7 +322,7 @@ def locked(path: Path) -> Iterator[None]:
     try:
         fd = os.open(folder, os.O_RDONLY)
     except OSError as exc:
-        raise BaselineError(f"{path}: cannot open its folder to lock it ({one_line(exc)})") from None
+        raise BaselineError(f"{path}: cannot open its folder to lock it ({error_line(exc)})") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -335,8 +338,8 @@ def write_json_atomically(path: Path, doc: dict[str, Any]) -> None:
     try:
         files.write_text_atomically(path, text)
     except OSError as exc:
-        raise BaselineError(f"{files.shown(path)}: cannot write baseline ({one_line(exc)})") from None
+        raise BaselineError(f"{files.shown(path)}: cannot write baseline ({error_line(exc)})") from None
 
 
-def one_line(exc: BaseException) -> str:
+def error_line(exc: BaseException) -> str:
     return " ".join(str(getattr(exc, "strerror", None) or exc).split())

@@ -5,10 +5,10 @@ HEAD is judged against BASE by ``kvcache compare``'s judge (:func:`kvcache.analy
 session-end gate's rules) and tabled by the one table renderer (:func:`kvcache.analysing.tables.markdown`); this
 module only frames it for a pull request:
 
-- a first line with the verdict: *regression* (a measure the gate judges exactly regressed, :data:`EXACT`:
-  counted passes, the counted overhead, ATen ops per step and weight passes, or counted memory; or a class with
-  counted passes in BASE has none in HEAD: skipped by its conftest, unsupported, not run), *inconclusive* (no
-  regression, but a judged figure could not be judged) or *clean*;
+- a first line with the verdict: *regression* (a measure the gate judges exactly regressed,
+  :data:`EXACT_REGRESSION_MEASURES`: counted passes, the counted overhead, ATen ops per step and weight passes, or
+  counted memory; or a class with counted passes in BASE has none in HEAD: skipped by its conftest, unsupported, not
+  run), *inconclusive* (no regression, but a judged figure could not be judged) or *clean*;
 - a table of classes × measures with BASE, HEAD and Δ: counted passes (bytes moved per KV-cache byte), ATen ops
   per step, weight passes (bytes that do not grow with context per weight byte) and memory where a run has it
   (allocated, peak and held passes: bytes per logical KV-cache byte), each marked as the gate judges it;
@@ -16,7 +16,7 @@ module only frames it for a pull request:
   ``ab.<cache>.timed`` and ``ab.<cache>.intercept``). Timed figures of two separate runs are shown in a table of
   their own, marked informational: base and head measured one after the other drift apart;
 - the ops that grew, the reasons for inconclusive figures, a link to the full report;
-- a hidden marker (:data:`MARKER`) so that a workflow updates one comment instead of adding one per push;
+- a hidden marker (:data:`COMMENT_MARKER`) so that a workflow updates one comment instead of adding one per push;
 - at most ``limit`` characters (GitHub's limit, 65536, by default): longer bodies are cut at a line, with a note.
 
 Every string that comes from a run (class and op names, labels, reasons) is escaped for Markdown. No torch here.
@@ -31,7 +31,7 @@ from urllib.parse import quote
 
 from kvcache.analysing import compare as comparing
 from kvcache.analysing import identity, judges, tables
-from kvcache.analysing.ab import PairedVerdict, read_section
+from kvcache.analysing.ab_records import PairedVerdict, read_ab_section
 from kvcache.analysing.compare import Cell, Comparison, Regression
 from kvcache.analysing.compare_render import cell_texts, with_interval
 from kvcache.analysing.records import Fit, Run, Verdict
@@ -40,7 +40,7 @@ from kvcache.analysing.stats import finite, interval
 from kvcache.analysing.tables import MISSING, Table, num
 
 #: The hidden marker a workflow finds its own comment by (list the comments, PATCH the one that has it).
-MARKER = "<!-- kvcache-passes-comment -->"
+COMMENT_MARKER = "<!-- kvcache-passes-comment -->"
 #: GitHub's limit on a comment's body, in characters.
 GITHUB_LIMIT = 65536
 REGRESSION, INCONCLUSIVE, CLEAN = "regression", "inconclusive", "clean"
@@ -51,7 +51,7 @@ HEADLINE = {
 }
 #: The measures the gate judges exactly (:data:`kvcache.analysing.judges.EXACT`), as compare's regression lines name
 #: them (:data:`kvcache.analysing.compare.JUDGED`): they decide the comment's verdict.
-EXACT = tuple(comparing.JUDGED[m] for m in judges.EXACT)
+EXACT_REGRESSION_MEASURES = tuple(comparing.JUDGED[m] for m in judges.EXACT)
 CHANGE_WORDS = {comparing.REGRESSED: "▲ regression", comparing.IMPROVED: "▼ better",
                 comparing.INCONCLUSIVE: "? inconclusive", comparing.SAME: ""}
 AB_WORDS = {"regression": "▲ regression", "improvement": "▼ better", "inconclusive": "? inconclusive", "pass": ""}
@@ -169,7 +169,7 @@ def _part_row(cache: str, head: Cell, measure: str, part: str, label: str, bv: f
 def paired(ab: dict[str, Any] | None) -> dict[str, dict[str, PairedVerdict]]:
     """``{cache: {measure: paired verdict}}`` of an A/B run's ``ab`` section (:mod:`kvcache.analysing.ab`), the
     measures the comment shows (:data:`AB_MEASURES`); {} for none."""
-    section = read_section(ab) if ab else {}
+    section = read_ab_section(ab) if ab else {}
     return {cache: {m: v for m, v in measures.items() if m in AB_MEASURES} for cache, measures in section.items()}
 
 
@@ -251,7 +251,7 @@ def _inconclusive_lines(comparison: Comparison, ab: dict[str, dict[str, PairedVe
 def verdict_of(comparison: Comparison, ab: dict[str, dict[str, PairedVerdict]]) -> tuple[str, list[str]]:
     """The comment's verdict and the classes it names: a counted regression (or an A/B timed one), else
     inconclusive where a counted or A/B verdict is, else clean. Timed verdicts of two separate runs do not count."""
-    regressed = [r.cache for r in comparison.regressions if r.measure in EXACT]
+    regressed = [r.cache for r in comparison.regressions if r.measure in EXACT_REGRESSION_MEASURES]
     regressed += [cache for cache, _, _ in _ab_with(ab, "regression")]
     if regressed:
         return REGRESSION, list(dict.fromkeys(regressed))
@@ -275,7 +275,8 @@ def _run_line(name: str, run: Run, label: str | None) -> str:
 def build(base: Run, head: Run, *, ab: dict[str, Any] | None = None, report_url: str | None = None,
           limit: int = GITHUB_LIMIT, labels: tuple[str | None, str | None] = (None, None)) -> tuple[str, str]:
     """``(verdict, body)``: the pull request's comment for HEAD against BASE (see the module docstring); the
-    body ends with :data:`MARKER` and has at most ``limit`` characters. ``labels`` name BASE and HEAD (a commit)."""
+    body ends with :data:`COMMENT_MARKER` and has at most ``limit`` characters. ``labels`` name BASE and HEAD (a
+    commit)."""
     # HEAD cannot loosen its own gate (BASE's rules), nor leave a class out of it (every class BASE counted)
     comparison = comparing.compare([base, head], rules_from="first", require_classes=True)
     pairs = paired(ab)
@@ -296,7 +297,7 @@ def build(base: Run, head: Run, *, ab: dict[str, Any] | None = None, report_url:
                   "▼ better, ? inconclusive.", ""]
     else:
         lines += ["_Neither run has counted figures._", ""]
-    regressions = [r for r in comparison.regressions if r.measure in EXACT]
+    regressions = [r for r in comparison.regressions if r.measure in EXACT_REGRESSION_MEASURES]
     regressions += [Regression(c, "HEAD", f"{m} (A/B)", v.reason)
                     for c, m, v in _ab_with(pairs, "regression")]
     if regressions:
@@ -321,14 +322,14 @@ def build(base: Run, head: Run, *, ab: dict[str, Any] | None = None, report_url:
 
 
 def fit_limit(lines: list[str], limit: int, report_url: str | None = None) -> str:
-    """The lines joined, with :data:`MARKER` last; cut at a line (the verdict line kept) with a note when that
+    """The lines joined, with :data:`COMMENT_MARKER` last; cut at a line (the verdict line kept) with a note when that
     would exceed ``limit`` characters."""
-    body = "\n".join(lines).rstrip() + "\n\n" + MARKER + "\n"
+    body = "\n".join(lines).rstrip() + "\n\n" + COMMENT_MARKER + "\n"
     if len(body) <= limit:
         return body
     where = f" ([link]({link(report_url)}))" if report_url else ""
     note = TRUNCATED.format(limit=limit, where=where)
-    tail = "\n\n" + note + "\n\n" + MARKER + "\n"
+    tail = "\n\n" + note + "\n\n" + COMMENT_MARKER + "\n"
     kept: list[str] = []
     size = len(tail)
     for line in lines:

@@ -177,11 +177,11 @@ def _labels(runs: Sequence[Run]) -> list[str]:
 
 def _setup(run: Run) -> str:
     ident = identity.of_run(run.record)
-    return f"{ident.get('model')}, {ident.get('dtype')}"
+    return f"{ident.model}, {ident.dtype}"
 
 
 def _with_min_r2(kv: KV, min_r2: float | None) -> KV:
-    return kv if min_r2 is None else replace(kv, settings={**kv.settings, "min_r2": min_r2})
+    return kv if min_r2 is None else replace(kv, settings=replace(kv.settings, min_r2=min_r2))
 
 
 def baseline_of(run: Run, *, min_r2: float | None = None) -> dict[str, dict[str, BaselineEntry]]:
@@ -210,7 +210,7 @@ def judge_against(run: Run, base: Run, rules: Rules, *, base_min_r2: float | Non
     first = f"the first run ({Path(base.path).name})"
     keys = dict.fromkeys(identity.MEASURE_FIELDS, first)
     base_entries = baseline_of(base, min_r2=base_min_r2)
-    torches = [identity.of_run(r.record).get("torch") for r in (base, run)]
+    torches = [identity.of_run(r.record).torch for r in (base, run)]
     if torches[0] != torches[1]:
         for measure, what in (("overhead", "op counts are"), ("memory", "memory is")):
             base_entries[measure] = {}
@@ -352,8 +352,7 @@ def missing_classes(comparison: Comparison) -> list[Regression]:
 def variables_that_differ(runs: Sequence[Run]) -> dict[str, list[str | None]]:
     """{NAME: value per run (None: not set)} of the environment variables the runs recorded
     (``kv.environment.variables``, those known to change what runs) on which they differ."""
-    recorded = [run.record.environment.get("variables") for run in runs]
-    recorded = [r if isinstance(r, dict) else {} for r in recorded]
+    recorded = [run.record.environment.variables for run in runs]
     out = {}
     for name in dict.fromkeys(str(name) for r in recorded for name in r):
         values = [None if r.get(name) is None else str(r[name]) for r in recorded]
@@ -396,6 +395,6 @@ def mismatch(runs: Sequence[Run]) -> str | None:
     if not differing:
         return None
     def named(name: str, values: list[Any]) -> str:
-        return ", ".join(f"{Path(r.path).name}: {identity.shown(name, v)}" for r, v in zip(runs, values))
+        return ", ".join(f"{Path(r.path).name}: {identity.field_text(name, v)}" for r, v in zip(runs, values))
 
     return "; ".join(f"{name} ({named(name, values)})" for name, values in differing.items())

@@ -18,7 +18,7 @@ LEGEND = (
     "▲ regression against the first run (the gate's judge), ▼ better beyond tolerance, "
     "? inconclusive (interval straddles the allowed value, poor fit, drift, or no passes figure): not a regression"
 )
-MEASURES = ("timed", "counted", "intercept_ms", "r2", "ops", "weight_passes", "memory", "gpus", "verdict")
+COLUMNS = ("timed", "counted", "intercept_ms", "r2", "ops", "weight_passes", "memory", "gpus", "verdict")
 HEADERS = {
     "timed": "timed passes",
     "counted": "counted passes",
@@ -35,8 +35,8 @@ HEADERS = {
 def measures(comparison: Comparison) -> list[str]:
     """The measures some run has (a counted-only sweep shows no timed columns); all when none has any."""
     cells = [c for row in comparison.cells.values() for c in row]
-    shown = [m for m in MEASURES if any(getattr(c, m) is not None for c in cells)]
-    return shown or list(MEASURES)
+    shown = [m for m in COLUMNS if any(getattr(c, m) is not None for c in cells)]
+    return shown or list(COLUMNS)
 
 
 def _marked(text: str, change: str, delta: float | None, spec: str = "+.2f", figure: str = "") -> str:
@@ -131,7 +131,7 @@ def summary(comparison: Comparison) -> str:
     return "No regressions against the baseline."
 
 
-def table(comparison: Comparison) -> Table:
+def comparison_table(comparison: Comparison) -> Table:
     """The comparison as a :class:`~kvcache.analysing.tables.Table`: the cache column, then one column group per
     run (labelled by :func:`_group_labels`), numbers right-aligned in Markdown."""
     shown = measures(comparison)
@@ -162,7 +162,7 @@ def ledger_table(comparison: Comparison) -> Table | None:
 
 def render_text(comparison: Comparison) -> str:
     """An aligned plain-text table with a group header line per run."""
-    out = preamble(comparison) + ["", *tables.text(table(comparison))]
+    out = preamble(comparison) + ["", *tables.text(comparison_table(comparison))]
     ledger = ledger_table(comparison)
     if ledger is not None:
         out += ["", "Per-op timed ledger:", *tables.text(ledger)]
@@ -174,7 +174,7 @@ def render_text(comparison: Comparison) -> str:
 def render_markdown(comparison: Comparison) -> str:
     """A GitHub-flavoured Markdown table (for ``$GITHUB_STEP_SUMMARY``), with the regressions listed below."""
     lines = ["### KV-cache passes across runs", "", *map(escape_markdown, preamble(comparison)), "",
-             *tables.markdown(table(comparison))]
+             *tables.markdown(comparison_table(comparison))]
     ledger = ledger_table(comparison)
     if ledger is not None:
         lines += ["", "#### Per-op timed ledger", "", *tables.markdown(ledger)]

@@ -46,7 +46,7 @@ ALL = (*MEASURES, "memory")
 def extra_of(run: Run) -> str:
     """The run's identity as one line: ``tiny, bfloat16 on cpu: ...; transformers 5.24.0; torch 2.13.0+cpu``."""
     ident = identity.of_run(run.record)
-    return f"{identity.describe(ident)}; transformers {run.transformers}; torch {ident.get('torch')}"
+    return f"{identity.describe(ident)}; transformers {run.transformers}; torch {ident.torch}"
 
 
 def _range(value: Any) -> str | None:

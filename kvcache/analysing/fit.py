@@ -17,6 +17,7 @@ import numpy as np
 
 from kvcache.analysing.bandwidth import crossover_context
 from kvcache.analysing.jsonrecord import jsonable
+from kvcache.analysing.options import CONFIDENCE, RESAMPLES
 from kvcache.analysing.stats import bootstrap_medians, finite, median, percentile_interval
 from kvcache.analysing.timed_records import Drift, Fit, FitFailure, Point
 
@@ -69,8 +70,8 @@ def fit_passes(
     *,
     bytes_per_token: int,
     weight_bytes: int,
-    confidence: float = 0.95,
-    resamples: int = 2000,
+    confidence: float = CONFIDENCE,
+    resamples: int = RESAMPLES,
     seed: int = 0,
 ) -> Fit:
     """Fit the passes of one cache class from its timed points and the session's copy bandwidth samples.
@@ -142,8 +143,8 @@ def fit_passes(
     }))
 
 
-def slope_passes(points: Sequence[Point], copy_samples_gbps: Sequence[float], *, confidence: float = 0.95,
-                 resamples: int = 2000, seed: int = 0) -> tuple[float, tuple[float, float], float]:
+def slope_passes(points: Sequence[Point], copy_samples_gbps: Sequence[float], *, confidence: float = CONFIDENCE,
+                 resamples: int = RESAMPLES, seed: int = 0) -> tuple[float, tuple[float, float], float]:
     """(passes, interval, R²) of any series of per-step times against KV bytes: the slope × the median copy
     bandwidth, the interval from the same hierarchical bootstrap as :func:`fit_passes`. Unlike a whole
     step's passes, the figure may be zero or negative (an op whose time does not grow with context).

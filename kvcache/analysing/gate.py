@@ -102,7 +102,7 @@ def judge_run(kv: KV, baseline: dict[str, dict[str, BaselineEntry]], rules: Rule
     baseline key of each measure (for messages).
     """
     out = {}
-    for cache in dict.fromkeys([*kv.settings.get("caches", []), *kv.fit, *kv.traffic, *kv.memory]):
+    for cache in dict.fromkeys([*kv.settings.caches, *kv.fit, *kv.traffic, *kv.memory]):
         def entry(measure: str, cache: str = cache) -> BaselineEntry | None:
             return baseline[measure].get(cache) if measure in baseline else None
 

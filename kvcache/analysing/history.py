@@ -97,7 +97,7 @@ def entry_of(run: Run, *, commit: str | None = None, release: str | None = None,
         raise HistoryError(f"{run.path}: no figure to add: {no_figure(run, list(MEASURES), found_notes)}")
     if notes is not None:
         notes.extend(found_notes)
-    return {"schema": SCHEMA, "commit": commit, "release": release, "identity": ident,
+    return {"schema": SCHEMA, "commit": commit, "release": release, "identity": ident.to_json(),
             "setup": identity.describe(ident), "transformers": run.transformers, "datetime": run.datetime,
             "run": Path(run.path).name, "caches": caches}
 
@@ -247,7 +247,7 @@ def setup_of(entry: dict[str, Any], measure: str) -> str:
     ident = entry.get("identity")
     if not isinstance(ident, dict):
         return str(entry.get("setup"))
-    return identity.key(ident, IDENTITY_OF[measure])
+    return identity.baseline_key(identity.Identity.from_json(ident, "history entry identity"), IDENTITY_OF[measure])
 
 
 def series(entries: list[dict[str, Any]], measure: str) -> dict[tuple[str, str], list[dict[str, Any]]]:

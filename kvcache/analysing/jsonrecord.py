@@ -42,6 +42,7 @@ class Record:
             elif name in data:
                 if spec.default_factory is not MISSING:
                     kind = type(spec.default_factory())
+                    kind = dict if issubclass(kind, Record) else kind  # a record is read from an object
                     if not isinstance(data[name], kind):
                         expected = "an object" if kind is dict else "a list"
                         raise RecordError(f"{where}.{name}: expected {expected}, got {type(data[name]).__name__}")

@@ -10,6 +10,7 @@ from typing import Union
 
 from kvcache.analysing import tables
 from kvcache.analysing.entries import BaselineEntry
+from kvcache.analysing.options import MIN_OP_PASSES
 from kvcache.analysing.records import (
     Counted,
     Drift,
@@ -33,8 +34,6 @@ STATUSES = ("pass", "regression", "inconclusive", "no-baseline", "not-measured")
 PRIORITY = {"not-measured": 0, "no-baseline": 1, "pass": 2, "inconclusive": 3, "regression": 4}
 # Counted passes are ratios of byte counts; a rounding error must not turn "equal" into a regression.
 COUNTED_RELATIVE_SLACK = 1e-9
-# A per-op change of counted passes smaller than this is not named as an op that grew.
-OP_CHANGE = 0.005
 #: The figures of counted memory the gate judges (``kv.memory.<cache>``) and the baseline field of each.
 MEMORY_FIGURES = {"allocated_passes": "memory_allocated_passes", "peak_passes": "memory_peak_passes",
                   "held_passes": "memory_held_passes"}
@@ -92,7 +91,7 @@ def ops_that_grew(by_op: dict[str, float] | None, base_by_op: dict[str, float] |
     if not by_op or base_by_op is None:
         return {}
     grew = {op: value - base_by_op.get(op, 0.0) for op, value in by_op.items()}
-    return {op: delta for op, delta in sorted(grew.items(), key=lambda kv: -kv[1]) if delta > OP_CHANGE}
+    return {op: delta for op, delta in sorted(grew.items(), key=lambda kv: -kv[1]) if delta > MIN_OP_PASSES}
 
 
 def calls_that_grew(calls: dict[str, int] | None, base_calls: dict[str, int] | None) -> str:
@@ -308,7 +307,7 @@ def judge_ledger(ledger: dict[str, LedgerRow] | None, base: dict[str, float] | N
     vanished = [op for op in base if op not in ledger]
     parts: dict[str, Part] = {}
     notes = []
-    moving = {op for op, passes in {**base_counted_by_op, **counted_by_op}.items() if passes > OP_CHANGE}
+    moving = {op for op, passes in {**base_counted_by_op, **counted_by_op}.items() if passes > MIN_OP_PASSES}
     for op, row in ledger.items():
         if op in LEDGER_UNJUDGED or op not in moving or row.timed is None:
             continue

@@ -17,10 +17,10 @@ Output, ``kv.ledger.<cache>.<row>``, a :class:`~kvcache.analysing.timed_records.
 
 from __future__ import annotations
 
-from typing import Any
-
+from kvcache.analysing.context_records import RunSettings
 from kvcache.analysing.counted_records import Traffic
 from kvcache.analysing.fit import FitError, slope_passes
+from kvcache.analysing.options import CONFIDENCE, RESAMPLES
 from kvcache.analysing.stats import median
 from kvcache.analysing.timed_records import LedgerPoint, LedgerRow, Point, Speed
 
@@ -54,15 +54,16 @@ def _points(name: str, entries: Series) -> list[Point]:
             for r, values in entries]
 
 
-def _row(points: list[Point], copy_samples: list[float], settings: dict[str, Any]) -> LedgerRow:
-    passes, (lo, hi), _ = slope_passes(points, copy_samples, confidence=settings.get("confidence", 0.95),
-                                       resamples=settings.get("resamples", 2000), seed=settings.get("seed", 0))
+def _row(points: list[Point], copy_samples: list[float], settings: RunSettings) -> LedgerRow:
+    passes, (lo, hi), _ = slope_passes(
+        points, copy_samples, confidence=CONFIDENCE if settings.confidence is None else settings.confidence,
+        resamples=RESAMPLES if settings.resamples is None else settings.resamples, seed=settings.seed or 0)
     largest = max(points, key=lambda p: p.kv_bytes)
     return LedgerRow(timed=passes, timed_ci=[lo, hi], ms=largest.median_s * 1e3)
 
 
 def analyse_cache(records: list[LedgerPoint], copy_samples: list[float], counted_by_op: dict[str, float],
-                  settings: dict[str, Any]) -> dict[str, LedgerRow]:
+                  settings: RunSettings) -> dict[str, LedgerRow]:
     """``{row: LedgerRow}`` of one class (see the module docstring); FitError when its profiled contexts give no
     line (fewer than 3, no copy bandwidth)."""
     out: dict[str, LedgerRow] = {}
@@ -82,7 +83,7 @@ def analyse_cache(records: list[LedgerPoint], copy_samples: list[float], counted
 
 
 def analyse(records: list[LedgerPoint], copy_samples: list[float], traffic: dict[str, Traffic],
-            settings: dict[str, Any]) -> tuple[dict[str, dict[str, LedgerRow]], dict[str, str]]:
+            settings: RunSettings) -> tuple[dict[str, dict[str, LedgerRow]], dict[str, str]]:
     """(``kv.ledger``, ``{cache: why there is no ledger}``) from a session's profiled points."""
     by_cache: dict[str, list[LedgerPoint]] = {}
     for r in records:

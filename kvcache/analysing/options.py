@@ -1,10 +1,11 @@
 """The ``--kv-*`` options: one table, the one home of every default.
 
-Each :class:`Option` names its flag, its default as typed on the command line, the :class:`kvcache.settings.Settings`
-field it sets and whether it is a judge's rule. From this table come the pytest options (``kvcache.plugin``), the
-defaults of ``Settings`` and of the judge's :class:`kvcache.analysing.rules.Rules`, the tolerance options of
-``kvcache compare`` (and of the commands built on it) and the options page of the documentation
-(``python -m kvcache.analysing.options > docs/options.md``). ``tests/analysing/test_options.py`` keeps them equal.
+Each :class:`Option` names its flag, its default as typed on the command line, the
+:class:`kvcache.analysing.settings.Settings` field it sets and whether it is a judge's rule. From this table come the
+pytest options (``kvcache.plugin``), the defaults of ``Settings`` and of the judge's
+:class:`kvcache.analysing.rules.Rules`, the tolerance options of ``kvcache compare`` (and of the commands built on it)
+and the options page of the documentation (``python -m kvcache.analysing.options > docs/options.md``).
+``tests/analysing/test_options.py`` keeps them equal.
 Stdlib only.
 """
 
@@ -18,10 +19,10 @@ from typing import Any
 @dataclass(frozen=True)
 class Option:
     """One ``--kv-*`` option. ``default`` is the value as the command line gives it (None for a flag, which is off
-    unless given); ``setting`` is the :class:`~kvcache.settings.Settings` field it sets, through the option's parser
-    (:data:`kvcache.settings.PARSERS`: ``--kv-copy-mib`` sets ``copy_bytes`` in bytes, ``--kv-no-gate`` sets
-    ``gate`` false; ``""`` when it sets none directly, as ``--kv-attn``); ``rule``: the judge reads it
-    (:class:`~kvcache.analysing.rules.Rules`), so ``kvcache compare`` takes it too, without the ``kv-`` prefix;
+    unless given); ``setting`` is the :class:`~kvcache.analysing.settings.Settings` field it sets, through the
+    option's parser (:data:`kvcache.analysing.settings.PARSERS`: ``--kv-copy-mib`` sets ``copy_bytes`` in bytes,
+    ``--kv-no-gate`` sets ``gate`` false; ``""`` when it sets none directly, as ``--kv-attn``); ``rule``: the judge
+    reads it (:class:`~kvcache.analysing.rules.Rules`), so ``kvcache compare`` takes it too, without the ``kv-`` prefix;
     ``accepts`` says, in a few words, which values are accepted."""
 
     flag: str
@@ -120,6 +121,14 @@ CPU_TIMED: tuple[str, ...] = ("--kv-dtype", "float32", "--kv-threads", "1")
 #: The judge's tolerance-like rules, by their Settings (and Rules) field name, with their defaults.
 RULE_DEFAULTS: dict[str, float] = {o.setting: o.default for o in OPTIONS if o.rule}
 
+#: The bootstrap of every timed interval, which no option sets (a run records both in ``kv.settings``): the
+#: intervals' confidence and the resamples drawn.
+CONFIDENCE = 0.95
+RESAMPLES = 2000
+#: Counted passes: an op (or a fused kernel) below this is left out of a figure's ops, and a change of an op's passes
+#: below it is not named (figures are shown to 2 decimals).
+MIN_OP_PASSES = 0.005
+
 
 def option(flag: str) -> Option:
     return BY_FLAG[flag]
@@ -130,7 +139,7 @@ def default(flag: str) -> Any:
     return BY_FLAG[flag].default
 
 
-def markdown() -> str:
+def options_page() -> str:
     """The options page of the documentation (``docs/options.md``), generated from :data:`OPTIONS`."""
     lines = ["# Options", "", "Generated from `kvcache/analysing/options.py` (`python -m kvcache.analysing.options > "
              "docs/options.md`); a test keeps this page equal to the table. Every option is a pytest option of the "
@@ -146,4 +155,4 @@ def markdown() -> str:
 
 
 if __name__ == "__main__":
-    sys.stdout.write(markdown())
+    sys.stdout.write(options_page())

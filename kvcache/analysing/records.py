@@ -17,6 +17,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from kvcache.analysing import identity
+from kvcache.analysing.context_records import Environment, LayerKinds, ModelGeometry, RunSettings
 from kvcache.analysing.counted_records import (
     CompiledTraffic,
     Counted,
@@ -26,6 +28,7 @@ from kvcache.analysing.counted_records import (
     Probe,
     Traffic,
 )
+from kvcache.analysing.identity import Identity
 from kvcache.analysing.jsonrecord import (
     Reader,
     Record,
@@ -58,7 +61,8 @@ from kvcache.analysing.timed_records import (
 
 __all__ = [
     "KV", "READABLE_SCHEMAS", "SCHEMA", "SCHEMA_FILE", "CacheCrossovers", "CompiledTraffic", "Copy", "CopyMeasurement",
-    "Counted", "FusedCount", "MemoryStep", "PointCompile",
+    "Counted", "Environment", "FusedCount", "Identity", "LayerKinds", "MemoryStep", "ModelGeometry", "PointCompile",
+    "RunSettings",
     "Crossovers", "Drift", "Fit", "FitFailure", "LedgerPoint", "LedgerRow", "Memory", "Part", "Point", "PointRecord",
     "Probe", "Record", "RecordError", "Run", "Session", "Skip", "Speed", "Traffic", "UnmeasuredDrift", "Verdict",
     "json_schema", "jsonable", "load_run", "load_runs", "point_from_benchmark", "points_from_benchmarks",
@@ -144,14 +148,12 @@ class KV(Record):
     """The ``kv`` section of a run (docs/records.md), schema :data:`SCHEMA`.
 
     ``from_json`` reads a section of any readable schema (older ones through :func:`upgrade_kv`); ``to_json``
-    writes this schema, non-finite floats as null. Sections a later schema adds stay in ``extra``. ``settings``,
-    ``environment``, ``identity`` and ``model`` stay plain dicts: their keys belong to the ``--kv-*`` options, the
-    device, :mod:`kvcache.analysing.identity` and the model's geometry, each defined once there."""
+    writes this schema, non-finite floats as null. Sections a later schema adds stay in ``extra``."""
 
     schema: int = SCHEMA
-    settings: dict[str, Any] = field(default_factory=dict)
-    environment: dict[str, Any] = field(default_factory=dict)
-    model: dict[str, Any] = field(default_factory=dict)
+    settings: RunSettings = field(default_factory=RunSettings)
+    environment: Environment = field(default_factory=Environment)
+    model: ModelGeometry = field(default_factory=ModelGeometry)
     copy_gbps: float | None = None
     copy: Copy | None = None
     fit: dict[str, Fit | FitFailure] = field(default_factory=dict)
@@ -163,7 +165,7 @@ class KV(Record):
     skipped: list[Skip] = field(default_factory=list)
     points: list[PointRecord] = field(default_factory=list)
     session: Session | None = None
-    identity: dict[str, Any] = field(default_factory=dict)
+    identity: Identity = field(default_factory=Identity)
     ledger: dict[str, dict[str, LedgerRow]] = field(default_factory=dict)
     ledger_points: list[LedgerPoint] = field(default_factory=list)
     ledger_errors: dict[str, str] = field(default_factory=dict)
@@ -189,7 +191,8 @@ class KV(Record):
                 "ledger": object_of(object_of(LedgerRow.from_json)), "points": list_of(PointRecord.from_json),
                 "skipped": list_of(Skip.from_json), "ledger_points": list_of(LedgerPoint.from_json),
                 "copy": Copy.from_json, "session": Session.from_json, "drift": drift_of, "speed": Speed.from_json,
-                "crossovers": Crossovers.from_json}
+                "crossovers": Crossovers.from_json, "settings": RunSettings.from_json,
+                "environment": Environment.from_json, "model": ModelGeometry.from_json, "identity": Identity.from_json}
 
     def to_json(self) -> dict[str, Any]:
         return jsonable(super().to_json())
@@ -216,17 +219,17 @@ class Run:
     datetime: str = ""
 
     @property
-    def environment(self) -> dict[str, Any]:
+    def environment(self) -> Environment:
         return self.record.environment
 
     @property
     def transformers(self) -> str:
-        return str(self.environment.get("transformers", "?"))
+        return str(self.environment.transformers or "?")
 
     @property
     def device(self) -> str:
         env = self.environment
-        return str(env.get("device_name") or env.get("device_type") or "?")
+        return str(env.device_name or env.device_type or "?")
 
     @property
     def label(self) -> str:
@@ -295,11 +298,12 @@ def _schema_2_of_1(kv: dict[str, Any]) -> dict[str, Any]:
             verdicts[cache][measure] = {"status": old.get("status", "not-measured"), "value": old.get("measured"),
                                         "allowed": old.get("allowed"), "reason": old.get("reason", ""),
                                         **({"interval": old["interval"]} if old.get("interval") else {})}
-    from kvcache.analysing import identity
-
-    env, settings = kv.get("environment"), kv.get("settings")
-    ident = identity.of(env if isinstance(env, dict) else {}, settings if isinstance(settings, dict) else {})
-    return {**kv, "schema": 2, "verdict": verdicts, "identity": kv.get("identity", ident),
+    if "identity" not in kv:
+        env, settings = kv.get("environment"), kv.get("settings")
+        env = Environment.from_json(env if isinstance(env, dict) else {}, "kv.environment")
+        settings = RunSettings.from_json(settings if isinstance(settings, dict) else {}, "kv.settings")
+        kv = {**kv, "identity": identity.of(env, settings).to_json()}
+    return {**kv, "schema": 2, "verdict": verdicts,
             "session": kv.get("session", {"interrupted": None, "exit": "unknown (schema 1)", "failed": []})}
 
 

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvcache.analysing.context_records import RunSettings
 from kvcache.analysing.options import RULE_DEFAULTS
 
 
@@ -47,10 +48,11 @@ class Rules:
             raise ValueError(f"strict {self.strict!r} must be true or false")
 
     @classmethod
-    def from_settings(cls, settings: dict[str, Any], **override: Any) -> Rules:
+    def from_settings(cls, settings: RunSettings, **override: Any) -> Rules:
         """The rules a run was judged with: its settings (``kv.settings``; a rule it lacks keeps its default), each
         rule in ``override`` replacing the run's. ValueError when a value cannot judge (NaN, out of range)."""
-        return cls(**{**{k: settings[k] for k in cls.SETTINGS if settings.get(k) is not None}, **override})
+        recorded = {k: getattr(settings, k) for k in cls.SETTINGS}
+        return cls(**{**{k: v for k, v in recorded.items() if v is not None}, **override})
 
     def describe(self) -> str:
         """One line of the tolerances, for ``kvcache compare``'s preamble."""

@@ -19,7 +19,7 @@ OVERHEAD_HEADER = ["cache", "ops/step", "data ops/step", "ops/layer", "fixed MB"
 POINT_HEADER = ["cache", "context", "rounds", "median ms", "achieved GB/s", "of copy"]
 LEDGER_HEADER = ["cache", "op", "counted", "timed [CI]", "ms/step at largest context", "ledger verdict"]
 #: The verdict table's columns, in this order; a measure a later judge adds follows them.
-MEASURES = ("counted", "timed", "intercept", "overhead", "ledger", "memory")
+SUMMARY_MEASURES = ("counted", "timed", "intercept", "overhead", "ledger", "memory")
 
 
 def measured_verdicts(kv: KV) -> dict[str, dict[str, Verdict]]:
@@ -29,11 +29,11 @@ def measured_verdicts(kv: KV) -> dict[str, dict[str, Verdict]]:
 
 
 def verdict_table(verdicts: dict[str, dict[str, Verdict]]) -> tuple[Table, tables.Notes]:
-    """One row per class, one column per measure (:data:`MEASURES`): each cell the status (pass, regression,
+    """One row per class, one column per measure (:data:`SUMMARY_MEASURES`): each cell the status (pass, regression,
     inconclusive, no-baseline, not-measured) and the number of its reason, ``no-baseline [2]``; and the reasons,
     each said once however many cells share it, as ``[n] reason`` (:class:`~kvcache.analysing.tables.Notes`)."""
     seen = dict.fromkeys(m for measures in verdicts.values() for m in measures)
-    measures = [m for m in MEASURES if m in seen] + [m for m in seen if m not in MEASURES]
+    measures = [m for m in SUMMARY_MEASURES if m in seen] + [m for m in seen if m not in SUMMARY_MEASURES]
     notes = tables.Notes()
     rows = [[cache, *(notes.cell(v[m].status, v[m].reason) if m in v else MISSING for m in measures)]
             for cache, v in verdicts.items()]
@@ -259,12 +259,13 @@ def noted_table(header: list[str], rows: list[list[str]], note: str) -> list[str
 def lines(kv: KV) -> list[str]:
     """The summary printed at the end of a session."""
     env, model, settings, default = kv.environment, kv.model, kv.settings, identity.EXTRA_FIELDS
-    out = [f"device {env.get('device_name')}; transformers {env.get('transformers')}, torch {env.get('torch')}; "
-           f"model {model.get('name')} ({model.get('dtype')}, {model.get('bytes_per_token')} B/token of KV, "
-           f"{model.get('weight_bytes')} B of weights)"]
-    driver, batch = (settings.get(name, default[name]) for name in ("driver", "batch"))
+    out = [f"device {env.device_name}; transformers {env.transformers}, torch {env.torch}; "
+           f"model {model.name} ({model.dtype}, {model.bytes_per_token} B/token of KV, {model.weight_bytes} B of "
+           "weights)"]
+    driver, batch = (default[name] if getattr(settings, name) is None else getattr(settings, name)
+                     for name in ("driver", "batch"))
     if (driver, batch) != (default["driver"], default["batch"]):
-        ragged = ", ragged (left-padded; passes per live KV byte)" if settings.get("ragged") else ""
+        ragged = ", ragged (left-padded; passes per live KV byte)" if settings.ragged else ""
         out.append(f"driver {driver}; batch {batch}{ragged}")
     start, end = (kv.copy.start_gbps, kv.copy.end_gbps) if kv.copy else (None, None)
     out.append(f"copy bandwidth (read + write): start {num(start, '.1f')} GB/s, end {num(end, '.1f')} GB/s, "

@@ -11,6 +11,7 @@ from typing import Callable
 
 from kvcache.analysing import files
 from kvcache.analysing import releases as installer
+from kvcache.analysing.settings import DRIVERS
 from kvcache.bisect import search
 from kvcache.bisect.probes import (
     DEFAULT_CACHES,
@@ -34,7 +35,6 @@ from kvcache.bisect.runners import (
     resolve,
 )
 from kvcache.bisect.walk import Plan
-from kvcache.settings import DRIVERS
 
 
 def add_probe_options(p: argparse.ArgumentParser) -> None:
@@ -81,7 +81,7 @@ def release_range(text: str, say: Callable[[str], None]) -> tuple[str, str]:
 def probe_caches(args: argparse.Namespace, extra: list[str]) -> list[str]:
     """The classes every probe runs (``--caches``), after checking ``--model`` and the pytest arguments after
     ``--``; BisectError (one line) on bad input."""
-    from kvcache.measuring.presets import ModelError, check_name  # standard library only
+    from kvcache.analysing.presets import ModelError, check_name  # standard library only
 
     try:
         check_name(args.model)

@@ -244,7 +244,7 @@ class Suite:
         return opts + list(self.extra)
 
     def identity(self) -> dict[str, Any]:
-        from kvcache.measuring.presets import model_key  # standard library only
+        from kvcache.analysing.identity import model_key  # standard library only
 
         opts = self.options()
         opts = [*opts[:1], model_key(self.model), *opts[2:len(opts) - len(self.extra)], *extra_identity(self.extra)]
@@ -289,7 +289,7 @@ class Suite:
         except (OSError, ValueError, KeyError, TypeError):  # no gates file: the run stopped early
             pass
         if probe.kv is not None:
-            probe.transformers = probe.kv.environment.get("transformers") or probe.transformers
+            probe.transformers = probe.kv.environment.transformers or probe.transformers
             # a class whose count failed: its message (the run's record of it, else pytest's log) stands in for a figure
             session = probe.kv.session
             failed = session.reasons if session is not None and session.reasons else failed_counts(text)
@@ -354,7 +354,7 @@ def probe_env(first_on_path: Path) -> dict[str, str]:
 #: environment's (commits, not releases, which bring their own).
 PRELOAD = ("torch", "torch._dynamo", "torch._inductor", "numpy", "sympy", "PIL.Image", "jinja2", "yaml", "regex",
            "filelock", "packaging.version", "tqdm.auto", "pytest", "pytest_benchmark.plugin", "kvcache.plugin",
-           "kvcache.bisect.gates_plugin", "kvcache.settings")
+           "kvcache.bisect.gates_plugin", "kvcache.analysing.settings")
 PRELOAD_FAMILY = ("huggingface_hub", "safetensors.torch", "tokenizers")
 
 

@@ -17,11 +17,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from kvcache.analysing.judges import COUNTED_RELATIVE_SLACK, OP_CHANGE
+from kvcache.analysing.judges import COUNTED_RELATIVE_SLACK
+from kvcache.analysing.options import MIN_OP_PASSES
 from kvcache.analysing.records import KV
 from kvcache.analysing.rules import Rules
+from kvcache.analysing.sdpa_rules import GPUS
 from kvcache.analysing.tables import MISSING
-from kvcache.measuring.sdpa_rules import GPUS
 
 GOOD, BAD, SKIP = "good", "bad", "skip"
 
@@ -72,7 +73,7 @@ class Figure:
 
 def classes(kv: KV) -> list[str]:
     """The classes of a run, in its own order: its settings' classes, then any it measured besides."""
-    names = [*kv.settings.get("caches", []), *kv.traffic, *kv.memory]
+    names = [*kv.settings.caches, *kv.traffic, *kv.memory]
     return [c for c in dict.fromkeys(names) if c != "all"]
 
 
@@ -135,12 +136,12 @@ def tolerance(kv: KV, measure: Measure, cache: str) -> float:
     rules = Rules.from_settings(kv.settings)
     if measure.name == "ops":
         traffic = kv.traffic.get(cache)
-        layers = traffic.layers if traffic is not None and traffic.layers else kv.model.get("layers")
+        layers = traffic.layers if traffic is not None and traffic.layers else kv.model.layers
         return rules.ops_tolerance * (layers or 1)
     if measure.name == "weight":
         return rules.weight_passes_tolerance
     if measure.section == "memory":
-        return rules.memory_tolerance if "memory_tolerance" in kv.settings else rules.counted_tolerance
+        return rules.memory_tolerance if kv.settings.memory_tolerance is not None else rules.counted_tolerance
     return rules.counted_tolerance
 
 
@@ -195,7 +196,7 @@ def op_changes(before: dict[str, float], after: dict[str, float]) -> dict[str, f
     ops included), the largest move first."""
     ops = dict.fromkeys([*before, *after])
     moved = {op: after.get(op, 0.0) - before.get(op, 0.0) for op in ops}
-    return dict(sorted(((op, d) for op, d in moved.items() if abs(d) > OP_CHANGE),
+    return dict(sorted(((op, d) for op, d in moved.items() if abs(d) > MIN_OP_PASSES),
                        key=lambda kv: (-abs(kv[1]), kv[0])))
 
 

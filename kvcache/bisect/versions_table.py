@@ -57,7 +57,7 @@ def counted_cells(path: Path) -> tuple[str, dict[str, str]]:
         cells[cache] = traffic_cell(t, kv.memory.get(cache))
         for gpu, entry in (t.gpus or {}).items():  # --kv-gpus: a column per class and GPU class
             cells[f"{cache} on {gpu}"] = gpu_cell(entry)
-    return str(kv.environment["transformers"]), cells
+    return str(kv.environment.transformers or "?"), cells
 
 
 def gpu_cell(entry: dict) -> str:

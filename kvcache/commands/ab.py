@@ -49,8 +49,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvcache.ab.results import results, results_before_start, summary
-from kvcache.ab.schedule import Session, drive, start
+from kvcache.ab.results import ab_summary, results, results_before_start
+from kvcache.ab.schedule import ABSession, drive, start
 from kvcache.ab.sides import ABError, build_sides, refused
 from kvcache.analysing import arguments, files
 from kvcache.analysing.options import option
@@ -135,14 +135,14 @@ def _run(args: argparse.Namespace, common: list[str], tolerance: float, out_dir:
          say: Callable[[str], None]) -> int:
     """The session, once the arguments are checked; a first SIGINT or SIGTERM raises :class:`Interrupted`, later
     ones only print (:func:`kvcache.analysing.files.signals_stop`)."""
-    session: Session | None = None
+    session: ABSession | None = None
     sides = []
     phases: dict[str, float] = {}  # wall seconds: start (both workers up), drive, finish (both exited), judge
     started = time.monotonic()
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         sides = build_sides(args, out_dir, say)
-        session = Session(sides)
+        session = ABSession(sides)
         started = time.monotonic()  # releases installed: the session proper
         start(session, common, Path.cwd())
         phases["start"] = time.monotonic() - started
@@ -167,7 +167,7 @@ def _run(args: argparse.Namespace, common: list[str], tolerance: float, out_dir:
         interrupted = session.interrupted if session is not None else "a signal"
         say(f"kvcache ab: interrupted by {interrupted} during start-up: nothing was measured")
         if args.json:
-            _write_json(args.json, results_before_start(sides, str(interrupted), tolerance))
+            write_ab_json(args.json, results_before_start(sides, str(interrupted), tolerance))
             say(f"kvcache ab: {args.json} written (interrupted, no pairs)")
         return EXIT_INTERRUPTED
     phases["finish"], mark = time.monotonic() - mark, time.monotonic()
@@ -176,8 +176,8 @@ def _run(args: argparse.Namespace, common: list[str], tolerance: float, out_dir:
     doc["ab_run"]["seconds"] = round(time.monotonic() - started, 1)
     doc["ab_run"]["phase_seconds"] = {name: round(value, 1) for name, value in phases.items()}
     if args.json:
-        _write_json(args.json, doc)
-    for line in summary(doc):
+        write_ab_json(args.json, doc)
+    for line in ab_summary(doc):
         print(line, flush=True)
     from kvcache.analysing import ab as judge
 
@@ -190,7 +190,7 @@ def _run(args: argparse.Namespace, common: list[str], tolerance: float, out_dir:
     return EXIT_OK
 
 
-def _write_json(path: str, doc: dict[str, Any]) -> None:
+def write_ab_json(path: str, doc: dict[str, Any]) -> None:
     from kvcache.analysing.records import jsonable
 
     files.write_text_atomically(path, json.dumps(jsonable(doc), indent=1))

@@ -35,7 +35,7 @@ def main(argv: list[str]) -> int:
         print(f"kvcache baseline: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # every message names the file
-        print(f"kvcache baseline: {getattr(exc, 'filename', None) or args.baseline}: {baselines.one_line(exc)}",
+        print(f"kvcache baseline: {getattr(exc, 'filename', None) or args.baseline}: {baselines.error_line(exc)}",
               file=sys.stderr)
         return 2
     for key, by_cache in entries.items():

@@ -12,10 +12,10 @@ import sys
 from typing import Any
 
 from kvcache.analysing.records import Memory, Probe, Traffic
+from kvcache.analysing.settings import SettingsError, parse_ints
 from kvcache.analysing.summary import attention_copies
 from kvcache.analysing.tables import by_op
 from kvcache.cli import description
-from kvcache.settings import SettingsError, parse_ints
 
 
 def main(argv: list[str]) -> int:
@@ -40,10 +40,11 @@ def main(argv: list[str]) -> int:
         print(f"kvcache traffic: {exc}", file=sys.stderr)
         return 2
 
-    from kvcache.measuring import caches, configs, preflight, presets
+    from kvcache.analysing import presets
+    from kvcache.analysing.settings import PARSERS, Settings
+    from kvcache.measuring import caches, configs, geometry, preflight
     from kvcache.measuring.devices import Device, DeviceError
     from kvcache.measuring.session import KVSession, Skipped
-    from kvcache.settings import PARSERS, Settings
 
     try:
         gpus = PARSERS["--kv-gpus"]("--kv-gpus", args.gpus)
@@ -51,7 +52,7 @@ def main(argv: list[str]) -> int:
         contexts = parse_ints("--contexts", args.contexts)
         if len(contexts) != 2:
             raise SettingsError(f"--contexts {args.contexts!r}: give two different contexts")
-        presets.torch_dtype(args.dtype)
+        geometry.torch_dtype(args.dtype)
         configs.load_config(args.model)
         device = Device.from_choice(args.device)
         settings = Settings(model=args.model, device=args.device, dtype=args.dtype, caches=tuple(names),

@@ -1,5 +1,5 @@
 """On a CUDA device: the SDPA backend torch selects for every call of a counted step against the one
-:mod:`kvcache.measuring.sdpa_rules` predicts for the device's compute capability, and the counted math passes there
+:mod:`kvcache.analysing.sdpa_rules` predicts for the device's compute capability, and the counted math passes there
 against the same count on the CPU (``scripts/gpu-check``). Exit 1 on any mismatch.
 
 torch's own selection is ``torch._fused_sdp_choice`` (the function ``scaled_dot_product_attention`` dispatches by) on
@@ -14,7 +14,8 @@ from typing import Any, Callable
 
 import torch
 
-from kvcache.measuring import backends, sdpa_rules
+from kvcache.analysing import sdpa_rules
+from kvcache.measuring import backends
 
 #: ``torch.nn.attention.SDPBackend`` values (``_fused_sdp_choice``'s answer) by this package's names
 CHOICE_NAMES = {0: "math", 1: "flash", 2: "efficient", 3: "cudnn", 4: "overrideable", -1: "error"}
@@ -129,9 +130,9 @@ def check(model: str, caches: list[str], dtype: str = "bfloat16", context: int =
     """Run the check on ``device``: every SDPA call of one step of each class at ``context`` tokens observed
     (torch's choice against the rules' prediction on the device's capability), and each class's counted math passes
     on the device against the CPU's; returns the table's lines and the mismatches."""
+    from kvcache.analysing.settings import Settings
     from kvcache.measuring.devices import Device
     from kvcache.measuring.session import KVSession
-    from kvcache.settings import Settings
 
     if capability is None:
         capability = tuple(torch.cuda.get_device_capability()) if device == "cuda" else (8, 0)
@@ -158,7 +159,7 @@ def check(model: str, caches: list[str], dtype: str = "bfloat16", context: int =
         lines.append(line)
         mismatches += wrong
     return [f"SDPA backends on sm{capability[0]}{capability[1]} ({device}): torch's choice against "
-            "kvcache.measuring.sdpa_rules", *lines], mismatches
+            "kvcache.analysing.sdpa_rules", *lines], mismatches
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from kvcache.analysing.options import MIN_OP_PASSES
 from kvcache.measuring import traffic
 from kvcache.measuring.compiled import (
     CompiledModel,
@@ -115,9 +116,9 @@ def count_compiled(model: Any, open_point: Any, contexts: tuple[int, ...], mode:
 
     ``fused``: ``passes`` (bytes the step's kernels read and write per KV byte:
     :func:`kvcache.measuring.kernel_bytes.kernel_buffers`), ``by_kernel`` {kernel name: passes} (kernels of one
-    name together; those under 0.005 left out), ``origins`` {kernel name: the ATen ops inductor fused into it},
-    ``step_bytes`` {context: bytes of the step}, ``inductor_passes`` (inductor's own ``count_bytes`` of the same
-    kernels, ordering-only dependencies included: for reference, never judged)."""
+    name together; those under ``MIN_OP_PASSES`` left out), ``origins`` {kernel name: the ATen ops inductor fused
+    into it}, ``step_bytes`` {context: bytes of the step}, ``inductor_passes`` (inductor's own ``count_bytes`` of the
+    same kernels, ordering-only dependencies included: for reference, never judged)."""
     steps = {c: count_step(model, lambda m, c=c: open_point(m, c), mode) for c in contexts}
     lo, hi = min(contexts), max(contexts)
     held = kv_bytes or {c: c * bytes_per_token for c in contexts}
@@ -135,7 +136,7 @@ def count_compiled(model: Any, open_point: Any, contexts: tuple[int, ...], mode:
     by_kernel = {}
     for name in set(steps[lo].kernels) | set(steps[hi].kernels):
         passes = (steps[hi].kernels.get(name, 0) - steps[lo].kernels.get(name, 0)) / kv_delta
-        if abs(passes) >= 0.005:
+        if abs(passes) >= MIN_OP_PASSES:
             by_kernel[name] = round(passes, 4)
     by_kernel = dict(sorted(by_kernel.items(), key=lambda kv: (-abs(kv[1]), kv[0])))
     origins = {name: sorted(steps[lo].origins.get(name, set()) | steps[hi].origins.get(name, set()))

@@ -1,6 +1,6 @@
-"""Reading a model's config: a preset's (:mod:`kvcache.measuring.presets`), a local directory's ``config.json``, or
+"""Reading a model's config: a preset's (:mod:`kvcache.analysing.presets`), a local directory's ``config.json``, or
 a hub id's (from the local Hugging Face cache, else downloaded once the hub answers). Whatever the suite cannot
-measure is a one-line :class:`~kvcache.measuring.presets.ModelError`.
+measure is a one-line :class:`~kvcache.analysing.presets.ModelError`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from kvcache.measuring.presets import (
+from kvcache.analysing.presets import (
     ABSENT_ARCHITECTURE,
     FAMILY_PRESETS,
     PRESETS,

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvcache.measuring import attention, backends, caches, compat, memory, sdpa_rules, traffic
+from kvcache.analysing import sdpa_rules
+from kvcache.measuring import attention, backends, caches, compat, memory, traffic
 from kvcache.measuring.attention import DEFAULT as SDPA
 from kvcache.measuring.generate import leading_steps
 from kvcache.measuring.probe import probe
@@ -101,7 +102,7 @@ class Counting:
         reject for the step's calls on every GPU class under every transcribed torch release has ``passes`` None and
         ``error`` (their words). ``gpus``
         (``--kv-gpus``) {class: {backend, rejected, passes, by_op}}: the backend torch would select for the step's
-        calls on that class (:mod:`kvcache.measuring.sdpa_rules`), and the passes counted under it."""
+        calls on that class (:mod:`kvcache.analysing.sdpa_rules`), and the passes counted under it."""
         s = self.session
         gpus = tuple(getattr(s.settings, "gpus", ()) or ())
         why = self.not_emulated(cache, probe)

@@ -8,8 +8,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kvcache.analysing.presets import DTYPES, ModelError
 from kvcache.measuring.cachespec import LAYER_KINDS
-from kvcache.measuring.presets import torch_dtype
+
+
+def torch_dtype(name: str) -> Any:
+    """The torch dtype a ``--kv-dtype`` name (one of :data:`DTYPES`) stands for; a one-line ModelError otherwise."""
+    import torch
+
+    if name not in DTYPES:
+        raise ModelError(f"--kv-dtype {name!r} is not one of {', '.join(DTYPES)}")
+    return getattr(torch, name)
+
 
 #: The kind of layer (full, sliding, linear; none: caches nothing) each cache layer type of a config stands for.
 KIND_OF_LAYER_TYPE = {
@@ -246,7 +256,7 @@ def layer_kv_of(config: Any, dtype_bytes: int) -> tuple[LayerKV, ...]:
 
 
 def spec_from_config(name: str, config: Any, dtype: str, parameters: int | None = None) -> ModelSpec:
-    """The :class:`ModelSpec` of ``config`` in ``dtype`` (a :data:`~kvcache.measuring.presets.DTYPES` name), called
+    """The :class:`ModelSpec` of ``config`` in ``dtype`` (a :data:`~kvcache.analysing.presets.DTYPES` name), called
     ``name``; ``parameters`` counted from the config (:func:`count_parameters`) unless given."""
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     dtype_bytes = torch_dtype(dtype).itemsize

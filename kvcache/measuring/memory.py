@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from kvcache.analysing.options import MIN_OP_PASSES
 from kvcache.measuring import traffic
 
 
@@ -231,7 +232,7 @@ class MemoryTracker:
 
 
 def memory_passes(steps: dict[int, MemoryStep], kv_bytes: dict[int, float], *, declared_factor: float | None = None,
-                  attention_factor: float = 0.0, min_op_passes: float = 0.005) -> dict[str, Any]:
+                  attention_factor: float = 0.0, min_op_passes: float = MIN_OP_PASSES) -> dict[str, Any]:
     """``kv.memory.<cache>`` from steps measured at two or more contexts: each figure's slope between the smallest
     and largest context per logical KV byte (``kv_bytes``: {context: bytes held}), like counted passes.
 
@@ -282,7 +283,7 @@ def memory_passes(steps: dict[int, MemoryStep], kv_bytes: dict[int, float], *, d
             out["attention_factor"] = attention_factor
             copies = f" (+ {attention_factor:.2f} for the attention's own K/V copies)"
         needed = max(out["peak_factor"], allocator_factor)
-        if needed > declared_factor + attention_factor + 0.005:
+        if needed > declared_factor + attention_factor + MIN_OP_PASSES:
             out["factor_problem"] = (f"needs {needed:.2f} cache sizes at its peak, declares memory_factor "
                                      f"{declared_factor:g}{copies}: a point judged to fit may not")
     return out

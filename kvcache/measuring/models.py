@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvcache.analysing.presets import FAMILY_PRESETS, split_layers
 from kvcache.measuring.configs import load_config
-from kvcache.measuring.geometry import ModelSpec, spec_from_config
-from kvcache.measuring.presets import FAMILY_PRESETS, split_layers, torch_dtype
+from kvcache.measuring.geometry import ModelSpec, spec_from_config, torch_dtype
 
 
 def build_model(name: str, device: Any, dtype: str, seed: int = 0) -> tuple[Any, ModelSpec]:

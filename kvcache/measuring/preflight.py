@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kvcache.analysing import files
-from kvcache.settings import Settings, SettingsError
+from kvcache.analysing.settings import Settings, SettingsError
 
 
 def check(config: Any, settings: Settings) -> None:
@@ -137,11 +137,11 @@ def model_memory(settings: Settings) -> ModelMemory:
     """:class:`ModelMemory` of the run ``settings`` describe: its model's config (a one-line ModelError when it
     cannot be used) and its points (timed: each of ``contexts`` with warm-up and timed steps; counted: each of
     ``counted_contexts`` with a counted step), for each cache class of the run."""
+    from kvcache.analysing.presets import FAMILY_PRESETS, split_layers
     from kvcache.measuring import caches, decode
     from kvcache.measuring.configs import load_config
     from kvcache.measuring.counting import COUNT_WARMUP
     from kvcache.measuring.geometry import spec_from_config
-    from kvcache.measuring.presets import FAMILY_PRESETS, split_layers
 
     config, weights = load_config(settings.model)
     spec = spec_from_config(settings.model, config, settings.dtype)

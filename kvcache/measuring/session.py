@@ -22,6 +22,7 @@ import transformers
 
 from kvcache.analysing import identity
 from kvcache.analysing.bandwidth import achieved_gbps
+from kvcache.analysing.settings import Settings
 from kvcache.analysing.stats import median
 from kvcache.measuring import caches, decode, ledger, stages
 from kvcache.measuring.bandwidth import measure_copy
@@ -34,7 +35,6 @@ from kvcache.measuring.generate import GeneratePoint, leading_steps
 from kvcache.measuring.geometry import ModelSpec, spec_from_config
 from kvcache.measuring.models import build_model
 from kvcache.measuring.noise import RoundMedians
-from kvcache.settings import Settings
 
 
 def plain(record: dict[str, Any]) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from typing import Any
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from kvcache.analysing.options import MIN_OP_PASSES
 from kvcache.measuring.op_bytes import charge, inputs_read
 
 DISPLAY = {
@@ -169,7 +170,7 @@ def count(fn: Any, *args: Any, scopes: dict[Any, str] | None = None, **kwargs: A
 FORWARD = "forward"  # the scope label of the model's own forward call (ops_per_step's boundary)
 
 
-def counted_passes(counts: dict[int, TrafficCount], bytes_per_token: int, *, min_op_passes: float = 0.005,
+def counted_passes(counts: dict[int, TrafficCount], bytes_per_token: int, *, min_op_passes: float = MIN_OP_PASSES,
                    kv_bytes: dict[int, float] | None = None, layers: int | None = None,
                    weight_bytes: int | None = None) -> dict:
     """Counted passes and counted overhead from steps counted at two or more contexts.
@@ -211,7 +212,8 @@ def counted_passes(counts: dict[int, TrafficCount], bytes_per_token: int, *, min
     }
 
 
-def op_passes(lo: TrafficCount, hi: TrafficCount, kv_delta: float, min_op_passes: float = 0.005) -> dict[str, float]:
+def op_passes(lo: TrafficCount, hi: TrafficCount, kv_delta: float,
+              min_op_passes: float = MIN_OP_PASSES) -> dict[str, float]:
     """Per op, Δ(bytes) / ``kv_delta`` between two counts, largest first (ties by name, so a breakdown reads the same
     in every run); slopes below ``min_op_passes`` left out."""
     by_op = {}
@@ -250,7 +252,7 @@ def kind_bytes(count: TrafficCount, layers: list[int]) -> TrafficCount:
 def kind_passes(counts: dict[int, TrafficCount], kind_layers: dict[str, list[int]],
                 held: dict[str, dict[int, float]], *, windows: dict[str, int | None],
                 beyond: dict[int, TrafficCount] | None = None, beyond_held: dict[str, dict[int, float]] | None = None,
-                min_op_passes: float = 0.005) -> dict[str, dict]:
+                min_op_passes: float = MIN_OP_PASSES) -> dict[str, dict]:
     """Counted passes per layer kind: Δ(bytes of that kind's layers) / Δ(KV bytes those layers hold), between the
     smallest and largest counted context; a kind whose layers hold no more bytes there (a linear-attention state)
     has no passes figure, ``grows`` False and the bytes its step changed by (``growth_bytes``). ``beyond``: steps

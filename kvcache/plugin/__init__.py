@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from kvcache.analysing.settings import SettingsError
 from kvcache.plugin.discovery import collects_suite
 from kvcache.plugin.finish import (
     pytest_benchmark_compare_machine_info,
@@ -39,7 +40,6 @@ from kvcache.plugin.schedule import pytest_collection_modifyitems, pytest_genera
 from kvcache.plugin.startup import check_before_running, new_state
 from kvcache.plugin.state import state_of
 from kvcache.plugin.transport import pytest_runtest_makereport
-from kvcache.settings import SettingsError
 
 __all__ = [  # the hooks and fixtures pytest finds here
     "kv", "kv_drift", "pytest_addoption", "pytest_benchmark_compare_machine_info", "pytest_benchmark_update_json",

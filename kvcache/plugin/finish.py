@@ -46,7 +46,7 @@ def record_baseline(session: pytest.Session, state: KVState) -> None:
     try:
         entries, refused = baselines.record(path, kv, recorded)
     except (OSError, baselines.BaselineError) as exc:
-        reason = exc if isinstance(exc, baselines.BaselineError) else f"{path}: {baselines.one_line(exc)}"
+        reason = exc if isinstance(exc, baselines.BaselineError) else f"{path}: {baselines.error_line(exc)}"
         state.notes.append(f"baseline NOT written: {reason}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
         return

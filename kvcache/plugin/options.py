@@ -1,5 +1,5 @@
 """The ``--kv-*`` pytest options, declared from the options table (:data:`kvcache.analysing.options.OPTIONS`), and
-the session's :class:`~kvcache.settings.Settings` read from them."""
+the session's :class:`~kvcache.analysing.settings.Settings` read from them."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvcache.analysing.options import OPTIONS
-from kvcache.settings import Settings, SettingsError, check_choice, parse_options
+from kvcache.analysing.settings import Settings, SettingsError, check_choice, parse_options
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -29,11 +29,12 @@ def given_options(config: pytest.Config) -> list[str]:
 
 def settings_from(config: pytest.Config) -> Settings:
     """Validated settings; any bad value is a one-line SettingsError. Each option is read by its parser
-    (:data:`kvcache.settings.PARSERS`); then the cache classes are checked against the registry and crossed with
-    ``--kv-attn``, the bounds of ``--kv-max-passes`` against the classes, the dtype against the model presets' names,
-    and the options that cannot go together. Imports no torch: the registry and the model presets are plain Python
-    until something is built."""
-    from kvcache.measuring import caches, presets
+    (:data:`kvcache.analysing.settings.PARSERS`); then the cache classes are checked against the registry and crossed
+    with ``--kv-attn``, the bounds of ``--kv-max-passes`` against the classes, the dtype against the model presets'
+    names, and the options that cannot go together. Imports no torch: the registry and the model presets are plain
+    Python until something is built."""
+    from kvcache.analysing import presets
+    from kvcache.measuring import caches
 
     given = {o.flag: config.getoption(o.dest) for o in OPTIONS}
     values = parse_options(given)
@@ -46,7 +47,7 @@ def settings_from(config: pytest.Config) -> Settings:
         if name not in caches.registry() and name not in values["caches"]:
             raise SettingsError(f"--kv-max-passes: unknown cache class {name!r}; known: "
                                 f"{', '.join(caches.registry())}")
-    check_choice("--kv-dtype", values["dtype"], presets.DTYPES)  # the same words as presets.torch_dtype, no torch
+    check_choice("--kv-dtype", values["dtype"], presets.DTYPES)  # the same words as geometry.torch_dtype, no torch
     values["baseline"] = str(Path(config.rootpath, values["baseline"]))
     settings = Settings(**values)
     if settings.ragged and settings.batch == 1:

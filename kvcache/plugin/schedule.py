@@ -15,10 +15,10 @@ from typing import Any, TypeVar
 
 import pytest
 
+from kvcache.analysing.settings import Settings
 from kvcache.plugin.discovery import in_suite, item_role
 from kvcache.plugin.startup import check_before_running, state_for_suite
 from kvcache.plugin.state import PROBLEM, STATE, state_of
-from kvcache.settings import Settings
 
 Item = TypeVar("Item")
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from kvcache.analysing.settings import Settings, SettingsError
 from kvcache.plugin.options import settings_from
 from kvcache.plugin.signals import Stopper
 from kvcache.plugin.state import PROBLEM, STATE, KVState
 from kvcache.plugin.transport import RecordGatherer
-from kvcache.settings import Settings, SettingsError
 
 #: pytest options naming a file a run writes, besides the baseline: (option, dest).
 OUTPUT_OPTIONS = (("--benchmark-json", "benchmark_json"), ("--junitxml", "xmlpath"), ("--report-log", "report_log"))
@@ -47,10 +47,10 @@ def check_before_running(config: pytest.Config, state: KVState) -> None:
     tensor against free memory, the model's config, the baseline, timed points under xdist. A problem is a
     one-line ``pytest.UsageError``. Then SIGINT and SIGTERM are handled by a :class:`Stopper`."""
     from kvcache.analysing import baseline as baselines
+    from kvcache.analysing.presets import ModelError
     from kvcache.measuring import preflight
     from kvcache.measuring.configs import load_config
     from kvcache.measuring.devices import DeviceError, resolve
-    from kvcache.measuring.presets import ModelError
 
     settings = state.settings
     try:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from kvcache.settings import Settings
+from kvcache.analysing.settings import Settings
 
 if TYPE_CHECKING:
     from kvcache.analysing.records import KV

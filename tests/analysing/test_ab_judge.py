@@ -9,6 +9,7 @@ import json
 import numpy as np
 
 from kvcache.analysing import ab
+from kvcache.analysing.ab_records import PAIRED_STATUSES, ab_statuses, read_ab_section
 from kvcache.analysing.records import KV, SCHEMA, Verdict
 
 CONTEXTS = (1024, 4096, 16384)
@@ -122,7 +123,7 @@ def test_the_ledger_is_judged_per_op():
     assert ledger["scaled_dot_product_attention"]["status"] == "regression"
     assert ledger["cat"]["status"] == "pass"
     assert ledger["tiny"]["status"] == "pass" and "not judged" in ledger["tiny"]["reason"]  # under the tolerance
-    assert all(v["status"] in ab.STATUSES for _, _, v in ab.statuses({"dynamic": judged(a, b)}))
+    assert all(v["status"] in PAIRED_STATUSES for _, _, v in ab_statuses({"dynamic": judged(a, b)}))
 
 
 def test_a_small_op_one_side_folded_into_other_ops_is_not_judged():
@@ -153,9 +154,9 @@ def test_one_profiled_point_per_context_moving_between_contexts_is_no_verdict():
         return KV.from_json({"schema": SCHEMA, "settings": {"ledger_tolerance": 0.5, "seed": 0},
                              "ledger_points": points, "ledger": {"dynamic": {op: {"timed": 10, "timed_ci": [8, 12]}}}})
     a, b = kv((1.0,) * len(contexts)), kv(ratios)
-    verdict = ab.judge_ledger(a, b, "dynamic", tolerance=0.10, ledger_tolerance=0.5, max_drift=0.10,
-                              resamples=2000)[op]
-    assert verdict["status"] == "inconclusive" and verdict["ratio_ci"][0] < 1 < verdict["ratio_ci"][1], verdict
+    verdict = ab.judge_paired_ledger(a, b, "dynamic", tolerance=0.10, ledger_tolerance=0.5, max_drift=0.10,
+                                     resamples=2000)[op]
+    assert verdict.status == "inconclusive" and verdict.ratio_ci[0] < 1 < verdict.ratio_ci[1], verdict
 
 
 def test_counted_and_overhead_verdicts_are_kept_and_a_regression_is_listed():
@@ -185,7 +186,7 @@ def test_the_section_reads_back_as_records_and_rows():
     """The ``ab`` section as written (JSON) reads back as PairedVerdict records, every key kept; the summary rows
     show its ratio and interval."""
     section = json.loads(json.dumps(ab.judge(side(1e-9, 2e-3, seed=1), side(1.6e-9, 2e-3, seed=2), resamples=200)))
-    timed = ab.read_section(section)["dynamic"]["timed"]
+    timed = read_ab_section(section)["dynamic"]["timed"]
     assert timed.status == "regression" and timed.to_json() == section["dynamic"]["timed"]
     (row,) = [r for r in ab.summary_rows(section) if r[1] == "timed"]
     assert row[4] == ab.ratio_text(timed) and row[4].startswith("×1.") and row[5] == "regression"

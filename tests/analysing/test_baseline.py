@@ -33,8 +33,8 @@ def kv(**changes) -> KV:
 
 def test_keys_follow_run_identity():
     ident = identity.of_run(kv())
-    assert identity.key(ident, "timed") == DEVICE_KEY
-    assert identity.key(ident, "counted") == TYPE_KEY
+    assert identity.baseline_key(ident, "timed") == DEVICE_KEY
+    assert identity.baseline_key(ident, "counted") == TYPE_KEY
 
 
 def test_a_good_run_records_timed_on_the_machine_and_counted_on_the_device_type():
@@ -89,8 +89,8 @@ def test_schema_1_files_load_and_are_upgraded_when_rewritten(tmp_path):
 
 def test_the_committed_baseline_loads():
     doc = baseline.load(ROOT / "kv-baseline.json")
-    entries, _ = baseline.for_run(doc, {"device_type": "cpu", "model": "tiny", "dtype": "bfloat16",
-                                        "device_name": "cpu: somewhere (2 threads)"})
+    entries, _ = baseline.for_run(doc, identity.Identity(device_type="cpu", model="tiny", dtype="bfloat16",
+                                                         device_name="cpu: somewhere (2 threads)"))
     assert entries["counted"]["dynamic"].counted_passes == pytest.approx(3.0)
 
 
@@ -268,5 +268,5 @@ def test_counted_figures_out_of_range_are_not_recorded(tmp_path):
     assert any(line.startswith("static: counted overhead not recorded: ops_per_step is 1e+30") for line in refused)
     devices = baseline.load(path)["devices"]
     assert "dynamic" not in devices[TYPE_KEY] and devices[TYPE_KEY]["static"]["counted_passes"] == 1.0
-    overhead = identity.key(identity.of_run(KV.from_json(good)), "overhead")
+    overhead = identity.baseline_key(identity.of_run(KV.from_json(good)), "overhead")
     assert "static" not in devices[overhead] and devices[overhead]["dynamic"]["ops_per_step"] == 1680

@@ -41,7 +41,7 @@ def test_a_regression_exits_0_and_names_class_values_delta_and_op(recorded, caps
     assert row(body, "static", "counted passes")[5] == ""
     assert "- **dynamic**: passes grew: clone +2.00" in body
     assert "grew: clone +2.00" in body.split("#### Regressions")[1]
-    assert body.rstrip().endswith(comment.MARKER) and body.count(comment.MARKER) == 1
+    assert body.rstrip().endswith(comment.COMMENT_MARKER) and body.count(comment.COMMENT_MARKER) == 1
 
 
 def test_identical_counts_are_clean_and_timed_figures_of_separate_runs_informational(recorded, capsys):
@@ -105,7 +105,7 @@ def test_a_long_body_is_cut_under_the_limit_with_a_note_and_the_marker(tmp_path,
     cut = body_of(capsys, str(base), str(head), "--max-chars", "3000")
     assert len(cut) <= 3000 and cut.splitlines()[0] == full.splitlines()[0]
     assert "_Truncated: this comment was longer than GitHub allows (3,000 characters)" in cut
-    assert cut.rstrip().endswith(comment.MARKER)
+    assert cut.rstrip().endswith(comment.COMMENT_MARKER)
     v, body = comment.build(load_run(base), load_run(head))
     assert len(body) <= comment.GITHUB_LIMIT and v == comment.REGRESSION
 

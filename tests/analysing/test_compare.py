@@ -443,6 +443,6 @@ def test_max_drift_is_a_compare_option(tmp_path):
     """--max-drift came with the table: given, it replaces each run's own max_drift."""
     runs = [load_run(write_run(tmp_path / n, make_run())) for n in ("a.json", "b.json")]
     assert compare(runs, max_drift=0.3).rules[0].max_drift == 0.3
-    assert compare(runs).rules[0].max_drift == runs[1].record.settings.get("max_drift", 0.10)
+    assert compare(runs).rules[0].max_drift == (runs[1].record.settings.max_drift or 0.10)
     with pytest.raises(TypeError, match="not_a_rule"):
         compare(runs, not_a_rule=1.0)

@@ -28,12 +28,12 @@ def compiled_kv() -> dict:
 
 def test_compile_mode_is_part_of_the_identity_only_when_on():
     eager = KV.from_json(make_run()["kv"])
-    assert "compile" not in identity.of_run(eager)
+    assert "compile" not in identity.of_run(eager).to_json()
     kv = KV.from_json(compiled_kv())
     ident = identity.of_run(kv)
-    assert ident["compile"] == "default"
-    assert identity.key(ident, "counted").endswith("| compile=default")
-    assert "compile" not in identity.key(identity.of_run(eager), "counted")  # an eager run keeps its key
+    assert ident.compile == "default"
+    assert identity.baseline_key(ident, "counted").endswith("| compile=default")
+    assert "compile" not in identity.baseline_key(identity.of_run(eager), "counted")  # an eager run keeps its key
     assert identity.mismatches([identity.of_run(eager), ident], ["counted"]) == {"compile": ["off", "default"]}
 
 
@@ -44,7 +44,7 @@ def test_the_gated_counted_figure_is_the_fused_one():
     assert verdicts["dynamic"]["counted"].status == "regression"
     assert verdicts["dynamic"]["counted"].value == 8.0
     entries, _ = baseline.entries_of_run(kv, "now")
-    counted = entries[identity.key(identity.of_run(kv), "counted")]["dynamic"]
+    counted = entries[identity.baseline_key(identity.of_run(kv), "counted")]["dynamic"]
     assert counted["counted_passes"] == 8.0 and "kernel clone" in counted["counted_by_op"]
 
 

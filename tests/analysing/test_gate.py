@@ -13,7 +13,7 @@ from kvcache.analysing.entries import BaselineEntry
 from kvcache.analysing.fit import fit_passes
 from kvcache.analysing.gate import failures, judge_run, parse_max_passes, status_of
 from kvcache.analysing.judges import allowed_passes, judge_counted, judge_timed, ops_that_grew
-from kvcache.analysing.records import KV, Counted, Drift, Fit, FitFailure, Traffic, points_from_benchmarks
+from kvcache.analysing.records import KV, Counted, Drift, Fit, FitFailure, RunSettings, Traffic, points_from_benchmarks
 from kvcache.analysing.rules import Rules
 
 KEY = "cpu: test machine | smollm2-135m | bfloat16"
@@ -85,13 +85,13 @@ def test_tolerances_must_be_finite_and_non_negative(field, value):
 def test_a_runs_own_rules_that_cannot_judge_are_refused(settings, named):
     """A run's settings.min_r2 NaN let an R² of 0.01 through: every comparison with NaN is false."""
     with pytest.raises(ValueError) as info:
-        Rules.from_settings({"caches": ["dynamic"], **settings})
+        Rules.from_settings(RunSettings(caches=["dynamic"], **settings))
     assert named in str(info.value) and "\n" not in str(info.value)
 
 
 def test_a_runs_own_rules_judge_it_and_an_override_replaces_one():
-    rules = Rules.from_settings({"tolerance": 0.3, "min_r2": 0.5, "max_drift": 0.2, "ledger_tolerance": 1.0,
-                                 "model": "tiny"}, tolerance=0.2)
+    rules = Rules.from_settings(RunSettings(tolerance=0.3, min_r2=0.5, max_drift=0.2, ledger_tolerance=1.0,
+                                            model="tiny"), tolerance=0.2)
     assert (rules.tolerance, rules.min_r2, rules.max_drift, rules.ledger_tolerance) == (0.2, 0.5, 0.2, 1.0)
 
 
@@ -195,7 +195,8 @@ def run_kv(*, drift=DRIFT_OK, strict=False, timed=5.0, counted_passes=5.0) -> KV
     def traffic(figure: Counted) -> Traffic:
         return Traffic(passes=figure.passes, by_op=figure.by_op)
 
-    return KV(settings={"caches": ["dynamic", "static"], "strict": strict}, drift=drift, fit={"dynamic": fitted(timed)},
+    return KV(settings=RunSettings(caches=["dynamic", "static"], strict=strict), drift=drift,
+              fit={"dynamic": fitted(timed)},
               traffic={"dynamic": traffic(counted(counted_passes)), "static": traffic(counted(1.0, {"sdpa": 1.0}))})
 
 

@@ -36,7 +36,7 @@ def calls(tmp: Path) -> list[dict]:
 
 def upsert(tmp: Path, comments: list[dict], *author: str) -> subprocess.CompletedProcess:
     body = tmp / "comment.md"
-    body.write_text(f"### ✓ KV-cache passes: no regression\n\n{comment.MARKER}\n")
+    body.write_text(f"### ✓ KV-cache passes: no regression\n\n{comment.COMMENT_MARKER}\n")
     return subprocess.run(["bash", str(ACTION / "upsert-comment.sh"), "octo/widgets", "7", str(body), *author],
                           env=env_with_gh(tmp, GH_COMMENTS=json.dumps(comments)), capture_output=True, text=True,
                           timeout=60)
@@ -50,10 +50,10 @@ def test_the_bots_comment_with_the_marker_is_updated_nobody_elses(tmp_path):
     """The comments (through the script's own --jq filter, run by jq): a user's comment quoting the marker, then the
     workflow's own, then the workflow's comment without it: the workflow's own with the marker is the one PATCHed."""
     ghstub.need_jq()
-    done = upsert(tmp_path, [ghstub.comment(101, "octocat", f"see {comment.MARKER}"),
-                             ghstub.comment(202, BOT, f"old\n{comment.MARKER}\n"),
+    done = upsert(tmp_path, [ghstub.comment(101, "octocat", f"see {comment.COMMENT_MARKER}"),
+                             ghstub.comment(202, BOT, f"old\n{comment.COMMENT_MARKER}\n"),
                              ghstub.comment(303, BOT, "something else"),
-                             ghstub.comment(404, BOT, f"older\n{comment.MARKER}\n")])
+                             ghstub.comment(404, BOT, f"older\n{comment.COMMENT_MARKER}\n")])
     assert done.returncode == 0, done.stderr
     made = calls(tmp_path)
     assert made[0]["args"][:3] == ["api", "--paginate", "repos/octo/widgets/issues/7/comments"]
@@ -65,7 +65,7 @@ def test_the_bots_comment_with_the_marker_is_updated_nobody_elses(tmp_path):
 def test_without_one_of_its_own_a_comment_is_posted(tmp_path):
     """Only a user's comment carries the marker (or there is no comment at all): one POST, no PATCH."""
     ghstub.need_jq()
-    for comments in ([ghstub.comment(101, "octocat", comment.MARKER)], []):
+    for comments in ([ghstub.comment(101, "octocat", comment.COMMENT_MARKER)], []):
         (tmp_path / "gh.log").unlink(missing_ok=True)
         done = upsert(tmp_path, comments)
         assert done.returncode == 0, done.stderr
@@ -78,8 +78,8 @@ def test_another_author_is_given_and_checked(tmp_path):
     """comment-author (the login of the token that posts): its comment is updated, the default bot's is not; a
     value that is no GitHub login is refused before gh is called."""
     ghstub.need_jq()
-    done = upsert(tmp_path, [ghstub.comment(202, BOT, comment.MARKER), ghstub.comment(505, "my-bot[bot]",
-                                                                                        comment.MARKER)],
+    done = upsert(tmp_path, [ghstub.comment(202, BOT, comment.COMMENT_MARKER), ghstub.comment(505, "my-bot[bot]",
+                                                                                        comment.COMMENT_MARKER)],
                   "my-bot[bot]")
     assert done.returncode == 0, done.stderr
     assert [c["args"][3] for c in writes(tmp_path)] == ["repos/octo/widgets/issues/comments/505"]

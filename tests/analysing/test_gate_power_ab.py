@@ -14,6 +14,7 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 sys.path.insert(0, str(SCRIPTS))  # the scripts import each other as `python scripts/gate_power.py` lets them
 import gate_power  # noqa: E402
 import gate_power_ab  # noqa: E402
+import gate_power_series  # noqa: E402
 
 
 def test_ab_runs_rotate_the_b_sides_and_load_each_twin_on_side_b_only(tmp_path):
@@ -57,7 +58,7 @@ def test_resume_keeps_the_finished_runs_and_runs_only_the_missing_ones(tmp_path,
     """A series stopped after its first run, resumed with --resume: the kept run is neither deleted nor run again; a
     resume under the other --competing setting is refused (one series, one condition)."""
     ran = []
-    monkeypatch.setattr(gate_power, "run", lambda cmd, log: ran.append(log.stem) or 0)
+    monkeypatch.setattr(gate_power_series, "run", lambda cmd, log: ran.append(log.stem) or 0)
     opts = gate_power.parser().parse_args(["--ab", "--runs", "2", "--b-sides", "clean,copy", "--resume"])
     kept = {"name": "ab-clean-1", "side": "clean", "repetition": 1, "json": "ab-clean-1.json", "exit": 0,
             "competing": False}

@@ -5,6 +5,7 @@ run identity as the extra field ``env``; default runs keep their keys, and nothi
 from __future__ import annotations
 
 from kvcache.analysing import identity
+from kvcache.analysing.records import Environment, RunSettings
 
 ENV = {"device_name": "cpu: AMD EPYC (2 threads)", "device_type": "cpu", "threads": 2, "torch": "2.13.0+cpu"}
 SETTINGS = {"model": "tiny", "dtype": "bfloat16", "compile": "default"}
@@ -12,28 +13,28 @@ SETTINGS = {"model": "tiny", "dtype": "bfloat16", "compile": "default"}
 
 def run(variables=None) -> dict:
     env = dict(ENV, **({"variables": variables} if variables is not None else {}))
-    return {"env": env, "settings": SETTINGS}
+    return {"env": Environment.from_json(env), "settings": RunSettings.from_json(SETTINGS)}
 
 
 def test_an_allowlisted_variable_joins_the_identity_and_every_key():
     ident = identity.of(**run({"TRANSFORMERS_SDPA_FORCE_GQA": "1"}))
-    assert ident["env"] == "TRANSFORMERS_SDPA_FORCE_GQA=1"
-    assert identity.key(ident, "counted") == \
+    assert ident.env == "TRANSFORMERS_SDPA_FORCE_GQA=1"
+    assert identity.baseline_key(ident, "counted") == \
         "cpu | tiny | bfloat16 | compile=default | env=TRANSFORMERS_SDPA_FORCE_GQA=1"
-    assert identity.key(ident, "timed").endswith("| env=TRANSFORMERS_SDPA_FORCE_GQA=1")
+    assert identity.baseline_key(ident, "timed").endswith("| env=TRANSFORMERS_SDPA_FORCE_GQA=1")
     assert "env TRANSFORMERS_SDPA_FORCE_GQA=1" in identity.describe(ident)
 
 
 def test_default_runs_keep_their_keys():
     plain = identity.of(**run())
-    assert "env" not in plain
-    assert identity.key(plain, "counted") == "cpu | tiny | bfloat16 | compile=default"
+    assert "env" not in plain.to_json()
+    assert identity.baseline_key(plain, "counted") == "cpu | tiny | bfloat16 | compile=default"
     for variables in ({}, {"TRANSFORMERS_SDPA_FORCE_GQA": "0"},  # at its default: changes nothing
                       {"TORCHINDUCTOR_CACHE_DIR": "/tmp/x", "OMP_NUM_THREADS": "1", "HF_HOME": "/h"}):  # not listed
         ident = identity.of(**run(variables))
-        assert "env" not in ident, variables
-        assert {m: identity.key(ident, m) for m in identity.MEASURE_FIELDS} == \
-            {m: identity.key(plain, m) for m in identity.MEASURE_FIELDS}
+        assert "env" not in ident.to_json(), variables
+        assert {m: identity.baseline_key(ident, m) for m in identity.MEASURE_FIELDS} == \
+            {m: identity.baseline_key(plain, m) for m in identity.MEASURE_FIELDS}
 
 
 def test_runs_that_differ_in_it_are_told_apart():

@@ -1,6 +1,7 @@
 """The two wings, kept apart: the analysing wing never imports torch, transformers, the measuring wing or
-the faces, and no module of the package imports one that imports it back (statically, every import,
-function-level ones included)."""
+the faces; neither wing imports a face; and no Python file of the repository (the package, its tests, the
+benchmarks, the scripts) imports one that imports it back (statically, every import, function-level ones
+included)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[2] / "kvcache"
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "kvcache"
 FACES = ("kvcache.plugin", "kvcache.commands", "kvcache.cli", "kvcache.caches", "kvcache.ab", "kvcache.bisect",
          "kvcache.sentinel", "kvcache.testing")
+WINGS = ("measuring", "analysing")
 FORBIDDEN_IN_ANALYSING = ("torch", "transformers", "kvcache.measuring", *FACES)
+#: Where a plain ``import name`` of a file outside the package is looked for besides the file's own folder: the
+#: folders pytest and the scripts put first on ``sys.path``.
+SEARCHED = (ROOT / "tests", ROOT / "tests" / "suite", ROOT / "scripts", ROOT)
+SKIPPED = (".venv", ".git", "build", "dist", "node_modules")
 
 
 def module_name(path: Path) -> str:
@@ -23,7 +30,7 @@ def module_name(path: Path) -> str:
 def imports(path: Path) -> set[str]:
     """Every module ``path`` imports, resolved to dotted names (``from kvcache import gate`` -> kvcache.gate)."""
     out = set()
-    here = module_name(path)
+    here = module_name(path) if path.is_relative_to(PACKAGE) else path.stem
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             out.update(alias.name for alias in node.names)
@@ -37,27 +44,62 @@ def imports(path: Path) -> set[str]:
     return out
 
 
-def modules() -> dict[str, set[str]]:
-    found = {module_name(p): imports(p) for p in PACKAGE.rglob("*.py")}
-    return {name: {i for i in deps if i in found and i != name} for name, deps in found.items()}
+def matches(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def python_files() -> list[Path]:
+    return sorted(p for p in ROOT.rglob("*.py") if not set(p.relative_to(ROOT).parts) & set(SKIPPED))
+
+
+def file_of(name: str, importer: Path, package: dict[str, Path]) -> Path | None:
+    """The repository's file an imported name stands for: a module of the package, or a file beside the importer
+    (or in a folder of :data:`SEARCHED`) for a plain name; None for anything else (the standard library, a
+    dependency)."""
+    if name in package:
+        return package[name]
+    if "." in name or name == "kvcache":
+        return None
+    for folder in (importer.parent, *SEARCHED):
+        if (folder / f"{name}.py").is_file():
+            return folder / f"{name}.py"
+    return None
+
+
+def import_graph() -> dict[Path, set[Path]]:
+    """Each Python file of the repository -> the files of the repository it imports."""
+    files = python_files()
+    package = {module_name(p): p for p in files if p.is_relative_to(PACKAGE)}
+    graph = {}
+    for path in files:
+        found = {file_of(name, path, package) for name in imports(path)}
+        graph[path] = {f for f in found if f is not None and f != path}
+    return graph
 
 
 def test_analysing_imports_no_torch_and_no_measuring():
     for path in (PACKAGE / "analysing").rglob("*.py"):
-        bad = sorted(i for i in imports(path) if any(i == f or i.startswith(f + ".") for f in FORBIDDEN_IN_ANALYSING))
+        bad = sorted(i for i in imports(path) if matches(i, FORBIDDEN_IN_ANALYSING))
         assert not bad, f"{path.name} imports {bad}"
 
 
-def test_no_import_cycle_in_the_package():
-    graph = modules()
-    state: dict[str, int] = {}
+def test_no_wing_imports_a_face():
+    for wing in WINGS:
+        for path in (PACKAGE / wing).rglob("*.py"):
+            bad = sorted(i for i in imports(path) if matches(i, FACES))
+            assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
 
-    def visit(node: str, stack: list[str]) -> None:
+
+def test_no_import_cycle_in_the_repository():
+    graph = import_graph()
+    state: dict[Path, int] = {}
+
+    def visit(node: Path, stack: list[Path]) -> None:
         state[node] = 1
         for dep in sorted(graph[node]):
             if state.get(dep) == 1:
                 cycle = stack[stack.index(dep):] + [dep] if dep in stack else [node, dep]
-                raise AssertionError(f"import cycle: {' -> '.join(cycle)}")
+                raise AssertionError(f"import cycle: {' -> '.join(str(p.relative_to(ROOT)) for p in cycle)}")
             if dep not in state:
                 visit(dep, [*stack, dep])
         state[node] = 2
@@ -65,6 +107,13 @@ def test_no_import_cycle_in_the_package():
     for name in sorted(graph):
         if name not in state:
             visit(name, [name])
+
+
+def test_the_cycle_check_sees_scripts_and_tests():
+    graph = import_graph()
+    assert ROOT / "scripts" / "gate_power_series.py" in graph[ROOT / "scripts" / "gate_power_ab.py"]
+    assert ROOT / "tests" / "fakerun.py" in graph[ROOT / "tests" / "analysing" / "test_report.py"]
+    assert PACKAGE / "analysing" / "records.py" in graph[ROOT / "scripts" / "gate_power.py"]
 
 
 def test_analysing_modules_import_with_torch_absent():

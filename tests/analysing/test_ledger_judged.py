@@ -10,12 +10,12 @@ import pytest
 from kvcache.analysing import ledger
 from kvcache.analysing.entries import BaselineEntry
 from kvcache.analysing.judges import judge_ledger
-from kvcache.analysing.records import KV, Drift, LedgerPoint, LedgerRow, Speed
+from kvcache.analysing.records import KV, Drift, LedgerPoint, LedgerRow, RunSettings, Speed
 from kvcache.analysing.rules import Rules
 
 COPY_GBPS = 20.0
 PER_TOKEN = 23_040
-SETTINGS = {"confidence": 0.95, "resamples": 400, "seed": 0}
+SETTINGS = RunSettings(confidence=0.95, resamples=400, seed=0)
 
 
 def profile(slopes: dict[str, float], *, base_s: float = 0.002, unattributed_passes: float = 0.5, steps: int = 10,

@@ -12,7 +12,7 @@ from fakerun import analysed, make_run, write_run
 
 from kvcache.analysing import baseline, gate, identity, judges, summary
 from kvcache.analysing.entries import BaselineEntry
-from kvcache.analysing.records import KV, Memory
+from kvcache.analysing.records import KV, Memory, RunSettings
 from kvcache.analysing.rules import Rules
 from kvcache.cli import main
 
@@ -61,7 +61,7 @@ def test_the_tolerance_is_a_rule_checked_when_made():
                              key="k").status == "pass"
     with pytest.raises(ValueError, match="memory_tolerance nan"):
         Rules(memory_tolerance=math.nan)
-    assert Rules.from_settings({"memory_tolerance": 0.2}).memory_tolerance == 0.2
+    assert Rules.from_settings(RunSettings(memory_tolerance=0.2)).memory_tolerance == 0.2
     assert "memory" in judges.EXACT  # counted: --kv-strict leaves it alone
 
 
@@ -76,10 +76,10 @@ def test_no_baseline_and_a_declared_factor_too_small_are_said():
 def test_memory_is_keyed_like_the_overhead_and_recorded_beside_it():
     kv = KV.from_json(run_with({"dynamic": DYNAMIC, "static": STATIC})["kv"])
     ident = identity.of_run(kv)
-    assert identity.key(ident, "memory") == identity.key(ident, "overhead") == \
+    assert identity.baseline_key(ident, "memory") == identity.baseline_key(ident, "overhead") == \
         "cpu | smollm2-135m | bfloat16 | torch 2.13.0+cpu"
     entries, _ = baseline.entries_of_run(kv, "now")
-    entry = entries[identity.key(ident, "memory")]["dynamic"]
+    entry = entries[identity.baseline_key(ident, "memory")]["dynamic"]
     assert entry["memory_held_passes"] == 1.0 and entry["memory_allocated_by_op"] == {"cat": 1.0}
     assert "ops_per_step" in entry  # one entry per class holds both
     found, keys = baseline.for_run({"schema": 2, "devices": entries}, ident)

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from kvcache.analysing.options import BY_FLAG, OPTIONS, RULE_DEFAULTS, markdown
+from kvcache.analysing.options import BY_FLAG, OPTIONS, RULE_DEFAULTS, options_page
 from kvcache.analysing.rules import Rules
+from kvcache.analysing.settings import PARSERS, Settings, SettingsError, parse_options
 from kvcache.plugin import options as plugin_options
-from kvcache.settings import PARSERS, Settings, SettingsError, parse_options
 
 ROOT = Path(__file__).resolve().parents[2]
 BY_DEST = {o.dest: o for o in OPTIONS}
@@ -93,7 +93,7 @@ def test_the_plugin_registers_exactly_the_table():
 
 def test_docs_options_page_is_generated_from_the_table():
     """Regenerate with ``python -m kvcache.analysing.options > docs/options.md``."""
-    assert (ROOT / "docs" / "options.md").read_text(encoding="utf-8") == markdown()
+    assert (ROOT / "docs" / "options.md").read_text(encoding="utf-8") == options_page()
 
 
 @pytest.mark.parametrize(("flag", "text", "message"), [

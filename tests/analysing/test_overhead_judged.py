@@ -70,7 +70,7 @@ def test_recorded_overhead_is_keyed_by_the_torch_release():
     assert entries[TIMED_KEY]["dynamic"]["timed_intercept_ms"] == 30.0
     kv = run_kv()
     kv["environment"] = {**kv["environment"], "torch": "2.14.0+cpu"}
-    assert identity.key(identity.of_run(KV.from_json(kv)), "overhead") == \
+    assert identity.baseline_key(identity.of_run(KV.from_json(kv)), "overhead") == \
         "cpu | smollm2-135m | bfloat16 | torch 2.14.0+cpu"
 
 
@@ -133,7 +133,7 @@ def test_compare_judges_op_counts_on_one_torch_release_and_only_shows_them_acros
         doc = make_run({"dynamic": 3.0})
         doc["kv"]["traffic"]["dynamic"]["ops_per_step"] = ops
         doc["kv"]["environment"]["torch"] = torch
-        doc["kv"]["identity"] = identity.of_run(KV.from_json(doc["kv"]))
+        doc["kv"]["identity"] = identity.of_run(KV.from_json(doc["kv"])).to_json()
         return str(write_run(tmp_path / name, doc))
 
     base, more, other_torch = run("a.json", 1680), run("b.json", 1740), run("c.json", 1740, torch="2.14.0+cpu")

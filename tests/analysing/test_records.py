@@ -23,18 +23,23 @@ from kvcache.analysing.records import (
     Copy,
     CopyMeasurement,
     Drift,
+    Environment,
     Fit,
     FitFailure,
     FusedCount,
+    Identity,
+    LayerKinds,
     LedgerPoint,
     LedgerRow,
     Memory,
     MemoryStep,
+    ModelGeometry,
     Part,
     PointCompile,
     PointRecord,
     Probe,
     RecordError,
+    RunSettings,
     Session,
     Skip,
     Speed,
@@ -52,7 +57,10 @@ DEFINITIONS = {"kv": KV, "fit": Fit, "fit_failure": FitFailure, "traffic": Traff
                "copy_measurement": CopyMeasurement, "session": Session, "skip": Skip, "memory": Memory, "part": Part,
                "ledger_row": LedgerRow, "ledger_point": LedgerPoint, "speed": Speed,
                "cache_crossovers": CacheCrossovers, "compiled_traffic": CompiledTraffic, "fused_count": FusedCount,
-               "compiled_point": PointCompile, "memory_step": MemoryStep}
+               "compiled_point": PointCompile, "memory_step": MemoryStep, "settings": RunSettings,
+               "environment": Environment, "identity": Identity, "model": ModelGeometry}
+# Sections a later release may add keys to: the schema leaves them open.
+OPEN = ("kv", "settings", "environment", "identity", "model")
 
 
 def as_text(value: Any) -> str:
@@ -210,9 +218,11 @@ def test_the_schema_describes_the_records():
         known = [f.name for f in dataclasses.fields(record) if f.name not in ("extra", "absent")]
         assert sorted(defs[name]["properties"]) == sorted(known), name
     assert defs["verdict"]["properties"]["status"]["enum"] == list(judges.STATUSES)
-    assert defs["kv"]["additionalProperties"] is True  # later sections
+    assert all(defs[name].get("additionalProperties", True) is True for name in OPEN)  # later sections and keys
+    kinds = defs["model"]["properties"]["kinds"]["additionalProperties"]["properties"]
+    assert sorted(kinds) == sorted(f.name for f in dataclasses.fields(LayerKinds) if f.name not in ("extra", "absent"))
     assert sorted(defs["crossovers"]["properties"]) == ["cache_holds_weights_tokens"]  # then one entry per class
-    closed = [name for name in DEFINITIONS if name != "kv"]
+    closed = [name for name in DEFINITIONS if name not in OPEN]
     assert all(defs[name]["additionalProperties"] is False for name in closed)
 
 
@@ -239,7 +249,7 @@ def test_a_null_object_or_list_reads_as_empty_not_as_a_crash_later(written, key)
     kv = copy.deepcopy(written["kv"])
     kv[key] = None
     record = KV.from_json(kv)
-    assert not getattr(record, key) and key not in record.to_json()  # empty, and not written back as null
+    assert getattr(record, key) == getattr(KV(), key) and key not in record.to_json()  # empty, not written as null
     assert isinstance(record.caches(), list)
 
 

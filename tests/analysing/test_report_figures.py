@@ -126,17 +126,17 @@ WEIGHTS_HELD_AT = WEIGHT_BYTES / BYTES_PER_TOKEN  # 11,677 tokens: the cache hol
 def test_crossovers_worked_out_from_the_run():
     kv = make_run({"dynamic": 3.0, "static": 1.0})["kv"]
     del kv["crossovers"]  # a run written before the analysis recorded them
-    out = report.crossovers(KV.from_json(kv))
+    out = report.run_crossovers(KV.from_json(kv))
     assert out.cache_holds_weights_tokens == pytest.approx(WEIGHTS_HELD_AT) and round(WEIGHTS_HELD_AT) == 11_677
     dynamic = out.by_cache["dynamic"]
     assert dynamic.counted_tokens == pytest.approx(WEIGHT_BYTES / (3.0 * BYTES_PER_TOKEN))
     assert round(dynamic.counted_tokens) == 3_892
     assert dynamic.timed_tokens == pytest.approx(dynamic.counted_tokens)  # timed passes 3.0 too
     kv["traffic"]["static"]["passes"] = 0.0
-    out = report.crossovers(KV.from_json(kv))
+    out = report.run_crossovers(KV.from_json(kv))
     assert out.by_cache["static"].counted_tokens is None  # no crossover without a positive passes figure
     del kv["model"]["weight_bytes"]
-    out = report.crossovers(KV.from_json(kv))
+    out = report.run_crossovers(KV.from_json(kv))
     assert out.cache_holds_weights_tokens is None and out.by_cache["dynamic"].timed_tokens is None
 
 
@@ -144,7 +144,7 @@ def test_recorded_crossovers_are_preferred():
     kv = make_run()["kv"]
     kv["crossovers"] = {"cache_holds_weights_tokens": 123.0, "dynamic": {"timed_tokens": 45.0, "counted_tokens": 67.0}}
     record = KV.from_json(kv)
-    assert report.crossovers(record) is record.crossovers and record.crossovers.cache_holds_weights_tokens == 123.0
+    assert report.run_crossovers(record) is record.crossovers and record.crossovers.cache_holds_weights_tokens == 123.0
 
 
 def test_fit_table_shows_timed_and_counted_crossovers(tmp_path):

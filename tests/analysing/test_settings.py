@@ -1,11 +1,11 @@
-"""kvcache.settings.parse_ints: the lists of contexts (--kv-contexts, --kv-counted-contexts, kvcache traffic
+"""kvcache.analysing.settings.parse_ints: the lists of contexts (--kv-contexts, --kv-counted-contexts, kvcache traffic
 --contexts). An empty or repeated item is a one-line usage error naming the value and what is accepted."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvcache.settings import SettingsError, parse_ints
+from kvcache.analysing.settings import SettingsError, parse_ints
 
 
 @pytest.mark.parametrize(("text", "expected"), [

@@ -9,7 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from kvcache.measuring import backend_check, backends, sdpa_rules  # noqa: E402
+from kvcache.analysing import sdpa_rules  # noqa: E402
+from kvcache.measuring import backend_check, backends  # noqa: E402
 
 
 def as_rules_say(capability):

@@ -9,11 +9,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from kvcache.analysing.settings import Settings  # noqa: E402
 from kvcache.measuring import backends  # noqa: E402
 from kvcache.measuring.devices import Device  # noqa: E402
 from kvcache.measuring.session import KVSession  # noqa: E402
 from kvcache.measuring.traffic import count  # noqa: E402
-from kvcache.settings import Settings  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -20,13 +20,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from kvcache.analysing.settings import Settings  # noqa: E402
 from kvcache.measuring import caches, compat  # noqa: E402
 from kvcache.measuring.caches import CacheRequest  # noqa: E402
 from kvcache.measuring.configs import load_config  # noqa: E402
 from kvcache.measuring.devices import Device  # noqa: E402
 from kvcache.measuring.models import build_model  # noqa: E402
 from kvcache.measuring.session import KVSession, Skipped  # noqa: E402
-from kvcache.settings import Settings  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 DTYPE = torch.bfloat16

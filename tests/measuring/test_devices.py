@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from kvcache.analysing.presets import PRESETS
 from kvcache.measuring import devices
 from kvcache.measuring.caches import get
 from kvcache.measuring.decode import PointSkip, check_memory
 from kvcache.measuring.geometry import spec_from_config
-from kvcache.measuring.presets import PRESETS
 
 
 def test_auto_prefers_cuda_then_mps_then_cpu(monkeypatch):

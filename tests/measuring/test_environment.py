@@ -9,9 +9,10 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from kvcache.analysing import identity  # noqa: E402
+from kvcache.analysing.records import Environment, RunSettings  # noqa: E402
+from kvcache.analysing.settings import Settings  # noqa: E402
 from kvcache.measuring.devices import Device  # noqa: E402
 from kvcache.measuring.session import KVSession  # noqa: E402
-from kvcache.settings import Settings  # noqa: E402
 
 
 def environment() -> dict:
@@ -24,8 +25,8 @@ def test_set_variables_are_recorded_and_join_the_identity(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # threads: already a field of their own
     env = environment()
     assert env["variables"] == {"TRANSFORMERS_SDPA_FORCE_GQA": "1"}
-    ident = identity.of(env, {"model": "tiny", "dtype": "bfloat16"})
-    assert identity.key(ident, "counted") == "cpu | tiny | bfloat16 | env=TRANSFORMERS_SDPA_FORCE_GQA=1"
+    ident = identity.of(Environment.from_json(env), RunSettings(model="tiny", dtype="bfloat16"))
+    assert identity.baseline_key(ident, "counted") == "cpu | tiny | bfloat16 | env=TRANSFORMERS_SDPA_FORCE_GQA=1"
 
 
 def test_none_set_none_recorded(monkeypatch):

@@ -12,12 +12,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from kvcache.analysing import presets  # noqa: E402
 from kvcache.analysing.records import Traffic  # noqa: E402
+from kvcache.analysing.settings import Settings  # noqa: E402
 from kvcache.commands.traffic import kind_lines  # noqa: E402
-from kvcache.measuring import compat, configs, geometry, presets  # noqa: E402
+from kvcache.measuring import compat, configs, geometry  # noqa: E402
 from kvcache.measuring.devices import Device  # noqa: E402
 from kvcache.measuring.session import KVSession, Skipped  # noqa: E402
-from kvcache.settings import Settings  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

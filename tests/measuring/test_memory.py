@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from kvcache.analysing.settings import Settings
 from kvcache.measuring import memory
 from kvcache.measuring.devices import Device
 from kvcache.measuring.session import KVSession
-from kvcache.settings import Settings
 
 PLUGIN = Path(__file__).resolve().parents[1] / "suite" / "plugins" / "kv_leaks.py"
 

@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 
 from kvcache.analysing import identity
-from kvcache.measuring.presets import PRESETS, model_key
-from kvcache.settings import Settings
+from kvcache.analysing.identity import model_key
+from kvcache.analysing.presets import PRESETS
+from kvcache.analysing.records import Environment, RunSettings
+from kvcache.analysing.settings import Settings
 
 CONFIG = {"model_type": "llama", **PRESETS["tiny"], "transformers_version": "5.24.0"}
 
@@ -27,7 +29,7 @@ def model_dir(parent: Path, config: dict, name: str = "mymodel", **dumps) -> Pat
 
 
 def counted_key(settings: Settings) -> str:
-    return identity.key(identity.of({"device_type": "cpu"}, settings.to_dict()),
+    return identity.baseline_key(identity.of(Environment(device_type="cpu"), RunSettings.from_json(settings.to_dict())),
                         "counted")
 
 
@@ -76,13 +78,13 @@ def test_a_runs_settings_carry_the_key_and_the_path(tmp_path):
 
 
 def test_names_are_checked_and_keyed_without_torch(tmp_path):
-    """kvcache.measuring.presets is the standard library only: the settings check ``--kv-model`` and key it (and
+    """kvcache.analysing.presets is the standard library only: the settings check ``--kv-model`` and key it (and
     scripts/versions.py reads the presets) where torch and transformers are absent."""
     d = model_dir(tmp_path, CONFIG)
     code = ("import sys\nfor blocked in ('torch', 'transformers'):\n    sys.modules[blocked] = None\n"
-            "from kvcache.measuring import presets\n"
+            "from kvcache.analysing import identity, presets\n"
             "presets.check_name('gemma3-270m@layers=12'); presets.check_name(sys.argv[1])\n"
-            "print(presets.model_key('tiny'), presets.model_key(sys.argv[1]) == sys.argv[2])")
+            "print(identity.model_key('tiny'), identity.model_key(sys.argv[1]) == sys.argv[2])")
     done = subprocess.run([sys.executable, "-c", code, str(d), model_key(str(d))], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stderr

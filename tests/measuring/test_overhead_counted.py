@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvcache.analysing.settings import Settings
 from kvcache.measuring import testing, traffic
 from kvcache.measuring.devices import Device
 from kvcache.measuring.session import KVSession
-from kvcache.settings import Settings
 
 
 def test_fixed_bytes_are_the_counted_intercept_and_weight_passes_their_share_of_the_weights():

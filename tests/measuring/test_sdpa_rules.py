@@ -1,4 +1,4 @@
-"""The transcription of torch's SDPA backend rules (``kvcache.measuring.sdpa_rules``), case by case: each row is a
+"""The transcription of torch's SDPA backend rules (``kvcache.analysing.sdpa_rules``), case by case: each row is a
 call, a GPU class (``t4@2.12``: under torch 2.12's rules; the release is named in every row, so that the cases do not
 depend on the installed torch), the backend torch selects and the start of its reason for every backend ahead of it
 (the words of torch's debug warnings, ``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp``). Pure Python."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvcache.measuring import sdpa_rules as rules
-from kvcache.measuring.sdpa_rules import SdpaCall, TensorFacts
+from kvcache.analysing import sdpa_rules as rules
+from kvcache.analysing.sdpa_rules import SdpaCall, TensorFacts
 
 
 def tensor(shape, dtype="bfloat16", offset=0, stride=None):

@@ -11,10 +11,10 @@ pytest.importorskip("transformers")
 
 from kvcache.analysing import judges  # noqa: E402
 from kvcache.analysing.records import Counted  # noqa: E402
+from kvcache.analysing.settings import Settings  # noqa: E402
 from kvcache.measuring import traffic  # noqa: E402
 from kvcache.measuring.devices import Device  # noqa: E402
 from kvcache.measuring.session import KVSession  # noqa: E402
-from kvcache.settings import Settings  # noqa: E402
 
 F32 = 4  # bytes per float32 element
 I64 = 8  # bytes per int64 index

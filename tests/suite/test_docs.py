@@ -182,13 +182,6 @@ def python_blocks(page: Path) -> list[str]:
     return re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), re.S)
 
 
-def test_cache_classes_page_shows_the_readmes_example():
-    """The API page's first example is the README's, which tests/suite/test_readme.py runs."""
-    from test_readme import readme_example
-
-    assert python_blocks(ROOT / "docs" / "cache-classes.md")[0] == readme_example()
-
-
 def test_unsupported_example_registers_a_class_skipped_with_its_reason(tmp_path):
     """The API page's ``prepare`` example, as written: ``Unsupported`` from :mod:`kvcache.caches` is the skip
     reason where there is no CUDA device."""

@@ -95,7 +95,8 @@ def stand_ins(tmp: Path, base: str, head: str, repo: Path, **extra: str) -> dict
                GITHUB_EVENT_PATH=str(event), GITHUB_REPOSITORY=REPO, GITHUB_STEP_SUMMARY=str(tmp / "summary.md"),
                GITHUB_OUTPUT=str(tmp / "output.txt"), GITHUB_SERVER_URL="https://github.com", GITHUB_RUN_ID="1234",
                RUNNER_TEMP=str(tmp / "runner"), KVCACHE_PYTHON=os.path.relpath(sys.executable, repo),
-               KVCACHE_OUT=str(tmp / "out"), GH_COMMENTS=json.dumps([ghstub.comment(9, "octocat", comment.MARKER)]),
+               KVCACHE_OUT=str(tmp / "out"),
+               GH_COMMENTS=json.dumps([ghstub.comment(9, "octocat", comment.COMMENT_MARKER)]),
                KVCACHE_PYTEST_ARGS="-p my_caches --kv-caches mine --kv-model tiny", **extra)
     return env
 
@@ -122,7 +123,7 @@ def test_the_comment_names_the_class_both_values_the_change_and_the_op(gated):
     assert head - base == pytest.approx(1.0, abs=0.01), row  # the planted read: +1 pass
     assert cells[4] == f"{head - base:+.2f}" and cells[5] == "▲ regression", row
     assert "- **mine**: passes grew: sum +1.00" in body, body
-    assert body.rstrip().endswith(comment.MARKER)
+    assert body.rstrip().endswith(comment.COMMENT_MARKER)
     assert "(https://github.com/octo/widgets/actions/runs/1234)" in body
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from kvrun import describe, output, run_batch
 
-from kvcache.measuring.presets import PRESETS
+from kvcache.analysing.presets import PRESETS
 
 torch = pytest.importorskip("torch")
 
@@ -265,7 +265,7 @@ def test_the_weights_and_the_smallest_point_must_fit():
     """``tiny``: 8.3 M parameters (33 MB while built in float32); its smallest point (static, the counted context
     256 with two warm-up steps, one counted and the margin) must fit beside them; larger points are skipped when they
     open, with their numbers."""
-    from kvcache.settings import Settings
+    from kvcache.analysing.settings import Settings
 
     settings = Settings(model="tiny", dtype="bfloat16", caches=("dynamic", "static"))
     assert memory(settings, 1.0) is None
@@ -278,7 +278,7 @@ def test_the_weights_and_the_smallest_point_must_fit():
 
 
 def test_on_a_gpu_the_host_builds_the_weights_first():
-    from kvcache.settings import Settings
+    from kvcache.analysing.settings import Settings
 
     deep = Settings(model="smollm2-135m@layers=3000")  # 10.6 G parameters: 39.6 GiB in float32, 19.8 in bf16
     assert memory(deep, 100.0, "cuda", host_gib=100.0) is None
@@ -289,8 +289,8 @@ def test_on_a_gpu_the_host_builds_the_weights_first():
 
 
 def test_check_model_memory_is_a_settings_error():
+    from kvcache.analysing.settings import Settings, SettingsError
     from kvcache.measuring import preflight
-    from kvcache.settings import Settings, SettingsError
 
     with pytest.raises(SettingsError, match="^--kv-model 'tiny': its weights need"):
         preflight.check_model_memory(Settings(model="tiny", device="cpu"), free={"cpu": 2**20})

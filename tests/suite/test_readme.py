@@ -23,6 +23,12 @@ def readme_example() -> str:
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
+def test_cache_classes_page_shows_the_readmes_example():
+    """The API page's first example is the README's, which the next test runs."""
+    page = (ROOT / "docs" / "cache-classes.md").read_text(encoding="utf-8")
+    assert re.findall(r"```python\n(.*?)```", page, re.S)[0] == readme_example()
+
+
 def test_readme_registration_example_runs(tmp_path):
     (tmp_path / "my_caches.py").write_text(readme_example())
     cmd = [sys.executable, "-m", "pytest", "benchmarks", "-p", "my_caches", "-m", "counted", "--kv-model", "tiny",

@@ -197,7 +197,7 @@ def test_models_run_per_release_with_absent_and_failed_cells(tmp_path, monkeypat
 
 
 def test_families_are_the_presets():
-    from kvcache.measuring import presets
+    from kvcache.analysing import presets
 
     assert sorted(m.split("@")[0] for m in versions.FAMILIES) == sorted(presets.FAMILY_PRESETS)
     for name in versions.FAMILIES:

@@ -35,20 +35,21 @@ from kvcache.analysing.report.charts import (
 from kvcache.analysing.report.data import (
     ReportError,
     chart_data,
-    crossovers,
     fit_line,
     fit_problem,
     points_by_cache,
+    run_crossovers,
     run_names,
 )
 from kvcache.analysing.report.documents import Doc, to_html, to_markdown
 from kvcache.analysing.report.page import render_html
 from kvcache.analysing.report.sections import build_doc
 
-__all__ = ["Doc", "ReportError", "build_doc", "chart_data", "crossovers", "fit_line", "fit_problem",
+__all__ = ["Doc", "ReportError", "build_doc", "chart_data", "fit_line", "fit_problem",
            "latency_figure", "ledger_figure", "memory_figure", "plot_latency", "plot_ledger",
            "plot_memory", "plot_traffic",
-           "points_by_cache", "render", "render_html", "run_names", "to_html", "to_markdown", "traffic_figure"]
+           "points_by_cache", "render", "render_html", "run_crossovers", "run_names", "to_html", "to_markdown",
+           "traffic_figure"]
 
 
 #: The files ``kvcache report`` writes into ``--out`` (ledger.png, memory.png and ab.png where the runs have them).

@@ -15,6 +15,8 @@ from typing import Any
 
 from kvcache.analysing import ab as judge
 from kvcache.analysing import tables
+from kvcache.analysing.ab_records import ABRunSection, read_ab_section
+from kvcache.analysing.jsonrecord import RecordError
 from kvcache.analysing.records import Run
 from kvcache.analysing.report.charts import _plain_text, _pyplot, _save
 from kvcache.analysing.report.data import cache_colours, per_context, points_by_cache
@@ -23,40 +25,43 @@ from kvcache.analysing.stats import finite
 
 
 @dataclass(frozen=True)
-class Pair:
-    """What the report shows of an A/B output file: the paired verdicts (``ab``), each side's description
-    (``ab_run.sides``: {name: {transformers, torch, drift, failed, ...}}) and the tolerance the pair was judged with
-    (a fraction; the judge's default where the file has none)."""
+class ABFile:
+    """What the report shows of an A/B output file: the paired verdicts (the ``ab`` section as written), the session
+    (``ab_run``: each side's description) and the tolerance the pair was judged with (a fraction; the judge's default
+    where the file has none)."""
 
     ab: dict[str, Any]
-    sides: dict[str, dict[str, Any]]
+    run: ABRunSection
     tolerance: float
 
 
-def ab_section_of(path: str | Path) -> Pair | None:
-    """The :class:`Pair` of an A/B output file (``kvcache ab --json``); None for any other file."""
+def ab_file_of(path: str | Path) -> ABFile | None:
+    """The :class:`ABFile` of an A/B output file (``kvcache ab --json``); None for any other file, or one whose
+    ``ab_run`` cannot be read."""
     try:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     if not isinstance(doc, dict) or not isinstance(doc.get("ab"), dict) or not isinstance(doc.get("side_a"), dict):
         return None
-    run, sides = doc.get("ab_run"), {}
-    if isinstance(run, dict) and isinstance(run.get("sides"), dict):
-        sides = {str(name): side for name, side in run["sides"].items() if isinstance(side, dict)}
-    tolerance = finite(run.get("tolerance")) if isinstance(run, dict) else None
-    return Pair(doc["ab"], sides, Rules().tolerance if tolerance is None else tolerance)
+    try:
+        run = ABRunSection.from_json(doc.get("ab_run") or {}, f"{path}: ab_run")
+    except RecordError:
+        return None
+    tolerance = finite(run.tolerance)
+    return ABFile(doc["ab"], run, Rules().tolerance if tolerance is None else tolerance)
 
 
 def ratio_rows(ab: dict[str, Any]) -> list[tuple[str, float, float | None, float | None, str]]:
     """``(label, ratio, low, high, status)`` of every paired verdict with a ratio, in the ``ab`` section's order."""
     rows = []
-    for cache, measure, v in judge.statuses(ab):
-        ratio = finite(v.get("ratio"))
-        if ratio is None:
-            continue
-        ci = v.get("ratio_ci") or [None, None]
-        rows.append((f"{cache} {measure}", ratio, finite(ci[0]), finite(ci[1]), str(v.get("status", ""))))
+    for cache, measures in read_ab_section(ab).items():
+        for measure, v in measures.items():
+            ratio = finite(v.ratio)
+            if ratio is None:
+                continue
+            ci = v.ratio_ci or [None, None]
+            rows.append((f"{cache} {measure}", ratio, finite(ci[0]), finite(ci[1]), v.status))
     return rows
 
 
@@ -96,21 +101,20 @@ def ab_figure(run_a: Run, run_b: Run, ab: dict[str, Any], tolerance: float) -> A
     return fig
 
 
-def ab_markdown(pair: Pair) -> list[str]:
+def ab_markdown(pair: ABFile) -> list[str]:
     """The report's A/B section (Markdown; every cell escaped)."""
     table = tables.Table(["class", "measure", "A", "B", "B/A [interval]", "verdict"], judge.summary_rows(pair.ab))
     lines = ["", "## A/B: B against A, paired", ""]
-    for name, side in pair.sides.items():
-        text = (f"transformers {side.get('transformers')}, torch {side.get('torch')}, "
-                f"drift {tables.num(side.get('drift'), '+.1%')}"
-                + (f", failed: {side['failed']}" if side.get("failed") else ""))
+    for name, side in pair.run.sides.items():
+        text = (f"transformers {side.transformers}, torch {side.torch}, drift {tables.num(side.drift, '+.1%')}"
+                + (f", failed: {side.failed}" if side.failed else ""))
         lines.append(f"- **{tables.escape_markdown(str(name).upper())}**: {tables.escape_markdown(text)}")
     return [*lines, "", *tables.markdown(table), "", "![A/B](ab.png)", ""]
 
 
 def write_ab(path: str | Path, runs: list[Run], out_dir: Path) -> list[Path]:
     """For an A/B output file among the report's inputs: ab.png and the A/B section appended to report.md."""
-    pair = ab_section_of(path)
+    pair = ab_file_of(path)
     by_path = {run.path: run for run in runs}
     run_a, run_b = by_path.get(f"{path}[A]"), by_path.get(f"{path}[B]")
     if pair is None or run_a is None or run_b is None:

@@ -46,11 +46,11 @@ def run_names(runs: list[Run]) -> list[str]:
 
 def model_name(kv: KV) -> str:
     """The model of a run: its description's name, else the ``--kv-model`` it was asked for."""
-    return str(kv.model.get("name") or kv.settings.get("model") or "?")
+    return str(kv.model.name or kv.settings.model or "?")
 
 
 def dtype(kv: KV) -> str:
-    return str(kv.settings.get("dtype") or kv.model.get("dtype") or "?")
+    return str(kv.settings.dtype or kv.model.dtype or "?")
 
 
 def run_title(run: Run, name: str) -> str:
@@ -62,7 +62,7 @@ def run_title(run: Run, name: str) -> str:
 def run_caches(run: Run) -> list[str]:
     """Cache classes of a run: those with points or records, then those only named in its settings."""
     caches = run.caches()
-    for cache in run.record.settings.get("caches", ()):
+    for cache in run.record.settings.caches:
         if str(cache) not in caches:
             caches.append(str(cache))
     return caches
@@ -118,7 +118,7 @@ def per_context(points: list[Point]) -> list[dict[str, Any]]:
 
 def trained_context(kv: KV) -> int | None:
     """The model's trained context in tokens (kv.model.max_position_embeddings), if known."""
-    x = finite(kv.model.get("max_position_embeddings"))
+    x = finite(kv.model.max_position_embeddings)
     return int(x) if x else None
 
 
@@ -192,12 +192,12 @@ def fit_line(run: Run, cache: str, points: list[Point]) -> dict[str, Any] | None
     return {"intercept_ms": line.intercept, "ms_per_byte": line.slope, "source": "refit from points"}
 
 
-def no_figure(reason: str) -> str:
+def no_figure_cell(reason: str) -> str:
     """A table cell in place of the timed passes: why there is no figure."""
     return f"{MISSING} ({reason})" if fitting.NO_FIGURE in reason else f"{MISSING} ({fitting.NO_FIGURE}: {reason})"
 
 
-def crossovers(kv: KV) -> Crossovers:
+def run_crossovers(kv: KV) -> Crossovers:
     """Contexts (tokens) where the KV cache meets the weights: ``kv.crossovers`` when the run records them, else
     worked out from the run by the analysis's own rule (:func:`kvcache.analysing.bandwidth.crossovers`)."""
     if kv.crossovers is not None:

@@ -12,14 +12,14 @@ from typing import TypeVar
 from kvcache.analysing import tables
 from kvcache.analysing.records import KV, Fit, Memory, Point, Probe, Run, Traffic, UnmeasuredDrift
 from kvcache.analysing.report.data import (
-    crossovers,
     dtype,
     fit_line,
     fit_problem,
     missing_points,
-    no_figure,
+    no_figure_cell,
     points_by_cache,
     run_caches,
+    run_crossovers,
     run_names,
     shape_text,
     skip_reasons,
@@ -31,7 +31,7 @@ from kvcache.analysing.summary import attention_copies, verdict_table
 from kvcache.analysing.tables import MISSING, num
 
 TITLE = "KV-cache passes report"
-R = TypeVar("R")
+ClassRecord = TypeVar("ClassRecord")
 
 
 def build_doc(runs: list[Run]) -> Doc:
@@ -68,24 +68,25 @@ def headline(run: Run, kv: KV) -> list[tuple[str, str]]:
     cpu = run.machine_info.get("cpu")
     cpu_brand = (cpu.get("brand_raw") or cpu.get("brand")) if isinstance(cpu, dict) else cpu if isinstance(cpu, str) \
         else None
-    machine = f"{env.get('device_name') or '?'} (device type {env.get('device_type') or '?'}"
-    machine += f", {env['platform']})" if env.get("platform") else ")"
+    machine = f"{env.device_name or '?'} (device type {env.device_type or '?'}"
+    machine += f", {env.platform})" if env.platform else ")"
     if cpu_brand:
         machine += f"; CPU {cpu_brand}"
     if run.machine_info.get("node"):
         machine += f"; node {run.machine_info['node']}"
-    libs = ", ".join(f"{lib} {env.get(lib) or '?'}" for lib in ("transformers", "torch", "python"))
-    if model:
-        geometry = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in model.items()
-                             if k in ("layers", "heads", "kv_heads", "head_dim") and v is not None)
-        weights = finite(model.get("weight_bytes"))
+    libs = f"transformers {env.transformers or '?'}, torch {env.torch or '?'}, python {env.python or '?'}"
+    if model.to_json():  # a run with a model description
+        geometry = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in (
+            ("layers", model.layers), ("heads", model.heads), ("kv_heads", model.kv_heads),
+            ("head_dim", model.head_dim)) if v is not None)
+        weights = finite(model.weight_bytes)
         trained = trained_context(kv)
-        model_text = (f"{model.get('name') or settings.get('model') or '?'} ({geometry}; "
-                      f"KV {num(model.get('bytes_per_token'), ',.0f')} bytes/token; "
+        model_text = (f"{model.name or settings.model or '?'} ({geometry}; "
+                      f"KV {num(model.bytes_per_token, ',.0f')} bytes/token; "
                       f"weights {num(None if weights is None else weights / 1e6, '.1f')} MB; "
                       + (f"trained context {trained:,} tokens)" if trained else "trained context unknown)"))
     else:
-        model_text = f"{settings.get('model') or '?'} (no model description in this run)"
+        model_text = f"{settings.model or '?'} (no model description in this run)"
     if kv.copy is not None or kv.copy_gbps is not None:
         start, end = (kv.copy.start_gbps, kv.copy.end_gbps) if kv.copy is not None else (None, None)
         copy_text = f"start {num(start)} GB/s, end {num(end)} GB/s, session median {num(kv.copy_gbps)} GB/s"
@@ -94,7 +95,7 @@ def headline(run: Run, kv: KV) -> list[tuple[str, str]]:
     contexts = sorted({p.context for p in run.points})
     rounds = sorted({p.round for p in run.points})
     points_text = (f"{len(run.points)} timed points; contexts {', '.join(f'{c:,}' for c in contexts)} tokens; "
-                   f"{len(rounds)} round(s); {settings.get('steps', '?')} steps per point"
+                   f"{len(rounds)} round(s); {'?' if settings.steps is None else settings.steps} steps per point"
                    if run.points else "no timed points in this run")
     return [
         ("Run", Path(run.path).name + (f", {run.datetime}" if run.datetime else "")),
@@ -119,7 +120,7 @@ def verdict_section(doc: Doc, kv: KV) -> None:
 
 
 def _ci_label(kv: KV) -> str:
-    conf = finite(kv.settings.get("confidence"))
+    conf = finite(kv.settings.confidence)
     if conf is None:
         confs = {finite(f.confidence) for f in kv.fit.values() if isinstance(f, Fit)} - {None}
         conf = confs.pop() if len(confs) == 1 else None
@@ -129,7 +130,7 @@ def _ci_label(kv: KV) -> str:
 def fit_section(doc: Doc, run: Run, kv: KV, caches: list[str], groups: dict[str, list[Point]]) -> None:
     """One row per class: intercept, effective bandwidth, timed passes [CI], R², counted passes, their ratio and
     the timed and counted crossovers; then where the cache holds as many bytes as the weights."""
-    crossing = crossovers(kv)
+    crossing = run_crossovers(kv)
     rows = []
     for cache in caches:
         fit, traffic, crossing_of = kv.fit.get(cache), kv.traffic.get(cache), crossing.by_cache.get(cache)
@@ -143,7 +144,7 @@ def fit_section(doc: Doc, run: Run, kv: KV, caches: list[str], groups: dict[str,
             continue
         problem = fit_problem(run, cache, groups.get(cache, []))
         if problem is not None or not isinstance(fit, Fit):
-            rows.append([cache, MISSING, MISSING, no_figure(problem or fit.error), MISSING, num(counted), MISSING,
+            rows.append([cache, MISSING, MISSING, no_figure_cell(problem or fit.error), MISSING, num(counted), MISSING,
                          MISSING, counted_crossover])
             continue
         timed = finite(fit.passes)
@@ -187,8 +188,8 @@ def drift_text(kv: KV) -> str:
             f"last {num(drift.last_ms)} ms, change {change}{limit} — {status}")
 
 
-def class_table(doc: Doc, title: str, caches: list[str], parts: Mapping[str, R], what: str, none: str,
-                header: list[str], cells: Callable[[R], list[str]]) -> None:
+def class_table(doc: Doc, title: str, caches: list[str], parts: Mapping[str, ClassRecord], what: str, none: str,
+                header: list[str], cells: Callable[[ClassRecord], list[str]]) -> None:
     """A section of one row per class: the ``cells`` of its part, or ``none`` where the class has no part; a note
     instead of the table when the run has no ``what`` at all."""
     doc.heading(3, title)

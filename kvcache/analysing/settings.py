@@ -13,7 +13,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from kvcache.analysing.options import BY_FLAG, OPTIONS
+from kvcache.analysing.identity import model_key
+from kvcache.analysing.options import BY_FLAG, CONFIDENCE, OPTIONS, RESAMPLES
 
 ORDERS = ("interleaved", "ascending")
 FILLS = ("synthetic", "prefill")
@@ -150,14 +151,14 @@ def _max_passes(option: str, text: Any) -> dict[str, float]:
 
 
 def _gpus(option: str, text: Any) -> tuple[str, ...]:
-    """``t4,a100,t4@2.12`` -> GPU class names (:mod:`kvcache.measuring.sdpa_rules`, pure Python; ``@release``: under
+    """``t4,a100,t4@2.12`` -> GPU class names (:mod:`kvcache.analysing.sdpa_rules`, pure Python; ``@release``: under
     that torch release's rules); none (the default) imports nothing. An unknown name or release, or (for a name
     without ``@``) an installed torch release whose rules are not transcribed, is a one-line SettingsError."""
     if not str(text).strip():
         return ()
     import importlib.metadata
 
-    from kvcache.measuring import sdpa_rules
+    from kvcache.analysing import sdpa_rules
 
     try:
         names = sdpa_rules.gpu_names(str(text))
@@ -250,8 +251,8 @@ class Settings:
     ledger_tolerance: float = _default("--kv-ledger-tolerance")  # timed passes per op, besides tolerance
     max_passes: dict[str, float] = field(default_factory=lambda: _default("--kv-max-passes"))  # cache -> passes
     min_r2: float = _default("--kv-min-r2")
-    confidence: float = 0.95  # of the bootstrap intervals
-    resamples: int = 2000  # bootstrap resamples
+    confidence: float = CONFIDENCE  # of the bootstrap intervals
+    resamples: int = RESAMPLES  # bootstrap resamples
     gate: bool = _default("--kv-no-gate")
     strict: bool = _default("--kv-strict")
     remeasure: int = _default("--kv-remeasure")  # points
@@ -260,7 +261,7 @@ class Settings:
     threads: int | None = _default("--kv-threads")  # torch's CPU threads for the whole session; None: torch's default
     compile: str = _default("--kv-compile")
     driver: str = _default("--kv-driver")
-    gpus: tuple[str, ...] = _default("--kv-gpus")  # GPU classes predicted (kvcache.measuring.sdpa_rules.GPUS)
+    gpus: tuple[str, ...] = _default("--kv-gpus")  # GPU classes predicted (kvcache.analysing.sdpa_rules.GPUS)
     batch: int = _default("--kv-batch")  # sequences per decode step
     ragged: bool = _default("--kv-ragged")
 
@@ -272,10 +273,8 @@ class Settings:
 
     def to_dict(self) -> dict[str, Any]:
         """The settings as a run records them (``kv.settings``). ``model`` is the model's identity
-        (:func:`kvcache.measuring.presets.model_key`: a local directory as ``name@confighash``), and a directory's
+        (:func:`kvcache.analysing.identity.model_key`: a local directory as ``name@confighash``), and a directory's
         path as given is kept beside it as ``model_path``."""
-        from kvcache.measuring.presets import model_key  # stdlib only: no torch
-
         d = asdict(self)
         d["caches"], d["contexts"], d["counted_contexts"] = list(self.caches), list(self.contexts), list(
             self.counted_contexts)

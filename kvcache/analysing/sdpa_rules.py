@@ -12,11 +12,11 @@ Source: ``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp`` (priority order
 001f694aef6f922b4fdf6d27d59162d27bf3df58 (the project's source index does not hold a release tag's commit). Every
 rule below names its function there.
 
-Several torch releases (:data:`RULES`, ``t4@2.12`` in ``--kv-gpus``): one transcription, and per release the few
-facts that differ, each naming its source and evidence (:class:`Rules`): whether the memory-efficient backend takes
-grouped-query heads (pytorch PR #191085, in 2.14, not in the installed 2.13.0), when cuDNN goes first, and the
-release's default CUDA wheel (:class:`Wheel`). A GPU class without a release suffix is predicted under the installed
-torch release's rules (:func:`installed_release`). docs/gpu-backends.md has the evidence and the limits.
+Several torch releases (:data:`RULES`, ``t4@2.12`` in ``--kv-gpus``): one transcription, and per release the few facts
+that differ, each naming its source and evidence (:class:`ReleaseRules`): whether the memory-efficient backend takes
+grouped-query heads (pytorch PR #191085, in 2.14, not in the installed 2.13.0), when cuDNN goes first, and the release's
+default CUDA wheel (:class:`Wheel`). A GPU class without a release suffix is predicted under the installed torch
+release's rules (:func:`installed_release`). docs/gpu-backends.md has the evidence and the limits.
 
 What a CPU cannot know is assumed from the release's default CUDA wheel (:data:`WHEEL` for 2.13): cuDNN enabled, its
 runtime version, the cuDNN frontend supporting head dim 256, flash and memory-efficient attention compiled in, the
@@ -59,7 +59,7 @@ WHEEL = Wheel()
 
 
 @dataclass(frozen=True)
-class Rules:
+class ReleaseRules:
     """The facts of torch's rules that differ between the transcribed releases (:data:`RULES`); everything else is
     the one transcription of this module.
 
@@ -86,22 +86,22 @@ _READ = "sdp_utils.cpp and sdp_utils_cpp.h at 001f694aef6f922b4fdf6d27d59162d27b
 _NO_EFFICIENT_GQA = ("efficient without grouped-query heads: the sdp_utils.cpp before pytorch PR #191085 "
                      "(2026-07-25) checks the efficient backend's dense inputs with "
                      "check_batch_size_and_num_heads_dense<false /*supports_grouped_query_attention=*/>")
-_PRE_CUDNN_DEFAULT = Rules(
+_PRE_CUDNN_DEFAULT = ReleaseRules(
     "2.5", "2.5.1 to 2.8", False, "never", Wheel(cuda=(12, 4), cudnn=90100),
     f"{_READ}, less #191085; priority_order returning the default order",
     f"{_NO_EFFICIENT_GQA}; cuDNN made opt-in after 2.5.0 (pytorch PR #138522, 2.5.1; 2.5.0 itself put cuDNN first on "
     "H100, not transcribed), first again by default from 2.9 (PR #162073)")
-_CUDNN_SM90 = Rules(
+_CUDNN_SM90 = ReleaseRules(
     "2.9", "2.9", False, "sm90-sm100", Wheel(cuda=(12, 8), cudnn=91002),
     f"{_READ}, less #191085; check_prefer_cudnn_attention of PR #162073 (cuDNN >= 9.9 at build, sm90/sm100 minor 0)",
     f"{_NO_EFFICIENT_GQA}; PR #162073 'Enable cuDNN SDPA by default for SM 9.0, SM 10.0' (2025-09, 'for 2.9')")
-_CUDNN_9151_OLD_WHEEL = Rules(
+_CUDNN_9151_OLD_WHEEL = ReleaseRules(
     "2.10", "2.10", False, "cudnn-9.15.1", Wheel(cudnn=91400),  # a cuDNN not newer than 9.15.0: 9.14 assumed
     f"{_READ}, less #191085; its check_prefer_cudnn_attention (cuDNN > 9.15.0 at run time, #169849)",
     f"{_NO_EFFICIENT_GQA}; the cuDNN > 9.15.0 preference is in 2.10 but its default wheel's cuDNN is not newer "
     "(transformers PR #48163's reading of sdp_utils.cpp: 'What changes at 2.11 is the bundled cuDNN crossing the "
     "threshold'), so cuDNN is not first")
-_CUDNN_9151 = Rules(
+_CUDNN_9151 = ReleaseRules(
     "2.13", "2.11 to 2.13", False, "cudnn-9.15.1", WHEEL,
     f"{_READ}, less #191085",
     f"{_NO_EFFICIENT_GQA}. The installed torch 2.13.0 (git cf30153c4c131c8164ee7798e5022d810682e2cb) documents in "
@@ -109,7 +109,7 @@ _CUDNN_9151 = Rules(
     "CUDA tensor', while the torch 2.14 documentation says 'Memory-efficient attention also supports GQA on NVIDIA "
     "CUDA' and v2.14.1's sdp_utils.cpp (5c4886908584029761b579af026dcfb627c84070) has supports_gqa = true there; the "
     "PR's thread is listed closed (pytorch lands PRs by closing them), so its date alone does not place it in 2.13")
-_EFFICIENT_GQA = Rules(
+_EFFICIENT_GQA = ReleaseRules(
     "2.14", "2.14", True, "cudnn-9.15.1", WHEEL,
     f"{_READ} (the commit read carries #191085)",
     "pytorch PR #191085 '[SDPA] Add memory-efficient GQA and vmap backward support' (2026-07-25): the efficient "
@@ -117,7 +117,7 @@ _EFFICIENT_GQA = Rules(
     "torch 2.14 documentation of scaled_dot_product_attention say the same")
 
 #: the transcribed torch releases (major.minor) and their rules; ``--kv-gpus t4@2.12`` predicts under 2.12's
-RULES: dict[str, Rules] = {
+RULES: dict[str, ReleaseRules] = {
     "2.5": _PRE_CUDNN_DEFAULT, "2.6": _PRE_CUDNN_DEFAULT, "2.7": _PRE_CUDNN_DEFAULT, "2.8": _PRE_CUDNN_DEFAULT,
     "2.9": _CUDNN_SM90, "2.10": _CUDNN_9151_OLD_WHEEL, "2.11": _CUDNN_9151, "2.12": _CUDNN_9151,
     "2.13": _CUDNN_9151, "2.14": _EFFICIENT_GQA,
@@ -224,8 +224,8 @@ def installed_release() -> str:
         raise RulesError("torch is not installed: name a transcribed release (t4@2.13)") from None
 
 
-def resolve(gpu: str) -> tuple[tuple[int, int], Rules]:
-    """``t4`` -> (its compute capability, the installed release's :class:`Rules`); ``t4@2.12`` -> 2.12's."""
+def resolve(gpu: str) -> tuple[tuple[int, int], ReleaseRules]:
+    """``t4`` -> (its compute capability, the installed release's :class:`ReleaseRules`); ``t4@2.12`` -> 2.12's."""
     name, _, release = gpu.partition("@")
     return GPUS[name], RULES[release or installed_release()]
 
@@ -474,7 +474,7 @@ def check_cudnn_tensor_shapes(c: SdpaCall, cap: tuple[int, int], w: Wheel) -> st
 
 
 @functools.cache
-def filters_of(rules: Rules) -> dict[str, tuple[Filter, ...]]:
+def filters_of(rules: ReleaseRules) -> dict[str, tuple[Filter, ...]]:
     """``can_use_flash_attention``, ``can_use_mem_efficient_attention``, ``can_use_cudnn_attention``
     (sdp_utils.cpp) under ``rules``: their filters in torch's order (the runtime switches, nested-tensor and device
     checks pass on a dense CUDA call with the default switches, and are left out)."""
@@ -496,7 +496,7 @@ def filters_of(rules: Rules) -> dict[str, tuple[Filter, ...]]:
     return {"flash": flash, "efficient": efficient, "cudnn": cudnn}
 
 
-def prefers_cudnn(cap: tuple[int, int], w: Wheel = WHEEL, rules: Rules | None = None) -> bool:
+def prefers_cudnn(cap: tuple[int, int], w: Wheel = WHEEL, rules: ReleaseRules | None = None) -> bool:
     """``check_prefer_cudnn_attention`` (sdp_utils.cpp) of ``rules``' release (the installed one by default):
     ``cudnn-9.15.1``: cuDNN newer than 9.15.0 on sm9x/sm10x (with CUDA < 13 only minor 0 or 3), unless
     ``TORCH_CUDNN_SDPA_DEPRIORITIZED``; ``sm90-sm100``: compute capability 9.0 or 10.0 (cuDNN 9.9 or newer at build);
@@ -512,7 +512,7 @@ def prefers_cudnn(cap: tuple[int, int], w: Wheel = WHEEL, rules: Rules | None = 
     return w.cudnn > 91500 and right_major
 
 
-def priority_order(cap: tuple[int, int], w: Wheel = WHEEL, rules: Rules | None = None) -> tuple[str, ...]:
+def priority_order(cap: tuple[int, int], w: Wheel = WHEEL, rules: ReleaseRules | None = None) -> tuple[str, ...]:
     """``priority_order`` (sdp_utils.cpp) over the global context's default order (flash, efficient, math, cuDNN;
     ATen/Context.h): cuDNN, flash, efficient, math where :func:`prefers_cudnn`."""
     if prefers_cudnn(cap, w, rules):
@@ -543,7 +543,7 @@ def select(call: SdpaCall, gpu: str, w: Wheel | None = None,
 
 
 def select_on(call: SdpaCall, cap: tuple[int, int], w: Wheel = WHEEL,
-              filters: dict[str, tuple[Filter, ...]] | None = None, rules: Rules | None = None) -> Selection:
+              filters: dict[str, tuple[Filter, ...]] | None = None, rules: ReleaseRules | None = None) -> Selection:
     """:func:`select` on compute capability ``cap`` (a device's own, ``torch.cuda.get_device_capability()``),
     under ``rules`` (the installed release's by default)."""
     rules = rules or RULES[installed_release()]

@@ -1,6 +1,7 @@
 """The ``--kv-model`` and ``--kv-dtype`` names: the presets (their config values), the model-family presets,
-``@layers=N``, checking a name and the key a name has in a run's identity. Standard library only: nothing here
-imports torch or transformers (:func:`torch_dtype` imports torch when called).
+``@layers=N`` and checking a name (a name's key in a run's identity: :func:`kvcache.analysing.identity.model_key`).
+Standard library only: the measuring wing builds the models (:mod:`kvcache.measuring.configs`) and the torch dtype of
+a name (:func:`kvcache.measuring.geometry.torch_dtype`).
 
 The default preset is SmolLM2-135M's geometry as a ``LlamaForCausalLM`` with random weights (seeded, built
 offline): random weights move the same bytes as trained ones. ``tiny`` keeps the head geometry with 2 layers for
@@ -10,7 +11,6 @@ fast CI; ``smollm2-135m-mha`` has as many KV heads as query heads (nothing to ex
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,15 +44,6 @@ DTYPES = ("bfloat16", "float16", "float32")
 
 class ModelError(ValueError):
     """A ``--kv-model``/``--kv-dtype`` value that cannot be used; the message is one line."""
-
-
-def torch_dtype(name: str) -> Any:
-    """The torch dtype a ``--kv-dtype`` name (one of :data:`DTYPES`) stands for; a one-line ModelError otherwise."""
-    import torch
-
-    if name not in DTYPES:
-        raise ModelError(f"--kv-dtype {name!r} is not one of {', '.join(DTYPES)}")
-    return getattr(torch, name)
 
 
 @dataclass(frozen=True)
@@ -138,39 +129,6 @@ def check_name(name: str) -> None:
                          "nor a directory with a config.json")
     if not (path / "config.json").is_file():
         raise ModelError(f"--kv-model {name!r}: directory has no config.json")
-
-
-#: Fields of a config.json that name where and with which release it was saved, not the model: left out of its hash.
-VOLATILE_CONFIG_FIELDS = ("_name_or_path", "transformers_version")
-
-
-def model_key(name: str) -> str:
-    """What a ``--kv-model`` value is called in a run's identity (``settings.model``, hence its baseline keys): a
-    preset or a hub id as given; a local directory as its name plus the first 8 hex digits of the SHA-256 of its
-    ``config.json`` (``mymodel@3f2a9c1b``), so the same model typed as a relative or an absolute path, or a moved
-    checkout, keeps its identity, and a changed config gets a new one. The JSON is hashed canonically (keys sorted,
-    no whitespace, without :data:`VOLATILE_CONFIG_FIELDS`); a file that is not a JSON object, by its bytes.
-    Stdlib only: nothing is imported or built."""
-    import hashlib
-
-    match = LAYERS_SUFFIX.match(name)
-    base = match["base"] if match else name
-    if base in PRESETS or base in FAMILY_PRESETS:
-        return name
-    path = Path(name).expanduser()
-    file = path / "config.json"
-    try:
-        data = file.read_bytes()
-    except OSError:
-        return name  # a hub id (or nothing the run can load: refused before it runs)
-    try:
-        raw = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raw = None
-    if isinstance(raw, dict):
-        raw = {k: v for k, v in raw.items() if k not in VOLATILE_CONFIG_FIELDS}
-        data = json.dumps(raw, sort_keys=True, separators=(",", ":")).encode()
-    return f"{path.resolve().name or path.resolve()}@{hashlib.sha256(data).hexdigest()[:8]}"
 
 
 def preset_names() -> list[str]:

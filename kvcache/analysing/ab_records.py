@@ -1,0 +1,142 @@
+"""The records of ``kvcache ab``'s output (``--json``) besides the two sides' ``kv`` sections: the paired verdicts
+(``ab``, :class:`PairedVerdict` each) and the session (``ab_run``, :class:`ABRunSection`). Stdlib only.
+
+The ``ab`` section is ``{cache: {measure: verdict}}``, the per-op ledger's verdicts one level down
+(``ab.<cache>.ledger.<op>``); :func:`read_ab_section` reads it as ``{cache: {measure: PairedVerdict}}`` with the
+ledger's as ``ledger.<op>``. Every key of ``ab_run`` may be missing (a session stopped at start-up, a hand-made
+file): a missing key reads as None, or an empty list or object."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvcache.analysing.context_records import Section, unset_field
+from kvcache.analysing.jsonrecord import Reader, Record, absent_field, extra_field, list_of, object_of
+
+#: The statuses of a paired verdict.
+PAIRED_STATUSES = ("pass", "regression", "improvement", "inconclusive")
+
+
+@dataclass
+class PairedVerdict(Record):
+    """One verdict of an ``ab`` section: ``status`` (:data:`PAIRED_STATUSES`) and ``reason``; ``value`` and
+    ``ratio``, B/A of the figure, with ``ratio_ci`` [low, high] its paired bootstrap interval; ``allowed``,
+    ``1 + tolerance``; ``a`` and ``b``, the two sides' figures (timed passes; intercept ms; an op's timed passes).
+    The exact measures kept from the gate (``counted``, ``overhead``) have the gate's verdict shape: their other keys
+    stay in ``extra``."""
+
+    status: str = ""
+    reason: str = ""
+    value: float | None = None
+    allowed: float | None = None
+    ratio: float | None = None
+    ratio_ci: list[float | None] | None = None
+    a: float | None = None
+    b: float | None = None
+    extra: dict[str, Any] = extra_field()
+    absent: frozenset[str] = absent_field()
+
+
+def ab_statuses(ab: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """Every verdict of an ``ab`` section as written: ``(cache, measure, verdict JSON)``, ledger ops as
+    ``ledger.<op>``; what is not a verdict object is passed over."""
+    out = []
+    for cache, measures in ab.items():
+        if not isinstance(measures, dict):
+            continue
+        for measure, value in measures.items():
+            if measure == "ledger" and isinstance(value, dict):
+                out += [(cache, f"ledger.{op}", v) for op, v in value.items() if isinstance(v, dict)]
+            elif isinstance(value, dict) and "status" in value:
+                out.append((cache, measure, value))
+    return out
+
+
+def read_ab_section(ab: dict[str, Any]) -> dict[str, dict[str, PairedVerdict]]:
+    """The verdicts of an ``ab`` section (as written, read from a file), ``{cache: {measure: verdict}}``, the
+    per-op ledger's as ``ledger.<op>`` (see :func:`ab_statuses`); RecordError naming the verdict when one cannot be
+    read."""
+    out: dict[str, dict[str, PairedVerdict]] = {}
+    for cache, measure, value in ab_statuses(ab):
+        out.setdefault(str(cache), {})[measure] = PairedVerdict.from_json(value, f"ab.{cache}.{measure}")
+    return out
+
+
+@dataclass
+class ABItem(Record):
+    """``ab_run.pairs[]``: one item both sides finished: its node id, its role, which side ran it first (None: both
+    at once), each side's wall seconds alone (``seconds``, by side name) and the item's wall seconds (``wall``)."""
+
+    item: str
+    role: str
+    first: str | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+    wall: float | None = None
+    extra: dict[str, Any] = extra_field()
+    absent: frozenset[str] = absent_field()
+
+    def rounded(self) -> ABItem:
+        """The item with its seconds to 2 decimals, as the output file holds them."""
+        return ABItem(self.item, self.role, self.first, {name: round(s, 2) for name, s in self.seconds.items()},
+                      None if self.wall is None else round(self.wall, 2))
+
+
+@dataclass
+class CopyFigure(Record):
+    """``ab_run.sides.<name>.copy[]``: one copy-bandwidth measurement of the side: its label and GB/s."""
+
+    label: str | None = None
+    gbps: float | None = None
+    extra: dict[str, Any] = extra_field()
+    absent: frozenset[str] = absent_field()
+
+
+@dataclass
+class ABSide(Section):
+    """``ab_run.sides.<name>``: the side's pytest arguments, its ``--x-release`` (None: this environment's), the
+    Transformers and torch releases it ran, its log, why it failed (None: it did not), the items it finished, its own
+    drift (a fraction; None: unmeasured) and its copy bandwidths."""
+
+    args: list[str] = field(default_factory=list)
+    release: str | None = None
+    transformers: str | None = None
+    torch: str | None = None
+    log: str | None = None
+    failed: str | None = None
+    items_finished: int | None = None
+    drift: float | None = None
+    copy: list[CopyFigure] = field(default_factory=list)
+    extra: dict[str, Any] = extra_field()
+    absent: frozenset[str] = unset_field()
+
+    @classmethod
+    def _readers(cls) -> dict[str, Reader]:
+        return {"copy": list_of(CopyFigure.from_json)}
+
+
+@dataclass
+class ABRunSection(Section):
+    """``ab_run``: the session. ``format`` of this section; the ``tolerance`` judged with (a fraction);
+    ``interrupted``: the signal's name (None: it ran to its end); the sides that ``failed``; ``items`` in the suite;
+    the ``pairs`` finished, in order; each side's description (``sides``, by name: ``a``, ``b``); per class the
+    ``paired_drift`` (how far B/A moved from first to last measurement, a fraction; None: not measured twice);
+    ``notes``; the session's wall ``seconds`` and ``phase_seconds`` by phase."""
+
+    format: int | None = None
+    tolerance: float | None = None
+    interrupted: str | None = None
+    failed: list[str] = field(default_factory=list)
+    items: int | None = None
+    pairs: list[ABItem] = field(default_factory=list)
+    sides: dict[str, ABSide] = field(default_factory=dict)
+    paired_drift: dict[str, float | None] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    seconds: float | None = None
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    extra: dict[str, Any] = extra_field()
+    absent: frozenset[str] = unset_field()
+
+    @classmethod
+    def _readers(cls) -> dict[str, Reader]:
+        return {"pairs": list_of(ABItem.from_json), "sides": object_of(ABSide.from_json)}
