@@ -23,8 +23,8 @@ from kvcache.analysing.history import (
 from kvcache.analysing.records import RecordError, load_run
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def parser() -> argparse.ArgumentParser:
+    made = argparse.ArgumentParser(
         prog="kvcache history",
         description="Keep runs across commits or releases and draw their trend. 'add RUN.json --store FILE' appends "
         "one entry (the commit from --commit, by default git rev-parse HEAD, or --release), atomically, refusing "
@@ -33,7 +33,7 @@ def _parser() -> argparse.ArgumentParser:
         "with the steps marked by their commit (counted: every change; timed: where the intervals of two levels "
         "do not overlap), steps.json and steps.md. Exit 0, or 2 on bad input.",
     )
-    sub = parser.add_subparsers(dest="action", required=True, metavar="add|plot")
+    sub = made.add_subparsers(dest="action", required=True, metavar="add|plot")
     adding = sub.add_parser("add", help="append a run to the store")
     adding.add_argument("run", metavar="RUN.json", help="a pytest --benchmark-json file of the suite")
     adding.add_argument("--store", required=True, metavar="FILE", help="the history, JSON lines")
@@ -45,11 +45,11 @@ def _parser() -> argparse.ArgumentParser:
     plotting = sub.add_parser("plot", help="draw the trend PNGs")
     plotting.add_argument("--store", required=True, metavar="FILE", help="the history, JSON lines")
     plotting.add_argument("--out", required=True, metavar="DIR", help="folder for the PNGs and steps.json")
-    return parser
+    return made
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = arguments.parse(_parser(), argv)
+    args = arguments.parse(parser(), argv)
     if isinstance(args, int):  # --help (0) or a usage error (2)
         return args
     try:
