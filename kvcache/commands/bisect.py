@@ -29,7 +29,7 @@ A commit between two releases reports the next release's number (``5.24.0.dev0``
 gate on that number (:class:`kvcache.measuring.compat.InstalledVersion`), the probe is listed as not to be trusted,
 with the gates it took.
 
-Probe results (figures and skips, not timeouts) are cached by (commit or release, identity: the suite options with
+ProbeResult results (figures and skips, not timeouts) are cached by (commit or release, identity: the suite options with
 the device, the pytest arguments after ``--`` with the content of a plugin module or file they name, torch, Python,
 the packages a probe imports besides Transformers and the source of the whole kvcache package) in
 ``$XDG_CACHE_HOME/kvcache-passes/bisect`` (``~/.cache/...``) or ``--cache-dir``, so a second bisect over the same
@@ -58,7 +58,7 @@ from pathlib import Path
 
 from kvcache.analysing import arguments, files
 from kvcache.bisect import search
-from kvcache.bisect.plan import add_probe_options, prepare
+from kvcache.bisect.plan import add_probe_options, make_plan
 from kvcache.bisect.probes import EXIT_INTERRUPTED, EXIT_USAGE, BisectError
 from kvcache.bisect.report import report
 from kvcache.bisect.walk import Bisect
@@ -78,7 +78,7 @@ def parser() -> argparse.ArgumentParser:
     made.add_argument("--releases", metavar="A..B", help="walk the published releases from A to B instead (patch "
                       "releases included; pip index versions, needs the network) and name the first with the change")
     made.add_argument("--versions-dir", default=".versions", help="where --releases installs releases (.versions)")
-    made.add_argument("--measure", default="passes", choices=list(search.MEASURES),
+    made.add_argument("--measure", default="passes", choices=list(search.BISECT_MEASURES),
                       help="the figure: counted passes (default), ops (ATen ops per step), weight (weight passes), "
                            "held/peak/allocated (memory per step, where the runs have it), gpu:<class> (counted passes "
                            "under the SDPA backend torch would select on that GPU class: --kv-gpus is added)")
@@ -110,7 +110,7 @@ def _run(args: argparse.Namespace, extra: list[str], say: Callable[[str], None])
     plan = None
     try:
         try:
-            plan = prepare(args, extra, workdir, say)
+            plan = make_plan(args, extra, workdir, say)
         except BisectError as exc:
             print(f"kvcache bisect: {exc}", file=sys.stderr)
             return EXIT_USAGE

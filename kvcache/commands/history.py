@@ -12,9 +12,9 @@ from kvcache.analysing.history import (
     PLOT_FILES,
     HistoryError,
     add,
+    entry_key,
     entry_of,
     git_head,
-    key_of,
     ordered,
     plot,
     read_store,
@@ -73,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for note in notes:
                 print(f"kvcache history: {note}", file=sys.stderr)
             add(args.store, entry)
-            print(f"kvcache history: added {key_of(entry)[0]} ({entry['setup']}, {len(entry['caches'])} classes) "
+            print(f"kvcache history: added {entry_key(entry)[0]} ({entry['setup']}, {len(entry['caches'])} classes) "
                   f"to {args.store}")
         else:
             if arguments.paths_refused("kvcache history", reads=[("--store", args.store)],

@@ -91,7 +91,7 @@ class FakeSuite:
 
     def run(self, item, first_on_path, number):
         self.ran.append(item.name)
-        return probes.Probe(item, kv=KV())
+        return probes.ProbeResult(item, kv=KV())
 
     def close(self):
         pass
@@ -113,12 +113,12 @@ def test_a_commit_git_cannot_check_out_is_skipped_not_the_end(tmp_path, monkeypa
     monkeypatch.setattr(runners, "git", fake_git)
     fake = FakeSuite(tmp_path)
     runner = runners.CommitRunner(tmp_path, fake)
-    assert runner.measure(probes.Item("x", "x")).kv is None  # the first checkout (the ends came from the cache)
-    assert runner.measure(probes.Item("a", "a")).kv is not None
-    skipped = runner.measure(probes.Item("bad-sha", "bad-sha"))
+    assert runner.measure(probes.Revision("x", "x")).kv is None  # the first checkout (the ends came from the cache)
+    assert runner.measure(probes.Revision("a", "a")).kv is not None
+    skipped = runner.measure(probes.Revision("bad-sha", "bad-sha"))
     assert skipped.kv is None and not skipped.cacheable and "unable to create file" in skipped.reason
     (tmp_path / "worktree" / "src" / "__pycache__").mkdir(parents=True)
-    assert runner.measure(probes.Item("c", "c")).kv is not None  # the next commit is probed
+    assert runner.measure(probes.Revision("c", "c")).kv is not None  # the next commit is probed
     assert not (tmp_path / "worktree" / "src" / "__pycache__").exists()  # after an unknown state: no bytecode kept
     assert fake.ran == ["a", "c"]
     runner.close()

@@ -44,8 +44,8 @@ class FakeRunner:
         self.asked.append(item.name)
         found = self.table[item.name]
         if isinstance(found, str):
-            return probes.Probe(item, reason=found)
-        return probes.Probe(item, kv=KV.from_json(found), transformers="5.24.0.dev0")
+            return probes.ProbeResult(item, reason=found)
+        return probes.ProbeResult(item, kv=KV.from_json(found), transformers="5.24.0.dev0")
 
     def close(self):
         pass
@@ -55,10 +55,10 @@ def run(figures, measure="passes", cls=None, cache=None):
     """Bisect over commits ``c0 .. c{n-1}`` after the good end ``g``; ``figures`` maps names to kv sections or skip
     reasons. Returns (exit, json document, lines, runner)."""
     names = [n for n in figures if n != "g"]
-    items = [probes.Item(n, n, f"subject of {n}", "2026-01-01") for n in names]
+    items = [probes.Revision(n, n, f"subject of {n}", "2026-01-01") for n in names]
     runner = FakeRunner(figures)
-    plan = walk.Plan((probes.Item("g", "g"), items[-1]), items, runner,
-                           cache or probes.ProbeCache(None, {"options": []}), search.MEASURES[measure], cls,
+    plan = walk.Plan((probes.Revision("g", "g"), items[-1]), items, runner,
+                           cache or probes.ProbeCache(None, {"options": []}), search.BISECT_MEASURES[measure], cls,
                            "test", [])
     said = []
     bisect = walk.Bisect(plan, said.append)
@@ -186,8 +186,8 @@ def test_probe_cache_round_trip_by_item_and_identity(tmp_path):
     code, doc, _, runner = run(table, cache=probes.ProbeCache(tmp_path, {"options": ["--kv-model", "tiny"]}))
     assert runner.asked == [] and all(p["cached"] for p in doc["probes"]) and doc["first_bad"] == "c1"
     other = probes.ProbeCache(tmp_path, {"options": ["--kv-model", "smollm2-135m"]})
-    assert other.get(probes.Item("c0", "c0")) is None  # another identity: its own folder
-    probe = probes.Probe(probes.Item("c9", "c9"), reason="timed out", cacheable=False)
+    assert other.get(probes.Revision("c0", "c0")) is None  # another identity: its own folder
+    probe = probes.ProbeResult(probes.Revision("c9", "c9"), reason="timed out", cacheable=False)
     cache.put(probe)
     assert cache.get(probe.item) is None
     stored = json.loads((tmp_path / cache.identity_hash / "c0.json").read_text())
@@ -201,10 +201,10 @@ def test_search_steps():
     assert search.next_probe(-1, 7, {3: search.BAD, 1: search.GOOD}) == 2
     assert search.next_probe(-1, 0, {}) is None
     assert search.outcome(-1, 7, {3: search.GOOD, 4: search.SKIP, 5: search.BAD}) == (3, 5, [4])
-    assert search.verdict(5.0, 3.0, 5.0, 0.05) == search.BAD
-    assert search.verdict(3.05, 3.0, 5.0, 0.05) == search.GOOD  # at the tolerance: unchanged, as the gate judges
-    assert search.verdict(None, 3.0, 5.0, 0.05) == search.SKIP
-    assert search.verdict(2.0, 3.0, 5.0, 0.05) == search.GOOD and search.moved_away(2.0, 3.0, 5.0, 0.05)
+    assert search.good_or_bad(5.0, 3.0, 5.0, 0.05) == search.BAD
+    assert search.good_or_bad(3.05, 3.0, 5.0, 0.05) == search.GOOD  # at the tolerance: unchanged, as the gate judges
+    assert search.good_or_bad(None, 3.0, 5.0, 0.05) == search.SKIP
+    assert search.good_or_bad(2.0, 3.0, 5.0, 0.05) == search.GOOD and search.moved_away(2.0, 3.0, 5.0, 0.05)
     assert search.op_changes({"cat": 2.0, "x": 1.0}, {"cat": 2.0, "clone": 2.0}) == {"clone": 2.0, "x": -1.0}
 
 
@@ -248,11 +248,11 @@ def test_releases_walk_every_published_release_in_the_range_patches_included(mon
     monkeypatch.setattr(releases, "published", lambda: listed)
     said = []
     args = bisect_cli.parser().parse_args(["--releases", "5.22..5.24.0", "--cache-dir", str(tmp_path / "c")])
-    plan = bisect_plan.prepare(args, [], tmp_path, said.append)
+    plan = bisect_plan.make_plan(args, [], tmp_path, said.append)
     assert plan.mode == "releases" and plan.ends[0].name == "5.22.0"
     assert [i.name for i in plan.items] == ["5.22.1", "5.22.2", "5.23.0", "5.23.1", "5.24.0"]
     assert said == ["--releases: 5.22 is read as 5.22.0"] and not (tmp_path / "c").exists()
     args = bisect_cli.parser().parse_args(["--releases", "5.22.3..5.24.0"])
     with pytest.raises(probes.BisectError, match=r"transformers 5.22.3 is not published \(the releases "
                                                      r"around it: 5.22.2, 5.23.0\)"):
-        bisect_plan.prepare(args, [], tmp_path, said.append)
+        bisect_plan.make_plan(args, [], tmp_path, said.append)
