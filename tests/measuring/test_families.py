@@ -206,7 +206,7 @@ def test_group_wise_quantized_backends_count_or_skip_naming_the_package(name, pa
     the tensors they wrap. Without the package: skipped, naming it. Contexts past the 128 tokens kept unquantized."""
     from kvcache.measuring import caches
 
-    reason = caches.unavailable_reason(caches.get(name), "cpu")
+    reason = caches.cache_unavailable_reason(caches.get(name), "cpu")
     if reason is not None:
         assert f"pip install {package}" in reason, reason
         pytest.skip(reason)

@@ -63,7 +63,7 @@ def test_a_release_without_continuous_batching_is_skipped_with_one_line():
     assert "\n" not in reason
     assert paged.unsupported_reason("4.53.0") is None and paged.unsupported_reason("5.24.0") is None
     # what the session asks: the same reason on this release, or None where the class runs
-    assert caches.unavailable_reason(caches.get("paged"), "cpu") == paged.unsupported_reason()
+    assert caches.cache_unavailable_reason(caches.get("paged"), "cpu") == paged.unsupported_reason()
 
 
 def test_a_model_caching_another_geometry_is_skipped_with_one_line():
