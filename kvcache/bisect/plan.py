@@ -12,7 +12,7 @@ from typing import Callable
 from kvcache.analysing import files
 from kvcache.analysing import releases as installer
 from kvcache.bisect import search
-from kvcache.bisect.probes import (
+from kvcache.bisect.probing import (
     DEFAULT_CACHES,
     PRELOAD,
     PRELOAD_FAMILY,

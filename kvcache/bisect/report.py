@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from kvcache.bisect import search
-from kvcache.bisect.probes import DEFAULT_CACHES, EXIT_AMBIGUOUS
+from kvcache.bisect.probing import DEFAULT_CACHES, EXIT_AMBIGUOUS
 
 if TYPE_CHECKING:
     from kvcache.bisect.walk import Bisect, Change, Plan, Result

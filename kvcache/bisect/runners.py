@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 from kvcache.analysing import releases as installer
-from kvcache.bisect.probes import BisectError, ProbeResult, Revision, Suite, version_of
+from kvcache.bisect.probing import BisectError, ProbeResult, Revision, Suite, version_of
 from kvcache.cli import one_line
 
 

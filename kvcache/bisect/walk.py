@@ -10,7 +10,7 @@ from typing import Any, Callable
 from kvcache.analysing.records import KV
 from kvcache.analysing.tables import MISSING
 from kvcache.bisect import search
-from kvcache.bisect.probes import EXIT_AMBIGUOUS, EXIT_FOUND, EXIT_SAME, BisectError, ProbeCache, ProbeResult, Revision
+from kvcache.bisect.probing import EXIT_AMBIGUOUS, EXIT_FOUND, EXIT_SAME, BisectError, ProbeCache, ProbeResult, Revision
 
 
 @dataclass

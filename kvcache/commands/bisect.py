@@ -40,7 +40,7 @@ Exit status: 0 the first bad commit was found, 1 the two ends show no change (sa
 (one line, before anything runs) or an end that cannot be measured, 3 only skipped commits are left where the
 change is (they are listed), 130 interrupted (finished probes stay cached).
 
-The parts: :mod:`kvcache.bisect.probes` (a probe, the suite it runs, the cache), :mod:`kvcache.bisect.runners` (git,
+The parts: :mod:`kvcache.bisect.probing` (a probe, the suite it runs, the cache), :mod:`kvcache.bisect.runners` (git,
 releases), :mod:`kvcache.bisect.server` (the fork server), :mod:`kvcache.bisect.report` (the output),
 :mod:`kvcache.bisect.search` (the judging and the search) and :mod:`kvcache.bisect.walk` (the walk over the range);
 this module parses the arguments, prints the result and returns the exit status.
@@ -59,7 +59,7 @@ from pathlib import Path
 from kvcache.analysing import arguments, files
 from kvcache.bisect import search
 from kvcache.bisect.plan import add_probe_options, make_plan
-from kvcache.bisect.probes import EXIT_INTERRUPTED, EXIT_USAGE, BisectError
+from kvcache.bisect.probing import EXIT_INTERRUPTED, EXIT_USAGE, BisectError
 from kvcache.bisect.report import report
 from kvcache.bisect.walk import Bisect
 

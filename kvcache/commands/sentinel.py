@@ -6,7 +6,7 @@
 
 The state file holds the last commit checked and its counted figures (every figure the gate judges, by family:
 :mod:`kvcache.sentinel.figures`), and the changes reported and not yet recovered. A first run starts at ``--since``
-(measured). Each run measures the branch's head with ``kvcache bisect``'s probes (:mod:`kvcache.bisect.probes`: the
+(measured). Each run measures the branch's head with ``kvcache bisect``'s probes (:mod:`kvcache.bisect.probing`: the
 counted suite against the commit's source, cached per commit and identity). No figure moved beyond the counted
 judge's tolerance for it: the head is recorded, exit 0. One moved: for each such figure ``kvcache bisect``'s walk
 (:class:`kvcache.bisect.walk.Bisect`) finds the first commit that changed it between the last commit checked and the
@@ -37,7 +37,7 @@ from pathlib import Path
 
 from kvcache.analysing import arguments, files
 from kvcache.bisect.plan import add_probe_options
-from kvcache.bisect.probes import EXIT_INTERRUPTED, EXIT_USAGE, BisectError
+from kvcache.bisect.probing import EXIT_INTERRUPTED, EXIT_USAGE, BisectError
 from kvcache.sentinel.watch import run_commits, run_releases
 
 

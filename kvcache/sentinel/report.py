@@ -14,7 +14,7 @@ from kvcache.bisect import search
 from kvcache.bisect.report import bisect_options
 
 if TYPE_CHECKING:
-    from kvcache.bisect.probes import ProbeResult, Revision
+    from kvcache.bisect.probing import ProbeResult, Revision
     from kvcache.bisect.walk import Plan
     from kvcache.sentinel.figures import Watched
 

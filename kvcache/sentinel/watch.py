@@ -16,7 +16,7 @@ from kvcache.analysing import files
 from kvcache.analysing import releases as installer
 from kvcache.bisect import search
 from kvcache.bisect.plan import probe_caches, probe_suite, published_range
-from kvcache.bisect.probes import (
+from kvcache.bisect.probing import (
     EXIT_AMBIGUOUS,
     EXIT_FOUND,
     BisectError,

@@ -4,7 +4,7 @@ Callers never compare version numbers themselves: they ask this package to build
 forward keywords, or register an attention function, and get :class:`Unsupported` (with a reason fit for a skip
 message) when the installed release cannot do it. Its modules, by concern: :mod:`.version` (the installed release
 and the gates a development version cannot answer), :mod:`.construction` (building caches), :mod:`.storage` (a
-cache's per-layer K/V, filling it, the bytes it stores), :mod:`.model` (building models, forward keywords,
+cache's per-layer K/V, filling it, the bytes it stores), :mod:`.modeling` (building models, forward keywords,
 attention functions, layer types). Callers use the names below: ``from kvcache.measuring import compat``.
 """
 
@@ -24,7 +24,7 @@ from kvcache.measuring.compat.construction import (
     own_params,
     tiny_config,
 )
-from kvcache.measuring.compat.model import (
+from kvcache.measuring.compat.modeling import (
     attention_name,
     cache_from_output,
     cache_keyword,
