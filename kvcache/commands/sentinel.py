@@ -38,7 +38,7 @@ from pathlib import Path
 from kvcache.analysing import arguments, files
 from kvcache.bisect.plan import add_probe_options
 from kvcache.bisect.probing import EXIT_INTERRUPTED, EXIT_USAGE, BisectError
-from kvcache.sentinel.watch import run_commits, run_releases
+from kvcache.sentinel.watching import run_commits, run_releases
 
 
 def parser() -> argparse.ArgumentParser:

@@ -256,20 +256,20 @@ def _prepare_sink() -> None:
 
 
 def _paged_unbuilt(req: CacheRequest) -> Any:
-    """``paged`` brings its own point (:class:`kvcache.measuring.paged.PagedPoint`), which builds the release's
+    """``paged`` brings its own point (:class:`kvcache.measuring.paged_point.PagedPoint`), which builds the release's
     PagedAttentionCache for its batch itself; a bare request cannot say how many sequences it holds."""
-    raise Unsupported("paged: the cache is built by its own point (kvcache.measuring.paged.PagedPoint), "
+    raise Unsupported("paged: the cache is built by its own point (kvcache.measuring.paged_point.PagedPoint), "
                              "not from a bare CacheRequest")
 
 
 def _prepare_paged() -> None:
-    from kvcache.measuring import paged
+    from kvcache.measuring import paged_point
 
-    paged.supported_api()
+    paged_point.supported_api()
 
 
 def _paged_point(*args: Any, **kwargs: Any) -> Any:
-    from kvcache.measuring.paged import PagedPoint
+    from kvcache.measuring.paged_point import PagedPoint
 
     return PagedPoint(*args, **kwargs)
 

@@ -4,7 +4,7 @@
 ``update``'s form from its signature, the mask builder from its modules, the rest by release range); the
 functions below build the release's ``PagedAttentionCache`` for a point (:func:`new_paged_cache`), allocate its blocks
 (:func:`allocate`) and read the physical slot of every position from the cache's own index helpers
-(:func:`slot_lists`). The point that steps the cache is :class:`kvcache.measuring.paged.PagedPoint`; the
+(:func:`slot_lists`). The point that steps the cache is :class:`kvcache.measuring.paged_point.PagedPoint`; the
 release-by-release table is in docs/releases.md.
 """
 
@@ -89,7 +89,7 @@ def _takes_kwargs_dict(update: Callable[..., Any]) -> bool:
 @cache
 def installed_api() -> PagedAPI:
     """The installed release's :class:`PagedAPI`, or :class:`compat.Unsupported` with the reason where it has no
-    ``PagedAttentionCache`` (the release gate itself is :func:`kvcache.measuring.paged.unsupported_reason`)."""
+    ``PagedAttentionCache`` (the release gate itself is :func:`kvcache.measuring.paged_point.unsupported_reason`)."""
     module = _import(PAGED_MODULE)
     cache_class = getattr(module, "PagedAttentionCache", None)
     if cache_class is None:
