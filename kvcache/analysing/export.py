@@ -63,10 +63,10 @@ def finite_figure(raw: Any, label: str, notes: list[str] | None) -> float | None
     return value
 
 
-def no_figure(run: Run, measures: Sequence[str], notes: Sequence[str] = ()) -> str:
+def why_no_figure(run: Run, measures: Sequence[str], notes: Sequence[str] = ()) -> str:
     """Why ``run`` has no figure for ``measures``, one line: every class skipped (with their reasons), no timed fit
     (a counted-only run, or every fit failed), no counted traffic or memory, or figures that are not numbers (the
-    ``notes`` of :func:`figure`)."""
+    ``notes`` of :func:`finite_figure`)."""
     kv = run.record
     skipped = {s.cache: s.reason for s in kv.skipped if s.context is None}
     if not kv.traffic and not kv.fit and not kv.memory:

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from kvcache.analysing import arguments, files, identity
-from kvcache.analysing.export import finite_figure, no_figure
+from kvcache.analysing.export import finite_figure, why_no_figure
 from kvcache.analysing.records import Fit, Run
 from kvcache.analysing.report.data import ReportError
 from kvcache.analysing.stats import finite, interval
@@ -95,7 +95,7 @@ def entry_of(run: Run, *, commit: str | None = None, release: str | None = None,
     found_notes: list[str] = []
     caches = {cache: found for cache, found in figures_of(run, found_notes).items() if found}
     if not caches:
-        raise HistoryError(f"{run.path}: no figure to add: {no_figure(run, list(TREND_MEASURES), found_notes)}")
+        raise HistoryError(f"{run.path}: no figure to add: {why_no_figure(run, list(TREND_MEASURES), found_notes)}")
     if notes is not None:
         notes.extend(found_notes)
     return {"schema": STORE_SCHEMA, "commit": commit, "release": release, "identity": ident,
@@ -251,7 +251,7 @@ def setup_of(entry: dict[str, Any], measure: str) -> str:
     return identity.key(ident, IDENTITY_OF[measure])
 
 
-def series(entries: list[dict[str, Any]], measure: str) -> dict[tuple[str, str], list[dict[str, Any]]]:
+def trend_series(entries: list[dict[str, Any]], measure: str) -> dict[tuple[str, str], list[dict[str, Any]]]:
     """``{(setup, cache): [figures per entry, {} where the entry lacks the class or is of another setup]}``,
     setups by :func:`setup_of` for ``measure``."""
     out: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -267,7 +267,7 @@ def steps_of(entries: list[dict[str, Any]], measure: str) -> list[Step]:
     exact = TREND_MEASURES[measure][1]
     labels = [label_of(e) for e in entries]
     out = []
-    for (setup, cache), row in series(entries, measure).items():
+    for (setup, cache), row in trend_series(entries, measure).items():
         values = [finite(f.get(measure)) for f in row]
         intervals = [f.get(f"{measure}_ci") for f in row]
         found = counted_steps(values, RESOLUTION[measure]) if exact else timed_steps(values, intervals)
@@ -290,7 +290,7 @@ def plot(entries: list[dict[str, Any]], out: str | Path) -> tuple[list[Path], li
     labels = [label_of(e) for e in entries]
     trends = {}  # measure -> (series per (setup, cache), the figures drawn, the steps): what a PNG shows
     for measure in TREND_MEASURES:
-        rows = series(entries, measure)
+        rows = trend_series(entries, measure)
         drawn = {key: [finite(f.get(measure)) for f in row] for key, row in rows.items()}
         drawn = {key: values for key, values in drawn.items() if any(v is not None for v in values)}
         if drawn:

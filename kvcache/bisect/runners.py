@@ -11,7 +11,7 @@ from pathlib import Path
 
 from kvcache.analysing import releases as installer
 from kvcache.bisect.probing import BisectError, ProbeResult, Revision, Suite, version_of
-from kvcache.cli import one_line
+from kvcache.cli import last_line
 
 
 def git(repo: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -20,7 +20,7 @@ def git(repo: Path, *args: str, check: bool = True) -> subprocess.CompletedProce
     done = subprocess.run(["git", "-C", str(repo), "-c", "core.hooksPath=/dev/null", *args], capture_output=True,
                           text=True, env=env)
     if check and done.returncode != 0:
-        raise BisectError(f"git {' '.join(args)} failed in {repo}: {one_line(done.stderr or done.stdout)}")
+        raise BisectError(f"git {' '.join(args)} failed in {repo}: {last_line(done.stderr or done.stdout)}")
     return done
 
 

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from kvcache.analysing import arguments
-from kvcache.analysing.export import ALL, FORMATS, github_action_benchmark, no_figure
+from kvcache.analysing.export import ALL, FORMATS, github_action_benchmark, why_no_figure
 from kvcache.analysing.files import write_text_atomically
 from kvcache.analysing.records import RecordError, load_run
 
@@ -58,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     entries = github_action_benchmark(run, measures, notes)
     if not entries:  # one line saying why
         print(f"kvcache export: {args.run}: no figure to export for --measures {','.join(measures)}: "
-              f"{no_figure(run, measures, notes)}", file=sys.stderr)
+              f"{why_no_figure(run, measures, notes)}", file=sys.stderr)
         return 2
     for note in notes:
         print(f"kvcache export: {note}", file=sys.stderr)

@@ -48,7 +48,7 @@ class AttentionError(ValueError):
     """A ``--kv-attn`` value (or a ``<cache>@<attention>`` key) naming no implementation; one line."""
 
 
-def key(cache: str, attention: str) -> str:
+def record_key(cache: str, attention: str) -> str:
     """The record key of ``cache`` under ``attention``: the class's name under the default, else ``cache@attention``."""
     return cache if attention == DEFAULT else f"{cache}{SEPARATOR}{attention}"
 
@@ -134,16 +134,17 @@ def parse_attentions(text: str) -> list[str]:
 
 
 def cross(caches: list[str] | tuple[str, ...], attentions: list[str]) -> list[str]:
-    """Every class under every implementation, class by class: the keys a run measures (:func:`key`), each once; a
-    ``--kv-caches`` entry that already names its attention (``dynamic@eager``) is kept as it is."""
-    out = [cache if SEPARATOR in cache else key(cache, attention) for cache in caches for attention in attentions]
+    """Every class under every implementation, class by class: the keys a run measures (:func:`record_key`), each
+    once; a ``--kv-caches`` entry that already names its attention (``dynamic@eager``) is kept as it is."""
+    out = [cache if SEPARATOR in cache else record_key(cache, attention)
+           for cache in caches for attention in attentions]
     return list(dict.fromkeys(out))
 
 
 def derived(base: CacheSpec, attention: str) -> CacheSpec:
-    """``base`` under ``attention``, named :func:`key`; its ``prepare`` raises :class:`compat.Unsupported` with the
-    reason when the pair cannot run here (:func:`pair_reason`, :func:`attention_unavailable_reason`)."""
-    name = key(base.name, attention)
+    """``base`` under ``attention``, named :func:`record_key`; its ``prepare`` raises :class:`compat.Unsupported` with
+    the reason when the pair cannot run here (:func:`pair_reason`, :func:`attention_unavailable_reason`)."""
+    name = record_key(base.name, attention)
     if name == base.name:
         return base
     if name in _DERIVED and _DERIVED[name].build is base.build:

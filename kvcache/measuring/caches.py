@@ -136,7 +136,7 @@ def cache_unavailable_reason(spec: CacheSpec, device_type: str) -> str | None:
     except Exception as exc:  # noqa: BLE001 - a class that cannot be prepared is skipped, not a crash
         from kvcache.measuring import compat
 
-        return f"{spec.name} could not be prepared: {compat.described(exc)}"
+        return f"{spec.name} could not be prepared: {compat.exception_line(exc)}"
     return None
 
 

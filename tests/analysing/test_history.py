@@ -113,8 +113,8 @@ def test_counted_figures_of_runners_with_other_cpus_make_one_line(tmp_path):
                                                               device_name=device))
         assert main(["history", "add", str(run), "--store", str(store), "--commit", commit]) == 0
     entries = history.read_store(store)
-    assert list(history.series(entries, "counted")) == [("cpu | smollm2-135m | bfloat16", "dynamic")]
-    assert len(history.series(entries, "timed")) == 2
+    assert list(history.trend_series(entries, "counted")) == [("cpu | smollm2-135m | bfloat16", "dynamic")]
+    assert len(history.trend_series(entries, "timed")) == 2
     assert [(s.cache, s.label, s.delta) for s in history.steps_of(entries, "counted")] == [("dynamic", "b" * 8, 2.0)]
 
 
