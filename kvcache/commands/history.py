@@ -7,19 +7,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from kvcache.analysing import arguments
-from kvcache.analysing.history import (
-    PLOT_FILES,
-    HistoryError,
-    add,
-    entry_key,
-    entry_of,
-    git_head,
-    ordered,
-    plot,
-    read_store,
-    resolve_commit,
-)
+from kvcache.analysing import arguments, history
+from kvcache.analysing.history import PLOT_FILES, HistoryError
 from kvcache.analysing.records import RecordError, load_run
 
 
@@ -67,23 +56,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                 run = load_run(args.run)
             except RecordError as exc:
                 raise HistoryError(str(exc)) from None
-            commit = resolve_commit(args.commit) if args.commit else None if release else git_head()
+            commit = history.resolve_commit(args.commit) if args.commit else None if release else history.git_head()
             notes: list[str] = []
-            entry = entry_of(run, commit=commit, release=release, notes=notes)
+            entry = history.entry_of(run, commit=commit, release=release, notes=notes)
             for note in notes:
                 print(f"kvcache history: {note}", file=sys.stderr)
-            add(args.store, entry)
-            print(f"kvcache history: added {entry_key(entry)[0]} ({entry['setup']}, {len(entry['caches'])} classes) "
-                  f"to {args.store}")
+            history.add(args.store, entry)
+            print(f"kvcache history: added {history.entry_key(entry)[0]} ({entry['setup']}, "
+                  f"{len(entry['caches'])} classes) to {args.store}")
         else:
             if arguments.paths_refused("kvcache history", reads=[("--store", args.store)],
                                        folders=[("--out", args.out, PLOT_FILES)]):
                 return 2
-            entries = ordered(read_store(args.store))
+            entries = history.ordered(history.read_store(args.store))
             if not entries:
                 raise HistoryError(f"--store {args.store}: no entries (add some with kvcache history add)")
             try:
-                written, steps = plot(entries, args.out)
+                written, steps = history.plot(entries, args.out)
             except OSError as exc:
                 raise HistoryError(f"--out {args.out}: cannot write ({exc.strerror or exc})") from None
             for step in steps:

@@ -68,7 +68,7 @@ def test_the_server_kills_a_probe_at_its_timeout_in_a_group_of_its_own(tmp_path)
         "def test_hang():\n"
         "    open('pgid.txt', 'w').write(str(os.getpgid(0) == os.getpid()))\n"
         "    time.sleep(60)\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep + str(Path(probing.__file__).resolve().parent.parent)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep + str(Path(probing.__file__).resolve().parents[2])}
     forks = server.ForkServer([], tmp_path, env)
     env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}  # the probe's own: no plugin (no torch) needed
     try:
