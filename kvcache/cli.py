@@ -36,7 +36,7 @@ def description(doc: str) -> str:
     return " ".join(doc.replace("``", "").split())
 
 
-def one_line(text: str, limit: int = 300) -> str:
+def last_line(text: str, limit: int = 300) -> str:
     """The last non-blank line of a command's output, at most ``limit`` characters (``(no output)`` when blank): what
     a command quotes of a subprocess that failed."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]

@@ -3,11 +3,13 @@
 - :func:`recorded_run`: a real ``pytest benchmarks`` run on ``tiny`` (``tests/data/tiny-run.json``; how it was
   made is in ``tests/data/README.md``), its ``kv`` section computed afresh by the real session-end analysis from
   the run's own records. Use it wherever a test is about what the plugin writes (report, compare).
-- :func:`make_run`: a synthetic run in the plugin's layout (schema 2) whose step times come from a known line,
-  step = intercept + passes * kv_bytes / copy_bandwidth (+ noise), so the true passes of every class is known by
-  construction. Its ``kv.fit`` is that known line, written down, not computed; :func:`analysed` computes it.
-  ``kv.points`` is left out unless asked for (``points=True``): when present it, not ``benchmarks``, is what a
-  run's points are read from, and tests drop points by editing ``benchmarks``.
+- :func:`make_run`: a synthetic run in the plugin's layout (this schema, :data:`kvcache.analysing.records.SCHEMA`)
+  whose step times come from a known line, step = intercept + passes * kv_bytes / copy_bandwidth (+ noise), so the
+  true passes of every class is known by construction. Its ``kv.fit`` is that known line, written down, not
+  computed; :func:`analysed` computes it. ``kv.points`` is left out unless asked for (``points=True``): when present
+  it, not ``benchmarks``, is what a run's points are read from, and tests drop points by editing ``benchmarks``.
+- :func:`schema_2`, :func:`schema_1`: a run as the plugin of an older schema wrote it, for the tests that files of
+  every schema still load.
 
 Nothing here imports torch: the analysing wing's tests run where torch is not installed.
 """
@@ -22,7 +24,7 @@ from statistics import median
 from typing import Any
 
 from kvcache.analysing import analysis, bandwidth, judges
-from kvcache.analysing.records import KV, Environment, RunSettings
+from kvcache.analysing.records import KV, SCHEMA, Environment, RunSettings
 
 BYTES_PER_TOKEN = 23_040
 WEIGHT_BYTES = 269_030_016
@@ -85,7 +87,7 @@ def make_run(
     environment = {"device_type": device_type, "device_name": device_name, "transformers": transformers,
                    "torch": "2.13.0+cpu", "python": "3.11.7", "platform": "Linux", "threads": 2}
     kv = {
-        "schema": 2,
+        "schema": SCHEMA,
         "settings": settings,
         "environment": environment,
         "model": {"name": "smollm2-135m", "layers": 30, "heads": 9, "kv_heads": 3, "head_dim": 64,
@@ -282,10 +284,29 @@ def planted(traffic: dict[str, Any], passes: float) -> dict[str, Any]:
     return out
 
 
+def schema_2(run: dict[str, Any]) -> dict[str, Any]:
+    """``run`` as a file written by the plugin of schema 2: a ledger verdict's parts keyed by a label that says a new
+    op (``"clone (new)"``) or a renamed one (``"concat (was cat)"``), instead of by the op with ``new`` / ``was``."""
+    out = copy.deepcopy(run)
+    kv = out["kv"]
+    kv["schema"] = 2
+    for measures in kv.get("verdict", {}).values():
+        ledger = measures.get("ledger")
+        if not isinstance(ledger, dict) or not isinstance(ledger.get("parts"), dict):
+            continue
+        parts = {}
+        for op, part in ledger["parts"].items():
+            part = dict(part)
+            new, was = part.pop("new", False), part.pop("was", None)
+            parts[f"{op} (new)" if new else f"{op} (was {was})" if was else op] = part
+        ledger["parts"] = parts
+    return out
+
+
 def schema_1(run: dict[str, Any]) -> dict[str, Any]:
     """``run`` as a file written by the plugin of schema 1: one combined verdict per class with its measures
     (``measured`` for ``value``), and none of the sections schema 2 added."""
-    out = copy.deepcopy(run)
+    out = schema_2(run)
     kv = out["kv"]
     for key in ("identity", "session", "points", "crossovers"):
         kv.pop(key, None)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import IO, Any, Callable
 
 from kvcache.analysing.context_records import Environment, RunSettings
-from kvcache.cli import one_line
+from kvcache.cli import last_line
 
 STOP_WAIT = 120  # seconds a worker gets to end its session after its last item before it is killed
 #: Options an A/B run refuses in the sides' pytest arguments, and why.
@@ -134,7 +134,7 @@ class Side:
         errors = [line for line in lines if ": error: " in line] or [
             line for line in lines if line.lstrip().startswith(("ERROR", "E ", "ModuleNotFoundError", "ImportError"))
             and not line.lstrip().startswith("ERROR: usage:")]
-        return one_line("\n".join(errors[-1:] or lines[-1:]) or "(empty log)")
+        return last_line("\n".join(errors[-1:] or lines[-1:]) or "(empty log)")
 
     def finish(self) -> None:
         """After its last item: let the worker end its session (its log's summary); kill it if it has not exited in

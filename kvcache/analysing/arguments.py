@@ -30,6 +30,16 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpar
         return exc.code if isinstance(exc.code, int) else 2
 
 
+def split_extra(argv: Sequence[str] | None) -> tuple[list[str], list[str]]:
+    """``argv`` (``sys.argv[1:]`` when None) cut at its first ``--``: the command's own arguments, and the ones after
+    it that the command passes on (pytest's, for the commands that run the suite); no ``--``: nothing passed on."""
+    given = list(sys.argv[1:] if argv is None else argv)
+    if "--" not in given:
+        return given, []
+    cut = given.index("--")
+    return given[:cut], given[cut + 1:]
+
+
 def rule_help(option: Option) -> str:
     """The help of a rule option: the table's help, with its default replaced by each run's own setting (the rule
     a run's gate judged it with, which the option replaces for every run)."""

@@ -338,7 +338,7 @@ def write_json_atomically(path: Path, doc: dict[str, Any]) -> None:
     try:
         files.write_text_atomically(path, text)
     except OSError as exc:
-        raise BaselineError(f"{files.shown(path)}: cannot write baseline ({error_line(exc)})") from None
+        raise BaselineError(f"{files.path_shown(path)}: cannot write baseline ({error_line(exc)})") from None
 
 
 def error_line(exc: BaseException) -> str:

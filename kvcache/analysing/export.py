@@ -33,14 +33,14 @@ from kvcache.analysing.stats import finite, interval
 
 FORMATS = ("github-action-benchmark",)
 #: measure -> (name suffix, unit, section (kv.traffic or kv.fit), the record's field, its interval field)
-MEASURES: dict[str, tuple[str, str, str, str, str | None]] = {
+EXPORT_MEASURES: dict[str, tuple[str, str, str, str, str | None]] = {
     "counted": ("counted passes", "passes", "traffic", "passes", None),
     "ops": ("ATen ops per step", "ops", "traffic", "ops_per_step", None),
     "weight_passes": ("weight passes", "passes", "traffic", "weight_passes", None),
     "timed": ("timed passes", "passes", "fit", "passes", "passes_ci"),
     "intercept": ("intercept", "ms", "fit", "intercept_ms", "intercept_ci"),
 }
-ALL = (*MEASURES, "memory")
+ALL = (*EXPORT_MEASURES, "memory")
 
 
 def extra_of(run: Run) -> str:
@@ -54,7 +54,7 @@ def _range(value: Any) -> str | None:
     return None if bounds is None else f"{bounds[0]:.4g} to {bounds[1]:.4g} (bootstrap interval)"
 
 
-def figure(raw: Any, label: str, notes: list[str] | None) -> float | None:
+def finite_figure(raw: Any, label: str, notes: list[str] | None) -> float | None:
     """``raw`` as a finite float (:func:`~kvcache.analysing.stats.finite`); None when absent or not a finite
     number, the latter said in ``notes`` (``LABEL is nan, not a finite number: left out``): never dropped quietly."""
     value = finite(raw)
@@ -63,10 +63,10 @@ def figure(raw: Any, label: str, notes: list[str] | None) -> float | None:
     return value
 
 
-def no_figure(run: Run, measures: Sequence[str], notes: Sequence[str] = ()) -> str:
+def why_no_figure(run: Run, measures: Sequence[str], notes: Sequence[str] = ()) -> str:
     """Why ``run`` has no figure for ``measures``, one line: every class skipped (with their reasons), no timed fit
     (a counted-only run, or every fit failed), no counted traffic or memory, or figures that are not numbers (the
-    ``notes`` of :func:`figure`)."""
+    ``notes`` of :func:`finite_figure`)."""
     kv = run.record
     skipped = {s.cache: s.reason for s in kv.skipped if s.context is None}
     if not kv.traffic and not kv.fit and not kv.memory:
@@ -100,15 +100,15 @@ def github_action_benchmark(run: Run, measures: Sequence[str] = ALL,
             if measure == "memory":
                 memory = kv.memory.get(cache)  # allocated, peak and held passes
                 figures = {} if memory is None else {
-                    n: figure(getattr(memory, n), f"{cache}: memory {n.replace('_', ' ')}", notes)
+                    n: finite_figure(getattr(memory, n), f"{cache}: memory {n.replace('_', ' ')}", notes)
                     for n in judges.MEMORY_FIGURES}
                 entries += [{"name": f"{cache}: memory {name.replace('_', ' ')}", "unit": "passes", "value": value,
                              "extra": extra} for name, value in figures.items() if value is not None]
                 continue
-            suffix, unit, section, key, interval_key = MEASURES[measure]
+            suffix, unit, section, key, interval_key = EXPORT_MEASURES[measure]
             record = sections[section].get(cache)
             raw = getattr(record, key) if record is not None else None
-            value = figure(raw, f"{cache}: {suffix}", notes)
+            value = finite_figure(raw, f"{cache}: {suffix}", notes)
             if value is None:  # absent, not finite, or not a number (a bool included)
                 continue
             entry: dict[str, Any] = {"name": f"{cache}: {suffix}", "unit": unit,

@@ -26,7 +26,7 @@ def target(path: str | Path) -> Path:
     return Path(os.path.realpath(path))
 
 
-def shown(path: str | Path) -> str:
+def path_shown(path: str | Path) -> str:
     """``path`` as given, with its target when it is a symlink (``link -> target``), for messages."""
     real = target(path)
     return str(path) if real == Path(os.path.abspath(path)) else f"{path} (-> {real})"
@@ -92,12 +92,12 @@ def folder_problem(path: str | Path) -> str | None:
     and removed). None when this works; the problem names ``path`` (and its target if it is a symlink)."""
     real = target(path)
     if real.exists() and not real.is_dir():
-        return f"{shown(path)}: is not a folder"
+        return f"{path_shown(path)}: is not a folder"
     folder = real
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     if not folder.is_dir():
-        return f"{shown(path)}: {folder} is not a folder"
+        return f"{path_shown(path)}: {folder} is not a folder"
     try:
         if folder == real:
             fd, probe = tempfile.mkstemp(dir=folder, prefix=".kvcache-", suffix=".probe")
@@ -107,7 +107,7 @@ def folder_problem(path: str | Path) -> str | None:
             os.rmdir(tempfile.mkdtemp(dir=folder, prefix=".kvcache-", suffix=".probe"))
     except OSError as exc:
         what = "create a file in it" if folder == real else f"create a folder in {folder}"
-        return f"{shown(path)}: cannot {what} ({_reason(exc)}; immutable, append-only or no permission?)"
+        return f"{path_shown(path)}: cannot {what} ({_reason(exc)}; immutable, append-only or no permission?)"
     return None
 
 
@@ -176,28 +176,28 @@ def write_problem(path: str | Path) -> str | None:
     names ``path`` (and its target if it is a symlink)."""
     real = target(path)
     if real.is_dir():
-        return f"{shown(path)}: is a directory, expected a file"
+        return f"{path_shown(path)}: is a directory, expected a file"
     if _special(real):
         return None  # written in place (a terminal, a pipe): opening a pipe to probe it could block
     folder = real.parent
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     if not folder.is_dir():
-        return f"{shown(path)}: {folder} is not a directory"
+        return f"{path_shown(path)}: {folder} is not a directory"
     try:
         fd, probe = tempfile.mkstemp(dir=folder, prefix=f".{real.name}.", suffix=".probe")
     except OSError as exc:
-        return f"{shown(path)}: cannot create a file in {folder} ({_reason(exc)})"
+        return f"{path_shown(path)}: cannot create a file in {folder} ({_reason(exc)})"
     os.close(fd)
     try:
         os.unlink(probe)
     except OSError as exc:
-        return f"{shown(path)}: cannot remove a file in {folder} ({_reason(exc)}; the probe {probe} is left there)"
+        return f"{path_shown(path)}: cannot remove a file in {folder} ({_reason(exc)}; the probe {probe} is left there)"
     if real.exists():
         try:
             os.close(os.open(real, os.O_WRONLY))
         except OSError as exc:
-            return f"{shown(path)}: cannot be written ({_reason(exc)}; immutable, append-only or read-only?)"
+            return f"{path_shown(path)}: cannot be written ({_reason(exc)}; immutable, append-only or read-only?)"
     return None
 
 

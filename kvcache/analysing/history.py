@@ -35,15 +35,15 @@ from pathlib import Path
 from typing import Any
 
 from kvcache.analysing import arguments, files, identity
-from kvcache.analysing.export import figure, no_figure
+from kvcache.analysing.export import finite_figure, why_no_figure
 from kvcache.analysing.records import Fit, Run
 from kvcache.analysing.report.data import ReportError
 from kvcache.analysing.stats import finite, interval
 from kvcache.analysing.steps import COUNTED_RESOLUTION, Step, counted_steps, steps_markdown, timed_steps
 
-SCHEMA = 1
+STORE_SCHEMA = 1
 #: measure (also the PNG's file stem) -> (axis label, is the figure exact (counted)?)
-MEASURES: dict[str, tuple[str, bool]] = {
+TREND_MEASURES: dict[str, tuple[str, bool]] = {
     "counted": ("counted passes (bytes moved per step / KV-cache bytes)", True),
     "ops": ("ATen ops per step", True),
     "weight_passes": ("weight passes (fixed bytes per step / weight bytes)", True),
@@ -72,15 +72,16 @@ def figures_of(run: Run, notes: list[str] | None = None) -> dict[str, dict[str, 
         figures: dict[str, Any] = {}
         if traffic is not None:
             ops = traffic.ops_per_step
-            figures.update(counted=figure(traffic.passes, f"{cache}: counted passes", notes),
+            figures.update(counted=finite_figure(traffic.passes, f"{cache}: counted passes", notes),
                            by_op={str(k): v for k, v in traffic.by_op.items()
-                                  if figure(v, f"{cache}: counted passes of {k}", notes) is not None},
-                           ops=ops if isinstance(ops, int) else figure(ops, f"{cache}: ATen ops per step", notes),
-                           weight_passes=figure(traffic.weight_passes, f"{cache}: weight passes", notes))
+                                  if finite_figure(v, f"{cache}: counted passes of {k}", notes) is not None},
+                           ops=ops if isinstance(ops, int)
+                           else finite_figure(ops, f"{cache}: ATen ops per step", notes),
+                           weight_passes=finite_figure(traffic.weight_passes, f"{cache}: weight passes", notes))
         if isinstance(fit, Fit):
-            figures.update(timed=figure(fit.passes, f"{cache}: timed passes", notes),
+            figures.update(timed=finite_figure(fit.passes, f"{cache}: timed passes", notes),
                            timed_ci=interval(fit.passes_ci),
-                           intercept=figure(fit.intercept_ms, f"{cache}: intercept", notes),
+                           intercept=finite_figure(fit.intercept_ms, f"{cache}: intercept", notes),
                            intercept_ci=interval(fit.intercept_ci))
         out[cache] = {k: v for k, v in figures.items() if v not in (None, {})}
     return out
@@ -94,10 +95,10 @@ def entry_of(run: Run, *, commit: str | None = None, release: str | None = None,
     found_notes: list[str] = []
     caches = {cache: found for cache, found in figures_of(run, found_notes).items() if found}
     if not caches:
-        raise HistoryError(f"{run.path}: no figure to add: {no_figure(run, list(MEASURES), found_notes)}")
+        raise HistoryError(f"{run.path}: no figure to add: {why_no_figure(run, list(TREND_MEASURES), found_notes)}")
     if notes is not None:
         notes.extend(found_notes)
-    return {"schema": SCHEMA, "commit": commit, "release": release, "identity": ident.to_json(),
+    return {"schema": STORE_SCHEMA, "commit": commit, "release": release, "identity": ident.to_json(),
             "setup": identity.describe(ident), "transformers": run.transformers, "datetime": run.datetime,
             "run": Path(run.path).name, "caches": caches}
 
@@ -111,7 +112,7 @@ def release_of(entry: dict[str, Any]) -> str:
         return str(entry.get("release"))
 
 
-def key_of(entry: dict[str, Any]) -> tuple[str, str]:
+def entry_key(entry: dict[str, Any]) -> tuple[str, str]:
     """What makes an entry unique: its commit (or release, normalised) and its identity."""
     where = f"commit {entry['commit']}" if entry.get("commit") else f"release {release_of(entry)}"
     return where, json.dumps(entry.get("identity"), sort_keys=True)
@@ -169,8 +170,8 @@ def add(store: str | Path, entry: dict[str, Any]) -> None:
         raise HistoryError(f"--store {store}: folder {path.parent} does not exist")
     with _locked(path):
         entries = read_store(path)
-        where, ident = key_of(entry)
-        if any(key_of(e) == (where, ident) for e in entries):
+        where, ident = entry_key(entry)
+        if any(entry_key(e) == (where, ident) for e in entries):
             raise HistoryError(f"{store} already has an entry for {where} on {entry['setup']}; an entry is never "
                                "replaced (give another --commit or --release, or another store)")
         text = "".join(json.dumps(e, sort_keys=True) + "\n" for e in [*entries, entry])
@@ -250,7 +251,7 @@ def setup_of(entry: dict[str, Any], measure: str) -> str:
     return identity.baseline_key(identity.Identity.from_json(ident, "history entry identity"), IDENTITY_OF[measure])
 
 
-def series(entries: list[dict[str, Any]], measure: str) -> dict[tuple[str, str], list[dict[str, Any]]]:
+def trend_series(entries: list[dict[str, Any]], measure: str) -> dict[tuple[str, str], list[dict[str, Any]]]:
     """``{(setup, cache): [figures per entry, {} where the entry lacks the class or is of another setup]}``,
     setups by :func:`setup_of` for ``measure``."""
     out: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -263,10 +264,10 @@ def series(entries: list[dict[str, Any]], measure: str) -> dict[tuple[str, str],
 
 def steps_of(entries: list[dict[str, Any]], measure: str) -> list[Step]:
     """The steps of every class's series of ``measure`` (see :func:`counted_steps`, :func:`timed_steps`)."""
-    exact = MEASURES[measure][1]
+    exact = TREND_MEASURES[measure][1]
     labels = [label_of(e) for e in entries]
     out = []
-    for (setup, cache), row in series(entries, measure).items():
+    for (setup, cache), row in trend_series(entries, measure).items():
         values = [finite(f.get(measure)) for f in row]
         intervals = [f.get(f"{measure}_ci") for f in row]
         found = counted_steps(values, RESOLUTION[measure]) if exact else timed_steps(values, intervals)
@@ -288,8 +289,8 @@ def plot(entries: list[dict[str, Any]], out: str | Path) -> tuple[list[Path], li
     out.mkdir(parents=True, exist_ok=True)
     labels = [label_of(e) for e in entries]
     trends = {}  # measure -> (series per (setup, cache), the figures drawn, the steps): what a PNG shows
-    for measure in MEASURES:
-        rows = series(entries, measure)
+    for measure in TREND_MEASURES:
+        rows = trend_series(entries, measure)
         drawn = {key: [finite(f.get(measure)) for f in row] for key, row in rows.items()}
         drawn = {key: values for key, values in drawn.items() if any(v is not None for v in values)}
         if drawn:
@@ -302,7 +303,7 @@ def plot(entries: list[dict[str, Any]], out: str | Path) -> tuple[list[Path], li
         rows, drawn, steps = trends[measure]
         setups = list(dict.fromkeys(setup for setup, _ in rows))
         colours = {key: PALETTE[i % len(PALETTE)] for i, key in enumerate(rows)}
-        title, exact = MEASURES[measure]
+        title, exact = TREND_MEASURES[measure]
         fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(entries) + 3), 4.2))
         for key, values in drawn.items():
             setup, cache = key
@@ -358,4 +359,4 @@ def plot(entries: list[dict[str, Any]], out: str | Path) -> tuple[list[Path], li
 
 
 #: The files ``plot`` writes into ``--out``: one PNG per measure, steps.json and steps.md.
-PLOT_FILES = (*(f"{measure}.png" for measure in MEASURES), "steps.json", "steps.md")
+PLOT_FILES = (*(f"{measure}.png" for measure in TREND_MEASURES), "steps.json", "steps.md")

@@ -28,7 +28,7 @@ FAMILY = {"transformers", "huggingface-hub", "tokenizers", "safetensors", "hf-xe
 NEVER = {"torch"}  # must come from the environment; transformers does not depend on it
 BINARY_ONLY = "tokenizers,safetensors,hf-xet,numpy"  # no Rust/C builds from source
 FINAL = re.compile(r"^\d+(\.\d+)+$")
-MARKER = ".kvcache-installed"
+INSTALLED_MARKER = ".kvcache-installed"
 
 
 class ReleaseError(ValueError):
@@ -152,7 +152,7 @@ def last_error(text: str) -> str:
 def installed_at(release: str, root: Path) -> Path | None:
     """``root/<release>`` when a finished install of ``release`` is there, else None."""
     target = Path(root) / release
-    return target if (target / MARKER).exists() else None
+    return target if (target / INSTALLED_MARKER).exists() else None
 
 
 def install(release: str, root: Path, constraints: Path, installed: dict[str, str], log: IO[str]) -> str | None:
@@ -182,7 +182,7 @@ def install(release: str, root: Path, constraints: Path, installed: dict[str, st
     removed = prune(staging, installed)
     log.write(f"# removed (same as the environment, or never wanted here): {', '.join(removed) or 'nothing'}\n")
     staging.rename(target)
-    (target / MARKER).write_text(f"transformers=={release}\n")
+    (target / INSTALLED_MARKER).write_text(f"transformers=={release}\n")
     return None
 
 

@@ -24,7 +24,7 @@ def num(value: Any, spec: str = ".2f", missing: str = MISSING) -> str:
     return missing if x is None else format(x, spec)
 
 
-def interval(bounds: Sequence[Any] | None, spec: str = ".2f") -> str:
+def interval_text(bounds: Sequence[Any] | None, spec: str = ".2f") -> str:
     """``[low, high]``, each bound in ``spec``; ``""`` unless there are two bounds, both finite numbers."""
     if bounds is None or len(bounds) != 2 or finite(bounds[0]) is None or finite(bounds[1]) is None:
         return ""
@@ -36,7 +36,7 @@ def figure(value: Any, bounds: Sequence[Any] | None = None, spec: str = ".2f") -
     :data:`MISSING` when there is no figure."""
     if finite(value) is None:
         return MISSING
-    around = interval(bounds, spec)
+    around = interval_text(bounds, spec)
     return f"{num(value, spec)} {around}" if around else num(value, spec)
 
 

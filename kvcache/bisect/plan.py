@@ -1,6 +1,6 @@
 """What every ``kvcache bisect`` (and ``kvcache sentinel``) probe runs and what a bisect walks: the probe options
 and their checks (:func:`add_probe_options`, :func:`probe_caches`, :func:`probe_suite`), the release range
-and the commit range made into a :class:`kvcache.bisect.walk.Plan` (:func:`prepare`). Runs git and, with
+and the commit range made into a :class:`kvcache.bisect.walk.Plan` (:func:`make_plan`). Runs git and, with
 ``--releases``, ``pip index versions``; measures nothing. Standard library only."""
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from kvcache.analysing import files
 from kvcache.analysing import releases as installer
 from kvcache.analysing.settings import DRIVERS
 from kvcache.bisect import search
-from kvcache.bisect.probes import (
+from kvcache.bisect.probing import (
     DEFAULT_CACHES,
     PRELOAD,
     PRELOAD_FAMILY,
     PROBE_TIMEOUT,
     BisectError,
-    Item,
     ProbeCache,
+    Revision,
     Suite,
     default_cache_dir,
 )
@@ -29,10 +29,10 @@ from kvcache.bisect.runners import (
     ReleaseRunner,
     check_transformers,
     commit_range,
-    describe,
     git,
     repository,
-    resolve,
+    resolve_rev,
+    revision_of,
 )
 from kvcache.bisect.walk import Plan
 
@@ -129,7 +129,7 @@ def published_range(first: str, last: str) -> list[str]:
     return listed
 
 
-def prepare(args: argparse.Namespace, extra: list[str], workdir: Path, say: Callable[[str], None]) -> Plan:
+def make_plan(args: argparse.Namespace, extra: list[str], workdir: Path, say: Callable[[str], None]) -> Plan:
     """Check every input and build the plan; BisectError (one line) on bad input. Runs git, and with ``--releases``
     ``pip index versions``; measures nothing."""
     caches = probe_caches(args, extra)
@@ -152,14 +152,14 @@ def prepare(args: argparse.Namespace, extra: list[str], workdir: Path, say: Call
         listed = published_range(first, last)
         chosen = [v for v in listed if installer.version_key(first) <= installer.version_key(v)
                   <= installer.version_key(last)]
-        items = [Item(f"release-{v}", v) for v in chosen]
+        items = [Revision(f"release-{v}", v) for v in chosen]
         root = Path(args.versions_dir).expanduser().resolve()
         cache = ProbeCache(cache_root, {**suite.identity(), "mode": "releases"})
-        return Plan((items[0], items[-1]), items[1:], ReleaseRunner(root, suite), cache, search.MEASURES[args.measure],
-                    args.cls, f"releases {first}..{last}", notes, "releases")
+        return Plan((items[0], items[-1]), items[1:], ReleaseRunner(root, suite), cache,
+                    search.BISECT_MEASURES[args.measure], args.cls, f"releases {first}..{last}", notes, "releases")
     top = repository(args.repo)
-    good = resolve(top, args.good, "--good")
-    bad = resolve(top, args.bad, "--bad")
+    good = resolve_rev(top, args.good, "--good")
+    bad = resolve_rev(top, args.bad, "--bad")
     check_transformers(top, bad, "--bad", args.bad)
     check_transformers(top, good, "--good", args.good)
     if good == bad:
@@ -181,5 +181,5 @@ def prepare(args: argparse.Namespace, extra: list[str], workdir: Path, say: Call
         raise BisectError(f"no commits between --good {args.good} and --bad {args.bad} on {args.bad}'s first-parent "
                           "line")
     cache = ProbeCache(cache_root, suite.identity())
-    return Plan((describe(top, good), items[-1]), items, CommitRunner(top, suite), cache,
-                search.MEASURES[args.measure], args.cls, f"repo {top}", notes)
+    return Plan((revision_of(top, good), items[-1]), items, CommitRunner(top, suite), cache,
+                search.BISECT_MEASURES[args.measure], args.cls, f"repo {top}", notes)

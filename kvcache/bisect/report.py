@@ -6,13 +6,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from kvcache.bisect import search
-from kvcache.bisect.probes import DEFAULT_CACHES, EXIT_AMBIGUOUS, JSON_FORMAT
+from kvcache.bisect.probing import DEFAULT_CACHES, EXIT_AMBIGUOUS
 
 if TYPE_CHECKING:
-    from kvcache.bisect.walk import Bisect, Plan, Result, Step
+    from kvcache.bisect.walk import Bisect, Change, Plan, Result
+
+#: The version of the ``--json`` document (its key ``kvcache_bisect``).
+BISECT_JSON_FORMAT = 1
 
 
-def step_json(bisect: Bisect, step: Step) -> dict[str, Any]:
+def step_json(bisect: Bisect, step: Change) -> dict[str, Any]:
     measure = bisect.plan.measure
     good, bad = bisect.item(step.good), bisect.item(step.first_bad)
     doc = {"first_bad": None if step.skipped else bad.name, "subject": bad.subject, "date": bad.date,
@@ -34,7 +37,7 @@ def probe_json(bisect: Bisect, index: int, cls: str | None) -> dict[str, Any]:
     doc = {"item": probe.item.name, "index": index, "role": {-1: "good end", n - 1: "bad end"}.get(index, "probe"),
            "subject": probe.item.subject, "date": probe.item.date, "transformers": probe.transformers,
            "figure": fig.value if fig else None,
-           "figures": {c: search.figure(probe.kv, measure, c).value for c in search.classes(probe.kv)} if probe.kv
+           "figures": {c: search.figure_of(probe.kv, measure, c).value for c in search.classes(probe.kv)} if probe.kv
            else {},
            "reason": probe.reason or (fig.reason if fig is not None and fig.value is None else None),
            "untrusted": probe.untrusted, "cached": probe.cached, "seconds": round(probe.seconds, 1)}
@@ -53,7 +56,7 @@ def report(bisect: Bisect, result: Result) -> tuple[list[str], dict[str, Any]]:
     lines: list[str] = []
     steps = [step_json(bisect, s) for s in result.changes]
     probes = [probe_json(bisect, i, cls) for i in bisect.order]
-    doc: dict[str, Any] = {"kvcache_bisect": JSON_FORMAT, "where": plan.where, "mode": plan.mode,
+    doc: dict[str, Any] = {"kvcache_bisect": BISECT_JSON_FORMAT, "where": plan.where, "mode": plan.mode,
                            "good": plan.ends[0].name, "bad": plan.ends[1].name, "notes": plan.notes,
                            "identity": plan.cache.identity,
                            "measure": {"name": measure.name, "label": measure.label, "unit": measure.unit,

@@ -10,8 +10,8 @@ import subprocess
 from pathlib import Path
 
 from kvcache.analysing import releases as installer
-from kvcache.bisect.probes import BisectError, Item, Probe, Suite, version_of
-from kvcache.cli import one_line
+from kvcache.bisect.probing import BisectError, ProbeResult, Revision, Suite, version_of
+from kvcache.cli import last_line
 
 
 def git(repo: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -20,11 +20,11 @@ def git(repo: Path, *args: str, check: bool = True) -> subprocess.CompletedProce
     done = subprocess.run(["git", "-C", str(repo), "-c", "core.hooksPath=/dev/null", *args], capture_output=True,
                           text=True, env=env)
     if check and done.returncode != 0:
-        raise BisectError(f"git {' '.join(args)} failed in {repo}: {one_line(done.stderr or done.stdout)}")
+        raise BisectError(f"git {' '.join(args)} failed in {repo}: {last_line(done.stderr or done.stdout)}")
     return done
 
 
-def resolve(top: Path, rev: str, option: str) -> str:
+def resolve_rev(top: Path, rev: str, option: str) -> str:
     """The full sha of the commit ``rev`` names, or a BisectError naming it."""
     if not rev or rev.startswith("-"):
         raise BisectError(f"{option} {rev!r} is not a revision")
@@ -52,19 +52,19 @@ def check_transformers(top: Path, sha: str, option: str, rev: str) -> None:
                           "src/transformers/__init__.py")
 
 
-def commit_range(top: Path, good: str, bad: str) -> list[Item]:
+def commit_range(top: Path, good: str, bad: str) -> list[Revision]:
     """The commits after ``good`` up to ``bad`` on ``bad``'s first-parent line, oldest first."""
     done = git(top, "log", "--first-parent", "--reverse", "--format=%H%x1f%s%x1f%cI", f"{good}..{bad}")
     items = []
     for line in done.stdout.splitlines():
         sha, subject, date = (line.split("\x1f") + ["", ""])[:3]
-        items.append(Item(sha, sha, subject, date))
+        items.append(Revision(sha, sha, subject, date))
     return items
 
 
-def describe(top: Path, sha: str) -> Item:
+def revision_of(top: Path, sha: str) -> Revision:
     subject, date = (git(top, "show", "-s", "--format=%s%x1f%cI", sha).stdout.strip().split("\x1f") + [""])[:2]
-    return Item(sha, sha, subject, date)
+    return Revision(sha, sha, subject, date)
 
 
 # --- the runners: a worktree of a repository, or releases side by side -----------------------------------------
@@ -82,14 +82,14 @@ class CommitRunner:
         self.current: str | None = None
         self.count = 0
 
-    def measure(self, item: Item) -> Probe:
+    def measure(self, item: Revision) -> ProbeResult:
         """The probe of commit ``item``; a commit git cannot check out is skipped with git's reason (not cached: it
         may check out another time), never the end of the bisect."""
         self.count += 1
         try:
             self.checkout(item.name)
         except BisectError as exc:
-            return Probe(item, reason=f"cannot check it out: {exc}", cacheable=False)
+            return ProbeResult(item, reason=f"cannot check it out: {exc}", cacheable=False)
         return self.suite.run(item, self.tree / "src", self.count)
 
     def checkout(self, sha: str) -> None:
@@ -133,7 +133,7 @@ class ReleaseRunner:
         self.root, self.suite = root, suite
         self.count = 0
 
-    def measure(self, item: Item) -> Probe:
+    def measure(self, item: Revision) -> ProbeResult:
         self.count += 1
         if item.name == version_of("transformers"):  # this environment's own release: nothing to install
             target = self.suite.workdir / "environment"
@@ -144,7 +144,7 @@ class ReleaseRunner:
                 try:
                     target = installer.ensure(item.name, self.root, log)
                 except installer.ReleaseError as exc:
-                    return Probe(item, reason=str(exc), cacheable=False)
+                    return ProbeResult(item, reason=str(exc), cacheable=False)
         probe = self.suite.run(item, target, self.count)
         if probe.kv is not None and probe.transformers != item.name:
             probe.kv, probe.cacheable = None, False

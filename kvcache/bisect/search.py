@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from kvcache.analysing.compare import skip_reason
 from kvcache.analysing.judges import COUNTED_RELATIVE_SLACK
 from kvcache.analysing.options import MIN_OP_PASSES
 from kvcache.analysing.records import KV
@@ -44,7 +45,7 @@ class Measure:
     path: tuple[str, ...] = ()
 
 
-MEASURES = {
+BISECT_MEASURES = {
     "passes": Measure("passes", "counted passes", "passes", "traffic", "passes", "by_op"),
     "ops": Measure("ops", "ATen ops per step", "ops", "traffic", "ops_per_step", "calls"),
     "weight": Measure("weight", "weight passes", "weight passes", "traffic", "weight_passes"),
@@ -77,19 +78,11 @@ def classes(kv: KV) -> list[str]:
     return [c for c in dict.fromkeys(names) if c != "all"]
 
 
-def skip_reason(kv: KV, cache: str) -> str | None:
-    """Why the run recorded no figure for ``cache`` (``kv.skipped``), or None."""
-    for entry in kv.skipped:
-        if entry.cache == cache:
-            return entry.reason or "skipped"
-    return None
-
-
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def figure(kv: KV, measure: Measure, cache: str) -> Figure:
+def figure_of(kv: KV, measure: Measure, cache: str) -> Figure:
     """``cache``'s figure of ``measure`` in a run's ``kv`` section (counted passes: the fused count under
     ``--kv-compile``, as the gate judges it)."""
     why_missing = None
@@ -150,7 +143,7 @@ def differs(value: float, reference: float, tol: float) -> bool:
     return abs(value - reference) > tol * (1 + COUNTED_RELATIVE_SLACK) + 1e-12
 
 
-def verdict(value: float | None, reference: float, bad: float, tol: float) -> str:
+def good_or_bad(value: float | None, reference: float, bad: float, tol: float) -> str:
     """``bad`` when ``value`` moved from ``reference`` by more than ``tol`` towards the bad end's figure ``bad``,
     ``skip`` when there is no value, else ``good``."""
     if value is None:

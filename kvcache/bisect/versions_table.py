@@ -10,7 +10,7 @@ from pathlib import Path
 from kvcache.analysing import tables
 from kvcache.analysing.records import KV, Memory, Traffic, load_run
 from kvcache.analysing.releases import version_key
-from kvcache.bisect.probes import failed_counts
+from kvcache.bisect.probing import failed_counts
 
 
 def _passes(value: object) -> str:

@@ -10,15 +10,15 @@ from typing import Any, Callable
 from kvcache.analysing.records import KV
 from kvcache.analysing.tables import MISSING
 from kvcache.bisect import search
-from kvcache.bisect.probes import EXIT_AMBIGUOUS, EXIT_FOUND, EXIT_SAME, BisectError, Item, Probe, ProbeCache
+from kvcache.bisect.probing import EXIT_AMBIGUOUS, EXIT_FOUND, EXIT_SAME, BisectError, ProbeCache, ProbeResult, Revision
 
 
 @dataclass
 class Plan:
     """Everything checked before anything runs."""
 
-    ends: tuple[Item, Item]
-    items: list[Item]  # the range after the good end, oldest first; the last is the bad end
+    ends: tuple[Revision, Revision]
+    items: list[Revision]  # the range after the good end, oldest first; the last is the bad end
     runner: Any
     cache: ProbeCache
     measure: search.Measure
@@ -29,7 +29,7 @@ class Plan:
 
 
 @dataclass
-class Step:
+class Change:
     """One change found: the first bad item after ``good`` (or the items it is among)."""
 
     good: int
@@ -75,7 +75,7 @@ class Result:
     exit: int = EXIT_SAME
     cls: str | None = None
     tolerance: float | None = None
-    changes: list[Step] = field(default_factory=list)
+    changes: list[Change] = field(default_factory=list)
     others: dict[str, Other] = field(default_factory=dict)
     hint: str | None = None
 
@@ -83,14 +83,14 @@ class Result:
 class Bisect:
     def __init__(self, plan: Plan, say: Callable[[str], None]):
         self.plan, self.say = plan, say
-        self.probes: dict[int, Probe] = {}  # index -1: the good end; len(items)-1: the bad end
+        self.probes: dict[int, ProbeResult] = {}  # index -1: the good end; len(items)-1: the bad end
         self.order: list[int] = []
         self.judged: dict[int, tuple[str, str | None]] = {}  # index: (verdict, note) against the change it belongs to
 
-    def item(self, index: int) -> Item:
+    def item(self, index: int) -> Revision:
         return self.plan.ends[0] if index < 0 else self.plan.items[index]
 
-    def probe(self, index: int) -> Probe:
+    def probe(self, index: int) -> ProbeResult:
         if index in self.probes:
             return self.probes[index]
         item = self.item(index)
@@ -114,7 +114,7 @@ class Bisect:
         assert good_kv is not None and bad_kv is not None
         names = list(dict.fromkeys([*([plan.cls] if plan.cls else []), *search.classes(good_kv),
                                     *search.classes(bad_kv)]))
-        ends = {c: Ends(search.figure(good_kv, measure, c), search.figure(bad_kv, measure, c),
+        ends = {c: Ends(search.figure_of(good_kv, measure, c), search.figure_of(bad_kv, measure, c),
                         search.tolerance(good_kv, measure, c)) for c in names}
         if plan.cls:
             for end, fig in (("good", ends[plan.cls].good), ("bad", ends[plan.cls].bad)):
@@ -168,7 +168,7 @@ class Bisect:
             good, first_bad, skipped = search.outcome(lo, n - 1, verdicts)
             before = self.figure(good, chosen)
             after = self.figure(first_bad, chosen)
-            result.changes.append(Step(good, first_bad, skipped, before, after))
+            result.changes.append(Change(good, first_bad, skipped, before, after))
             if skipped or after.value is None or not search.differs(bad_fig.value, after.value, tol):
                 break
             if first_bad == n - 1:
@@ -184,10 +184,10 @@ class Bisect:
         probe = self.probes.get(index)
         if probe is None or probe.kv is None:
             return search.Figure(None, {}, probe.reason if probe else "not probed")
-        return search.figure(probe.kv, self.plan.measure, cls)
+        return search.figure_of(probe.kv, self.plan.measure, cls)
 
     def verdicts(self, cls: str, lo: int, hi: int, reference: float, bad: float, tol: float) -> dict[int, str]:
-        return {i: search.verdict(self.figure(i, cls).value, reference, bad, tol)
+        return {i: search.good_or_bad(self.figure(i, cls).value, reference, bad, tol)
                 for i in self.probes if lo < i < hi}
 
     def tol_text(self, tol: float) -> str:
@@ -202,11 +202,11 @@ class Bisect:
 
     def other_measures(self, good_kv: KV, bad_kv: KV) -> str | None:
         """A hint naming a figure of another measure that did change between the ends."""
-        for name, measure in search.MEASURES.items():
+        for name, measure in search.BISECT_MEASURES.items():
             if name == self.plan.measure.name:
                 continue
             for c in dict.fromkeys(search.classes(good_kv) + search.classes(bad_kv)):
-                ends = Ends(search.figure(good_kv, measure, c), search.figure(bad_kv, measure, c),
+                ends = Ends(search.figure_of(good_kv, measure, c), search.figure_of(bad_kv, measure, c),
                             search.tolerance(good_kv, measure, c))
                 if ends.changed:
                     return (f"{measure.label} of {c} did change ({search.fmt_value(ends.good.value, measure)} -> "
@@ -221,7 +221,7 @@ class Bisect:
             what = f"skip: {probe.reason}"
         elif cls is None:
             m = self.plan.measure
-            what = ", ".join(f"{c} {search.fmt_value(search.figure(probe.kv, m, c).value, m)}"
+            what = ", ".join(f"{c} {search.fmt_value(search.figure_of(probe.kv, m, c).value, m)}"
                              for c in search.classes(probe.kv))
         else:
             fig = self.figure(index, cls)

@@ -7,23 +7,30 @@ from __future__ import annotations
 import argparse
 import datetime
 import sys
+from collections.abc import Sequence
 
 from kvcache.analysing import arguments
 from kvcache.analysing import baseline as baselines
 from kvcache.analysing.records import RecordError, load_run
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
+def parser() -> argparse.ArgumentParser:
+    made = argparse.ArgumentParser(
         prog="kvcache baseline",
         description="Record a finished run's passes (a --benchmark-json file) in the baseline file, by the rules "
                     "of --kv-update-baseline: counted passes always, timed passes only from a fit that would be "
                     "judged (positive, R² at least the run's --kv-min-r2, 3 or more contexts, drift checked and "
                     "within its limit, the session not interrupted). Exit 0, or 2 on bad input or when no figure "
                     "could be recorded (the message says why).")
-    parser.add_argument("run", metavar="RUN.json", help="a --benchmark-json file written by the suite")
-    parser.add_argument("--baseline", default="kv-baseline.json", help="baseline file (default kv-baseline.json)")
-    args = parser.parse_args(argv)
+    made.add_argument("run", metavar="RUN.json", help="a --benchmark-json file written by the suite")
+    made.add_argument("--baseline", default="kv-baseline.json", help="baseline file (default kv-baseline.json)")
+    return made
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = arguments.parse(parser(), argv)
+    if isinstance(args, int):  # --help (0) or a usage error (2)
+        return args
     if arguments.paths_refused("kvcache baseline", reads=[("RUN.json", args.run)],
                                writes=[("--baseline", args.baseline)]):
         return 2
@@ -44,10 +51,10 @@ def main(argv: list[str]) -> int:
     for line in refused:
         print(f"{args.baseline}: {line}")
     if not entries:  # nothing recorded: never a silent success
-        from kvcache.analysing.export import ALL, no_figure
+        from kvcache.analysing.export import ALL, why_no_figure
 
         print(f"kvcache baseline: {args.run}: no figure recorded in {args.baseline}: "
-              f"{'; '.join(refused) or no_figure(run, ALL)}", file=sys.stderr)
+              f"{'; '.join(refused) or why_no_figure(run, ALL)}", file=sys.stderr)
         return 2
     return 0
 

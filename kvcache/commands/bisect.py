@@ -29,7 +29,7 @@ A commit between two releases reports the next release's number (``5.24.0.dev0``
 gate on that number (:class:`kvcache.measuring.compat.InstalledVersion`), the probe is listed as not to be trusted,
 with the gates it took.
 
-Probe results (figures and skips, not timeouts) are cached by (commit or release, identity: the suite options with
+ProbeResult results (figures and skips, not timeouts) are cached by (commit or release, identity: the suite options with
 the device, the pytest arguments after ``--`` with the content of a plugin module or file they name, torch, Python,
 the packages a probe imports besides Transformers and the source of the whole kvcache package) in
 ``$XDG_CACHE_HOME/kvcache-passes/bisect`` (``~/.cache/...``) or ``--cache-dir``, so a second bisect over the same
@@ -40,9 +40,10 @@ Exit status: 0 the first bad commit was found, 1 the two ends show no change (sa
 (one line, before anything runs) or an end that cannot be measured, 3 only skipped commits are left where the
 change is (they are listed), 130 interrupted (finished probes stay cached).
 
-The parts: :mod:`kvcache.bisect.probes` (a probe, the suite it runs, the cache), :mod:`kvcache.bisect.runners` (git,
-releases), :mod:`kvcache.bisect.server` (the fork server), :mod:`kvcache.bisect.report` (the output) and
-:mod:`kvcache.bisect.search` (the judging and the search); this module walks the range.
+The parts: :mod:`kvcache.bisect.probing` (a probe, the suite it runs, the cache), :mod:`kvcache.bisect.runners` (git,
+releases), :mod:`kvcache.bisect.server` (the fork server), :mod:`kvcache.bisect.report` (the output),
+:mod:`kvcache.bisect.search` (the judging and the search) and :mod:`kvcache.bisect.walk` (the walk over the range);
+this module parses the arguments, prints the result and returns the exit status.
 """
 
 from __future__ import annotations
@@ -52,59 +53,48 @@ import json
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable
 
-from kvcache.analysing import files
+from kvcache.analysing import arguments, files
 from kvcache.bisect import search
-from kvcache.bisect.plan import add_probe_options, prepare
-from kvcache.bisect.probes import (
-    EXIT_INTERRUPTED,
-    EXIT_USAGE,
-    BisectError,
-)
+from kvcache.bisect.plan import add_probe_options, make_plan
+from kvcache.bisect.probing import EXIT_INTERRUPTED, EXIT_USAGE, BisectError
 from kvcache.bisect.report import report
 from kvcache.bisect.walk import Bisect
 
-# --- the command ---------------------------------------------------------------------------------------------------
-
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    made = argparse.ArgumentParser(
         prog="kvcache bisect",
         description="Find the Transformers commit (or release) that changed a counted figure: each probe runs the "
                     "counted suite against one commit's source (a git worktree's src/ first on PYTHONPATH; no "
                     "install, no network) or one release installed side by side. Exit 0 found, 1 no change between "
                     "the ends, 2 bad input, 3 only skipped commits left where the change is. Extra pytest "
                     "arguments for every probe go after --.")
-    p.add_argument("--repo", help="a Transformers git checkout (its src/transformers is probed)")
-    p.add_argument("--good", help="a revision whose figure is the old one (a tag such as v5.22.2, a sha)")
-    p.add_argument("--bad", help="a later revision whose figure changed")
-    p.add_argument("--releases", metavar="A..B", help="walk the published releases from A to B instead (patch "
-                   "releases included; pip index versions, needs the network) and name the first with the change")
-    p.add_argument("--versions-dir", default=".versions", help="where --releases installs releases (.versions)")
-    p.add_argument("--measure", default="passes", choices=list(search.MEASURES),
-                   help="the figure: counted passes (default), ops (ATen ops per step), weight (weight passes), "
-                        "held/peak/allocated (memory per step, where the runs have it), gpu:<class> (counted passes "
-                        "under the SDPA backend torch would select on that GPU class: --kv-gpus is added)")
-    p.add_argument("--class", dest="cls", metavar="NAME",
-                   help="the class whose figure is bisected (default: the first whose figure differs at the ends)")
-    p.add_argument("--json", metavar="OUT", help="write the result as JSON (first_bad, before, after, measure, "
-                                                 "probes, ...)")
-    add_probe_options(p)
-    return p
+    made.add_argument("--repo", help="a Transformers git checkout (its src/transformers is probed)")
+    made.add_argument("--good", help="a revision whose figure is the old one (a tag such as v5.22.2, a sha)")
+    made.add_argument("--bad", help="a later revision whose figure changed")
+    made.add_argument("--releases", metavar="A..B", help="walk the published releases from A to B instead (patch "
+                      "releases included; pip index versions, needs the network) and name the first with the change")
+    made.add_argument("--versions-dir", default=".versions", help="where --releases installs releases (.versions)")
+    made.add_argument("--measure", default="passes", choices=list(search.BISECT_MEASURES),
+                      help="the figure: counted passes (default), ops (ATen ops per step), weight (weight passes), "
+                           "held/peak/allocated (memory per step, where the runs have it), gpu:<class> (counted passes "
+                           "under the SDPA backend torch would select on that GPU class: --kv-gpus is added)")
+    made.add_argument("--class", dest="cls", metavar="NAME",
+                      help="the class whose figure is bisected (default: the first whose figure differs at the ends)")
+    made.add_argument("--json", metavar="OUT", help="write the result as JSON (first_bad, before, after, measure, "
+                                                    "probes, ...)")
+    add_probe_options(made)
+    return made
 
 
-def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
-    if "--" in argv:
-        i = argv.index("--")
-        return argv[:i], argv[i + 1:]
-    return argv, []
-
-
-def main(argv: list[str] | None = None) -> int:
-    own, extra = split_argv(list(sys.argv[1:] if argv is None else argv))
-    args = parser().parse_args(own)
+def main(argv: Sequence[str] | None = None) -> int:
+    own, extra = arguments.split_extra(argv)
+    args = arguments.parse(parser(), own)
+    if isinstance(args, int):  # --help (0) or a usage error (2)
+        return args
 
     def say(line: str) -> None:
         print(line, flush=True)
@@ -120,7 +110,7 @@ def _run(args: argparse.Namespace, extra: list[str], say: Callable[[str], None])
     plan = None
     try:
         try:
-            plan = prepare(args, extra, workdir, say)
+            plan = make_plan(args, extra, workdir, say)
         except BisectError as exc:
             print(f"kvcache bisect: {exc}", file=sys.stderr)
             return EXIT_USAGE
@@ -151,6 +141,3 @@ def _run(args: argparse.Namespace, extra: list[str], say: Callable[[str], None])
             plan.runner.close()
         shutil.rmtree(workdir, ignore_errors=True)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

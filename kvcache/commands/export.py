@@ -9,13 +9,13 @@ import sys
 from collections.abc import Sequence
 
 from kvcache.analysing import arguments
-from kvcache.analysing.export import ALL, FORMATS, github_action_benchmark, no_figure
+from kvcache.analysing.export import ALL, FORMATS, github_action_benchmark, why_no_figure
 from kvcache.analysing.files import write_text_atomically
 from kvcache.analysing.records import RecordError, load_run
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def parser() -> argparse.ArgumentParser:
+    made = argparse.ArgumentParser(
         prog="kvcache export",
         description="Write a run's figures in a format other tools read. github-action-benchmark: a JSON array "
         "for its customSmallerIsBetter tool, one entry per class and measure (counted passes, ATen ops per step, "
@@ -25,16 +25,16 @@ def _parser() -> argparse.ArgumentParser:
         "out and named. Exit 0, or 2 on unreadable input, bad options, an output on an input, or no figure for "
         "the measures asked (the message says why).",
     )
-    parser.add_argument("run", metavar="RUN.json", help="a pytest --benchmark-json file of the suite")
-    parser.add_argument("--format", required=True, metavar="FORMAT", help=f"one of: {', '.join(FORMATS)}")
-    parser.add_argument("--measures", default=",".join(ALL),
-                        help=f"comma-separated, from {', '.join(ALL)} (default: all the run has)")
-    parser.add_argument("--out", metavar="FILE", help="write here instead of to stdout")
-    return parser
+    made.add_argument("run", metavar="RUN.json", help="a pytest --benchmark-json file of the suite")
+    made.add_argument("--format", required=True, metavar="FORMAT", help=f"one of: {', '.join(FORMATS)}")
+    made.add_argument("--measures", default=",".join(ALL),
+                      help=f"comma-separated, from {', '.join(ALL)} (default: all the run has)")
+    made.add_argument("--out", metavar="FILE", help="write here instead of to stdout")
+    return made
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = arguments.parse(_parser(), argv)
+    args = arguments.parse(parser(), argv)
     if isinstance(args, int):  # --help (0) or a usage error (2)
         return args
     if args.format not in FORMATS:
@@ -58,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     entries = github_action_benchmark(run, measures, notes)
     if not entries:  # one line saying why
         print(f"kvcache export: {args.run}: no figure to export for --measures {','.join(measures)}: "
-              f"{no_figure(run, measures, notes)}", file=sys.stderr)
+              f"{why_no_figure(run, measures, notes)}", file=sys.stderr)
         return 2
     for note in notes:
         print(f"kvcache export: {note}", file=sys.stderr)

@@ -7,24 +7,13 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from kvcache.analysing import arguments
-from kvcache.analysing.history import (
-    PLOT_FILES,
-    HistoryError,
-    add,
-    entry_of,
-    git_head,
-    key_of,
-    ordered,
-    plot,
-    read_store,
-    resolve_commit,
-)
+from kvcache.analysing import arguments, history
+from kvcache.analysing.history import PLOT_FILES, HistoryError
 from kvcache.analysing.records import RecordError, load_run
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def parser() -> argparse.ArgumentParser:
+    made = argparse.ArgumentParser(
         prog="kvcache history",
         description="Keep runs across commits or releases and draw their trend. 'add RUN.json --store FILE' appends "
         "one entry (the commit from --commit, by default git rev-parse HEAD, or --release), atomically, refusing "
@@ -33,7 +22,7 @@ def _parser() -> argparse.ArgumentParser:
         "with the steps marked by their commit (counted: every change; timed: where the intervals of two levels "
         "do not overlap), steps.json and steps.md. Exit 0, or 2 on bad input.",
     )
-    sub = parser.add_subparsers(dest="action", required=True, metavar="add|plot")
+    sub = made.add_subparsers(dest="action", required=True, metavar="add|plot")
     adding = sub.add_parser("add", help="append a run to the store")
     adding.add_argument("run", metavar="RUN.json", help="a pytest --benchmark-json file of the suite")
     adding.add_argument("--store", required=True, metavar="FILE", help="the history, JSON lines")
@@ -45,11 +34,11 @@ def _parser() -> argparse.ArgumentParser:
     plotting = sub.add_parser("plot", help="draw the trend PNGs")
     plotting.add_argument("--store", required=True, metavar="FILE", help="the history, JSON lines")
     plotting.add_argument("--out", required=True, metavar="DIR", help="folder for the PNGs and steps.json")
-    return parser
+    return made
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = arguments.parse(_parser(), argv)
+    args = arguments.parse(parser(), argv)
     if isinstance(args, int):  # --help (0) or a usage error (2)
         return args
     try:
@@ -67,23 +56,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                 run = load_run(args.run)
             except RecordError as exc:
                 raise HistoryError(str(exc)) from None
-            commit = resolve_commit(args.commit) if args.commit else None if release else git_head()
+            commit = history.resolve_commit(args.commit) if args.commit else None if release else history.git_head()
             notes: list[str] = []
-            entry = entry_of(run, commit=commit, release=release, notes=notes)
+            entry = history.entry_of(run, commit=commit, release=release, notes=notes)
             for note in notes:
                 print(f"kvcache history: {note}", file=sys.stderr)
-            add(args.store, entry)
-            print(f"kvcache history: added {key_of(entry)[0]} ({entry['setup']}, {len(entry['caches'])} classes) "
-                  f"to {args.store}")
+            history.add(args.store, entry)
+            print(f"kvcache history: added {history.entry_key(entry)[0]} ({entry['setup']}, "
+                  f"{len(entry['caches'])} classes) to {args.store}")
         else:
             if arguments.paths_refused("kvcache history", reads=[("--store", args.store)],
                                        folders=[("--out", args.out, PLOT_FILES)]):
                 return 2
-            entries = ordered(read_store(args.store))
+            entries = history.ordered(history.read_store(args.store))
             if not entries:
                 raise HistoryError(f"--store {args.store}: no entries (add some with kvcache history add)")
             try:
-                written, steps = plot(entries, args.out)
+                written, steps = history.plot(entries, args.out)
             except OSError as exc:
                 raise HistoryError(f"--out {args.out}: cannot write ({exc.strerror or exc})") from None
             for step in steps:

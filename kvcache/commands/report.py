@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from kvcache.analysing import arguments, report
@@ -12,19 +13,23 @@ from kvcache.analysing.compare import mismatch
 from kvcache.analysing.records import RecordError, load_runs
 from kvcache.analysing.report import REPORT_FILES, render
 from kvcache.analysing.report.ab import write_ab
-from kvcache.analysing.report.data import (
-    ReportError,
-)
+from kvcache.analysing.report.data import ReportError
 
 
-def main(argv: list[str]) -> int:
+def parser() -> argparse.ArgumentParser:
+    made = argparse.ArgumentParser(prog="kvcache report", description=report.__doc__.splitlines()[0])
+    made.add_argument("runs", nargs="+", metavar="RUN.json", help="pytest-benchmark JSON written with the kv plugin")
+    made.add_argument("--out", type=Path, default=Path("report"), help="output directory (default: report)")
+    made.add_argument("--allow-mismatch", action="store_true",
+                      help="report runs whose identity differs (device, model, dtype, threads) side by side anyway")
+    return made
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     """``kvcache report RUN.json [RUN.json ...] --out DIR``; exit 2 on unreadable input or output."""
-    parser = argparse.ArgumentParser(prog="kvcache report", description=report.__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", metavar="RUN.json", help="pytest-benchmark JSON written with the kv plugin")
-    parser.add_argument("--out", type=Path, default=Path("report"), help="output directory (default: report)")
-    parser.add_argument("--allow-mismatch", action="store_true",
-                        help="report runs whose identity differs (device, model, dtype, threads) side by side anyway")
-    args = parser.parse_args(argv)
+    args = arguments.parse(parser(), argv)
+    if isinstance(args, int):  # --help (0) or a usage error (2)
+        return args
     if arguments.paths_refused("kvcache report", reads=[("RUN.json", path) for path in args.runs],
                                folders=[("--out", args.out, REPORT_FILES)]):
         return 2

@@ -6,7 +6,7 @@
 
 The state file holds the last commit checked and its counted figures (every figure the gate judges, by family:
 :mod:`kvcache.sentinel.figures`), and the changes reported and not yet recovered. A first run starts at ``--since``
-(measured). Each run measures the branch's head with ``kvcache bisect``'s probes (:mod:`kvcache.bisect.probes`: the
+(measured). Each run measures the branch's head with ``kvcache bisect``'s probes (:mod:`kvcache.bisect.probing`: the
 counted suite against the commit's source, cached per commit and identity). No figure moved beyond the counted
 judge's tolerance for it: the head is recorded, exit 0. One moved: for each such figure ``kvcache bisect``'s walk
 (:class:`kvcache.bisect.walk.Bisect`) finds the first commit that changed it between the last commit checked and the
@@ -32,48 +32,41 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from kvcache.analysing import arguments, files
 from kvcache.bisect.plan import add_probe_options
-from kvcache.bisect.probes import (
-    EXIT_INTERRUPTED,
-    EXIT_USAGE,
-    BisectError,
-)
-from kvcache.sentinel.watch import run_commits, run_releases
+from kvcache.bisect.probing import EXIT_INTERRUPTED, EXIT_USAGE, BisectError
+from kvcache.sentinel.watching import run_commits, run_releases
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    made = argparse.ArgumentParser(
         prog="kvcache sentinel",
         description="Measure a Transformers branch's head against the last commit checked (the state file); when a "
                     "counted figure changed beyond the gate's tolerance, bisect to the commit that changed it and "
                     "write an issue body. Exit 0 unchanged, 1 changed or recovered, 2 bad input, 3 the head "
                     "cannot be measured. Extra pytest arguments for every probe go after --.")
-    p.add_argument("--repo", help="a Transformers git checkout whose branch is watched")
-    p.add_argument("--branch", default="main", help="the branch watched (default main)")
-    p.add_argument("--state", metavar="FILE", help="the state: the last commit checked, its figures, the changes "
-                                                   "not yet recovered (read, then replaced at the end)")
-    p.add_argument("--since", metavar="REF", help="the first run's starting commit (measured); ignored once the "
-                                                  "state exists")
-    p.add_argument("--releases", metavar="FIRST..LAST", help="instead of --repo: replay the newest patch of every "
-                   "minor release from FIRST's to LAST, each as if it were new (pip index versions: the network)")
-    p.add_argument("--versions-dir", default=".versions", help="where --releases installs releases (.versions)")
-    p.add_argument("--json", metavar="OUT", help="write the result as JSON (changes, recovered, open, issues)")
-    p.add_argument("--issue-out", metavar="FILE.md", help="write a Markdown issue body naming every change")
-    add_probe_options(p)
-    return p
+    made.add_argument("--repo", help="a Transformers git checkout whose branch is watched")
+    made.add_argument("--branch", default="main", help="the branch watched (default main)")
+    made.add_argument("--state", metavar="FILE", help="the state: the last commit checked, its figures, the changes "
+                                                      "not yet recovered (read, then replaced at the end)")
+    made.add_argument("--since", metavar="REF", help="the first run's starting commit (measured); ignored once the "
+                                                     "state exists")
+    made.add_argument("--releases", metavar="FIRST..LAST", help="instead of --repo: replay the newest patch of every "
+                      "minor release from FIRST's to LAST, each as if it were new (pip index versions: the network)")
+    made.add_argument("--versions-dir", default=".versions", help="where --releases installs releases (.versions)")
+    made.add_argument("--json", metavar="OUT", help="write the result as JSON (changes, recovered, open, issues)")
+    made.add_argument("--issue-out", metavar="FILE.md", help="write a Markdown issue body naming every change")
+    add_probe_options(made)
+    return made
 
 
-# --- the command ---------------------------------------------------------------------------------------------------
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    own, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+def main(argv: Sequence[str] | None = None) -> int:
+    own, extra = arguments.split_extra(argv)
     args = arguments.parse(parser(), own)
-    if isinstance(args, int):  # --help, or a usage error argparse has printed
+    if isinstance(args, int):  # --help (0) or a usage error (2)
         return args
 
     said: set[str] = set()
@@ -103,6 +96,3 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

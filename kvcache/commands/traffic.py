@@ -9,31 +9,42 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from typing import Any
 
+from kvcache.analysing import arguments
 from kvcache.analysing.records import Memory, Probe, Traffic
 from kvcache.analysing.settings import SettingsError, parse_ints
 from kvcache.analysing.summary import attention_copies
 from kvcache.analysing.tables import by_op
 from kvcache.cli import description
 
+#: ``--warmup`` values: the counted traffic takes at most this many decode steps before the counted one
+#: (kvcache.measuring.counting.COUNT_WARMUP), so each value is honoured exactly.
+WARMUP_CHOICES = (0, 1, 2)
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="kvcache traffic", description=description(__doc__))
-    parser.add_argument("--cache", default="dynamic", help="cache classes, comma-separated, or all")
-    parser.add_argument("--model", default="smollm2-135m",
-                        help="a preset (smollm2-135m, tiny, gemma3-270m, ...; PRESET@layers=N), or a dir")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
-    parser.add_argument("--dtype", default="bfloat16", help="bfloat16, float16 or float32")
-    parser.add_argument("--contexts", default="256,512", help="the two contexts to count at")
-    parser.add_argument("--warmup", default=str(WARMUP_CHOICES[-1]),
-                        help=f"decode steps before the counted one: {', '.join(map(str, WARMUP_CHOICES))} "
-                             f"(default {WARMUP_CHOICES[-1]}: the counted bytes do not change after)")
-    parser.add_argument("--gpus", default="", help="GPU classes whose SDPA backend is predicted (--kv-gpus: t4, a100, "
-                        "h100, sm80, ...; t4@2.12: under torch 2.12's rules)")
-    parser.add_argument("--json", action="store_true", help="print the traffic and probe as JSON")
-    args = parser.parse_args(argv)
 
+def parser() -> argparse.ArgumentParser:
+    made = argparse.ArgumentParser(prog="kvcache traffic", description=description(__doc__))
+    made.add_argument("--cache", default="dynamic", help="cache classes, comma-separated, or all")
+    made.add_argument("--model", default="smollm2-135m",
+                      help="a preset (smollm2-135m, tiny, gemma3-270m, ...; PRESET@layers=N), or a dir")
+    made.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
+    made.add_argument("--dtype", default="bfloat16", help="bfloat16, float16 or float32")
+    made.add_argument("--contexts", default="256,512", help="the two contexts to count at")
+    made.add_argument("--warmup", default=str(WARMUP_CHOICES[-1]),
+                      help=f"decode steps before the counted one: {', '.join(map(str, WARMUP_CHOICES))} "
+                           f"(default {WARMUP_CHOICES[-1]}: the counted bytes do not change after)")
+    made.add_argument("--gpus", default="", help="GPU classes whose SDPA backend is predicted (--kv-gpus: t4, a100, "
+                      "h100, sm80, ...; t4@2.12: under torch 2.12's rules)")
+    made.add_argument("--json", action="store_true", help="print the traffic and probe as JSON")
+    return made
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = arguments.parse(parser(), argv)
+    if isinstance(args, int):  # --help (0) or a usage error (2)
+        return args
     try:
         warmup = parse_warmup(args.warmup)  # before torch is imported: a bad value answers at once
     except SettingsError as exc:
@@ -93,11 +104,6 @@ def main(argv: list[str]) -> int:
     if args.json:
         print(json.dumps(out, indent=2))
     return 0
-
-
-#: ``--warmup`` values: the counted traffic takes at most this many decode steps before the counted one
-#: (kvcache.measuring.counting.COUNT_WARMUP), so each value is honoured exactly.
-WARMUP_CHOICES = (0, 1, 2)
 
 
 def parse_warmup(text: str) -> int:

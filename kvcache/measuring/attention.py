@@ -11,7 +11,8 @@ Accepted names (:func:`known`): every implementation the installed release knows
 ``AttentionInterface`` / ``ALL_ATTENTION_FUNCTIONS``, ``paged|<name>`` where it takes that prefix), the names any
 release since 4.45 knew (skipped with the reason where this one lacks them), a Hub kernel ``owner/repo[@rev][:fn]``
 (skipped without the ``kernels`` package or with the Hub offline), and whatever a ``-p`` module, a ``conftest.py`` or
-an entry point in the group :data:`ENTRY_POINT_GROUP` registered in ``AttentionInterface`` before the run starts.
+an entry point in the group ``kvcache_passes.attention`` (:data:`ATTENTION_ENTRY_POINTS`) registered in
+``AttentionInterface`` before the run starts.
 An entry point's object is a function called with no argument that registers (e.g. calls
 ``AttentionInterface.register(name, fn)``), like the cache entry points of ``kvcache_passes.caches``.
 
@@ -26,11 +27,10 @@ import os
 import re
 from typing import Any
 
-from kvcache.measuring.cachespec import CacheSpec, Unsupported, failed_to_load, run_entry_points
+from kvcache.measuring.cachespec import CacheSpec, EntryPoints, Unsupported
 
 DEFAULT = "sdpa"  # what kvcache.measuring.compat.from_config builds every model with: its records keep plain names
 SEPARATOR = "@"
-ENTRY_POINT_GROUP = "kvcache_passes.attention"
 #: names some release since 4.45 knows: where the installed one lacks them they are skipped, not a usage error
 EVER_KNOWN = ("eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3", "flash_attention_4",
               "paged|sdpa", "paged|eager", "paged|flash_attention_2", "paged|flash_attention_3", "sdpa_paged",
@@ -38,8 +38,9 @@ EVER_KNOWN = ("eager", "sdpa", "flex_attention", "flash_attention_2", "flash_att
 HUB_KERNEL = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w.-]+)?(:[\w.-]+)?$")
 PAGING = ("paged|", "sdpa_paged", "eager_paged")  # names that read a paged cache (a prefix or whole names)
 
-ENTRY_POINT_PROBLEMS: list[str] = []
-_entry_points_loaded = False
+#: The entry points installed packages register attention functions through: each names a function called with no
+#: argument that registers; one that failed is named in unknown-name errors.
+ATTENTION_ENTRY_POINTS = EntryPoints("kvcache_passes.attention", lambda register: register())
 _DERIVED: dict[str, CacheSpec] = {}
 
 
@@ -47,7 +48,7 @@ class AttentionError(ValueError):
     """A ``--kv-attn`` value (or a ``<cache>@<attention>`` key) naming no implementation; one line."""
 
 
-def key(cache: str, attention: str) -> str:
+def record_key(cache: str, attention: str) -> str:
     """The record key of ``cache`` under ``attention``: the class's name under the default, else ``cache@attention``."""
     return cache if attention == DEFAULT else f"{cache}{SEPARATOR}{attention}"
 
@@ -64,18 +65,6 @@ def split(name: str) -> tuple[str, str | None]:
 def paging(name: str) -> bool:
     """Whether ``name`` is an implementation that reads a paged cache (``paged|sdpa``, ``sdpa_paged`` ...)."""
     return name.startswith(PAGING[0]) or name in PAGING[1:]
-
-
-def load_entry_points() -> list[str]:
-    """Run the registering functions of the entry points in :data:`ENTRY_POINT_GROUP` (once); return one line per
-    entry point that failed (also named in unknown-name errors)."""
-    global _entry_points_loaded
-    if _entry_points_loaded:
-        return []
-    _entry_points_loaded = True
-    problems = run_entry_points(ENTRY_POINT_GROUP, lambda register: register())
-    ENTRY_POINT_PROBLEMS.extend(problems)
-    return problems
 
 
 def registered() -> list[str]:
@@ -106,7 +95,7 @@ def takes_paged_prefix() -> bool:
 def release_knows() -> list[str]:
     """Every implementation the installed release can run a model under: ``eager``, ``sdpa``, its registry, and
     ``paged|<name>`` of each where it takes that prefix."""
-    load_entry_points()
+    ATTENTION_ENTRY_POINTS.load()
     names = ["eager", "sdpa", *registered()]
     if takes_paged_prefix():
         names += [f"paged|{n}" for n in list(names) if not paged_or_internal(n)]
@@ -122,39 +111,40 @@ def known() -> list[str]:
     return list(dict.fromkeys([*release_knows(), *EVER_KNOWN]))
 
 
-def _unknown(prefix: str, name: str) -> AttentionError:
+def unknown_attention(prefix: str, name: str) -> AttentionError:
     return AttentionError(f"{prefix}unknown attention implementation {name!r}; this release accepts: "
                           f"{', '.join(known())}, a Hub kernel owner/repo[:function], or a name registered in "
-                          f"AttentionInterface by a -p module, conftest.py or an entry point in {ENTRY_POINT_GROUP}"
-                          f"{failed_to_load(ENTRY_POINT_PROBLEMS)}")
+                          f"AttentionInterface by a -p module, conftest.py or an entry point in "
+                          f"{ATTENTION_ENTRY_POINTS.group}{ATTENTION_ENTRY_POINTS.failed()}")
 
 
-def check(name: str, prefix: str = "--kv-attn: ") -> str:
+def accepted(name: str, prefix: str = "--kv-attn: ") -> str:
     """``name`` if accepted (:func:`known`, or a Hub kernel), else a one-line :class:`AttentionError`."""
     if name in known() or HUB_KERNEL.match(name):
         return name
-    raise _unknown(prefix, name)
+    raise unknown_attention(prefix, name)
 
 
-def parse(text: str) -> list[str]:
+def parse_attentions(text: str) -> list[str]:
     """``"sdpa,eager"`` -> names, each once; empty or an unknown name is a one-line :class:`AttentionError`."""
     names = [part.strip() for part in str(text).split(",") if part.strip()]
     if not names:
         raise AttentionError(f"--kv-attn {text!r} names no attention implementation (e.g. sdpa,eager)")
-    return [check(name) for name in dict.fromkeys(names)]
+    return [accepted(name) for name in dict.fromkeys(names)]
 
 
 def cross(caches: list[str] | tuple[str, ...], attentions: list[str]) -> list[str]:
-    """Every class under every implementation, class by class: the keys a run measures (:func:`key`), each once; a
-    ``--kv-caches`` entry that already names its attention (``dynamic@eager``) is kept as it is."""
-    out = [cache if SEPARATOR in cache else key(cache, attention) for cache in caches for attention in attentions]
+    """Every class under every implementation, class by class: the keys a run measures (:func:`record_key`), each
+    once; a ``--kv-caches`` entry that already names its attention (``dynamic@eager``) is kept as it is."""
+    out = [cache if SEPARATOR in cache else record_key(cache, attention)
+           for cache in caches for attention in attentions]
     return list(dict.fromkeys(out))
 
 
 def derived(base: CacheSpec, attention: str) -> CacheSpec:
-    """``base`` under ``attention``, named :func:`key`; its ``prepare`` raises :class:`compat.Unsupported` with the
-    reason when the pair cannot run here (:func:`pair_reason`, :func:`unavailable_reason`)."""
-    name = key(base.name, attention)
+    """``base`` under ``attention``, named :func:`record_key`; its ``prepare`` raises :class:`compat.Unsupported` with
+    the reason when the pair cannot run here (:func:`pair_reason`, :func:`attention_unavailable_reason`)."""
+    name = record_key(base.name, attention)
     if name == base.name:
         return base
     if name in _DERIVED and _DERIVED[name].build is base.build:
@@ -163,7 +153,7 @@ def derived(base: CacheSpec, attention: str) -> CacheSpec:
     runs = runs_as(attention)
 
     def prepare() -> None:
-        reason = pair_reason(base, attention) or unavailable_reason(runs)
+        reason = pair_reason(base, attention) or attention_unavailable_reason(runs)
         if reason:
             raise Unsupported(reason)
         if "flex" in attention:
@@ -223,7 +213,7 @@ def pair_reason(base: CacheSpec, attention: str) -> str | None:
     return None
 
 
-def unavailable_reason(attention: str, device_type: str | None = None) -> str | None:
+def attention_unavailable_reason(attention: str, device_type: str | None = None) -> str | None:
     """Why ``attention`` cannot run on this machine and release, or None: a release without it, ``flash_*`` without a
     CUDA GPU or its package, a Hub kernel without the ``kernels`` package or with the Hub offline."""
     from kvcache.measuring import compat

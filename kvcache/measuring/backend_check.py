@@ -83,7 +83,8 @@ def math_mismatch(device_passes: float | None, cpu_passes: float | None, toleran
     return None
 
 
-def table(checks: list[CallCheck], math_rows: dict[str, tuple[float | None, float | None]]) -> tuple[list[str], int]:
+def mismatch_table(checks: list[CallCheck],
+                   math_rows: dict[str, tuple[float | None, float | None]]) -> tuple[list[str], int]:
     """The printed table (calls grouped by cache and outcome) and the number of mismatches."""
     lines, mismatches = [], 0
     groups: dict[tuple[str, str, str], int] = {}
@@ -124,7 +125,7 @@ def efficient_gqa_probe(device: str = "cuda", can_use: Callable[[Any], bool] | N
             int(took != expected))
 
 
-def check(model: str, caches: list[str], dtype: str = "bfloat16", context: int = 512,
+def check_backends(model: str, caches: list[str], dtype: str = "bfloat16", context: int = 512,
           choose: Callable[..., str] = torch_choice, device: str = "cuda",
           capability: tuple[int, int] | None = None) -> tuple[list[str], int]:
     """Run the check on ``device``: every SDPA call of one step of each class at ``context`` tokens observed
@@ -153,7 +154,7 @@ def check(model: str, caches: list[str], dtype: str = "bfloat16", context: int =
             passes = {where: (s.count(cache).get("backends") or {}).get("math", {}).get("passes")
                       for where, s in sessions.items()}
             math_rows[cache] = (passes[device], passes["cpu"])
-    lines, mismatches = table(checks, math_rows)
+    lines, mismatches = mismatch_table(checks, math_rows)
     if device == "cuda":  # the rule the releases differ by, asked directly (a T4 is not needed)
         line, wrong = efficient_gqa_probe(device)
         lines.append(line)
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     model = args[0] if args else "smollm2-135m"
     caches = (args[1] if len(args) > 1 else "dynamic,static").split(",")
     dtype = args[2] if len(args) > 2 else "bfloat16"
-    lines, mismatches = check(model, caches, dtype)
+    lines, mismatches = check_backends(model, caches, dtype)
     print("\n".join(lines))
     print(f"backend check: {mismatches} mismatch(es)")
     return 1 if mismatches else 0

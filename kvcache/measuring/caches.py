@@ -22,11 +22,10 @@ import importlib.util
 from typing import Any, Callable
 
 from kvcache.measuring import attention as attentions
-from kvcache.measuring.cachespec import CacheRequest, CacheSpec, Unsupported, failed_to_load, run_entry_points
+from kvcache.measuring.cachespec import CacheRequest, CacheSpec, EntryPoints, Unsupported
 
 __all__ = ["CacheError", "CacheRequest", "CacheSpec", "register_cache", "registry", "get", "parse_caches"]
 
-ENTRY_POINT_GROUP = "kvcache_passes.caches"
 
 
 class CacheError(ValueError):
@@ -34,9 +33,22 @@ class CacheError(ValueError):
 
 
 _REGISTRY: dict[str, CacheSpec] = {}
-_entry_points_loaded = False
-ENTRY_POINT_PROBLEMS: list[str] = []  # entry points that failed to load, named in unknown-class errors
 _builtins_registered = False
+
+
+def _register_entry_point(obj: Any) -> None:
+    """What an entry point of ``kvcache_passes.caches`` names: a :class:`CacheSpec` (registered unless the name is
+    taken) or a function that registers."""
+    if isinstance(obj, CacheSpec):
+        _REGISTRY.setdefault(obj.name, obj)
+    else:
+        obj()
+
+
+#: The entry points installed packages add cache classes through; one that failed is named in unknown-class errors.
+CACHE_ENTRY_POINTS = EntryPoints("kvcache_passes.caches", _register_entry_point)
+#: The entry-point group of cache classes (public: :data:`kvcache.caches.ENTRY_POINT_GROUP`).
+ENTRY_POINT_GROUP = CACHE_ENTRY_POINTS.group
 
 
 def register_cache(name: str, build: Callable[[CacheRequest], Any] | None = None, *, replace: bool = False,
@@ -56,26 +68,13 @@ def register_cache(name: str, build: Callable[[CacheRequest], Any] | None = None
 
 
 def load_entry_points() -> list[str]:
-    """Register the classes installed packages offer; return one line per entry point that failed."""
-    global _entry_points_loaded
-    if _entry_points_loaded:
-        return []
-    _entry_points_loaded = True
-
-    def use(obj: Any) -> None:
-        if isinstance(obj, CacheSpec):
-            _REGISTRY.setdefault(obj.name, obj)
-        else:
-            obj()
-
-    problems = run_entry_points(ENTRY_POINT_GROUP, use)
-    ENTRY_POINT_PROBLEMS.extend(problems)
-    return problems
+    """Register the classes installed packages offer (once); return one line per entry point that failed."""
+    return CACHE_ENTRY_POINTS.load()
 
 
-def _unknown(prefix: str, name: str, specs: dict) -> CacheError:
+def unknown_class(prefix: str, name: str, specs: dict) -> CacheError:
     return CacheError(f"{prefix}unknown cache class {name!r}; known: {', '.join(specs)}, or all"
-                      f"{failed_to_load(ENTRY_POINT_PROBLEMS)}")
+                      f"{CACHE_ENTRY_POINTS.failed()}")
 
 
 def registry() -> dict[str, CacheSpec]:
@@ -93,7 +92,7 @@ def get(name: str) -> CacheSpec:
         return specs[name]
     base, attention = attentions.split(name)
     if attention is None or base not in specs:
-        raise _unknown("", base if attention is not None else name, specs)
+        raise unknown_class("", base if attention is not None else name, specs)
     return attentions.derived(specs[base], attention)
 
 
@@ -108,16 +107,16 @@ def parse_caches(text: str) -> list[str]:
     for name in names:
         base, attention = attentions.split(name)
         if base not in specs:
-            raise _unknown("--kv-caches: ", base, specs)
+            raise unknown_class("--kv-caches: ", base, specs)
         if attention is not None:  # <class>@<attention>: checked against the release's implementations
             try:
-                attentions.check(attention, prefix=f"--kv-caches {name}: ")
+                attentions.accepted(attention, prefix=f"--kv-caches {name}: ")
             except attentions.AttentionError as exc:
                 raise CacheError(str(exc)) from None
     return list(dict.fromkeys(names))
 
 
-def unavailable_reason(spec: CacheSpec, device_type: str) -> str | None:
+def cache_unavailable_reason(spec: CacheSpec, device_type: str) -> str | None:
     """Why ``spec`` cannot run here (device, release, package), or None if it can.
 
     Runs the class's ``prepare``: whatever it raises is a skip with the reason, never an error of the
@@ -137,7 +136,7 @@ def unavailable_reason(spec: CacheSpec, device_type: str) -> str | None:
     except Exception as exc:  # noqa: BLE001 - a class that cannot be prepared is skipped, not a crash
         from kvcache.measuring import compat
 
-        return f"{spec.name} could not be prepared: {compat.described(exc)}"
+        return f"{spec.name} could not be prepared: {compat.exception_line(exc)}"
     return None
 
 
@@ -257,20 +256,20 @@ def _prepare_sink() -> None:
 
 
 def _paged_unbuilt(req: CacheRequest) -> Any:
-    """``paged`` brings its own point (:class:`kvcache.measuring.paged.PagedPoint`), which builds the release's
+    """``paged`` brings its own point (:class:`kvcache.measuring.paged_point.PagedPoint`), which builds the release's
     PagedAttentionCache for its batch itself; a bare request cannot say how many sequences it holds."""
-    raise Unsupported("paged: the cache is built by its own point (kvcache.measuring.paged.PagedPoint), "
+    raise Unsupported("paged: the cache is built by its own point (kvcache.measuring.paged_point.PagedPoint), "
                              "not from a bare CacheRequest")
 
 
 def _prepare_paged() -> None:
-    from kvcache.measuring import paged
+    from kvcache.measuring import paged_point
 
-    paged.prepare()
+    paged_point.supported_api()
 
 
 def _paged_point(*args: Any, **kwargs: Any) -> Any:
-    from kvcache.measuring.paged import PagedPoint
+    from kvcache.measuring.paged_point import PagedPoint
 
     return PagedPoint(*args, **kwargs)
 

@@ -51,7 +51,7 @@ class CacheSpec:
     registry knows; default ``"sdpa"``);
     ``prepare`` (optional): called with no argument before the class is used; whatever it raises skips the class
     with the reason (:class:`Unsupported`: its message; ``ImportError``: the missing package named; anything else:
-    named with its type; see ``kvcache.measuring.caches.unavailable_reason``);
+    named with its type; see ``kvcache.measuring.caches.cache_unavailable_reason``);
     ``devices``: the device types (``torch.device.type``: ``"cpu"``, ``"cuda"``...) the class runs on; None: any;
     elsewhere it is skipped with the reason;
     ``memory_factor``: the cache sizes a step holds at its peak, in units of the logical KV bytes of the point's
@@ -126,25 +126,39 @@ def spec_problem(spec: CacheSpec) -> str | None:
     return None
 
 
-def run_entry_points(group: str, use: Callable[[Any], None]) -> list[str]:
-    """Load every installed entry point of ``group`` and pass what it names to ``use``; one line per entry point
-    that failed (a broken plug-in must not stop the suite: it is named where its name would be looked up)."""
-    from importlib.metadata import entry_points
+class EntryPoints:
+    """The installed entry points of one ``group`` (``kvcache_passes.caches``, ``kvcache_passes.attention``), loaded
+    once per process (:meth:`load`), what each names passed to ``use``. One that fails to load stops nothing: it is
+    kept in :attr:`problems` and named where its name would have been looked up (:meth:`failed`)."""
 
-    try:
-        found = entry_points(group=group)
-    except TypeError:  # Python 3.9
-        found = entry_points().get(group, [])
-    problems = []
-    for ep in found:
+    def __init__(self, group: str, use: Callable[[Any], None]) -> None:
+        self.group = group
+        self.use = use
+        self.loaded = False
+        self.problems: list[str] = []
+
+    def load(self) -> list[str]:
+        """Load the group's entry points the first time (later calls do nothing); one line per entry point that
+        failed."""
+        if self.loaded:
+            return []
+        self.loaded = True
+        from importlib.metadata import entry_points
+
         try:
-            use(ep.load())
-        except Exception as exc:  # noqa: BLE001
-            problems.append(f"entry point {ep.name!r} ({ep.value}): {type(exc).__name__}: {exc}")
-    return problems
+            found = entry_points(group=self.group)
+        except TypeError:  # Python 3.9
+            found = entry_points().get(self.group, [])
+        problems = []
+        for ep in found:
+            try:
+                self.use(ep.load())
+            except Exception as exc:  # noqa: BLE001
+                problems.append(f"entry point {ep.name!r} ({ep.value}): {type(exc).__name__}: {exc}")
+        self.problems.extend(problems)
+        return problems
 
-
-def failed_to_load(problems: list[str]) -> str:
-    """``" (failed to load: <problem>; <problem>)"``, the end of an unknown-name error naming the entry points that
-    failed (:func:`run_entry_points`); ``""`` when none did."""
-    return f" (failed to load: {'; '.join(problems)})" if problems else ""
+    def failed(self) -> str:
+        """``" (failed to load: <problem>; <problem>)"``, the end of an unknown-name error naming the entry points
+        that failed; ``""`` when none did."""
+        return f" (failed to load: {'; '.join(self.problems)})" if self.problems else ""

@@ -26,7 +26,7 @@ def available(kind: str) -> bool:
     return False
 
 
-def resolve(choice: str) -> torch.device:
+def resolve_device(choice: str) -> torch.device:
     """``auto`` picks cuda, then mps, then cpu; asking for an absent device is a usage error."""
     if choice not in DEVICE_CHOICES:
         raise DeviceError(f"--kv-device {choice!r} is not one of {', '.join(DEVICE_CHOICES)}")
@@ -100,7 +100,7 @@ class Device:
 
     @classmethod
     def from_choice(cls, choice: str) -> Device:
-        dev = resolve(choice)
+        dev = resolve_device(choice)
         return cls(dev, synchronizer(dev))
 
     @property

@@ -2,9 +2,9 @@
 
 :func:`installed_api` reads the release once into a :class:`PagedAPI` (the attention name from its registry,
 ``update``'s form from its signature, the mask builder from its modules, the rest by release range); the
-functions below build the release's ``PagedAttentionCache`` for a point (:func:`new_cache`), allocate its blocks
+functions below build the release's ``PagedAttentionCache`` for a point (:func:`new_paged_cache`), allocate its blocks
 (:func:`allocate`) and read the physical slot of every position from the cache's own index helpers
-(:func:`slot_lists`). The point that steps the cache is :class:`kvcache.measuring.paged.PagedPoint`; the
+(:func:`slot_lists`). The point that steps the cache is :class:`kvcache.measuring.paged_point.PagedPoint`; the
 release-by-release table is in docs/releases.md.
 """
 
@@ -89,7 +89,7 @@ def _takes_kwargs_dict(update: Callable[..., Any]) -> bool:
 @cache
 def installed_api() -> PagedAPI:
     """The installed release's :class:`PagedAPI`, or :class:`compat.Unsupported` with the reason where it has no
-    ``PagedAttentionCache`` (the release gate itself is :func:`kvcache.measuring.paged.unsupported_reason`)."""
+    ``PagedAttentionCache`` (the release gate itself is :func:`kvcache.measuring.paged_point.unsupported_reason`)."""
     module = _import(PAGED_MODULE)
     cache_class = getattr(module, "PagedAttentionCache", None)
     if cache_class is None:
@@ -191,7 +191,7 @@ def _distributed_helper() -> Any:
     return helper(**{name: None for name, p in params.items() if p.default is inspect.Parameter.empty})
 
 
-def new_cache(r: PagedAPI, model: Any, device: torch.device, dtype: torch.dtype,
+def new_paged_cache(r: PagedAPI, model: Any, device: torch.device, dtype: torch.dtype,
               tokens: list[int]) -> tuple[Any, int]:
     """The release's PagedAttentionCache with room for ``tokens[i]`` tokens of every sequence (whole blocks of the
     release's default size), and that block size."""
@@ -280,7 +280,7 @@ def slot_lists(cache: Any, request_id: str, tokens: int) -> list[list[int]]:
     return write
 
 
-def layer_types(cache: Any) -> list[str]:
+def cache_layer_types(cache: Any) -> list[str]:
     """The layer types the cache's keyword dicts are keyed by (5.18+: one allocator per type)."""
     return list(getattr(cache, "cache_allocators", None) or ["full_attention"])
 

@@ -70,7 +70,7 @@ def check_copy_memory(settings: Settings) -> None:
     """The copy-bandwidth tensor is allocated twice (source and destination): both must fit in free memory."""
     from kvcache.measuring import devices
 
-    device = devices.resolve(settings.device)
+    device = devices.resolve_device(settings.device)
     need, free = 2 * settings.copy_bytes, devices.free_bytes(device)
     if need > free:
         raise SettingsError(f"--kv-copy-mib {settings.copy_bytes >> 20}: the copy-bandwidth tensor needs "
@@ -122,7 +122,7 @@ def check_model_memory(settings: Settings, *, free: dict[str, int] | None = None
 
     from kvcache.measuring import devices
 
-    device = devices.resolve(settings.device)
+    device = devices.resolve_device(settings.device)
     need = model_memory(settings)
     free = dict(free or {})
     for where in (device, torch.device("cpu")):

@@ -170,7 +170,7 @@ class KVSession:
         timed measurement, whose preparation ends (:func:`stages.prepared`) between its fill and its warm-up."""
         self.used = True
         spec = caches.get(cache)
-        reason = caches.unavailable_reason(spec, self.device.type) or (
+        reason = caches.cache_unavailable_reason(spec, self.device.type) or (
             self.compiled.unavailable_reason() if compiled_forward else None)
         if reason:
             raise self.skip(cache, None, reason)

@@ -129,7 +129,7 @@ def _write_json(state: KVState, path: str | Path, text: str) -> bool:
     try:
         files.write_text_atomically(path, text)
     except OSError as exc:
-        state.unwritten.append(f"--benchmark-json {files.shown(path)} NOT written ({exc.strerror or exc})")
+        state.unwritten.append(f"--benchmark-json {files.path_shown(path)} NOT written ({exc.strerror or exc})")
         return False
     return True
 

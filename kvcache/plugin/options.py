@@ -67,6 +67,6 @@ def _crossed_with_attention(caches_: tuple[str, ...], text: str) -> tuple[str, .
     from kvcache.measuring import attention
 
     try:
-        return tuple(attention.cross(caches_, attention.parse(text)))
+        return tuple(attention.cross(caches_, attention.parse_attentions(text)))
     except attention.AttentionError as exc:
         raise SettingsError(str(exc)) from None

@@ -50,11 +50,11 @@ def check_before_running(config: pytest.Config, state: KVState) -> None:
     from kvcache.analysing.presets import ModelError
     from kvcache.measuring import preflight
     from kvcache.measuring.configs import load_config
-    from kvcache.measuring.devices import DeviceError, resolve
+    from kvcache.measuring.devices import DeviceError, resolve_device
 
     settings = state.settings
     try:
-        resolve(settings.device)
+        resolve_device(settings.device)
         check_files(config, settings)  # no two outputs on one file; each output really writable
         preflight.check(config, settings)  # paths the run writes, copy tensor against free memory
         load_config(settings.model)

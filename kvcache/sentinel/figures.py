@@ -23,8 +23,8 @@ ANY = "*"  # in a family's path: every key found there
 
 @dataclass(frozen=True)
 class Family:
-    """Figures of one kind: the bisect measure (:data:`kvcache.bisect.search.MEASURES`) whose field, per-op parts and
-    tolerance they have, found at ``path`` inside each class's record (:data:`ANY`: every key there)."""
+    """Figures of one kind: the bisect measure (:data:`kvcache.bisect.search.BISECT_MEASURES`) whose field, per-op
+    parts and tolerance they have, found at ``path`` inside each class's record (:data:`ANY`: every key there)."""
 
     measure: str
     path: tuple[str, ...] = ()
@@ -84,12 +84,12 @@ def figures(kv: KV) -> dict[str, Watched]:
     """Every figure of :data:`FAMILIES` the run measured, by key, in the table's order then the run's."""
     found: dict[str, Watched] = {}
     for family in FAMILIES:
-        base = search.MEASURES[family.measure]
+        base = search.BISECT_MEASURES[family.measure]
         records: dict[str, Any] = kv.traffic if base.section == "traffic" else kv.memory
         for cache, record in records.items():
             for path in _paths(record.to_json(), family.path):
                 measure = replace(base, path=path)
-                fig = search.figure(kv, measure, cache)
+                fig = search.figure_of(kv, measure, cache)
                 if fig.value is None:
                     continue
                 key = ".".join([base.section, cache, *path, base.key])
@@ -107,7 +107,7 @@ class Moved:
     after: Watched | None
 
 
-def moved(reference: dict[str, float], new: dict[str, Watched]) -> list[Moved]:
+def moved_figures(reference: dict[str, float], new: dict[str, Watched]) -> list[Moved]:
     """The figures of ``reference`` ({key: value}) that ``new`` changed beyond their tolerance or no longer has, in
     ``reference``'s order. A figure only ``new`` has is no change: it is recorded from then on."""
     out = []

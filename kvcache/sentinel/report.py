@@ -14,7 +14,7 @@ from kvcache.bisect import search
 from kvcache.bisect.report import bisect_options
 
 if TYPE_CHECKING:
-    from kvcache.bisect.probes import Item, Probe
+    from kvcache.bisect.probing import ProbeResult, Revision
     from kvcache.bisect.walk import Plan
     from kvcache.sentinel.figures import Watched
 
@@ -28,8 +28,8 @@ class Found:
     head: dict[str, Watched] = field(default_factory=dict)
 
 
-JSON_FORMAT = 1
-MARKER = "<!-- kvcache-sentinel: {key} -->"  # in each issue body: the change the issue is about
+SENTINEL_JSON_FORMAT = 1
+ISSUE_MARKER = "<!-- kvcache-sentinel: {key} -->"  # in each issue body: the change the issue is about
 
 
 def _figure(watched: Watched) -> dict[str, Any]:
@@ -101,7 +101,7 @@ def settle(opened: list[dict[str, Any]], found: Found, head: str) -> tuple[list[
     return still, recovered
 
 
-def key_of(change: dict[str, Any]) -> str:
+def change_key(change: dict[str, Any]) -> str:
     """The change an issue is about: the commit (or release) that made it, else the range's figure; letters, digits
     and ``. _ @ -`` only (it goes into the issue's marker and the workflow's filter)."""
     key = change["commit"] or (f"candidates-{change['candidates'][0]}" if change["candidates"]
@@ -109,13 +109,13 @@ def key_of(change: dict[str, Any]) -> str:
     return re.sub(r"[^A-Za-z0-9._@-]", "-", key)
 
 
-def document(mode: str, where: str, branch: str | None, start: Item, end: Item | None, options: list[str],
+def document(mode: str, where: str, branch: str | None, start: Revision, end: Revision | None, options: list[str],
              notes: list[str]) -> dict[str, Any]:
-    return {"kvcache_sentinel": JSON_FORMAT, "mode": mode, "where": where, "branch": branch, "last": start.name,
-            "head": end.name if end is not None else None, "options": options, "notes": notes}
+    return {"kvcache_sentinel": SENTINEL_JSON_FORMAT, "mode": mode, "where": where, "branch": branch,
+            "last": start.name, "head": end.name if end is not None else None, "options": options, "notes": notes}
 
 
-def probe_json(probe: Probe) -> dict[str, Any]:
+def probe_entry(probe: ProbeResult) -> dict[str, Any]:
     """One probe of the run: the commit or release, what it imported, and why it has no figures (a skip)."""
     return {"item": probe.item.name, "subject": probe.item.subject, "transformers": probe.transformers,
             "skipped": probe.kv is None, "reason": probe.reason, "untrusted": probe.untrusted,
@@ -123,10 +123,10 @@ def probe_json(probe: Probe) -> dict[str, Any]:
 
 
 def fill(doc: dict[str, Any], found: Found, recovered: list[dict[str, Any]], still: list[dict[str, Any]], code: int,
-         probes: list[Probe]) -> None:
+         probes: list[ProbeResult]) -> None:
     """Complete ``doc`` with what the run found, the changes open and recovered, one issue per change, the probes
     and the exit status."""
-    doc["probes"] = [probe_json(p) for p in probes]
+    doc["probes"] = [probe_entry(p) for p in probes]
     doc.setdefault("status", "changed" if found.steps or recovered else "unchanged")
     if found.head:
         doc["figures"] = {k: w.value for k, w in found.head.items()}
@@ -137,11 +137,11 @@ def fill(doc: dict[str, Any], found: Found, recovered: list[dict[str, Any]], sti
 
 
 def grouped(opened: list[dict[str, Any]], recovered: list[dict[str, Any]]) -> dict[str, dict[str, list]]:
-    """``{change key: {"open": [...], "recovered": [...]}}``: the figures of each change (:func:`key_of`)."""
+    """``{change key: {"open": [...], "recovered": [...]}}``: the figures of each change (:func:`change_key`)."""
     groups: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for state, items in (("open", opened), ("recovered", recovered)):
         for change in items:
-            groups.setdefault(key_of(change), {"open": [], "recovered": []})[state].append(change)
+            groups.setdefault(change_key(change), {"open": [], "recovered": []})[state].append(change)
     return groups
 
 
@@ -163,10 +163,15 @@ def value(number: float | None, unit: str) -> str:
     return f"{number:g}" if unit == "ops" else f"{number:.3f}" if unit == "weight passes" else f"{number:.2f}"
 
 
+def measure_of(change: dict[str, Any]) -> search.Measure:
+    """The bisect measure a change was found in (counted passes for a change recorded without one)."""
+    return search.BISECT_MEASURES.get(change.get("measure", ""), search.BISECT_MEASURES["passes"])
+
+
 def change_rows(changes: list[dict[str, Any]], now: bool) -> list[str]:
     table = tables.Table(["figure", "before", "after", *(["now"] if now else []), "ops that changed"])
     for c in changes:
-        measure = search.MEASURES.get(c.get("measure", ""), search.MEASURES["passes"])
+        measure = measure_of(c)
         ops = search.fmt_changes(c["ops"], measure) if c.get("ops") else (c.get("reason") or tables.MISSING)
         table.rows.append([c["label"], value(c["before"], c["unit"]), value(c["after"], c["unit"]),
                            *([value(c.get("now"), c["unit"])] if now else []), ops])
@@ -213,10 +218,10 @@ def footer(doc: dict[str, Any]) -> list[str]:
 
 
 def issue_body(key: str, parts: dict[str, list[dict[str, Any]]], doc: dict[str, Any]) -> str:
-    return "\n".join([MARKER.format(key=key), *section(key, parts, doc), *footer(doc)]) + "\n"
+    return "\n".join([ISSUE_MARKER.format(key=key), *section(key, parts, doc), *footer(doc)]) + "\n"
 
 
-def markdown(doc: dict[str, Any]) -> str:
+def issue_out_body(doc: dict[str, Any]) -> str:
     """The ``--issue-out`` body: every change of the run and every change it found recovered."""
     lines = [f"## kvcache sentinel: {doc['status']}"]
     if doc.get("reason"):
@@ -241,13 +246,13 @@ def release_table(doc: dict[str, Any]) -> list[str]:
             continue
         moved = [f"{c['label']} {value(c['before'], c['unit'])} → {value(c['after'], c['unit'])}"
                  for c in row["changes"]]
-        ops = [search.fmt_changes(c["ops"], search.MEASURES.get(c.get("measure", ""), search.MEASURES["passes"]))
+        ops = [search.fmt_changes(c["ops"], measure_of(c))
                for c in row["changes"] if c.get("ops")]
         table.rows.append([row["release"], "; ".join(moved) or "none", "; ".join(dict.fromkeys(ops))])
     return tables.markdown(table)
 
 
-def lines(doc: dict[str, Any]) -> list[str]:
+def terminal_lines(doc: dict[str, Any]) -> list[str]:
     """The closing lines for the terminal."""
     out = []
     for c in doc["changes"]:
@@ -256,7 +261,7 @@ def lines(doc: dict[str, Any]) -> list[str]:
         out.append(f"{c['kind']}: {c['label']} {value(c['before'], c['unit'])} -> {value(c['after'], c['unit'])} "
                    f"at {at}" + (f"  {c['subject']}" if c["subject"] else ""))
         if c.get("ops"):
-            measure = search.MEASURES.get(c.get("measure", ""), search.MEASURES["passes"])
+            measure = measure_of(c)
             out.append(f"  ops that changed: {search.fmt_changes(c['ops'], measure)}")
     for c in doc["recovered"]:
         out.append(f"recovered: {c['label']} back to {value(c['now'], c['unit'])} (changed at "

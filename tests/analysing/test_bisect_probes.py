@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from kvcache.analysing.records import KV
-from kvcache.bisect import probes, runners, server
+from kvcache.bisect import probing, runners, server
 
 
 def suite(tmp_path, extra=()):
-    return probes.Suite("tiny", "dynamic", None, None, None, list(extra), tmp_path)
+    return probing.Suite("tiny", "dynamic", None, None, None, list(extra), tmp_path)
 
 
 def test_probes_run_on_the_cpu_unless_a_device_is_given_and_the_device_keys_the_cache(tmp_path):
@@ -26,7 +26,7 @@ def test_probes_run_on_the_cpu_unless_a_device_is_given_and_the_device_keys_the_
     assert "--kv-device" in plain.identity()["options"]
     cuda = suite(tmp_path, ["--kv-device", "cuda"])
     assert cuda.options().count("--kv-device") == 1 and cuda.options()[-1] == "cuda"
-    keyed = {probes.ProbeCache(tmp_path, s.identity()).identity_hash
+    keyed = {probing.ProbeCache(tmp_path, s.identity()).identity_hash
              for s in (plain, cuda, suite(tmp_path, ["--kv-device=cuda"]))}
     assert len(keyed) == 3
 
@@ -49,7 +49,7 @@ def test_a_plugin_module_after_the_dashes_is_keyed_by_its_content(tmp_path, monk
 
 def test_the_suite_hash_covers_the_whole_package():
     """The hash left out kvcache/analysing/analysis.py and records.py, which build kv.traffic from the counts."""
-    names = {str(file.relative_to(root)) for root, file in probes.suite_files()}
+    names = {str(file.relative_to(root)) for root, file in probing.suite_files()}
     for part in ("analysing/analysis.py", "analysing/records.py", "measuring/traffic.py", "plugin/__init__.py"):
         assert f"kvcache{os.sep}{part.replace('/', os.sep)}" in names, part
     assert any("test_traffic.py" in name for name in names)
@@ -68,7 +68,7 @@ def test_the_server_kills_a_probe_at_its_timeout_in_a_group_of_its_own(tmp_path)
         "def test_hang():\n"
         "    open('pgid.txt', 'w').write(str(os.getpgid(0) == os.getpid()))\n"
         "    time.sleep(60)\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep + str(Path(probes.__file__).resolve().parent.parent)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep + str(Path(probing.__file__).resolve().parents[2])}
     forks = server.ForkServer([], tmp_path, env)
     env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}  # the probe's own: no plugin (no torch) needed
     try:
@@ -91,7 +91,7 @@ class FakeSuite:
 
     def run(self, item, first_on_path, number):
         self.ran.append(item.name)
-        return probes.Probe(item, kv=KV())
+        return probing.ProbeResult(item, kv=KV())
 
     def close(self):
         pass
@@ -104,7 +104,7 @@ def test_a_commit_git_cannot_check_out_is_skipped_not_the_end(tmp_path, monkeypa
     def fake_git(repo, *args, check=True):
         calls.append(args)
         if args[:1] == ("checkout",) and args[-1] == "bad-sha" or args[:2] == ("worktree", "add") and args[-1] == "x":
-            raise probes.BisectError("git checkout --detach --force --quiet bad-sha failed in x: error: unable to "
+            raise probing.BisectError("git checkout --detach --force --quiet bad-sha failed in x: error: unable to "
                                      "create file")
         if args[:2] == ("worktree", "add"):
             Path(args[-2]).mkdir()
@@ -113,12 +113,12 @@ def test_a_commit_git_cannot_check_out_is_skipped_not_the_end(tmp_path, monkeypa
     monkeypatch.setattr(runners, "git", fake_git)
     fake = FakeSuite(tmp_path)
     runner = runners.CommitRunner(tmp_path, fake)
-    assert runner.measure(probes.Item("x", "x")).kv is None  # the first checkout (the ends came from the cache)
-    assert runner.measure(probes.Item("a", "a")).kv is not None
-    skipped = runner.measure(probes.Item("bad-sha", "bad-sha"))
+    assert runner.measure(probing.Revision("x", "x")).kv is None  # the first checkout (the ends came from the cache)
+    assert runner.measure(probing.Revision("a", "a")).kv is not None
+    skipped = runner.measure(probing.Revision("bad-sha", "bad-sha"))
     assert skipped.kv is None and not skipped.cacheable and "unable to create file" in skipped.reason
     (tmp_path / "worktree" / "src" / "__pycache__").mkdir(parents=True)
-    assert runner.measure(probes.Item("c", "c")).kv is not None  # the next commit is probed
+    assert runner.measure(probing.Revision("c", "c")).kv is not None  # the next commit is probed
     assert not (tmp_path / "worktree" / "src" / "__pycache__").exists()  # after an unknown state: no bytecode kept
     assert fake.ran == ["a", "c"]
     runner.close()

@@ -10,7 +10,7 @@ import pytest
 from kvcache.analysing import releases
 from kvcache.analysing.records import KV, SCHEMA
 from kvcache.bisect import plan as bisect_plan
-from kvcache.bisect import probes, search, walk
+from kvcache.bisect import probing, search, walk
 from kvcache.bisect import report as bisect_report
 from kvcache.commands import bisect as bisect_cli
 
@@ -44,8 +44,8 @@ class FakeRunner:
         self.asked.append(item.name)
         found = self.table[item.name]
         if isinstance(found, str):
-            return probes.Probe(item, reason=found)
-        return probes.Probe(item, kv=KV.from_json(found), transformers="5.24.0.dev0")
+            return probing.ProbeResult(item, reason=found)
+        return probing.ProbeResult(item, kv=KV.from_json(found), transformers="5.24.0.dev0")
 
     def close(self):
         pass
@@ -55,10 +55,10 @@ def run(figures, measure="passes", cls=None, cache=None):
     """Bisect over commits ``c0 .. c{n-1}`` after the good end ``g``; ``figures`` maps names to kv sections or skip
     reasons. Returns (exit, json document, lines, runner)."""
     names = [n for n in figures if n != "g"]
-    items = [probes.Item(n, n, f"subject of {n}", "2026-01-01") for n in names]
+    items = [probing.Revision(n, n, f"subject of {n}", "2026-01-01") for n in names]
     runner = FakeRunner(figures)
-    plan = walk.Plan((probes.Item("g", "g"), items[-1]), items, runner,
-                           cache or probes.ProbeCache(None, {"options": []}), search.MEASURES[measure], cls,
+    plan = walk.Plan((probing.Revision("g", "g"), items[-1]), items, runner,
+                           cache or probing.ProbeCache(None, {"options": []}), search.BISECT_MEASURES[measure], cls,
                            "test", [])
     said = []
     bisect = walk.Bisect(plan, said.append)
@@ -102,7 +102,7 @@ def test_a_commit_that_cannot_run_is_skipped_never_blamed():
 def test_only_skipped_commits_left_lists_them_and_exits_3():
     values = [3.0, 3.0, 3.0, 3.0, 5.0, 5.0, 5.0, 5.0, 5.0]
     code, doc, lines, _ = run(series(values, skip={1, 2}))
-    assert code == probes.EXIT_AMBIGUOUS and doc["first_bad"] is None
+    assert code == probing.EXIT_AMBIGUOUS and doc["first_bad"] is None
     assert doc["changes"][0]["candidates"] == ["c1", "c2", "c3"]
     assert "first bad commit: one of 3 (the others could not be measured): c1, c2, c3" in lines
 
@@ -162,7 +162,7 @@ def test_class_follows_the_first_that_changed_or_the_one_asked_for():
 
 
 def test_a_figure_the_runs_do_not_have_is_an_error():
-    with pytest.raises(probes.BisectError, match=r"--measure held: no class has memory held per step at both "
+    with pytest.raises(probing.BisectError, match=r"--measure held: no class has memory held per step at both "
                                                      r"ends \(the run has no memory figures \(kv.memory\)\)"):
         run(series([3.0, 5.0]), measure="held")
     table = series([3.0, 5.0])
@@ -174,20 +174,20 @@ def test_a_figure_the_runs_do_not_have_is_an_error():
 
 def test_an_end_that_cannot_be_measured_is_an_error():
     table = {"g": "ImportError: old", "c0": kv()}
-    with pytest.raises(probes.BisectError, match="the good end g cannot be measured: ImportError: old"):
+    with pytest.raises(probing.BisectError, match="the good end g cannot be measured: ImportError: old"):
         run(table)
 
 
 def test_probe_cache_round_trip_by_item_and_identity(tmp_path):
     table = series([3.0, 3.0, 5.0, 5.0])
-    cache = probes.ProbeCache(tmp_path, {"options": ["--kv-model", "tiny"]})
+    cache = probing.ProbeCache(tmp_path, {"options": ["--kv-model", "tiny"]})
     run(table, cache=cache)
     assert (tmp_path / cache.identity_hash / "identity.json").is_file()
-    code, doc, _, runner = run(table, cache=probes.ProbeCache(tmp_path, {"options": ["--kv-model", "tiny"]}))
+    code, doc, _, runner = run(table, cache=probing.ProbeCache(tmp_path, {"options": ["--kv-model", "tiny"]}))
     assert runner.asked == [] and all(p["cached"] for p in doc["probes"]) and doc["first_bad"] == "c1"
-    other = probes.ProbeCache(tmp_path, {"options": ["--kv-model", "smollm2-135m"]})
-    assert other.get(probes.Item("c0", "c0")) is None  # another identity: its own folder
-    probe = probes.Probe(probes.Item("c9", "c9"), reason="timed out", cacheable=False)
+    other = probing.ProbeCache(tmp_path, {"options": ["--kv-model", "smollm2-135m"]})
+    assert other.get(probing.Revision("c0", "c0")) is None  # another identity: its own folder
+    probe = probing.ProbeResult(probing.Revision("c9", "c9"), reason="timed out", cacheable=False)
     cache.put(probe)
     assert cache.get(probe.item) is None
     stored = json.loads((tmp_path / cache.identity_hash / "c0.json").read_text())
@@ -201,20 +201,20 @@ def test_search_steps():
     assert search.next_probe(-1, 7, {3: search.BAD, 1: search.GOOD}) == 2
     assert search.next_probe(-1, 0, {}) is None
     assert search.outcome(-1, 7, {3: search.GOOD, 4: search.SKIP, 5: search.BAD}) == (3, 5, [4])
-    assert search.verdict(5.0, 3.0, 5.0, 0.05) == search.BAD
-    assert search.verdict(3.05, 3.0, 5.0, 0.05) == search.GOOD  # at the tolerance: unchanged, as the gate judges
-    assert search.verdict(None, 3.0, 5.0, 0.05) == search.SKIP
-    assert search.verdict(2.0, 3.0, 5.0, 0.05) == search.GOOD and search.moved_away(2.0, 3.0, 5.0, 0.05)
+    assert search.good_or_bad(5.0, 3.0, 5.0, 0.05) == search.BAD
+    assert search.good_or_bad(3.05, 3.0, 5.0, 0.05) == search.GOOD  # at the tolerance: unchanged, as the gate judges
+    assert search.good_or_bad(None, 3.0, 5.0, 0.05) == search.SKIP
+    assert search.good_or_bad(2.0, 3.0, 5.0, 0.05) == search.GOOD and search.moved_away(2.0, 3.0, 5.0, 0.05)
     assert search.op_changes({"cat": 2.0, "x": 1.0}, {"cat": 2.0, "clone": 2.0}) == {"clone": 2.0, "x": -1.0}
 
 
 def test_failure_reason_is_the_exception_pytest_showed():
     log = ("INTERNALERROR> Traceback\nINTERNALERROR>   File \"x.py\", line 1\n"
            "INTERNALERROR> ImportError: cannot import name 'nope' from 'transformers.utils'\n")
-    assert probes.failure_reason(log, 3) == "ImportError: cannot import name 'nope' from 'transformers.utils'"
-    assert probes.failure_reason("E   ModuleNotFoundError: No module named 'x'\nERROR x\n", 2) == \
+    assert probing.failure_reason(log, 3) == "ImportError: cannot import name 'nope' from 'transformers.utils'"
+    assert probing.failure_reason("E   ModuleNotFoundError: No module named 'x'\nERROR x\n", 2) == \
         "ModuleNotFoundError: No module named 'x'"
-    assert probes.failure_reason("ERROR: usage: unrecognized arguments: --kv-x\n", 4) == \
+    assert probing.failure_reason("ERROR: usage: unrecognized arguments: --kv-x\n", 4) == \
         "pytest exited 4: ERROR: usage: unrecognized arguments: --kv-x"
 
 
@@ -239,7 +239,7 @@ def test_release_range_is_checked_before_the_index_is_asked():
     assert said == ["--releases: 5.22 is read as 5.22.0"]
     for bad, message in (("5.24.0", "is not a range A..B"), ("5.24.0..5.22.2", "is an empty range"),
                          ("5.24.0..5.24.0", "is an empty range")):
-        with pytest.raises(probes.BisectError, match=message):
+        with pytest.raises(probing.BisectError, match=message):
             bisect_plan.release_range(bad, said.append)
 
 
@@ -248,11 +248,11 @@ def test_releases_walk_every_published_release_in_the_range_patches_included(mon
     monkeypatch.setattr(releases, "published", lambda: listed)
     said = []
     args = bisect_cli.parser().parse_args(["--releases", "5.22..5.24.0", "--cache-dir", str(tmp_path / "c")])
-    plan = bisect_plan.prepare(args, [], tmp_path, said.append)
+    plan = bisect_plan.make_plan(args, [], tmp_path, said.append)
     assert plan.mode == "releases" and plan.ends[0].name == "5.22.0"
     assert [i.name for i in plan.items] == ["5.22.1", "5.22.2", "5.23.0", "5.23.1", "5.24.0"]
     assert said == ["--releases: 5.22 is read as 5.22.0"] and not (tmp_path / "c").exists()
     args = bisect_cli.parser().parse_args(["--releases", "5.22.3..5.24.0"])
-    with pytest.raises(probes.BisectError, match=r"transformers 5.22.3 is not published \(the releases "
+    with pytest.raises(probing.BisectError, match=r"transformers 5.22.3 is not published \(the releases "
                                                      r"around it: 5.22.2, 5.23.0\)"):
-        bisect_plan.prepare(args, [], tmp_path, said.append)
+        bisect_plan.make_plan(args, [], tmp_path, said.append)

@@ -92,9 +92,9 @@ def test_bisect_takes_a_gpu_class_as_its_figure():
     doc = _with_gpus({"kv": {"schema": 2, "settings": {"caches": ["dynamic"]}, "traffic": {"dynamic": {
         "passes": 3.0, "by_op": {"cat": 2.0}}}, "skipped": []}}, 25.26)
     kv = KV.from_json(doc["kv"])
-    figure = search.figure(kv, search.MEASURES["gpu:t4"], "dynamic")
+    figure = search.figure_of(kv, search.BISECT_MEASURES["gpu:t4"], "dynamic")
     assert figure.value == 25.26 and figure.detail["clone"] == 8.0
-    missing = search.figure(kv, search.MEASURES["gpu:h100"], "dynamic")
+    missing = search.figure_of(kv, search.BISECT_MEASURES["gpu:h100"], "dynamic")
     assert missing.value is None and "counted passes on h100" in missing.reason
 
 

@@ -32,7 +32,7 @@ def test_three_recorded_runs_plot_with_the_counted_step_marked(runs, tmp_path, c
     assert "step: dynamic counted at cccccccc: 3 -> 5 (+2)" in capsys.readouterr().out
     steps = json.loads((tmp_path / "plots" / "steps.json").read_text())
     assert [(s["measure"], s["cache"], s["label"], s["delta"]) for s in steps] == [("counted", "dynamic", "c" * 8, 2.0)]
-    for measure in history.MEASURES:  # the recorded run has every measure; the same timed fit three times: no step
+    for measure in history.TREND_MEASURES:  # the recorded run has every measure; one timed fit three times: no step
         assert (tmp_path / "plots" / f"{measure}.png").stat().st_size > 5000
 
 
@@ -113,8 +113,8 @@ def test_counted_figures_of_runners_with_other_cpus_make_one_line(tmp_path):
                                                               device_name=device))
         assert main(["history", "add", str(run), "--store", str(store), "--commit", commit]) == 0
     entries = history.read_store(store)
-    assert list(history.series(entries, "counted")) == [("cpu | smollm2-135m | bfloat16", "dynamic")]
-    assert len(history.series(entries, "timed")) == 2
+    assert list(history.trend_series(entries, "counted")) == [("cpu | smollm2-135m | bfloat16", "dynamic")]
+    assert len(history.trend_series(entries, "timed")) == 2
     assert [(s.cache, s.label, s.delta) for s in history.steps_of(entries, "counted")] == [("dynamic", "b" * 8, 2.0)]
 
 

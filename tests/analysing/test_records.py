@@ -1,7 +1,7 @@
 """The ``kv`` section as records: one path to and from JSON (``KV.from_json`` / ``KV.to_json``) that loses
 nothing, carries the schema version and keeps keys it does not know; the JSON Schema in the package says the
-same as the records. Runs made with tests/fakerun.py (schema 2 as written, this schema as the analysis writes), and
-files of older schemas upgraded on the way in."""
+same as the records. Runs made with tests/fakerun.py (this schema, as written and as the analysis writes it), and
+files of older schemas upgraded on the way in (:func:`test_a_file_of_an_older_schema_loads_as_the_same_records`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 import pytest
-from fakerun import analysed, make_run, schema_1, write_run
+from fakerun import analysed, make_run, schema_1, schema_2, write_run
 
 from kvcache.analysing import judges
 from kvcache.analysing.records import (
@@ -76,7 +76,7 @@ def unknown_below_the_top(record: KV) -> list[str]:
 
 @pytest.fixture(scope="module")
 def written() -> dict[str, Any]:
-    """A run with its ``kv`` section as the session-end analysis writes it (schema 2)."""
+    """A run with its ``kv`` section as the session-end analysis writes it."""
     return analysed(make_run(rounds=2, contexts=(512, 1024, 2048), steps=5), resamples=50)
 
 
@@ -150,7 +150,7 @@ def test_a_field_set_after_reading_is_written_even_where_the_key_was_absent():
 
 def test_schema_version_is_carried():
     assert KV().to_json()["schema"] == SCHEMA
-    upgraded = KV.from_json(make_run()["kv"])  # schema 2 in, this schema out
+    upgraded = KV.from_json(schema_2(make_run())["kv"])  # schema 2 in, this schema out
     assert upgraded.schema == SCHEMA and upgraded.to_json()["schema"] == SCHEMA
     assert json_schema()["$defs"]["kv"]["properties"]["schema"] == {"const": SCHEMA}
     for schema in (SCHEMA + 1, None, "2"):
@@ -189,27 +189,40 @@ def test_load_run_gives_the_records_that_write_the_section_back(tmp_path, writte
     assert [p.median_s for p in run.points] == [p.to_point().median_s for p in run.record.points]
 
 
-def test_a_schema_2_file_has_its_labelled_ledger_parts_keyed_by_op(tmp_path):
-    """Schema 2 said a new or renamed ledger op in the part's key ("clone (new)", "concat (was cat)"); schema 3 keys
-    the part by the op and says it in ``new`` / ``was``."""
-    run = make_run()
-    assert run["kv"]["schema"] == 2
+def test_a_file_of_an_older_schema_loads_as_the_same_records(tmp_path):
+    """The upgrade, once: one run as the plugin of each schema wrote it loads as the records of this schema. Schema 2
+    said a new or renamed ledger op in the part's key (``"clone (new)"``, ``"concat (was cat)"``), schema 3 keys the
+    part by the op and says it in ``new`` / ``was``: the same records. Schema 1 (one combined verdict a class; no
+    identity, session, points or crossovers) gives what it holds: every other section the same, the identity made
+    from its environment and settings, each class's counted and timed verdict."""
+    run = make_run(points=True)
     part = {"value": 2.4, "allowed": 0.5, "interval": [1.9, 2.9], "status": "regression"}
     run["kv"]["verdict"]["dynamic"]["ledger"] = {
         "status": "regression", "reason": "clone (new): timed passes 2.4", "value": None, "allowed": None,
-        "parts": {"clone (new)": part, "concat (was cat)": {**part, "status": "pass"},
+        "parts": {"clone": {**part, "new": True}, "concat": {**part, "status": "pass", "was": "cat"},
                   "scaled_dot_product_attention": {**part, "status": "pass"}}}
-    loaded = load_run(write_run(tmp_path / "old.json", run))
-    parts = loaded.record.verdict["dynamic"]["ledger"].parts
-    assert list(parts) == ["clone", "concat", "scaled_dot_product_attention"]
-    assert parts["clone"].new and parts["clone"].was is None and parts["clone"].status == "regression"
-    assert parts["concat"].was == "cat" and not parts["concat"].new
-    assert not parts["scaled_dot_product_attention"].new and parts["scaled_dot_product_attention"].was is None
-    written = loaded.record.to_json()
-    assert written["schema"] == SCHEMA == loaded.record.schema
-    assert written["verdict"]["dynamic"]["ledger"]["parts"]["clone"] == {**part, "new": True}
-    assert "new" not in written["verdict"]["dynamic"]["ledger"]["parts"]["scaled_dot_product_attention"]
-    assert upgrade_kv(written) is written  # this schema: unchanged
+    current = load_run(write_run(tmp_path / "schema-3.json", run)).record
+    assert current.schema == SCHEMA and as_text(current.to_json()) == as_text(run["kv"])
+
+    labelled = schema_2(run)
+    assert list(labelled["kv"]["verdict"]["dynamic"]["ledger"]["parts"]) == [
+        "clone (new)", "concat (was cat)", "scaled_dot_product_attention"]
+    upgraded = load_run(write_run(tmp_path / "schema-2.json", labelled)).record
+    assert upgraded.schema == SCHEMA and as_text(upgraded.to_json()) == as_text(current.to_json())
+    parts = upgraded.verdict["dynamic"]["ledger"].parts
+    assert parts["clone"].new and parts["clone"].was is None and parts["concat"].was == "cat"
+    assert upgrade_kv(current.to_json())["verdict"] == current.to_json()["verdict"]  # this schema: unchanged
+
+    oldest = load_run(write_run(tmp_path / "schema-1.json", schema_1(run))).record.to_json()
+    newest = current.to_json()
+    assert oldest["schema"] == SCHEMA
+    for key in set(newest) - {"verdict", "session", "points", "crossovers"}:
+        assert as_text(oldest.get(key)) == as_text(newest[key]), key
+    assert oldest["session"]["exit"] == "unknown (schema 1)" and "points" not in oldest
+    for cache, measures in newest["verdict"].items():
+        for measure in ("counted", "timed"):
+            assert ({k: oldest["verdict"][cache][measure][k] for k in ("status", "value", "allowed")}
+                    == {k: measures[measure][k] for k in ("status", "value", "allowed")}), (cache, measure)
 
 
 def test_the_schema_describes_the_records():

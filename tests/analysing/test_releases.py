@@ -15,7 +15,7 @@ def fake_release(root, release, version=None, body=""):
     target = root / release
     (target / "transformers").mkdir(parents=True)
     (target / "transformers" / "__init__.py").write_text(f"{body}__version__ = {version or release!r}\n")
-    (target / releases.MARKER).write_text(f"transformers=={release}\n")
+    (target / releases.INSTALLED_MARKER).write_text(f"transformers=={release}\n")
     return target
 
 
@@ -39,7 +39,7 @@ def test_an_installed_release_that_is_not_it_is_refused(tmp_path, version, body,
 
 def test_an_unfinished_install_is_not_taken_for_one(tmp_path):
     target = fake_release(tmp_path, "9.8.7")
-    (target / releases.MARKER).unlink()
+    (target / releases.INSTALLED_MARKER).unlink()
     assert releases.installed_at("9.8.7", tmp_path) is None
 
 

@@ -52,11 +52,11 @@ def test_moved_judges_each_figure_with_its_own_tolerance():
     head = figs.figures(kv_with())
     passes, ops = head["traffic.dynamic.passes"], head["traffic.dynamic.ops_per_step"]
     reference = {k: w.value for k, w in head.items()}
-    assert figs.moved(reference, head) == []
+    assert figs.moved_figures(reference, head) == []
     near = {**reference, passes.key: passes.value + 0.04, ops.key: ops.value + ops.tolerance}
-    assert figs.moved(near, head) == []  # within the counted tolerance (0.05) and the ops tolerance
+    assert figs.moved_figures(near, head) == []  # within the counted tolerance (0.05) and the ops tolerance
     far = {**reference, passes.key: passes.value + 0.2, "traffic.gone.passes": 1.0}
-    moved = figs.moved(far, head)
+    moved = figs.moved_figures(far, head)
     assert [m.key for m in moved] == [passes.key, "traffic.gone.passes"]
     assert moved[1].after is None  # a figure the head no longer has
 

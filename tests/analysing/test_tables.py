@@ -31,8 +31,8 @@ def test_a_figure_with_its_interval():
     assert tables.figure(3, [2.85, 3.15]) == "3.00 [2.85, 3.15]"
     assert tables.figure(3, [None, 3.15]) == tables.figure(3, None) == tables.figure(3, []) == "3.00"
     assert tables.figure(None, [1, 2]) == tables.figure(math.nan) == tables.MISSING
-    assert tables.interval([0.5, 1], ".3f") == "[0.500, 1.000]"
-    assert tables.interval([math.inf, 1]) == tables.interval(None) == ""
+    assert tables.interval_text([0.5, 1], ".3f") == "[0.500, 1.000]"
+    assert tables.interval_text([math.inf, 1]) == tables.interval_text(None) == ""
 
 
 def test_by_op_keeps_the_given_order():

@@ -80,17 +80,17 @@ def test_register_cache_refuses_a_name_with_the_separator():
 
 def test_an_unknown_name_is_one_line_naming_the_accepted_ones():
     with pytest.raises(attention.AttentionError) as info:
-        attention.parse("sdpa,nonsense")
+        attention.parse_attentions("sdpa,nonsense")
     text = str(info.value)
     assert "'nonsense'" in text and "eager" in text and "sdpa" in text and "\n" not in text
     with pytest.raises(caches.CacheError, match="unknown attention implementation 'nonsense'"):
         caches.parse_caches("dynamic@nonsense")
     with pytest.raises(attention.AttentionError, match="names no attention"):
-        attention.parse(" , ")
+        attention.parse_attentions(" , ")
 
 
 def test_own_attention_and_paging_pairs_are_skipped_with_the_reason():
-    reasons = {name: caches.unavailable_reason(caches.get(name), "cpu")
+    reasons = {name: caches.cache_unavailable_reason(caches.get(name), "cpu")
                for name in ("static-sliced@eager", "dynamic@paged|eager", "dynamic@flash_attention_2",
                             "dynamic@kernels-community/flash-attn")}
     assert "brings its own attention" in reasons["static-sliced@eager"]
@@ -159,11 +159,11 @@ def test_an_entry_point_registers_an_attention_name(monkeypatch, extra_read):
             return register
 
     def entry_points(group=None, **kwargs):
-        return [EntryPoint()] if group == attention.ENTRY_POINT_GROUP else []
+        return [EntryPoint()] if group == attention.ATTENTION_ENTRY_POINTS.group else []
 
     monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
-    monkeypatch.setattr(attention, "_entry_points_loaded", False)
+    monkeypatch.setattr(attention.ATTENTION_ENTRY_POINTS, "loaded", False)
     try:
-        assert attention.check("kv_from_entry_point") == "kv_from_entry_point"
+        assert attention.accepted("kv_from_entry_point") == "kv_from_entry_point"
     finally:
         modeling_utils.AttentionInterface._global_mapping.pop("kv_from_entry_point", None)

@@ -22,13 +22,13 @@ def as_rules_say(capability):
 
 
 def test_agreeing_selection_passes_and_a_different_one_is_a_mismatch(one_torch_thread):
-    lines, mismatches = backend_check.check("tiny", ["dynamic", "static"], device="cpu", capability=(8, 0),
+    lines, mismatches = backend_check.check_backends("tiny", ["dynamic", "static"], device="cpu", capability=(8, 0),
                                             choose=as_rules_say((8, 0)))
     assert mismatches == 0, lines
     assert any(line.startswith("dynamic") and "flash" in line and line.endswith("ok") for line in lines)
     assert any(line.startswith("static") and "efficient" in line for line in lines)
     assert any("math passes: device 25.2578, cpu 25.2578: ok" in line for line in lines)
-    lines, mismatches = backend_check.check("tiny", ["dynamic"], device="cpu", capability=(8, 0),
+    lines, mismatches = backend_check.check_backends("tiny", ["dynamic"], device="cpu", capability=(8, 0),
                                             choose=lambda *args, **kwargs: "math")
     assert mismatches == 2  # both layers' calls
     assert any("flash" in line and "MISMATCH" in line for line in lines)

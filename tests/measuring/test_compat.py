@@ -176,7 +176,7 @@ def _kv(n: int, seed: int) -> tuple:
 def test_cache_class_builds_and_fills(config, name):
     """Every class this release offers builds through the compat helpers; fill_layer and seq_length agree."""
     spec = caches.get(name)
-    reason = caches.unavailable_reason(spec, CPU.type)
+    reason = caches.cache_unavailable_reason(spec, CPU.type)
     if reason is not None:
         assert reason.strip(), "a skipped class must say why"
         pytest.skip(reason)
@@ -320,7 +320,7 @@ def test_offloaded_classes_are_asked_of_the_release(monkeypatch):
         compat.offloaded_static(None, 64, "cpu", torch.bfloat16)
     assert str(info.value) == (f"an offloaded static cache (OffloadedStaticCache / StaticCache(offloading=True)) is "
                                f"not available in transformers {compat.TRANSFORMERS}")
-    assert caches.unavailable_reason(caches.get("offloaded-static"), "cuda") == str(info.value)
+    assert caches.cache_unavailable_reason(caches.get("offloaded-static"), "cuda") == str(info.value)
 
 
 def test_an_unknown_backend_is_a_skip_naming_what_building_raised():
@@ -340,7 +340,7 @@ def test_a_backend_whose_construction_fails_is_a_skip(monkeypatch):
     with pytest.raises(compat.Unsupported, match=r"\(building one raised RuntimeError: fp8 kernels need a newer "
                                                  r"torch\)$"):
         compat.check_quantized_backend("fp8")
-    reason = caches.unavailable_reason(caches.get("quantized-fp8"), "cpu")
+    reason = caches.cache_unavailable_reason(caches.get("quantized-fp8"), "cpu")
     assert reason is not None and reason.endswith("(building one raised RuntimeError: fp8 kernels need a newer torch)")
 
 

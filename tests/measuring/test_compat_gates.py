@@ -100,12 +100,12 @@ def test_other_numbers_and_parts_stay_exact(fresh_notes):
 
 
 def test_the_paged_gate_goes_through_the_compat_layer(fresh_notes):
-    from kvcache.measuring import paged
+    from kvcache.measuring import paged_point
 
-    since = ".".join(map(str, paged.PAGED_SINCE))
-    assert paged.unsupported_reason(since + ".dev0") is None
+    since = ".".join(map(str, paged_point.PAGED_SINCE))
+    assert paged_point.unsupported_reason(since + ".dev0") is None
     [why] = fresh_notes.values()
-    assert why.startswith("kvcache.measuring.paged.unsupported_reason:") and f"< {since}," in why
+    assert why.startswith("kvcache.measuring.paged_point.unsupported_reason:") and f"< {since}," in why
 
 
 def test_gates_asked_of_the_code():

@@ -19,20 +19,20 @@ from kvcache.measuring.geometry import spec_from_config
 
 def test_auto_prefers_cuda_then_mps_then_cpu(monkeypatch):
     monkeypatch.setattr(devices, "available", lambda kind: kind in ("cpu", "mps"))
-    assert devices.resolve("auto").type == "mps"
+    assert devices.resolve_device("auto").type == "mps"
     monkeypatch.setattr(devices, "available", lambda kind: True)
-    assert devices.resolve("auto").type == "cuda"
+    assert devices.resolve_device("auto").type == "cuda"
     monkeypatch.setattr(devices, "available", lambda kind: kind == "cpu")
-    assert devices.resolve("auto").type == "cpu"
+    assert devices.resolve_device("auto").type == "cpu"
 
 
 def test_absent_device_is_a_one_line_usage_error(monkeypatch):
     monkeypatch.setattr(devices, "available", lambda kind: kind == "cpu")
     with pytest.raises(devices.DeviceError, match=r"--kv-device 'cuda': no cuda device on this machine") as err:
-        devices.resolve("cuda")
+        devices.resolve_device("cuda")
     assert "\n" not in str(err.value)
     with pytest.raises(devices.DeviceError, match="not one of auto, cpu, cuda, mps"):
-        devices.resolve("tpu")
+        devices.resolve_device("tpu")
 
 
 def meminfo_available() -> int | None:

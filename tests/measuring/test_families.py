@@ -207,7 +207,7 @@ def test_group_wise_quantized_backends_count_or_skip_naming_the_package(name, pa
     the tensors they wrap. Without the package: skipped, naming it. Contexts past the 128 tokens kept unquantized."""
     from kvcache.measuring import caches
 
-    reason = caches.unavailable_reason(caches.get(name), "cpu")
+    reason = caches.cache_unavailable_reason(caches.get(name), "cpu")
     if reason is not None:
         assert f"pip install {package}" in reason, reason
         pytest.skip(reason)
@@ -233,7 +233,7 @@ def test_before_layer_types_a_switched_off_window_is_full_attention(monkeypatch)
     with ``use_sliding_window=False``: its layers are full attention, as that release's attention reads it."""
     from types import SimpleNamespace
 
-    monkeypatch.setattr(compat.model.cache_utils, "get_layer_types_and_kwargs", None, raising=False)
+    monkeypatch.setattr(compat.modeling.cache_utils, "get_layer_types_and_kwargs", None, raising=False)
     qwen = SimpleNamespace(num_hidden_layers=2, sliding_window=4096, use_sliding_window=False)
     mistral = SimpleNamespace(num_hidden_layers=2, sliding_window=4096)
     assert compat.layer_types(qwen) == ["full_attention"] * 2

@@ -251,7 +251,7 @@ def test_broken_decode_path_is_caught(tiny, tiny_runs, broken, seed, prompt):
     """The identity check catches a fixed cache whose decode path is wrong, while its prefill is right."""
     reference, make, fixed = BROKEN_DECODE[broken]
     base = caches.get(fixed)
-    reason = caches.unavailable_reason(base, "cpu")  # runs its prepare (static-sliced: registers its attention)
+    reason = caches.cache_unavailable_reason(base, "cpu")  # runs its prepare (static-sliced: registers its attention)
     if reason is not None:
         pytest.skip(reason)
     compat.register_attention(ROUND_ROBIN_ATTENTION, round_robin_gqa_sdpa, with_sdpa_mask=True)

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from kvcache.analysing.settings import Settings
-from kvcache.measuring import testing, traffic
+from kvcache.measuring import traffic
 from kvcache.measuring.devices import Device
 from kvcache.measuring.session import KVSession
+from kvcache.testing import classes
 
 
 def test_fixed_bytes_are_the_counted_intercept_and_weight_passes_their_share_of_the_weights():
@@ -88,7 +89,7 @@ def test_a_step_reads_each_weight_about_once(counted):
 def test_three_tiny_ops_per_layer_add_ops_not_passes(counted):
     clean, extra = counted("twin-clean"), counted("twin-extra-ops")
     layers = clean["layers"]
-    assert extra["ops_per_step"] - clean["ops_per_step"] == testing.ExtraOpsCache.EXTRA_OPS * layers
+    assert extra["ops_per_step"] - clean["ops_per_step"] == classes.ExtraOpsCache.EXTRA_OPS * layers
     assert extra["passes"] == pytest.approx(clean["passes"], abs=1e-9)
     assert extra["weight_passes"] == pytest.approx(clean["weight_passes"], abs=1e-4)
 
@@ -100,7 +101,7 @@ def test_reading_the_embeddings_once_more_raises_weight_passes_by_their_share(on
     before = session.count("dynamic")
     built, spec = session.model()
     share = built.get_input_embeddings().weight.numel() * spec.dtype_bytes / spec.weight_bytes
-    handle = testing.read_embeddings_each_step(built)
+    handle = classes.read_embeddings_each_step(built)
     try:
         after = session.count("dynamic")
     finally:

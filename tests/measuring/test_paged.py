@@ -1,7 +1,8 @@
-"""The ``paged`` class (continuous batching's PagedAttentionCache, driven by ``kvcache.measuring.paged.PagedPoint``):
-at batch 1 it decodes the greedy tokens of a DynamicCache; in a ragged batch every sequence decodes what it decodes
-alone (the block-diagonal mask and the read/write indices keep them apart); a counted step shows the gather of the
-live K/V; a release without continuous batching is skipped with a one-line reason.
+"""The ``paged`` class (continuous batching's PagedAttentionCache, driven by
+``kvcache.measuring.paged_point.PagedPoint``): at batch 1 it decodes the greedy tokens of a DynamicCache; in a ragged
+batch every sequence decodes what it decodes alone (the block-diagonal mask and the read/write indices keep them
+apart); a counted step shows the gather of the live K/V; a release without continuous batching is skipped with a
+one-line reason.
 
 The model is ``tiny`` in float32, re-initialised "lively" as in test_fixed_caches.py (the suite's random weights make
 greedy decoding repeat its input token whatever attention computes, which would prove nothing).
@@ -16,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from kvcache.measuring import caches, compat, decode, paged, paged_api, traffic  # noqa: E402
+from kvcache.measuring import caches, compat, decode, paged_api, paged_point, traffic  # noqa: E402
 from kvcache.measuring.batch import BatchShape  # noqa: E402
 from kvcache.measuring.devices import Device  # noqa: E402
 from kvcache.measuring.models import build_model  # noqa: E402
@@ -28,8 +29,8 @@ CONTEXT = 40
 GATHERS = ("index_select", "index")  # 5.6+: torch.index_select; 4.53-5.5: advanced indexing of the pool
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-needs_paged = pytest.mark.skipif(paged.unsupported_reason() is not None,
-                                 reason=paged.unsupported_reason() or "")
+needs_paged = pytest.mark.skipif(paged_point.unsupported_reason() is not None,
+                                 reason=paged_point.unsupported_reason() or "")
 
 
 @pytest.fixture(scope="module")
@@ -58,12 +59,12 @@ def point(tiny, name: str, context: int, *, seed: int = 0, fill: str = "syntheti
 # --- the skip -------------------------------------------------------------------------------------------------
 
 def test_a_release_without_continuous_batching_is_skipped_with_one_line():
-    reason = paged.unsupported_reason("4.52.4")
+    reason = paged_point.unsupported_reason("4.52.4")
     assert reason == "paged: transformers 4.52.4 has no PagedAttentionCache (continuous batching arrived in 4.53)"
     assert "\n" not in reason
-    assert paged.unsupported_reason("4.53.0") is None and paged.unsupported_reason("5.24.0") is None
+    assert paged_point.unsupported_reason("4.53.0") is None and paged_point.unsupported_reason("5.24.0") is None
     # what the session asks: the same reason on this release, or None where the class runs
-    assert caches.unavailable_reason(caches.get("paged"), "cpu") == paged.unsupported_reason()
+    assert caches.cache_unavailable_reason(caches.get("paged"), "cpu") == paged_point.unsupported_reason()
 
 
 def test_a_model_caching_another_geometry_is_skipped_with_one_line():
@@ -100,7 +101,7 @@ def test_a_ragged_batch_decodes_each_sequence_as_alone(tiny):
     DynamicCache point with that seed and context decodes the same tokens."""
     batch = BatchShape(3, ragged=True)
     p = point(tiny, "paged", CONTEXT, batch=batch)
-    assert isinstance(p, paged.PagedPoint) and p.lengths == batch.lengths(CONTEXT) and p.position == CONTEXT
+    assert isinstance(p, paged_point.PagedPoint) and p.lengths == batch.lengths(CONTEXT) and p.position == CONTEXT
     stepped = greedy(p)
     assert p.lengths == [n + STEPS for n in batch.lengths(CONTEXT)] and p.position == CONTEXT + STEPS
     for i, length in enumerate(batch.lengths(CONTEXT)):
@@ -120,7 +121,7 @@ def test_a_counted_step_shows_the_gather_of_the_live_kv(tiny, batch):
     counts, live = {}, {}
     for context in (256, 512):
         p = decode.open_point(model, spec, caches.get("paged"), CPU, context, warmup=1, steps=1, batch=batch)
-        assert isinstance(p, paged.PagedPoint)
+        assert isinstance(p, paged_point.PagedPoint)
         _, counts[context] = traffic.count(p.step)
         live[context] = batch.live_bytes(spec, context, added=2)
         assert compat.stored_bytes(p.cache) >= live[context]  # the pool holds every live token

@@ -48,26 +48,27 @@ def test_readme_style_registration(registered):
     assert caches.parse_caches("mine") == ["mine"]
     assert caches.parse_caches(" dynamic, mine ,dynamic") == ["dynamic", "mine"]
     assert "mine" in caches.parse_caches("all")
-    assert caches.unavailable_reason(spec, "cpu") is None
+    assert caches.cache_unavailable_reason(spec, "cpu") is None
     assert isinstance(spec.build(request_for_tiny()), MyCache)
 
 
 def test_unavailable_reasons(registered):
     gpu_only = registered("mine-gpu", lambda req: None, devices=("cuda",))
-    assert caches.unavailable_reason(gpu_only, "cpu") == "mine-gpu runs on cuda only, not cpu"
-    assert caches.unavailable_reason(gpu_only, "cuda") is None
+    assert caches.cache_unavailable_reason(gpu_only, "cpu") == "mine-gpu runs on cuda only, not cpu"
+    assert caches.cache_unavailable_reason(gpu_only, "cuda") is None
 
     def too_old() -> None:
         raise compat.release_lacks("MyFeature")
 
     old = registered("mine-old", lambda req: None, prepare=too_old)
-    assert caches.unavailable_reason(old, "cpu") == f"MyFeature is not available in transformers {compat.TRANSFORMERS}"
+    assert caches.cache_unavailable_reason(old, "cpu") == \
+        f"MyFeature is not available in transformers {compat.TRANSFORMERS}"
 
     def no_package() -> None:
         raise ImportError("pip install my-kernels")
 
     missing = registered("mine-pkg", lambda req: None, prepare=no_package)
-    assert caches.unavailable_reason(missing, "cpu") == \
+    assert caches.cache_unavailable_reason(missing, "cpu") == \
         "mine-pkg needs a package that is not installed (pip install my-kernels)"
 
 
@@ -77,7 +78,7 @@ def test_any_exception_from_prepare_is_a_skip_reason(registered):
         raise RuntimeError("kernel table is corrupt\nat line 3")
 
     broken = registered("mine-broken", lambda req: None, prepare=corrupt)
-    assert caches.unavailable_reason(broken, "cpu") == \
+    assert caches.cache_unavailable_reason(broken, "cpu") == \
         "mine-broken could not be prepared: RuntimeError: kernel table is corrupt"
 
 
@@ -94,7 +95,7 @@ def test_the_public_api_exports_unsupported_and_needs_no_torch(registered):
         raise public.Unsupported("mine-cuda needs CUDA kernels")
 
     spec = registered("mine-cuda", lambda req: None, prepare=no_cuda)
-    assert caches.unavailable_reason(spec, "cpu") == "mine-cuda needs CUDA kernels"
+    assert caches.cache_unavailable_reason(spec, "cpu") == "mine-cuda needs CUDA kernels"
     code = ("import sys\nfor blocked in ('torch', 'transformers'):\n    sys.modules[blocked] = None\n"
             "from kvcache.caches import Unsupported, register_cache\n"
             "print(register_cache('mine', lambda request: None).name, issubclass(Unsupported, RuntimeError))")

@@ -189,10 +189,10 @@ def test_unsupported_example_registers_a_class_skipped_with_its_reason(tmp_path)
     (tmp_path / "unsupported_example.py").write_text(example)
     code = ("import torch, unsupported_example\n"
             "from kvcache.caches import get\n"
-            "from kvcache.measuring.caches import unavailable_reason\n"
+            "from kvcache.measuring.caches import cache_unavailable_reason\n"
             "spec = get('mine-cuda')\n"
             "assert not spec.in_all and spec.kinds == ('full',)\n"
-            "print(unavailable_reason(spec, 'cpu') if not torch.cuda.is_available() else 'cuda')\n")
+            "print(cache_unavailable_reason(spec, 'cpu') if not torch.cuda.is_available() else 'cuda')\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=environment([tmp_path]),
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

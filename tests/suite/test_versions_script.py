@@ -210,7 +210,7 @@ def test_run_release_checks_the_install_through_the_one_installer(tmp_path):
     target = tmp_path / "dir" / "5.0.0"
     (target / "transformers").mkdir(parents=True)
     (target / "transformers" / "__init__.py").write_text("__version__ = '5.0.1'\n")
-    (target / releases.MARKER).write_text("transformers==5.0.0\n")
+    (target / releases.INSTALLED_MARKER).write_text("transformers==5.0.0\n")
     args = versions.parse_args(["--out", str(tmp_path / "out"), "--dir", str(tmp_path / "dir")])
     args.out.mkdir()
     outcome = versions.run_release("5.0.0", args, tmp_path / "unused-constraints.txt", {})

@@ -294,7 +294,7 @@ def ledger_section(doc: Doc, kv: KV, caches: list[str]) -> None:
         traffic = kv.traffic.get(cache)
         counted = traffic.by_op if traffic is not None else {}
         if cache in kv.ledger:
-            rows += [[cache, op, num(counted.get(op)), num(row.timed), tables.interval(row.timed_ci) or MISSING,
+            rows += [[cache, op, num(counted.get(op)), num(row.timed), tables.interval_text(row.timed_ci) or MISSING,
                       num(row.ms)] for op, row in kv.ledger[cache].items()]
         if cache in kv.ledger_errors:
             rows.append([cache, str(kv.ledger_errors[cache]), MISSING, MISSING, MISSING, MISSING])

@@ -4,7 +4,7 @@ Callers never compare version numbers themselves: they ask this package to build
 forward keywords, or register an attention function, and get :class:`Unsupported` (with a reason fit for a skip
 message) when the installed release cannot do it. Its modules, by concern: :mod:`.version` (the installed release
 and the gates a development version cannot answer), :mod:`.construction` (building caches), :mod:`.storage` (a
-cache's per-layer K/V, filling it, the bytes it stores), :mod:`.model` (building models, forward keywords,
+cache's per-layer K/V, filling it, the bytes it stores), :mod:`.modeling` (building models, forward keywords,
 attention functions, layer types). Callers use the names below: ``from kvcache.measuring import compat``.
 """
 
@@ -24,7 +24,7 @@ from kvcache.measuring.compat.construction import (
     own_params,
     tiny_config,
 )
-from kvcache.measuring.compat.model import (
+from kvcache.measuring.compat.modeling import (
     attention_name,
     cache_from_output,
     cache_keyword,
@@ -58,7 +58,7 @@ from kvcache.measuring.compat.version import (
     Unsupported,
     VersionPart,
     ambiguous_gates,
-    described,
+    exception_line,
     parse_version,
     release_lacks,
 )
@@ -66,7 +66,7 @@ from kvcache.measuring.compat.version import (
 __all__ = [
     "OFFLOADED", "TRANSFORMERS", "VERSION", "InstalledVersion", "Unsupported", "VersionPart", "add_layers",
     "ambiguous_gates", "attention_name", "cache_class", "cache_from_output", "cache_keyword", "check_offloaded",
-    "check_quantized_backend", "decode_kwargs", "described", "dtype_keyword", "dynamic_init_kwargs", "fill_layer",
+    "check_quantized_backend", "decode_kwargs", "dtype_keyword", "exception_line", "dynamic_init_kwargs", "fill_layer",
     "from_config", "has_attention_registry", "has_layer_objects", "init_params", "layer_kv", "layer_kv_from_layers",
     "layer_kv_from_lists", "layer_types", "meta_parameters", "mla_caches_latent", "new_cache", "new_dynamic_cache",
     "new_quantized_cache", "new_sink_cache", "offloaded_dynamic", "offloaded_static", "own_params", "parse_version",

@@ -11,7 +11,7 @@ import torch
 import transformers
 from transformers import cache_utils
 
-from kvcache.measuring.compat.version import TRANSFORMERS, VERSION, Unsupported, described, release_lacks
+from kvcache.measuring.compat.version import TRANSFORMERS, VERSION, Unsupported, exception_line, release_lacks
 
 
 def cache_class(name: str) -> type:
@@ -138,7 +138,7 @@ def check_quantized_backend(backend: str) -> None:
         raise
     except Exception as exc:  # noqa: BLE001 - whatever the release raises, the backend cannot be used here
         raise Unsupported(f"the {backend} backend of QuantizedCache is not available in transformers {TRANSFORMERS} "
-                          f"(building one raised {described(exc)})") from None
+                          f"(building one raised {exception_line(exc)})") from None
 
 
 def new_sink_cache(window_length: int, num_sink_tokens: int) -> Any:

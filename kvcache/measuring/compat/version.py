@@ -160,6 +160,6 @@ def release_lacks(what: str) -> Unsupported:
     return Unsupported(f"{what} is not available in transformers {TRANSFORMERS}")
 
 
-def described(exc: BaseException) -> str:
+def exception_line(exc: BaseException) -> str:
     """``"RuntimeError: first line of its message"``: an exception as one line of a skip reason."""
     return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"

@@ -16,13 +16,13 @@ from kvcache.analysing import files
 from kvcache.analysing import releases as installer
 from kvcache.bisect import search
 from kvcache.bisect.plan import probe_caches, probe_suite, published_range
-from kvcache.bisect.probes import (
+from kvcache.bisect.probing import (
     EXIT_AMBIGUOUS,
     EXIT_FOUND,
     BisectError,
-    Item,
-    Probe,
     ProbeCache,
+    ProbeResult,
+    Revision,
 )
 from kvcache.bisect.report import step_json
 from kvcache.bisect.runners import (
@@ -30,10 +30,10 @@ from kvcache.bisect.runners import (
     ReleaseRunner,
     check_transformers,
     commit_range,
-    describe,
     git,
     repository,
-    resolve,
+    resolve_rev,
+    revision_of,
 )
 from kvcache.bisect.walk import Bisect, Plan
 from kvcache.sentinel import figures as figs
@@ -122,11 +122,11 @@ class SharedBisect(Bisect):
     """``kvcache bisect``'s walk, whose probes are shared by item with the other walks of one sentinel run (``memo``):
     every figure is bisected by a walk of its own, and no commit is probed twice."""
 
-    def __init__(self, plan: Plan, say: Callable[[str], None], memo: dict[str, Probe]):
+    def __init__(self, plan: Plan, say: Callable[[str], None], memo: dict[str, ProbeResult]):
         super().__init__(plan, say)
         self.memo = memo
 
-    def probe(self, index: int) -> Probe:
+    def probe(self, index: int) -> ProbeResult:
         if index not in self.probes and self.item(index).key in self.memo:
             self.probes[index] = self.memo[self.item(index).key]
             self.order.append(index)
@@ -135,12 +135,12 @@ class SharedBisect(Bisect):
         return found
 
 
-def check_range(plan: Plan, reference: dict[str, float], head_kv: Any, memo: dict[str, Probe],
+def check_range(plan: Plan, reference: dict[str, float], head_kv: Any, memo: dict[str, ProbeResult],
                 say: Callable[[str], None]) -> report.Found:
     """Compare the head's figures with ``reference`` and bisect every figure that moved over ``plan``'s range, each
     with a walk of its own (:class:`SharedBisect`)."""
     found = report.Found(head=figs.figures(head_kv))
-    for moved in figs.moved(reference, found.head):
+    for moved in figs.moved_figures(reference, found.head):
         if moved.after is None:
             found.steps.append(report.lost(moved.key, moved.before, plan))
             say(f"{moved.key}: {moved.before:g} at {plan.ends[0].short}, not measured at {plan.ends[1].short}")
@@ -161,7 +161,7 @@ def check_range(plan: Plan, reference: dict[str, float], head_kv: Any, memo: dic
     return found
 
 
-def measure_end(walk: Bisect, index: int, what: str, say: Callable[[str], None]) -> Probe:
+def measure_end(walk: Bisect, index: int, what: str, say: Callable[[str], None]) -> ProbeResult:
     probe = walk.probe(index)
     say(walk.probe_line(index, what))
     return probe
@@ -207,19 +207,19 @@ def run_commits(args: argparse.Namespace, extra: list[str], workdir: Path, say: 
     elif not args.since:
         raise BisectError(f"--state {state_path} does not exist yet: give --since REF, the first commit to measure")
     else:
-        last = resolve(top, args.since, "--since")
+        last = resolve_rev(top, args.since, "--since")
         check_transformers(top, last, "--since", args.since)
         if not is_ancestor(top, last, head):
             raise BisectError(f"--since {args.since} is not an ancestor of --branch {args.branch}")
     items = commit_range(top, last, head)
-    start = describe(top, last)
+    start = revision_of(top, last)
     say(f"kvcache sentinel: repo {top} --branch {args.branch}: {len(items)} new commits after {start.short} "
         f"(last checked) up to {head[:12]}; {' '.join(options)}")
     runner = CommitRunner(top, suite)
-    memo: dict[str, Probe] = {}
+    memo: dict[str, ProbeResult] = {}
     try:
         plan = Plan((start, items[-1] if items else start), items or [start], runner, cache,
-                    search.MEASURES["passes"], None, f"repo {top}")
+                    search.BISECT_MEASURES["passes"], None, f"repo {top}")
         walk = SharedBisect(plan, say, memo)
         reference = state.figures if state is not None else None
         notes: list[str] = []
@@ -234,7 +234,7 @@ def run_commits(args: argparse.Namespace, extra: list[str], workdir: Path, say: 
                 raise BisectError(f"the starting commit {start.short} cannot be measured: {probe.reason}")
             reference = {k: w.value for k, w in figs.figures(probe.kv).items()}
         opened = list(state.open) if state is not None else []
-        doc = report.document("commits", f"repo {top}", args.branch, start, describe(top, head), options, notes)
+        doc = report.document("commits", f"repo {top}", args.branch, start, revision_of(top, head), options, notes)
         doc["figures"] = reference
         if not items:
             say(f"no new commit on {args.branch} since {start.short}: nothing to check")
@@ -259,17 +259,17 @@ def run_commits(args: argparse.Namespace, extra: list[str], workdir: Path, say: 
 
 
 def finish(args: argparse.Namespace, doc: dict[str, Any], state: State | None, found: report.Found,
-           recovered: list[dict[str, Any]], still: list[dict[str, Any]], code: int, memo: dict[str, Probe],
+           recovered: list[dict[str, Any]], still: list[dict[str, Any]], code: int, memo: dict[str, ProbeResult],
            say: Callable[[str], None]) -> int:
     """Say what was found, write ``--json``, ``--issue-out`` and then the state; ``code``."""
     report.fill(doc, found, recovered, still, code, list(memo.values()))
-    for line in report.lines(doc):
+    for line in report.terminal_lines(doc):
         say(line)
     if args.json:
         files.write_text_atomically(args.json, json.dumps(doc, indent=1) + "\n")
         say(f"written: {args.json}")
     if args.issue_out:
-        files.write_text_atomically(args.issue_out, report.markdown(doc))
+        files.write_text_atomically(args.issue_out, report.issue_out_body(doc))
         say(f"written: {args.issue_out}")
     if state is not None and getattr(args, "state", None):
         files.write_text_atomically(args.state, json.dumps(state.to_json(), indent=1) + "\n")
@@ -319,8 +319,8 @@ def run_releases(args: argparse.Namespace, extra: list[str], workdir: Path, say:
     suite, cache_root = probe_suite(args, caches, extra, workdir, say, releases=True)
     cache = ProbeCache(cache_root, {**suite.identity(), "mode": "releases"})
     runner = ReleaseRunner(Path(args.versions_dir).expanduser().resolve(), suite)
-    items = [Item(f"release-{v}", v) for v in chosen]
-    memo: dict[str, Probe] = {}
+    items = [Revision(f"release-{v}", v) for v in chosen]
+    memo: dict[str, ProbeResult] = {}
     options = list(cache.identity["options"])
     started = time.monotonic()
     try:
@@ -329,9 +329,9 @@ def run_releases(args: argparse.Namespace, extra: list[str], workdir: Path, say:
         total = report.Found()
         rows: list[dict[str, Any]] = []
         reference: dict[str, float] | None = None
-        previous: Item | None = None
+        previous: Revision | None = None
         for item in items:
-            plan = Plan((previous or item, item), [item], runner, cache, search.MEASURES["passes"], None,
+            plan = Plan((previous or item, item), [item], runner, cache, search.BISECT_MEASURES["passes"], None,
                         f"releases {(previous or item).name}..{item.name}", mode="releases")
             walk = SharedBisect(plan, say, memo)
             probe = measure_end(walk, 0, "new", say)

@@ -1,7 +1,7 @@
-"""The probes of ``kvcache bisect``: what is probed (:class:`Item`), what a probe gave (:class:`Probe`), how a probe
-runs the counted suite (:class:`Suite`: one pytest run per commit or release, forked from the
-:mod:`kvcache.bisect.server` or a new interpreter) and the probe cache (:class:`ProbeCache`) with the identity it is
-keyed by. Standard library only: a probe's figures come back as its run JSON's ``kv`` section.
+"""The probes of ``kvcache bisect``: what is probed (:class:`Revision`, a commit or a release), what a probe gave
+(:class:`ProbeResult`), how a probe runs the counted suite (:class:`Suite`: one pytest run per commit or release,
+forked from the :mod:`kvcache.bisect.server` or a new interpreter) and the probe cache (:class:`ProbeCache`) with the
+identity it is keyed by. Standard library only: a probe's figures come back as its run JSON's ``kv`` section.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ EXIT_FOUND, EXIT_SAME, EXIT_USAGE, EXIT_AMBIGUOUS, EXIT_INTERRUPTED = 0, 1, 2, 3
 DEFAULT_CACHES = "dynamic,static"
 DEFAULT_DEVICE = "cpu"  # --kv-device of every probe unless one is given after --: counted figures need no GPU
 PROBE_TIMEOUT = 900  # seconds: a commit whose counted run takes longer is skipped (a hang, not a figure)
-JSON_FORMAT = 1
+PROBE_CACHE_FORMAT = 1
 
 
 class BisectError(Exception):
@@ -36,7 +36,7 @@ class BisectError(Exception):
 
 
 @dataclass
-class Item:
+class Revision:
     """A commit (``key`` its full sha) or a published release (``key`` ``release-<version>``)."""
 
     key: str
@@ -50,10 +50,10 @@ class Item:
 
 
 @dataclass
-class Probe:
+class ProbeResult:
     """What one probe of one item gave: the run's ``kv`` section as records, or the reason it has none."""
 
-    item: Item
+    item: Revision
     kv: KV | None = None
     reason: str | None = None
     transformers: str | None = None
@@ -151,7 +151,7 @@ def default_cache_dir() -> Path:
 
 
 class ProbeCache:
-    """Probe results on disk: ``<dir>/<identity hash>/<item key>.json`` (and ``identity.json`` beside them)."""
+    """ProbeResult results on disk: ``<dir>/<identity hash>/<item key>.json`` (and ``identity.json`` beside them)."""
 
     def __init__(self, root: Path | None, identity: dict[str, Any]):
         text = json.dumps(identity, sort_keys=True)
@@ -159,7 +159,7 @@ class ProbeCache:
         self.folder = None if root is None else Path(root) / self.identity_hash
         self.identity = identity
 
-    def get(self, item: Item) -> Probe | None:
+    def get(self, item: Revision) -> ProbeResult | None:
         if self.folder is None:
             return None
         try:
@@ -167,12 +167,12 @@ class ProbeCache:
             if doc["identity"] != self.identity_hash:
                 return None
             kv = None if doc["kv"] is None else KV.from_json(doc["kv"], f"{item.key}.json: kv")
-            return Probe(item, kv=kv, reason=doc["reason"], transformers=doc["transformers"],
+            return ProbeResult(item, kv=kv, reason=doc["reason"], transformers=doc["transformers"],
                          untrusted=list(doc["untrusted"]), cached=True, seconds=float(doc["seconds"]))
         except (OSError, ValueError, KeyError, TypeError):  # no probe :meth:`put` wrote (RecordError is a ValueError)
             return None
 
-    def put(self, probe: Probe) -> None:
+    def put(self, probe: ProbeResult) -> None:
         if self.folder is None or not probe.cacheable:
             return
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -250,9 +250,9 @@ class Suite:
         opts = [*opts[:1], model_key(self.model), *opts[2:len(opts) - len(self.extra)], *extra_identity(self.extra)]
         return {"suite": suite_hash(), "options": opts, "torch": version_of("torch"),
                 "python": platform.python_version(), "machine": platform.machine(),
-                "packages": {name: version_of(name) for name in IDENTITY_PACKAGES}, "format": JSON_FORMAT}
+                "packages": {name: version_of(name) for name in IDENTITY_PACKAGES}, "format": PROBE_CACHE_FORMAT}
 
-    def run(self, item: Item, first_on_path: Path, number: int) -> Probe:
+    def run(self, item: Revision, first_on_path: Path, number: int) -> ProbeResult:
         """Run the counted suite with ``first_on_path`` first on ``PYTHONPATH``; the probe (never raises for a run
         that fails: its reason says why)."""
         folder = self.workdir / f"probe-{number}"
@@ -264,7 +264,7 @@ class Suite:
                "--kvbisect-gates", str(gates), "-q"]
         env = probe_env(first_on_path)
         start = time.monotonic()
-        probe = Probe(item)
+        probe = ProbeResult(item)
         with open(log_path, "w+", encoding="utf-8") as log:
             log.write("$ " + " ".join(cmd) + "\n")
             log.flush()

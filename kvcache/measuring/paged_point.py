@@ -35,10 +35,10 @@ from kvcache.measuring.paged_api import (
     PagedAPI,
     allocate,
     build_inline_mask,
+    cache_layer_types,
     check_geometry,
     installed_api,
-    layer_types,
-    new_cache,
+    new_paged_cache,
     pool_slots,
     slot_lists,
     supports_logits_to_keep,
@@ -57,7 +57,7 @@ def unsupported_reason(version: str | None = None) -> str | None:
     return None
 
 
-def prepare() -> PagedAPI:
+def supported_api() -> PagedAPI:
     """The registry's ``prepare``: the installed release's :class:`PagedAPI`, or :class:`compat.Unsupported` (the
     class is skipped with the reason) where the release has no paged cache this class can drive."""
     reason = unsupported_reason()
@@ -91,7 +91,7 @@ class PagedPoint(DecodePoint):
     def build(self) -> PagedPoint:
         """Make the release's paged cache with room for every sequence, fill each to its length (untimed), switch the
         model to the release's paged SDPA and pick the first input token of every sequence."""
-        r = self.api = prepare()  # Unsupported with the reason where this release has no paged cache to drive
+        r = self.api = supported_api()  # Unsupported with the reason where this release has no paged cache to drive
         if getattr(self.model, "_supports_attention_backend", True) is False:
             raise compat.Unsupported(f"paged: {type(self.model).__name__} runs its own attention code, not a "
                                      "registered attention function, so it cannot read a paged cache")
@@ -100,7 +100,7 @@ class PagedPoint(DecodePoint):
         self.lengths = self.batch.lengths(self.context)
         extra = self.max_tokens - self.context  # warm-up + steps + margin, for every sequence
         capacity = [length + extra for length in self.lengths]
-        self.cache, block_size = new_cache(r, self.model, device, dtype, capacity)
+        self.cache, block_size = new_paged_cache(r, self.model, device, dtype, capacity)
         check_geometry(self.cache, self.spec)
         tables = []
         for i, tokens in enumerate(capacity):
@@ -148,7 +148,7 @@ class PagedPoint(DecodePoint):
         if r.update_takes_kwargs:
             n = keys.shape[-2]
             lengths = torch.tensor([0, n], dtype=torch.int32, device=keys.device)
-            types = layer_types(self.cache)
+            types = cache_layer_types(self.cache)
             kwargs = {r.seqlens_keys[1]: {t: lengths for t in types}, r.max_keys[1]: {t: n for t in types},
                       "read_index": reads, "write_index": writes}
             self.cache.update(keys, values, layer, kwargs)
@@ -223,7 +223,7 @@ class PagedPoint(DecodePoint):
             r.mask_builder(attention_mask=mask, cumulative_seqlens_q=cu_q, cumulative_seqlens_k=cu_k, sliding_window=1)
         else:
             build_inline_mask(mask, cu_q, cu_k)
-        types = layer_types(self.cache)
+        types = cache_layer_types(self.cache)
         kwargs: dict[str, Any] = {
             "input_ids": self.next_ids, "position_ids": self.position_ids, "attention_mask": mask,
             r.seqlens_keys[0]: self.cu_q,
