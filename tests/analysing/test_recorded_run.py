@@ -107,4 +107,4 @@ def test_planted_counted_rise_is_judged_a_regression_naming_the_op(tmp_path, aga
     fewer = recorded_run(counted={"dynamic": 1.5}, resamples=200, baseline=baseline.load(path))
     assert fewer["kv"]["traffic"]["dynamic"]["by_op"] == {"cat": 1.0, "scaled_dot_product_attention": 0.5}
     assert fewer["kv"]["verdict"]["dynamic"]["counted"]["status"] == "pass"
-    assert analysis.failures(KV.from_json(fewer["kv"])) == []
+    assert analysis.gate_failures(KV.from_json(fewer["kv"])) == []

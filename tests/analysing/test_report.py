@@ -15,8 +15,8 @@ import pytest
 from fakerun import make_run, without, write_run
 
 from kvcache.analysing import report, tables
-from kvcache.commands import report as report_command
 from kvcache.analysing.records import KV, Run, load_run, points_from_benchmarks
+from kvcache.commands import report as report_command
 
 OUTPUTS = ("report.md", "report.html", "latency.png", "traffic.png")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

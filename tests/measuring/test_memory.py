@@ -177,9 +177,10 @@ def test_the_attention_factor_is_added_to_the_declared_one_and_named():
 
 
 def test_copies_factor_is_one_layers_kv_times_the_query_groups_where_attention_expands():
+    from kvcache.analysing.records import Probe
     from kvcache.measuring.attention import copies_factor
 
-    assert copies_factor({"expansions": 60}, 9, 3, [768] * 30) == pytest.approx(0.1)
-    assert copies_factor({"expansions": 4}, 9, 3, [768, 256]) == pytest.approx(3 * 768 / 1024)
-    assert copies_factor({"expansions": 0}, 9, 3, [768] * 30) == 0.0
+    assert copies_factor(Probe.of(attention="eager", expansions=60), 9, 3, [768] * 30) == pytest.approx(0.1)
+    assert copies_factor(Probe.of(attention="eager", expansions=4), 9, 3, [768, 256]) == pytest.approx(3 * 768 / 1024)
+    assert copies_factor(Probe.of(attention="eager", expansions=0), 9, 3, [768] * 30) == 0.0
     assert copies_factor(None, 9, 3, [768] * 30) == 0.0
