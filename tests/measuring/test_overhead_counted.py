@@ -80,17 +80,17 @@ def counted(one_torch_thread):
 
 def test_a_step_reads_each_weight_about_once(counted):
     dynamic = counted("dynamic")
-    assert dynamic["weight_bytes"] == counted.session.spec().weight_bytes
-    assert 1.0 <= dynamic["weight_passes"] < 1.05  # the rest: activations, float32 logits, norms
-    assert dynamic["data_ops_per_step"] < dynamic["ops_per_step"] < sum(dynamic["calls"].values())
+    assert dynamic.weight_bytes == counted.session.spec().weight_bytes
+    assert 1.0 <= dynamic.weight_passes < 1.05  # the rest: activations, float32 logits, norms
+    assert dynamic.data_ops_per_step < dynamic.ops_per_step < sum(dynamic.calls.values())
 
 
 def test_three_tiny_ops_per_layer_add_ops_not_passes(counted):
     clean, extra = counted("twin-clean"), counted("twin-extra-ops")
-    layers = clean["layers"]
-    assert extra["ops_per_step"] - clean["ops_per_step"] == testing.ExtraOpsCache.EXTRA_OPS * layers
-    assert extra["passes"] == pytest.approx(clean["passes"], abs=1e-9)
-    assert extra["weight_passes"] == pytest.approx(clean["weight_passes"], abs=1e-4)
+    layers = clean.layers
+    assert extra.ops_per_step - clean.ops_per_step == testing.ExtraOpsCache.EXTRA_OPS * layers
+    assert extra.passes == pytest.approx(clean.passes, abs=1e-9)
+    assert extra.weight_passes == pytest.approx(clean.weight_passes, abs=1e-4)
 
 
 @pytest.mark.parametrize("model", ["tiny", "smollm2-135m"])
@@ -105,7 +105,7 @@ def test_reading_the_embeddings_once_more_raises_weight_passes_by_their_share(on
         after = session.count("dynamic")
     finally:
         handle.remove()
-    assert after["weight_passes"] - before["weight_passes"] == pytest.approx(share, rel=1e-3)
-    assert after["passes"] == pytest.approx(before["passes"])
+    assert after.weight_passes - before.weight_passes == pytest.approx(share, rel=1e-3)
+    assert after.passes == pytest.approx(before.passes)
     if model == "smollm2-135m":
         assert share == pytest.approx(0.21, abs=0.005)
