@@ -130,7 +130,7 @@ class CompiledDecode:
 
     def count(self, cache: str) -> CompiledTraffic:
         """``kv.traffic.<cache>.compiled``: a compiled step counted unfused and fused at the counted contexts (its
-        own compiles, static shapes), or ``{mode, error}`` when the class does not compile here."""
+        own compiles, static shapes), or its ``mode`` and ``error`` when the class does not compile here."""
         session = self.session
         s = session.settings
         self.fused.pop(cache, None)  # a class counted again keeps only its latest line
