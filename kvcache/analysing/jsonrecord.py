@@ -62,6 +62,12 @@ class Record:
         given = {f.name for f in fields(cls) if f.name in values}
         return cls(**values, absent=frozenset(f.name for f in fields(cls) if f.name not in (*given, *BOOKKEEPING)))
 
+    def update(self, **values: Any) -> None:
+        """Set fields of a record made in code; each is written with it, None included."""
+        for name, value in values.items():
+            setattr(self, name, value)
+        self.absent = self.absent - values.keys()
+
     @classmethod
     def _readers(cls) -> dict[str, Reader]:
         """The reader of each field that holds records (see :func:`object_of`, :func:`list_of`); none by default:

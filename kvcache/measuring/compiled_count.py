@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from kvcache.analysing.counted_records import CompiledTraffic, FusedCount, Traffic
+from kvcache.analysing.counted_records import CompiledTraffic, FusedCount
 from kvcache.measuring import traffic
 from kvcache.measuring.compiled import (
     CompiledModel,
@@ -125,11 +125,12 @@ def count_compiled(model: Any, open_point: Any, contexts: tuple[int, ...], mode:
     kv_delta = held[hi] - held[lo]
     unfused = traffic.counted_passes({c: s.unfused for c, s in steps.items()}, bytes_per_token, kv_bytes=held)
     record = CompiledTraffic.of(
-        mode=mode, runs_as=effective_mode(mode, device_type), fullgraph=True, unfused=Traffic.of(**unfused),
+        mode=mode, runs_as=effective_mode(mode, device_type), fullgraph=True, unfused=unfused,
         kernels_per_step=steps[hi].kernel_count, graphs_per_step=steps[hi].graphs,
         compile_s=round(sum(s.compile_s for s in steps.values()), 3))
     if steps[lo].fused_bytes is None or steps[hi].fused_bytes is None:
-        record.fused = FusedCount.of(passes=None, error=steps[lo].error or steps[hi].error or "no fused byte count")
+        record.update(fused=FusedCount.of(passes=None,
+                                          error=steps[lo].error or steps[hi].error or "no fused byte count"))
         return CompiledCount(record)
     by_kernel = {}
     for name in set(steps[lo].kernels) | set(steps[hi].kernels):
@@ -142,9 +143,9 @@ def count_compiled(model: Any, open_point: Any, contexts: tuple[int, ...], mode:
     inductor = {}
     if steps[lo].inductor_bytes is not None and steps[hi].inductor_bytes is not None:
         inductor["inductor_passes"] = (steps[hi].inductor_bytes - steps[lo].inductor_bytes) / kv_delta
-    record.fused = FusedCount.of(passes=(steps[hi].fused_bytes - steps[lo].fused_bytes) / kv_delta,
-                                 by_kernel=by_kernel, origins=origins,
-                                 step_bytes={str(c): s.fused_bytes for c, s in steps.items()}, **inductor)
+    record.update(fused=FusedCount.of(passes=(steps[hi].fused_bytes - steps[lo].fused_bytes) / kv_delta,
+                                      by_kernel=by_kernel, origins=origins,
+                                      step_bytes={str(c): s.fused_bytes for c, s in steps.items()}, **inductor))
     two = sorted(contexts)[:2]
     line = FusedLine((two[0], two[1]), (steps[two[0]].fused_bytes, steps[two[1]].fused_bytes))
     return CompiledCount(record, line)

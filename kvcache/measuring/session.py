@@ -339,6 +339,6 @@ class KVSession:
         if counted.memory is not None:
             self.memories[cache] = counted.memory
         if self.settings.compile != "off" and not self.spec().mixed:
-            counted.traffic.compiled = self.compiled.count(cache)
+            counted.traffic.update(compiled=self.compiled.count(cache))
         self.emit(counted)
         return counted.traffic

@@ -138,8 +138,8 @@ def test_a_users_attention_function_is_counted_exactly(tiny, extra_read):
             dp.release()
         passes[name] = traffic.counted_passes(counts, spec.bytes_per_token, kv_bytes=held)
     mine = passes[f"dynamic@{extra_read}"]
-    assert mine["passes"] == pytest.approx(passes["dynamic"]["passes"] + 1.0, abs=1e-9), mine
-    assert mine["by_op"]["sum"] == pytest.approx(1.0, abs=1e-9), mine
+    assert mine.passes == pytest.approx(passes["dynamic"].passes + 1.0, abs=1e-9), mine
+    assert mine.by_op["sum"] == pytest.approx(1.0, abs=1e-9), mine
 
 
 @needs_registry

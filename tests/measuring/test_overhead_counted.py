@@ -22,11 +22,11 @@ def test_fixed_bytes_are_the_counted_intercept_and_weight_passes_their_share_of_
         return c
 
     result = traffic.counted_passes({256: step(256), 512: step(512)}, per_token, layers=2, weight_bytes=weights)
-    assert result["passes"] == pytest.approx(2.0)
-    assert result["fixed_bytes"] == weights + 10_000
-    assert result["weight_passes"] == pytest.approx(1.0025)
-    assert result["layers"] == 2
-    assert result["ops_per_step"] is None  # nothing was counted inside a forward scope
+    assert result.passes == pytest.approx(2.0)
+    assert result.fixed_bytes == weights + 10_000
+    assert result.weight_passes == pytest.approx(1.0025)
+    assert result.layers == 2
+    assert result.ops_per_step is None  # nothing was counted inside a forward scope
 
 
 def test_scopes_charge_the_ops_of_the_running_module_only():

@@ -172,9 +172,9 @@ def test_counted_passes_is_the_slope_between_contexts():
         return c
 
     result = traffic.counted_passes({256: step(256), 512: step(512)}, per_token)
-    assert result["passes"] == pytest.approx(3.0)
-    assert result["by_op"] == {"cat": 2.0, "scaled_dot_product_attention": 1.0}
-    assert result["contexts"] == [256, 512]
+    assert result.passes == pytest.approx(3.0)
+    assert result.by_op == {"cat": 2.0, "scaled_dot_product_attention": 1.0}
+    assert result.contexts == [256, 512]
     with pytest.raises(ValueError):
         traffic.counted_passes({256: step(256)}, per_token)
 
