@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvcache.measuring import testing, traffic
+from kvcache.measuring import traffic
 from kvcache.measuring.devices import Device
 from kvcache.measuring.session import KVSession
 from kvcache.settings import Settings
+from kvcache.testing import classes as testing
 
 
 def test_fixed_bytes_are_the_counted_intercept_and_weight_passes_their_share_of_the_weights():
