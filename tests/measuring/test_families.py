@@ -12,7 +12,6 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from kvcache.analysing.records import Traffic  # noqa: E402
 from kvcache.commands.traffic import kind_lines  # noqa: E402
 from kvcache.measuring import compat, configs, geometry, presets  # noqa: E402
 from kvcache.measuring.devices import Device  # noqa: E402
@@ -123,7 +122,7 @@ def test_sliding_layers_stop_growing_past_the_window(tmp_path):
     assert kinds["sliding"]["passes"] == pytest.approx(3.0, abs=0.01)
     assert kinds["sliding"]["beyond"]["growth_bytes"] == 0 and kinds["sliding"]["stops_growing_at"] == 32
     assert kinds["full"]["beyond"]["growth_bytes"] > 0
-    assert any("stops growing past its window" in line for line in kind_lines(Traffic.from_json(result)))
+    assert any("stops growing past its window" in line for line in kind_lines(result))
 
 
 def test_memory_per_layer_kind(tmp_path):
