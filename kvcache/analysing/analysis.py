@@ -5,8 +5,8 @@ no torch.
 The records are the suite's own (:mod:`kvcache.analysing.measured`: ``kvcache.measuring.session`` makes them, the
 plugin gathers them from every item's report, from xdist workers too): copy measurements, timed points (timed or
 drift, with every step's seconds), classes counted, skips, profiled ledger points, failed items and the process's
-model and environment. Nothing here depends on what
-pytest-benchmark keeps, so fits and verdicts are the same whatever its storage options.
+model and environment. Nothing here depends on what pytest-benchmark keeps, so fits and verdicts are the same
+whatever its storage options.
 """
 
 from __future__ import annotations

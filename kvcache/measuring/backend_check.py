@@ -149,7 +149,7 @@ def check(model: str, caches: list[str], dtype: str = "bfloat16", context: int =
             dp.release()
         checks += compare_calls(cache, observer, capability)
         if observer.calls:
-            passes = {where: (s.count(cache).get("backends") or {}).get("math", {}).get("passes")
+            passes = {where: (s.count(cache).backends or {}).get("math", {}).get("passes")
                       for where, s in sessions.items()}
             math_rows[cache] = (passes[device], passes["cpu"])
     lines, mismatches = table(checks, math_rows)

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from kvcache.analysing.measured import Failed, from_wire, to_wire
 from kvcache.plugin.discovery import item_role
 from kvcache.plugin.finish import write_benchmark_json_atomically
 from kvcache.plugin.state import STATE, KVState
@@ -27,6 +26,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
     state = item.config.stash.get(STATE, None)
     if state is None or not state.started:
         return
+    from kvcache.analysing.measured import Failed, to_wire
+
     report = outcome.get_result()
     for record in state.session.take_records():
         report.user_properties.append((RECORD, to_wire(record)))
@@ -58,6 +59,8 @@ class RecordGatherer:
         for name, value in getattr(report, "user_properties", ()):
             if name != RECORD:
                 continue
+            from kvcache.analysing.measured import Failed, from_wire
+
             record = from_wire(value)
             self.state.records.append(record)  # a failed class's record carries its reason to kv.session.reasons
             if isinstance(record, Failed) and record.cache:
