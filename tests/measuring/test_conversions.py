@@ -27,7 +27,7 @@ from kvcache.analysing import measured, records
 from kvcache.analysing.counted_records import Traffic
 from kvcache.analysing.timed_records import Point
 from kvcache.measuring.session import KVSession
-from kvcache.plugin import finish, transport
+from kvcache.plugin import finish
 
 edge = [None]  # the edge running now
 log = []  # [what, figure, edge]
@@ -67,8 +67,8 @@ class Json:  # the transport's json module, its texts counted
         log.append(["json.loads", None, None, edge[0]])
         return json.loads(*args, **kwargs)
 measured.json = Json()
-transport.to_wire = at_edge("process boundary", measured.to_wire)
-transport.from_wire = at_edge("process boundary", measured.from_wire)
+measured.to_wire = at_edge("process boundary", measured.to_wire)  # the transport imports them when it sends
+measured.from_wire = at_edge("process boundary", measured.from_wire)
 records.KV.to_json = at_edge("file", records.KV.to_json)
 write_json = finish._write_json
 def logged_write_json(state, path, text):
