@@ -184,8 +184,8 @@ def rejudge(out: Path, r: dict[str, Any]) -> None:
     kv = r["kv"]
     if kv is None:
         return
-    kv.verdict = analysis.judge(kv, json.loads((out / "baseline.json").read_text()))
-    r["exit"] = 1 if analysis.failures(kv) else 0
+    kv.verdict = analysis.run_verdicts(kv, json.loads((out / "baseline.json").read_text()))
+    r["exit"] = 1 if analysis.gate_failures(kv) else 0
 
 
 def summarize(out: Path, *, again: bool = False) -> str:

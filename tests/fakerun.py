@@ -114,7 +114,7 @@ def make_run(
     kv["identity"] = identity.of(Environment.from_json(environment), RunSettings.from_json(settings)).to_json()
     record = KV.from_json(kv)
     kv["crossovers"] = bandwidth.crossovers(record.model, record.fit, record.traffic, {}).to_json()
-    record.verdict = analysis.judge(record, {})  # the real judge of this fit and traffic, against no baseline
+    record.verdict = analysis.run_verdicts(record, {})  # the real judge of this fit and traffic, against no baseline
     kv["verdict"] = record.to_json()["verdict"]
     if points:
         kv["points"] = [points_entry(b, copy_gbps) for b in benchmarks]
@@ -198,10 +198,10 @@ def without(run: dict[str, Any], *keys: str) -> dict[str, Any]:
 # --- the real analysis of a run's own records ----------------------------------------------------------------
 
 def records_of(run: dict[str, Any]) -> list[dict[str, Any]]:
-    """The records a session would have produced for ``run`` (what :func:`kvcache.analysing.analysis.analyse`
-    reads): its context, copy measurements, timed and drift points (every step's seconds: from ``kv.points``
-    where the run has them, the suite's own timing, else from pytest-benchmark's ``stats.data``), traffic,
-    skips, the ledger's profiled steps and failed classes."""
+    """The records a session would have produced for ``run``, as the objects that travel to the controller
+    (:func:`kvcache.analysing.measured.to_wire`): its context, copy measurements, timed and drift points (every
+    step's seconds: from ``kv.points`` where the run has them, the suite's own timing, else from pytest-benchmark's
+    ``stats.data``), traffic, skips, the ledger's profiled steps and failed classes."""
     kv = run["kv"]
     records: list[dict[str, Any]] = [{"type": "context", "model": kv.get("model") or {},
                                       "environment": kv.get("environment") or {}}]
@@ -232,6 +232,7 @@ def analysed(run: dict[str, Any], *, resamples: int | None = 200, baseline: dict
     ``kv.fit``. ``resamples`` (bootstrap resamples; None keeps the run's own setting) and ``baseline`` (a
     baseline file's contents; none by default) are the analysis's."""
     from kvcache.analysing.analysis import analyse
+    from kvcache.analysing.measured import from_wire
     from kvcache.analysing.settings import Settings
 
     kv = run["kv"]
@@ -240,7 +241,8 @@ def analysed(run: dict[str, Any], *, resamples: int | None = 200, baseline: dict
         settings["resamples"] = resamples
     session = {k: v for k, v in (kv.get("session") or {"interrupted": False, "exit": "ok"}).items() if k != "failed"}
     out = copy.deepcopy(run)
-    out["kv"] = analyse(records_of(run), settings, baseline or {}, session).to_json()
+    records = [from_wire(json.dumps(message)) for message in records_of(run)]  # as the transport delivers them
+    out["kv"] = analyse(records, settings, baseline or {}, session).to_json()
     return out
 
 

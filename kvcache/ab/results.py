@@ -19,14 +19,16 @@ FORMAT = 1  # the format of the ab_run section
 def side_record(side: Side, interrupted: bool, exit_text: str) -> KV:
     """The side's ``kv`` section, analysed from the records its worker sent back."""
     from kvcache.analysing import analysis
+    from kvcache.analysing.measured import from_wire
 
-    return analysis.analyse(side.records, side.hello.settings.to_json(), side.hello.baseline,
+    records = [from_wire(text) for text in side.records]
+    return analysis.analyse(records, side.hello.settings.to_json(), side.hello.baseline,
                             {"interrupted": interrupted, "exit": exit_text, "failed": []})
 
 
 def run_of(kv: KV, path: str) -> Run:
     """A side as a run (its timed points and ``kv`` section), the way compare reads one from a file."""
-    points = [p.to_point() for p in kv.points if p.samples_ms is not None]
+    points = [p for p in kv.points if p.samples_s is not None]
     return Run(path=path, points=points, record=kv, machine_info={"kv_environment": kv.environment.to_json()})
 
 

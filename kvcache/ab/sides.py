@@ -73,7 +73,7 @@ class Side:
     answers: IO[str] | None = None
     requests: IO[str] | None = None
     hello: Hello = field(default_factory=Hello)
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[str] = field(default_factory=list)  # the JSON text of each record the worker sent
     finished: list[str] = field(default_factory=list)
     failure: str | None = None
 

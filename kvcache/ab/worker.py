@@ -11,7 +11,8 @@ pipe closing: the driver is gone) ends the session there, as an interrupted one.
 mark of :mod:`kvcache.measuring.stages` the item reaches, writes ``{"prepared": nodeid}`` (its untimed preparation
 done, its timed part next) or ``{"measured": nodeid}`` (its timed part done), and waits for ``go`` again; the driver
 lets each side's timed part run alone. After the item it writes ``{"done": nodeid, "failed": bool, "records":
-[...]}``: the measurement records the item produced (what the driver analyses, so that a side that dies later loses
+[...]}``: the measurement records the item produced, each the JSON text
+:func:`kvcache.analysing.measured.to_wire` wrote (what the driver analyses, so that a side that dies later loses
 nothing already sent). Standard library only at import; the suite's own plugin (:mod:`kvcache.plugin`) does the
 measuring.
 """
@@ -37,7 +38,7 @@ class Control:
             raise pytest.UsageError(f"--kv-ab-control {spec!r}: expected two file descriptors R,W") from None
         self.requests = os.fdopen(read_fd, "r", buffering=1)
         self.answers = os.fdopen(write_fd, "w", buffering=1)
-        self.records: list[dict[str, Any]] = []
+        self.records: list[str] = []  # the JSON text of each record (kvcache.analysing.measured.to_wire)
         self.failed = False
         self.item: str | None = None  # the node id of the item running in stages, None when not in stages
 

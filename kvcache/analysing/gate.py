@@ -63,7 +63,7 @@ from kvcache.analysing.judges import (
     judge_overhead,
     judge_timed,
 )
-from kvcache.analysing.records import KV, Drift, PointRecord, Speed, UnmeasuredDrift, Verdict
+from kvcache.analysing.records import KV, Drift, Point, Speed, UnmeasuredDrift, Verdict
 from kvcache.analysing.rules import Rules
 
 
@@ -84,7 +84,7 @@ def speed_shift(speed: Speed | None, base_ms: float | None, max_fraction: float)
                          "the machine's decode speed changed between the sessions")
 
 
-def compile_problems(points: list[PointRecord], cache: str) -> list[str]:
+def compile_problems(points: list[Point], cache: str) -> list[str]:
     """Why a compiled class's timed figure cannot be trusted: its points' ``compiled.problem`` (a recompile inside
     the timed steps, a step that ran eagerly), each named once with its context."""
     problems: dict[str, None] = {}

@@ -57,6 +57,19 @@ class Record:
         return cls(**values, extra={k: v for k, v in data.items() if k not in known}, absent=frozenset(absent))
 
     @classmethod
+    def of(cls: type[R], **values: Any) -> R:
+        """The record of ``values``, made where it is measured (no JSON in between): the known keys not given are
+        left out when written, as an absent key would be (unless set since)."""
+        given = {f.name for f in fields(cls) if f.name in values}
+        return cls(**values, absent=frozenset(f.name for f in fields(cls) if f.name not in (*given, *BOOKKEEPING)))
+
+    def update(self, **values: Any) -> None:
+        """Set fields of a record made in code; each is written with it, None included."""
+        for name, value in values.items():
+            setattr(self, name, value)
+        self.absent = self.absent - values.keys()
+
+    @classmethod
     def _readers(cls) -> dict[str, Reader]:
         """The reader of each field that holds records (see :func:`object_of`, :func:`list_of`); none by default:
         values stay as JSON has them."""

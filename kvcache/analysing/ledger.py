@@ -34,7 +34,7 @@ WEIGHT_OPS = ("linear",)  # the ops that read the weights: their time does not d
 Series = list[tuple[LedgerPoint, list[float]]]
 
 
-def series(records: list[LedgerPoint]) -> dict[str, Series]:
+def op_series(records: list[LedgerPoint]) -> dict[str, Series]:
     """Per row: (profiled point, seconds per step) of every point, ops absent from a point at 0."""
     ops = list(dict.fromkeys(op for r in records for op in r.ops_s))
     out: dict[str, Series] = {op: [] for op in ops}
@@ -50,7 +50,7 @@ def series(records: list[LedgerPoint]) -> dict[str, Series]:
 
 
 def _points(name: str, entries: Series) -> list[Point]:
-    return [Point(cache=name, context=int(r.context), round=0, kv_bytes=float(r.kv_bytes), samples_s=tuple(values))
+    return [Point(cache=name, context=int(r.context), round=0, kv_bytes=float(r.kv_bytes), samples_s=list(values))
             for r, values in entries]
 
 
@@ -62,13 +62,13 @@ def _row(points: list[Point], copy_samples: list[float], settings: RunSettings) 
     return LedgerRow(timed=passes, timed_ci=[lo, hi], ms=largest.median_s * 1e3)
 
 
-def analyse_cache(records: list[LedgerPoint], copy_samples: list[float], counted_by_op: dict[str, float],
-                  settings: RunSettings) -> dict[str, LedgerRow]:
+def class_rows(records: list[LedgerPoint], copy_samples: list[float], counted_by_op: dict[str, float],
+               settings: RunSettings) -> dict[str, LedgerRow]:
     """``{row: LedgerRow}`` of one class (see the module docstring); FitError when its profiled contexts give no
     line (fewer than 3, no copy bandwidth)."""
     out: dict[str, LedgerRow] = {}
     other: Series = []
-    for name, entries in series(records).items():
+    for name, entries in op_series(records).items():
         row = _row(_points(name, entries), copy_samples, settings)
         if name in SPECIAL or name in counted_by_op or abs(row.timed) >= KEEP:
             out[name] = row
@@ -82,8 +82,8 @@ def analyse_cache(records: list[LedgerPoint], copy_samples: list[float], counted
     return {k: out[k] for k in [*ordered, *(s for s in SPECIAL if s in out)]}
 
 
-def analyse(records: list[LedgerPoint], copy_samples: list[float], traffic: dict[str, Traffic],
-            settings: RunSettings) -> tuple[dict[str, dict[str, LedgerRow]], dict[str, str]]:
+def ledger_rows(records: list[LedgerPoint], copy_samples: list[float], traffic: dict[str, Traffic],
+                settings: RunSettings) -> tuple[dict[str, dict[str, LedgerRow]], dict[str, str]]:
     """(``kv.ledger``, ``{cache: why there is no ledger}``) from a session's profiled points."""
     by_cache: dict[str, list[LedgerPoint]] = {}
     for r in records:
@@ -94,7 +94,7 @@ def analyse(records: list[LedgerPoint], copy_samples: list[float], traffic: dict
             if not copy_samples:
                 raise FitError("no copy bandwidth was measured in this run, so op times cannot be turned into passes")
             counted_by_op = traffic[cache].by_op if cache in traffic else {}
-            ledgers[cache] = analyse_cache(mine, copy_samples, counted_by_op, settings)
+            ledgers[cache] = class_rows(mine, copy_samples, counted_by_op, settings)
         except FitError as exc:
             errors[cache] = f"no ledger: {exc}"
     return ledgers, errors

@@ -52,7 +52,6 @@ from kvcache.analysing.timed_records import (
     LedgerRow,
     Point,
     PointCompile,
-    PointRecord,
     Speed,
     UnmeasuredDrift,
     drift_of,
@@ -63,7 +62,7 @@ __all__ = [
     "KV", "READABLE_SCHEMAS", "SCHEMA", "SCHEMA_FILE", "CacheCrossovers", "CompiledTraffic", "Copy", "CopyMeasurement",
     "Counted", "Environment", "FusedCount", "Identity", "LayerKinds", "MemoryStep", "ModelGeometry", "PointCompile",
     "RunSettings",
-    "Crossovers", "Drift", "Fit", "FitFailure", "LedgerPoint", "LedgerRow", "Memory", "Part", "Point", "PointRecord",
+    "Crossovers", "Drift", "Fit", "FitFailure", "LedgerPoint", "LedgerRow", "Memory", "Part", "Point",
     "Probe", "Record", "RecordError", "Run", "Session", "Skip", "Speed", "Traffic", "UnmeasuredDrift", "Verdict",
     "json_schema", "jsonable", "load_run", "load_runs", "point_from_benchmark", "points_from_benchmarks",
     "run_of_doc", "upgrade_kv",
@@ -163,7 +162,7 @@ class KV(Record):
     memory: dict[str, Memory] = field(default_factory=dict)
     verdict: dict[str, dict[str, Verdict]] = field(default_factory=dict)
     skipped: list[Skip] = field(default_factory=list)
-    points: list[PointRecord] = field(default_factory=list)
+    points: list[Point] = field(default_factory=list)
     session: Session | None = None
     identity: Identity = field(default_factory=Identity)
     ledger: dict[str, dict[str, LedgerRow]] = field(default_factory=dict)
@@ -188,7 +187,7 @@ class KV(Record):
     def _readers(cls) -> dict[str, Reader]:
         return {"fit": object_of(fit_of), "traffic": object_of(Traffic.from_json), "probe": object_of(Probe.from_json),
                 "memory": object_of(Memory.from_json), "verdict": object_of(object_of(Verdict.from_json)),
-                "ledger": object_of(object_of(LedgerRow.from_json)), "points": list_of(PointRecord.from_json),
+                "ledger": object_of(object_of(LedgerRow.from_json)), "points": list_of(Point.from_json),
                 "skipped": list_of(Skip.from_json), "ledger_points": list_of(LedgerPoint.from_json),
                 "copy": Copy.from_json, "session": Session.from_json, "drift": drift_of, "speed": Speed.from_json,
                 "crossovers": Crossovers.from_json, "settings": RunSettings.from_json,
@@ -242,11 +241,7 @@ class Run:
 
 def point_from_benchmark(bench: dict[str, Any]) -> Point | None:
     """A Point from one entry of pytest-benchmark's ``benchmarks`` list, or None if it is not a timed point."""
-    info, stats = bench.get("extra_info"), bench.get("stats")
-    if not (isinstance(info, dict) and info.get("kind") == "timed" and isinstance(stats, dict) and stats.get("data")):
-        return None
-    return Point.of({**info, "name": bench.get("name", ""), "compiled": None, "kv_bytes_allocated": None},
-                    stats["data"])
+    return Point.from_benchmark(bench)
 
 
 def points_from_benchmarks(benchmarks: list[dict[str, Any]]) -> list[Point]:
@@ -332,8 +327,11 @@ def run_of_doc(doc: Any, p: Path) -> Run:
         raise RecordError(f"{p}: no 'kv' section; was it written by `pytest benchmarks --benchmark-json`?")
     record = KV.from_json(kv, f"{p}: kv")  # RecordError names the file and the part
     try:
-        if any(point.samples_ms is not None for point in record.points):
-            points = [point.to_point() for point in record.points]
+        if any(point.samples_s is not None for point in record.points):
+            points = list(record.points)
+            for point in points:
+                if point.samples_s is None:
+                    raise RecordError(f"point {point.cache} at {point.context}: no samples_ms")
         else:
             points = points_from_benchmarks(doc["benchmarks"])
     except (RecordError, KeyError, TypeError, ValueError) as exc:

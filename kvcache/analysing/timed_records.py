@@ -1,51 +1,24 @@
 """The records of the timed parts of a run's ``kv`` section (layout: docs/records.md; JSON Schema:
 ``kv.schema.json``) and what is derived from them: timed points, fits, drift, the per-op ledger, the copy bandwidth,
-the run's decode speed and the crossovers; and :class:`Point`, a timed point as the fit reads it. Bandwidths in GB/s
-(1e9 bytes/s, bytes read + written), times in ms unless a name says ``_s``. Stdlib only."""
+the run's decode speed and the crossovers; :class:`Point`, one timed point from its measurement to the file.
+Bandwidths in GB/s (1e9 bytes/s, bytes read + written), times in ms unless a name says ``_s``. Stdlib only."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvcache.analysing.jsonrecord import Reader, Record, RecordError, absent_field, as_object, extra_field, list_of
+from kvcache.analysing.jsonrecord import (
+    Reader,
+    Record,
+    RecordError,
+    absent_field,
+    as_list,
+    as_object,
+    extra_field,
+    list_of,
+)
 from kvcache.analysing.stats import median
-
-
-@dataclass(frozen=True)
-class Point:
-    """One timed benchmark: ``steps`` decode steps of ``cache`` at ``context`` tokens in one round.
-
-    ``samples_s`` are per-step wall-clock seconds; ``kv_bytes`` is the logical KV-cache size (bytes of
-    K and V held for the tokens in the cache, averaged over the timed steps) that the step must read.
-    """
-
-    cache: str
-    context: int
-    round: int
-    kv_bytes: float
-    samples_s: tuple[float, ...]
-    beyond_trained_context: bool = False
-    counted_bytes: float | None = None
-    name: str = ""
-    compiled: dict[str, Any] | None = None  # --kv-compile: the point's compilation (PointRecord.compiled)
-    kv_bytes_allocated: float | None = None  # --kv-batch: KV bytes of the left-padded batch (kv_bytes: live ones)
-
-    @classmethod
-    def of(cls, info: Mapping[str, Any], samples_s: Any) -> Point:
-        """The point described by ``info`` (a session's point record, a benchmark's ``extra_info`` with its
-        ``name``, or a ``kv.points`` entry: ``cache``, ``context``, ``kv_bytes``, the rest optional) timed at
-        ``samples_s`` (seconds per step): the one way a point is made from JSON."""
-        return cls(cache=str(info["cache"]), context=int(info["context"]), round=int(info.get("round", 0)),
-                   kv_bytes=float(info["kv_bytes"]), samples_s=tuple(float(s) for s in samples_s),
-                   beyond_trained_context=bool(info.get("beyond_trained_context", False)),
-                   counted_bytes=info.get("counted_bytes"), name=str(info.get("name", "")),
-                   compiled=info.get("compiled"), kv_bytes_allocated=info.get("kv_bytes_allocated"))
-
-    @property
-    def median_s(self) -> float:
-        return median(self.samples_s)
 
 
 @dataclass
@@ -184,36 +157,108 @@ class PointCompile(Record):
 
 
 @dataclass
-class PointRecord(Record):
-    """One entry of ``kv.points``: a timed (cache, context, round) point, its median and every step in ms,
-    ``kv_bytes`` and ``counted_bytes`` (bytes one step moves) in bytes, ``achieved_gbps`` = counted bytes /
-    median step in GB/s and its ``achieved_fraction`` of the copy bandwidth."""
+class Point(Record):
+    """One timed point, from its measurement to the file: ``cache`` at ``context`` tokens in ``round``, and
+    ``samples_s``, the seconds of each timed step as measured. ``kv_bytes``: logical KV bytes held (bytes of K and V
+    for the tokens in the cache, averaged over the timed steps), ``counted_bytes``: bytes one step moves,
+    ``achieved_gbps`` = counted bytes / median step in GB/s, ``achieved_fraction`` its share of the session's copy
+    bandwidth (the analysis's). ``kind``: ``timed``, or ``drift`` for the first point measured again at the end (never
+    in ``kv.points``).
+
+    Its JSON is one entry of ``kv.points`` (the transport to the controller writes the same): the steps in ms,
+    ``samples_ms`` and their ``median_ms``, derived from ``samples_s``. A pytest-benchmark ``benchmarks[]`` entry is
+    read by :meth:`from_benchmark` (run files without ``kv.points`` samples)."""
 
     cache: str
     context: int
     kv_bytes: float
     round: int = 0
-    median_ms: float | None = None
-    samples_ms: list[float] | None = None
+    samples_s: list[float] | None = None
     counted_bytes: float | None = None
     achieved_gbps: float | None = None
     achieved_fraction: float | None = None
     beyond_trained_context: bool = False
     name: str = ""
     compiled: PointCompile | None = None
-    kv_bytes_allocated: float | None = None
+    kv_bytes_allocated: float | None = None  # --kv-batch: KV bytes of the left-padded batch (kv_bytes: live ones)
+    kind: str = "timed"
     extra: dict[str, Any] = extra_field()
-    absent: frozenset[str] = absent_field()
+    absent: frozenset[str] = field(default=frozenset({"kind"}), repr=False, compare=False)  # left out when timed
 
     @classmethod
     def _readers(cls) -> dict[str, Reader]:
         return {"compiled": PointCompile.from_json}
 
-    def to_point(self) -> Point:
-        """The timed point (steps in seconds) the fit and the report work with; needs ``samples_ms``."""
-        if self.samples_ms is None:
-            raise RecordError(f"point {self.cache} at {self.context}: no samples_ms")
-        return Point.of(self.to_json(), [float(x) / 1e3 for x in self.samples_ms])
+    @classmethod
+    def from_json(cls, data: Any, where: str = "") -> Point:
+        """The point of a ``kv.points`` entry (steps in ms: ``samples_ms``; ``median_ms`` is derived from them) or
+        of a record that names the steps in seconds (``samples_s``)."""
+        where = where or "point"
+        data = dict(as_object(data, where))
+        samples_ms = data.pop("samples_ms", None)
+        read = None
+        if samples_ms is not None and "samples_s" not in data:
+            data["samples_s"] = [float(x) / 1e3 for x in as_list(samples_ms, f"{where}.samples_ms")]
+            read = (list(data["samples_s"]), samples_ms, data.get("median_ms"))
+        if data.get("samples_s") is not None or "median_ms" not in data:
+            data.pop("median_ms", None)  # derived from the samples (kept as read only where none are)
+        point = super().from_json(data, where)
+        point._read_ms = read
+        return point
+
+    def _as_read(self) -> tuple[list[float], float | None] | None:
+        """The ms read from the file (``samples_ms``, ``median_ms``) while ``samples_s`` are still the seconds
+        derived from them: written back as read (ms / 1e3 * 1e3 is not always the same float)."""
+        read = getattr(self, "_read_ms", None)
+        if read is None or read[0] != self.samples_s:
+            return None
+        return read[1], read[2]
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``kv.points`` entry: ``samples_s`` written as ``median_ms`` and ``samples_ms``, in that place."""
+        out: dict[str, Any] = {}
+        for key, value in super().to_json().items():
+            if key == "samples_s":
+                out["median_ms"], out["samples_ms"] = self.median_ms, self.samples_ms
+            else:
+                out[key] = value
+        return out
+
+    @classmethod
+    def from_benchmark(cls, bench: dict[str, Any]) -> Point | None:
+        """The timed point of one entry of pytest-benchmark's ``benchmarks`` list (``extra_info`` and every step's
+        seconds in ``stats.data``), or None if it is not one."""
+        info, stats = bench.get("extra_info"), bench.get("stats")
+        if not (isinstance(info, dict) and info.get("kind") == "timed" and isinstance(stats, dict)
+                and stats.get("data")):
+            return None
+        return cls(cache=str(info["cache"]), context=int(info["context"]), round=int(info.get("round", 0)),
+                   kv_bytes=float(info["kv_bytes"]), samples_s=[float(s) for s in stats["data"]],
+                   beyond_trained_context=bool(info.get("beyond_trained_context", False)),
+                   counted_bytes=info.get("counted_bytes"), name=str(bench.get("name", "")))
+
+    @property
+    def median_s(self) -> float:
+        """The median step in seconds (needs ``samples_s``)."""
+        if not self.samples_s:
+            raise RecordError(f"point {self.cache} at {self.context}: no samples")
+        return median(self.samples_s)
+
+    @property
+    def median_ms(self) -> float | None:
+        """The median step in ms; None without samples."""
+        if not self.samples_s:
+            return self.extra.get("median_ms")
+        read = self._as_read()
+        return read[1] if read is not None and read[1] is not None else self.median_s * 1e3
+
+    @property
+    def samples_ms(self) -> list[float] | None:
+        """Every step in ms; None without samples."""
+        read = self._as_read()
+        if read is not None:
+            return list(read[0])
+        return None if self.samples_s is None else [s * 1e3 for s in self.samples_s]
 
 
 @dataclass

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvcache.analysing import arguments
-from kvcache.analysing.records import Memory, Probe, Traffic
+from kvcache.analysing.records import Probe, Traffic
 from kvcache.analysing.settings import SettingsError, parse_ints
 from kvcache.analysing.summary import attention_copies
 from kvcache.analysing.tables import by_op
@@ -89,14 +89,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not args.json:
                 print(f"{name}: skipped: {exc}")
             continue
-        out[name] = {"traffic": result, "probe": session.probes.get(name)}
+        probe = session.probes.get(name)
+        out[name] = {"traffic": result.to_json(), "probe": None if probe is None else probe.to_json()}
         if name in session.memories:
-            out[name]["memory"] = session.memories[name]
+            out[name]["memory"] = session.memories[name].to_json()
         if not args.json:
-            probe = session.probes.get(name)
-            print_one(name, Traffic.from_json(result, name), None if probe is None else Probe.from_json(probe, name))
+            print_one(name, result, probe)
             if name in session.memories:
-                memory = Memory.from_json(session.memories[name], name)
+                memory = session.memories[name]
                 print(f"  memory per KV byte: allocated {memory.allocated_passes:.3f}, peak "
                       f"{memory.peak_passes:.3f}, held {memory.held_passes:.3f}; peak needs "
                       f"{memory.peak_factor:.2f} cache sizes (declares {memory.declared_factor}"

@@ -27,6 +27,7 @@ import os
 import re
 from typing import Any
 
+from kvcache.analysing.counted_records import Probe
 from kvcache.measuring.cachespec import CacheSpec, EntryPoints, Unsupported
 
 DEFAULT = "sdpa"  # what kvcache.measuring.compat.from_config builds every model with: its records keep plain names
@@ -165,7 +166,7 @@ def derived(base: CacheSpec, attention: str) -> CacheSpec:
     return spec
 
 
-def copies_factor(probe: dict[str, Any] | None, heads: int, kv_heads: int, layer_bytes: list[int]) -> float:
+def copies_factor(probe: Probe | None, heads: int, kv_heads: int, layer_bytes: list[int]) -> float:
     """Cache sizes the attention implementation's own K/V copies hold at a step's peak, beyond what the class
     holds: where the probe saw K/V expanded to every query head (``repeat_kv``: eager, flex_attention with a head
     count that is not a power of two, SDPA before 4.54), one layer's K and V copied ``heads / kv_heads`` times, live
@@ -173,7 +174,7 @@ def copies_factor(probe: dict[str, Any] | None, heads: int, kv_heads: int, layer
     bytes per token of each layer). 0 where nothing was expanded. The class's declared ``memory_factor`` does not
     cover these (they belong to the attention, not the cache), so the memory check adds them
     (:func:`kvcache.measuring.memory.memory_passes`)."""
-    if not probe or not probe.get("expansions") or kv_heads <= 0 or not layer_bytes or sum(layer_bytes) <= 0:
+    if probe is None or not probe.expansions or kv_heads <= 0 or not layer_bytes or sum(layer_bytes) <= 0:
         return 0.0
     return heads / kv_heads * max(layer_bytes) / sum(layer_bytes)
 

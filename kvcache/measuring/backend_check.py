@@ -151,7 +151,7 @@ def check_backends(model: str, caches: list[str], dtype: str = "bfloat16", conte
             dp.release()
         checks += compare_calls(cache, observer, capability)
         if observer.calls:
-            passes = {where: (s.count(cache).get("backends") or {}).get("math", {}).get("passes")
+            passes = {where: (s.count(cache).backends or {}).get("math", {}).get("passes")
                       for where, s in sessions.items()}
             math_rows[cache] = (passes[device], passes["cpu"])
     lines, mismatches = mismatch_table(checks, math_rows)

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from kvcache.analysing.counted_records import CompiledTraffic, FusedCount
 from kvcache.analysing.options import MIN_OP_PASSES
 from kvcache.measuring import traffic
 from kvcache.measuring.compiled import (
@@ -103,7 +104,7 @@ class CompiledCount:
     """A class's compiled step counted: ``record`` is ``kv.traffic.<cache>.compiled``; ``fused`` the line its fused
     bytes lie on (None without a fused count)."""
 
-    record: dict[str, Any]
+    record: CompiledTraffic
     fused: FusedLine | None = None
 
 
@@ -124,15 +125,14 @@ def count_compiled(model: Any, open_point: Any, contexts: tuple[int, ...], mode:
     held = kv_bytes or {c: c * bytes_per_token for c in contexts}
     kv_delta = held[hi] - held[lo]
     unfused = traffic.counted_passes({c: s.unfused for c, s in steps.items()}, bytes_per_token, kv_bytes=held)
-    out: dict[str, Any] = {
-        "mode": mode, "runs_as": effective_mode(mode, device_type), "fullgraph": True,
-        "unfused": unfused,
-        "kernels_per_step": steps[hi].kernel_count, "graphs_per_step": steps[hi].graphs,
-        "compile_s": round(sum(s.compile_s for s in steps.values()), 3),
-    }
+    record = CompiledTraffic.of(
+        mode=mode, runs_as=effective_mode(mode, device_type), fullgraph=True, unfused=unfused,
+        kernels_per_step=steps[hi].kernel_count, graphs_per_step=steps[hi].graphs,
+        compile_s=round(sum(s.compile_s for s in steps.values()), 3))
     if steps[lo].fused_bytes is None or steps[hi].fused_bytes is None:
-        out["fused"] = {"passes": None, "error": steps[lo].error or steps[hi].error or "no fused byte count"}
-        return CompiledCount(out)
+        record.update(fused=FusedCount.of(passes=None,
+                                          error=steps[lo].error or steps[hi].error or "no fused byte count"))
+        return CompiledCount(record)
     by_kernel = {}
     for name in set(steps[lo].kernels) | set(steps[hi].kernels):
         passes = (steps[hi].kernels.get(name, 0) - steps[lo].kernels.get(name, 0)) / kv_delta
@@ -141,14 +141,12 @@ def count_compiled(model: Any, open_point: Any, contexts: tuple[int, ...], mode:
     by_kernel = dict(sorted(by_kernel.items(), key=lambda kv: (-abs(kv[1]), kv[0])))
     origins = {name: sorted(steps[lo].origins.get(name, set()) | steps[hi].origins.get(name, set()))
                for name in by_kernel}
-    out["fused"] = {
-        "passes": (steps[hi].fused_bytes - steps[lo].fused_bytes) / kv_delta,
-        "by_kernel": by_kernel,
-        "origins": origins,
-        "step_bytes": {str(c): s.fused_bytes for c, s in steps.items()},
-    }
+    inductor = {}
     if steps[lo].inductor_bytes is not None and steps[hi].inductor_bytes is not None:
-        out["fused"]["inductor_passes"] = (steps[hi].inductor_bytes - steps[lo].inductor_bytes) / kv_delta
+        inductor["inductor_passes"] = (steps[hi].inductor_bytes - steps[lo].inductor_bytes) / kv_delta
+    record.update(fused=FusedCount.of(passes=(steps[hi].fused_bytes - steps[lo].fused_bytes) / kv_delta,
+                                      by_kernel=by_kernel, origins=origins,
+                                      step_bytes={str(c): s.fused_bytes for c, s in steps.items()}, **inductor))
     two = sorted(contexts)[:2]
     line = FusedLine((two[0], two[1]), (steps[two[0]].fused_bytes, steps[two[1]].fused_bytes))
-    return CompiledCount(out, line)
+    return CompiledCount(record, line)

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from kvcache.analysing.counted_records import CompiledTraffic
+from kvcache.analysing.timed_records import PointCompile
 from kvcache.measuring import caches, compiled, decode
 from kvcache.measuring.compiled_count import FusedLine, count_compiled
 from kvcache.measuring.counting import COUNT_WARMUP
@@ -34,7 +36,7 @@ class Counters:
     graph_calls: int
 
 
-def timed_compilation(info: dict[str, Any], moved: dict[str, int], graph_calls: int, steps: int) -> dict[str, Any]:
+def timed_compilation(info: dict[str, Any], moved: dict[str, int], graph_calls: int, steps: int) -> PointCompile:
     """A compiled point's record (``kv.points[].compiled``): ``info`` (its compilation so far), dynamo's counters
     over the timed steps, compiled graph calls per step, and the problem that makes its timed figure inconclusive
     (a recompile there, a step that ran eagerly)."""
@@ -44,8 +46,8 @@ def timed_compilation(info: dict[str, Any], moved: dict[str, int], graph_calls: 
         problem = f"{moved['graphs']} recompile(s) during the timed steps (dynamo compiled again)"
     elif steps and per_step == 0:
         problem = "the timed steps ran eagerly (no compiled graph was called)"
-    return {**info, "recompiles": moved["graphs"], "graph_breaks": moved["graph_breaks"],
-            "graph_calls_per_step": per_step, "problem": problem}
+    return PointCompile.of(**info, recompiles=moved["graphs"], graph_breaks=moved["graph_breaks"],
+                           graph_calls_per_step=per_step, problem=problem)
 
 
 class CompiledDecode:
@@ -121,23 +123,24 @@ class CompiledDecode:
         """Dynamo's counters and the compiled graphs' calls now (before the timed steps)."""
         return Counters(compiled.dynamo_state(), self.model().backend.calls)
 
-    def timed(self, info: dict[str, Any], before: Counters, steps: int) -> dict[str, Any]:
+    def timed(self, info: dict[str, Any], before: Counters, steps: int) -> PointCompile:
         """The record of ``steps`` timed compiled steps since ``before`` (:func:`timed_compilation`)."""
         return timed_compilation(info, compiled.moved(before.dynamo, compiled.dynamo_state()),
                                  self.model().backend.calls - before.graph_calls, steps)
 
-    def count(self, cache: str) -> dict[str, Any]:
+    def count(self, cache: str) -> CompiledTraffic:
         """``kv.traffic.<cache>.compiled``: a compiled step counted unfused and fused at the counted contexts (its
-        own compiles, static shapes), or ``{mode, error}`` when the class does not compile here."""
+        own compiles, static shapes), or its ``mode`` and ``error`` when the class does not compile here."""
         session = self.session
         s = session.settings
         self.fused.pop(cache, None)  # a class counted again keeps only its latest line
         reason = self.unavailable_reason()
         if reason:
-            return {"mode": s.compile, "error": reason}
+            return CompiledTraffic.of(mode=s.compile, error=reason)
         spec = caches.get(cache)
         if spec.point is not None:
-            return {"mode": s.compile, "error": f"{cache} steps the model its own way (its own point): not compiled"}
+            return CompiledTraffic.of(mode=s.compile,
+                                      error=f"{cache} steps the model its own way (its own point): not compiled")
         self.setup()
         model, mspec = session.model()
 
@@ -151,7 +154,7 @@ class CompiledDecode:
             counted = count_compiled(model, open_point, s.counted_contexts, s.compile, mspec.bytes_per_token,
                                      session.device.type, kv_bytes=held)
         except (compiled.CompileProblem, torch._dynamo.exc.BackendCompilerFailed, decode.PointSkip) as exc:
-            return {"mode": s.compile, "error": f"{cache}: {exc}"[:400]}
+            return CompiledTraffic.of(mode=s.compile, error=f"{cache}: {exc}"[:400])
         if counted.fused is not None:
             self.fused[cache] = counted.fused
         return counted.record

@@ -2,7 +2,8 @@
 bytes its tensor ops read and write: :mod:`kvcache.measuring.traffic`), the attention probe of the largest
 (:mod:`kvcache.measuring.probe`) and the memory of each counted step (:mod:`kvcache.measuring.memory`). For a model
 with sliding-window or linear-attention layers, passes per layer kind too, and two steps past every window. What it
-gives are the ``kv.traffic``, ``kv.probe`` and ``kv.memory`` entries of the class (:class:`ClassCount`)."""
+gives are the ``kv.traffic``, ``kv.probe`` and ``kv.memory`` records of the class
+(:class:`~kvcache.analysing.measured.ClassCount`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvcache.analysing import sdpa_rules
+from kvcache.analysing.counted_records import Memory, MemoryStep, Probe, Traffic
+from kvcache.analysing.measured import ClassCount
 from kvcache.measuring import attention, backends, caches, compat, memory, traffic
 from kvcache.measuring.attention import DEFAULT as SDPA
 from kvcache.measuring.generate import leading_steps
@@ -26,8 +29,9 @@ class CountedSteps:
     counts: dict[int, traffic.TrafficCount] = field(default_factory=dict)
     tokens: dict[int, int] = field(default_factory=dict)
     stored: dict[int, int] = field(default_factory=dict)
-    memory: dict[int, memory.MemoryStep] = field(default_factory=dict)
-    probe: dict[str, Any] | None = None
+    memory: dict[int, MemoryStep] = field(default_factory=dict)
+    scopes: dict[int, memory.ScopeBytes] = field(default_factory=dict)
+    probe: Probe | None = None
 
 
 @dataclass
@@ -39,16 +43,6 @@ class EmulatedRun:
     tokens: dict[int, int] = field(default_factory=dict)
     calls: list[Any] = field(default_factory=list)
     chosen: list[str] = field(default_factory=list)
-
-
-@dataclass
-class ClassCount:
-    """One class counted: ``kv.traffic.<cache>``, ``kv.probe.<cache>`` and ``kv.memory.<cache>`` (None: not
-    measured)."""
-
-    traffic: dict[str, Any]
-    probe: dict[str, Any] | None
-    memory: dict[str, Any] | None
 
 
 class Counting:
@@ -73,14 +67,14 @@ class Counting:
         held = {c: s.held(c, steps.tokens[c]) for c in contexts}
         result = traffic.counted_passes(steps.counts, spec.bytes_per_token, kv_bytes=held, layers=spec.layers,
                                         weight_bytes=spec.weight_bytes)
-        result.update(self._held_and_stored(cache, steps))
+        self._add_held_and_stored(cache, steps, result)
         measured = self._memory(cache, steps)
         if spec.mixed:
             self._add_kinds(cache, steps, scopes, result, measured)
         self._add_backends(cache, contexts, steps.probe, result)
-        return ClassCount(result, steps.probe, measured)
+        return ClassCount.of(cache=cache, traffic=result, probe=steps.probe, memory=measured)
 
-    def not_emulated(self, cache: str, probe: dict[str, Any] | None) -> str | None:
+    def not_emulated(self, cache: str, probe: Probe | None) -> str | None:
         """Why the SDPA backends of ``cache``'s step are not counted (and no GPU class predicted), or None: its
         attention is not SDPA, its step calls none, or the step is not the suite's own eager loop."""
         s = self.session
@@ -88,15 +82,15 @@ class Counting:
         if attention != SDPA:
             return (f"not predicted: its attention is {attention}, not sdpa (torch's SDPA backend rules say nothing "
                     "of it)")
-        if probe is not None and not probe.get("calls"):
+        if probe is not None and not probe.calls:
             return "not predicted: its step calls no scaled_dot_product_attention"
         if s.generating:
             return ("not predicted: --kv-driver generate counts the step inside generate(); backends are counted on "
                     "the loop")
         return None
 
-    def _add_backends(self, cache: str, contexts: tuple[int, ...], probe: dict[str, Any] | None,
-                      result: dict[str, Any]) -> None:
+    def _add_backends(self, cache: str, contexts: tuple[int, ...], probe: Probe | None,
+                      result: Traffic) -> None:
         """``backends`` {backend: {passes, by_op}}: the step counted at each counted context with every SDPA call run
         as torch runs it on CUDA under that backend (:mod:`kvcache.measuring.backends`); a backend torch's rules
         reject for the step's calls on every GPU class under every transcribed torch release has ``passes`` None and
@@ -108,8 +102,8 @@ class Counting:
         why = self.not_emulated(cache, probe)
         if why:
             if gpus:
-                result["gpus"] = {gpu: {"backend": None, "rejected": {}, "passes": None, "by_op": {}, "error": why}
-                                  for gpu in gpus}
+                result.update(gpus={gpu: {"backend": None, "rejected": {}, "passes": None, "by_op": {}, "error": why}
+                                    for gpu in gpus})
             return
         warm = min(s.settings.warmup, COUNT_WARMUP)
         _, spec = s.model()
@@ -119,10 +113,10 @@ class Counting:
                     for backend in sdpa_rules.BACKENDS}
             calls = [call for run in runs.values() for call in run.calls]
             counted = {backend: self._backend_entry(backend, run, calls, spec) for backend, run in runs.items()}
-            result["backends"] = counted
+            result.update(backends=counted)
             if gpus:
-                result["gpus"] = {gpu: self._gpu_entry(gpu, points, warm, runs["math"].calls, counted, spec)
-                                  for gpu in gpus}
+                result.update(gpus={gpu: self._gpu_entry(gpu, points, warm, runs["math"].calls, counted, spec)
+                                    for gpu in gpus})
         finally:
             for dp in points.values():
                 dp.release()
@@ -142,7 +136,7 @@ class Counting:
     def _passes(self, run: EmulatedRun, spec: Any) -> dict[str, Any]:
         held = {c: self.session.held(c, run.tokens[c]) for c in run.counts}
         counted = traffic.counted_passes(run.counts, spec.bytes_per_token, kv_bytes=held)
-        return {"passes": counted["passes"], "by_op": counted["by_op"]}
+        return {"passes": counted.passes, "by_op": counted.by_op}
 
     def _backend_entry(self, backend: str, run: EmulatedRun, calls: list[sdpa_rules.SdpaCall],
                        spec: Any) -> dict[str, Any]:
@@ -187,16 +181,16 @@ class Counting:
                     dp = s.open(cache, context, warmup=warm, steps=1)
                 out.counts[context] = dp.count_step(warm, scopes)
             if tracker.step is not None:
-                out.memory[context] = tracker.step
+                out.memory[context], out.scopes[context] = tracker.step, tracker.scopes
             out.tokens[context] = dp.position  # after the step: the tokens its attention read
             out.stored[context] = compat.stored_bytes(dp.cache)
             if context == probe_at:
-                out.probe = probe(dp.step, spec.heads, spec.kv_heads).to_dict()
+                out.probe = probe(dp.step, spec.heads, spec.kv_heads).record()
             dp.release()
         return out
 
-    def _held_and_stored(self, cache: str, steps: CountedSteps) -> dict[str, Any]:
-        """``kv_bytes`` {context: logical KV bytes the batch holds}; with a left-padded batch also
+    def _add_held_and_stored(self, cache: str, steps: CountedSteps, result: Traffic) -> None:
+        """Set ``kv_bytes`` {context: logical KV bytes the batch holds}; with a left-padded batch also
         ``allocated_bytes``, ``allocated_passes`` (per byte of the padded rectangle: equal to passes without
         padding) and ``batch``; ``stored_bytes`` {context: bytes stored} and ``stored_passes`` (Δ step bytes /
         Δ bytes stored; None when storage did not grow)."""
@@ -204,19 +198,18 @@ class Counting:
         spec, counts, tokens, stored = s.spec(), steps.counts, steps.tokens, steps.stored
         contexts = sorted(counts)
         lo, hi = contexts[0], contexts[-1]
-        out: dict[str, Any] = {"kv_bytes": {str(c): s.held(c, tokens[c]) for c in contexts}}
+        result.update(kv_bytes={str(c): s.held(c, tokens[c]) for c in contexts})
         if s.batch.size > 1 and caches.get(cache).pads:
             allocated = {c: s.batch.allocated_bytes(spec, c, tokens[c] - c) for c in contexts}
-            out["allocated_bytes"] = {str(c): allocated[c] for c in contexts}
-            out["allocated_passes"] = (counts[hi].total - counts[lo].total) / (allocated[hi] - allocated[lo])
-            out["batch"] = s.batch.to_dict()
+            result.update(allocated_bytes={str(c): allocated[c] for c in contexts},
+                          allocated_passes=(counts[hi].total - counts[lo].total) / (allocated[hi] - allocated[lo]),
+                          batch=s.batch.to_dict())
         if stored:
             delta = stored[hi] - stored[lo]
-            out["stored_bytes"] = {str(c): stored[c] for c in contexts}
-            out["stored_passes"] = (counts[hi].total - counts[lo].total) / delta if delta > 0 else None
-        return out
+            result.update(stored_bytes={str(c): stored[c] for c in contexts},
+                          stored_passes=(counts[hi].total - counts[lo].total) / delta if delta > 0 else None)
 
-    def _memory(self, cache: str, steps: CountedSteps) -> dict[str, Any] | None:
+    def _memory(self, cache: str, steps: CountedSteps) -> Memory | None:
         """``kv.memory.<cache>`` from the memory of the counted steps (:func:`memory.memory_passes`): slopes per
         live KV byte, and with a left-padded batch per allocated KV byte too (``per_allocated``); None when fewer
         than two steps were measured."""
@@ -232,11 +225,12 @@ class Counting:
         if s.batch.size > 1 and cache_spec.pads:
             allocated = {c: s.batch.allocated_bytes(spec, c, steps.tokens[c] - c) for c in measured}
             per = memory.memory_passes(measured, allocated)
-            out["per_allocated"] = {k: per[k] for k in ("allocated_passes", "peak_passes", "held_passes")}
+            out.update(per_allocated={"allocated_passes": per.allocated_passes, "peak_passes": per.peak_passes,
+                                      "held_passes": per.held_passes})
         return out
 
-    def _add_kinds(self, cache: str, steps: CountedSteps, scopes: dict[Any, str], result: dict[str, Any],
-                   measured: dict[str, Any] | None) -> None:
+    def _add_kinds(self, cache: str, steps: CountedSteps, scopes: dict[Any, str], result: Traffic,
+                   measured: Memory | None) -> None:
         """Passes per layer kind (``kinds``), against the logical KV bytes each kind holds (sliding layers stop at
         their window, linear state does not grow); then two steps past every window (``beyond``), where sliding
         layers must have stopped growing, in traffic and (``measured``) in held memory."""
@@ -252,14 +246,14 @@ class Counting:
             past = self._steps(cache, far, scopes=scopes)
             beyond = past.counts
             beyond_held = {kind: {c: s.held(c, past.tokens[c], kind) for c in far} for kind in kind_layers}
-            result["beyond"] = {"contexts": list(far), "step_bytes": {str(c): beyond[c].total for c in far},
-                                "kv_bytes": {str(c): s.held(c, past.tokens[c]) for c in far}}
+            result.update(beyond={"contexts": list(far), "step_bytes": {str(c): beyond[c].total for c in far},
+                                  "kv_bytes": {str(c): s.held(c, past.tokens[c]) for c in far}})
             if measured and len(past.memory) == len(far):  # past every window: a sliding layer must hold no more
                 held_far = {c: past.memory[c].held for c in far}
-                measured["beyond"] = {"contexts": list(far), "held": {str(c): held_far[c] for c in far},
-                                      "held_growth_bytes": held_far[far[-1]] - held_far[far[0]],
-                                      "kv_bytes": result["beyond"]["kv_bytes"]}
+                measured.update(beyond={"contexts": list(far), "held": {str(c): held_far[c] for c in far},
+                                        "held_growth_bytes": held_far[far[-1]] - held_far[far[0]],
+                                        "kv_bytes": result.beyond["kv_bytes"]})
         if measured and len(steps.memory) == len(contexts):
-            measured["kinds"] = memory.kind_memory(steps.memory, kind_layers, kinds_held)
-        result["kinds"] = traffic.kind_passes(steps.counts, kind_layers, kinds_held, windows=windows, beyond=beyond,
-                                              beyond_held=beyond_held)
+            measured.update(kinds=memory.kind_memory(steps.scopes, kind_layers, kinds_held))
+        result.update(kinds=traffic.kind_passes(steps.counts, kind_layers, kinds_held, windows=windows, beyond=beyond,
+                                                beyond_held=beyond_held))

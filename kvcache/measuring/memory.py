@@ -37,32 +37,19 @@ from typing import Any
 
 import torch
 
+from kvcache.analysing.counted_records import Memory, MemoryStep
 from kvcache.analysing.options import MIN_OP_PASSES
 from kvcache.measuring import traffic
 
 
 @dataclass
-class MemoryStep:
-    """The memory of one counted step (bytes; see the module docstring)."""
+class ScopeBytes:
+    """Bytes of one counted step per scope label of the traffic counter (``layer.<i>``): ``allocated`` while it ran,
+    and ``held`` after the step in the storages first seen while it ran (allocated there, or from before the step and
+    first touched there)."""
 
-    before: int = 0
-    allocated: int = 0
-    peak: int = 0
-    held: int = 0
-    by_op: dict[str, int] = field(default_factory=dict)
-    peak_by_op: dict[str, int] = field(default_factory=dict)
-    allocator: dict[str, int] | None = None  # CUDA: {allocated, peak, held, before} from torch.cuda's statistics
-    # per scope label of the traffic counter (``layer.<i>``): bytes allocated while it ran, and bytes held after the
-    # step in the storages first seen while it ran (allocated there, or from before the step and first touched there)
-    allocated_by_scope: dict[str, int] = field(default_factory=dict)
-    held_by_scope: dict[str, int] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {"before": self.before, "allocated": self.allocated, "peak": self.peak, "held": self.held,
-               "by_op": dict(self.by_op), "peak_by_op": dict(self.peak_by_op)}
-        if self.allocator is not None:
-            out["allocator"] = dict(self.allocator)
-        return out
+    allocated: dict[str, int] = field(default_factory=dict)
+    held: dict[str, int] = field(default_factory=dict)
 
 
 def _storages(obj: Any, out: list[Any]) -> list[Any]:
@@ -98,6 +85,7 @@ class MemoryTracker:
         self.before = 0  # bytes of the storages from before the region that it touched (all alive when it started)
         self.counting = False
         self.step: MemoryStep | None = None
+        self.scopes: ScopeBytes | None = None  # the same step's bytes per scope label
         self._cuda_start: dict[str, int] = {}
 
     # --- the allocator's events, as storages come and go ---
@@ -161,7 +149,8 @@ class MemoryTracker:
         step.allocated += nbytes
         step.by_op[op] = step.by_op.get(op, 0) + nbytes
         if scope is not None:
-            step.allocated_by_scope[scope] = step.allocated_by_scope.get(scope, 0) + nbytes
+            allocated = self.scopes.allocated
+            allocated[scope] = allocated.get(scope, 0) + nbytes
         self.origin[key] = op
         if self.current > step.peak:
             step.peak = self.current
@@ -175,7 +164,8 @@ class MemoryTracker:
         if self.step is not None or self.counting:
             return
         gc.freeze()  # what exists now is left out of the collection at the end: it then scans the step's objects only
-        self.step = MemoryStep()
+        self.step = MemoryStep.of(before=0, allocated=0, peak=0, held=0, by_op={}, peak_by_op={})
+        self.scopes = ScopeBytes()
         self.counting = True
         if self.device_type == "cuda" and torch.cuda.is_available():
             torch.cuda.synchronize()
@@ -201,7 +191,7 @@ class MemoryTracker:
         for key, nbytes in [*self.live.items(), *self.pre.items()]:
             if key in self.scope_of:
                 label = self.scope_of[key]
-                step.held_by_scope[label] = step.held_by_scope.get(label, 0) + nbytes
+                self.scopes.held[label] = self.scopes.held.get(label, 0) + nbytes
         step.by_op = dict(sorted(step.by_op.items(), key=lambda kv: -kv[1]))
         step.peak_by_op = {op: n for op, n in sorted(step.peak_by_op.items(), key=lambda kv: -kv[1]) if n}
         if self._cuda_start:
@@ -232,7 +222,7 @@ class MemoryTracker:
 
 
 def memory_passes(steps: dict[int, MemoryStep], kv_bytes: dict[int, float], *, declared_factor: float | None = None,
-                  attention_factor: float = 0.0, min_op_passes: float = MIN_OP_PASSES) -> dict[str, Any]:
+                  attention_factor: float = 0.0, min_op_passes: float = MIN_OP_PASSES) -> Memory:
     """``kv.memory.<cache>`` from steps measured at two or more contexts: each figure's slope between the smallest
     and largest context per logical KV byte (``kv_bytes``: {context: bytes held}), like counted passes.
 
@@ -266,7 +256,7 @@ def memory_passes(steps: dict[int, MemoryStep], kv_bytes: dict[int, float], *, d
         "peak_by_op": per_op(lo.peak_by_op, hi.peak_by_op),
         "contexts": contexts,
         "kv_bytes": {str(c): kv_bytes[c] for c in contexts},
-        "steps": {str(c): steps[c].to_dict() for c in contexts},
+        "steps": {str(c): steps[c] for c in contexts},
         "source": "storages",
     }
     allocator_factor = 0.0  # cache sizes live at the peak by the allocator's statistics (CUDA)
@@ -286,17 +276,17 @@ def memory_passes(steps: dict[int, MemoryStep], kv_bytes: dict[int, float], *, d
         if needed > declared_factor + attention_factor + MIN_OP_PASSES:
             out["factor_problem"] = (f"needs {needed:.2f} cache sizes at its peak, declares memory_factor "
                                      f"{declared_factor:g}{copies}: a point judged to fit may not")
-    return out
+    return Memory.of(**out)
 
 
-def kind_memory(steps: dict[int, MemoryStep], kind_layers: dict[str, list[int]],
+def kind_memory(scopes: dict[int, ScopeBytes], kind_layers: dict[str, list[int]],
                 held: dict[str, dict[int, float]]) -> dict[str, dict[str, Any]]:
     """``kv.memory.<cache>.kinds``: per layer kind, ``allocated_passes`` and ``held_passes``, the slopes between the
     smallest and largest context of the bytes allocated while that kind's layers ran and of the bytes held after the
     step in the storages first seen there, per logical KV byte that kind holds (``held``: {kind: {context: bytes}});
     None where the kind's KV bytes do not grow (a linear-attention state), with ``allocated_growth_bytes`` and
     ``held_growth_bytes`` beside. Bytes and tokens throughout."""
-    contexts = sorted(steps)
+    contexts = sorted(scopes)
     lo, hi = contexts[0], contexts[-1]
     out: dict[str, dict[str, Any]] = {}
     for kind, layers in kind_layers.items():
@@ -305,8 +295,8 @@ def kind_memory(steps: dict[int, MemoryStep], kind_layers: dict[str, list[int]],
         def total(by_scope: dict[str, int], labels: list[str] = labels) -> int:
             return sum(by_scope.get(label, 0) for label in labels)
 
-        allocated = total(steps[hi].allocated_by_scope) - total(steps[lo].allocated_by_scope)
-        kept = total(steps[hi].held_by_scope) - total(steps[lo].held_by_scope)
+        allocated = total(scopes[hi].allocated) - total(scopes[lo].allocated)
+        kept = total(scopes[hi].held) - total(scopes[lo].held)
         kv_delta = held[kind][hi] - held[kind][lo]
         out[kind] = {"layers": len(layers),
                      "allocated_passes": allocated / kv_delta if kv_delta else None,

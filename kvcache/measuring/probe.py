@@ -13,6 +13,8 @@ from typing import Any, Callable
 
 import torch
 
+from kvcache.analysing.counted_records import Probe
+
 
 def _shape(t: Any) -> list[int] | None:
     return list(t.shape) if isinstance(t, torch.Tensor) else None
@@ -51,11 +53,13 @@ class AttentionProbe:
             self.first = {"query": _shape(query), "key": _shape(key), "value": _shape(value),
                           "mask": _shape(attn_mask), "enable_gqa": bool(enable_gqa)}
 
-    def to_dict(self) -> dict[str, Any]:
+    def record(self) -> Probe:
+        """``kv.probe.<cache>``: the mode most calls ran in (``attention``), the first call's shapes, K/V expansions
+        (K and V of each expanded call), calls, calls per mode."""
         attention = max(self.modes, key=self.modes.get) if self.modes else "no scaled_dot_product_attention call"
-        return {**{"query": None, "key": None, "value": None, "mask": None, "enable_gqa": False}, **self.first,
-                "attention": attention, "expansions": 2 * self.expanded_calls, "calls": self.calls,
-                "modes": dict(self.modes)}
+        first = {"query": None, "key": None, "value": None, "mask": None, "enable_gqa": False, **self.first}
+        return Probe.of(attention=attention, **first, expansions=2 * self.expanded_calls, calls=self.calls,
+                        modes=dict(self.modes))
 
 
 def probe(step: Callable[[], Any], heads: int, kv_heads: int) -> AttentionProbe:

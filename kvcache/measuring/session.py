@@ -1,6 +1,7 @@
 """The measuring side of one pytest session (or one xdist worker): the device, the model (built once), and
-the records its items produce: plain dicts (``context``, ``copy``, ``point``, ``traffic``, ``ledger``, ``skip``)
-that the plugin attaches to each item's report and :mod:`kvcache.analysing.analysis` turns into the ``kv`` section.
+the records its items produce (:mod:`kvcache.analysing.measured`: the process's context, copy measurements, timed
+points, classes counted, profiled ledger points, skips), which the plugin sends with each item's report
+(:mod:`kvcache.plugin.transport`) and :mod:`kvcache.analysing.analysis` turns into the ``kv`` section.
 
 :class:`KVSession` orchestrates: it opens points and times them; a class's counted traffic is
 :mod:`kvcache.measuring.counting`'s, compiled decode's lifecycle :mod:`kvcache.measuring.compiled_session`'s, and
@@ -9,7 +10,6 @@ the order of re-measuring :mod:`kvcache.measuring.noise`'s."""
 from __future__ import annotations
 
 import gc
-import json
 import os
 import platform
 import time
@@ -22,8 +22,14 @@ import transformers
 
 from kvcache.analysing import identity
 from kvcache.analysing.bandwidth import achieved_gbps
+from kvcache.analysing.context_records import Environment, ModelGeometry
+from kvcache.analysing.counted_records import Memory, Probe, Traffic
+from kvcache.analysing.jsonrecord import Record
+from kvcache.analysing.measured import Context
+from kvcache.analysing.records import Skip
 from kvcache.analysing.settings import Settings
 from kvcache.analysing.stats import median
+from kvcache.analysing.timed_records import CopyMeasurement, LedgerPoint, Point
 from kvcache.measuring import caches, decode, ledger, stages
 from kvcache.measuring.bandwidth import measure_copy
 from kvcache.measuring.batch import BatchShape
@@ -37,15 +43,10 @@ from kvcache.measuring.models import build_model
 from kvcache.measuring.noise import RoundMedians
 
 
-def plain(record: dict[str, Any]) -> dict[str, Any]:
-    """A record as plain JSON data (str for torch's version objects, lists for tuples), as it must travel
-    between xdist processes and land in the JSON."""
-    return json.loads(json.dumps(record, default=str))
-
-
 @dataclass(frozen=True)
 class PointId:
-    """One timed benchmark: a cache class at a context (tokens) in a round."""
+    """Which timed benchmark to run: a cache class at a context (tokens) in a round (what it measures is a
+    :class:`~kvcache.analysing.timed_records.Point`)."""
 
     cache: str
     context: int
@@ -70,12 +71,12 @@ class KVSession:
     device: Device
     _model: Any = None
     _spec: ModelSpec | None = None
-    copies: list[dict[str, Any]] = field(default_factory=list)
-    traffic: dict[str, dict[str, Any]] = field(default_factory=dict)  # class -> kv.traffic.<cache>
-    probes: dict[str, dict[str, Any]] = field(default_factory=dict)  # class -> kv.probe.<cache>
-    memories: dict[str, dict[str, Any]] = field(default_factory=dict)  # class -> kv.memory.<cache>
-    skipped: list[dict[str, Any]] = field(default_factory=list)
-    pending: list[dict[str, Any]] = field(default_factory=list)
+    copies: list[CopyMeasurement] = field(default_factory=list)
+    traffic: dict[str, Traffic] = field(default_factory=dict)  # class -> kv.traffic.<cache>
+    probes: dict[str, Probe] = field(default_factory=dict)  # class -> kv.probe.<cache>
+    memories: dict[str, Memory] = field(default_factory=dict)  # class -> kv.memory.<cache>
+    skipped: list[Skip] = field(default_factory=list)
+    pending: list[Record] = field(default_factory=list)
     context_sent: bool = False
     counted_bytes: dict[tuple[str, int], float | None] = field(default_factory=dict)  # (class, context) -> bytes
     first_point: PointId | None = None
@@ -132,35 +133,35 @@ class KVSession:
                 "torch": str(torch.__version__)}
 
     # --- records ---
-    def emit(self, record: dict[str, Any]) -> None:
+    def emit(self, record: Record) -> None:
         """Queue a record for the current item's report (the plugin drains :attr:`pending`); the first one
-        of a process is preceded by the model and environment."""
+        of a process is preceded by the model and environment (:class:`~kvcache.analysing.measured.Context`)."""
         if not self.context_sent:
             self.context_sent = True
-            self.pending.append(plain({"type": "context", "model": self.spec().to_dict(),
-                                       "environment": self.environment()}))
-        self.pending.append(plain(record))
+            self.pending.append(Context.of(model=ModelGeometry.from_json(self.spec().to_dict(), "kv.model"),
+                                            environment=Environment.from_json(self.environment(), "kv.environment")))
+        self.pending.append(record)
 
-    def take_records(self) -> list[dict[str, Any]]:
+    def take_records(self) -> list[Record]:
         out, self.pending = self.pending, []
         return out
 
     # --- points ---
-    def measure_copy(self, label: str) -> dict[str, Any]:
-        """The device's copy bandwidth now (``label``: when in the session), as ``kv.copy.measurements[]`` holds it."""
+    def measure_copy(self, label: str) -> CopyMeasurement:
+        """The device's copy bandwidth now (``label``: when in the session), one ``kv.copy.measurements[]`` entry."""
         self.used = True
         result = measure_copy(self.device, nbytes=self.settings.copy_bytes, repeats=self.settings.copy_repeats,
-                              label=label).to_json()
+                              label=label)
         self.copies.append(result)
-        self.emit({"type": "copy", **result})
+        self.emit(result)
         return result
 
     def skip(self, cache: str, context: int | None, reason: str) -> Skipped:
         """The skip of a class (``context`` None) or of one point, recorded once for the report."""
-        entry = {"cache": cache, "context": context, "reason": reason}
+        entry = Skip(cache=cache, context=context, reason=reason)
         if entry not in self.skipped:
             self.skipped.append(entry)
-            self.emit({"type": "skip", **entry})
+            self.emit(entry)
         return Skipped(reason)
 
     def open(self, cache: str, context: int, *, warmup: int, steps: int, compiled_forward: bool = False,
@@ -193,7 +194,8 @@ class KVSession:
             raise self.skip(cache, context, str(exc)) from None
 
     def point_info(self, point: PointId, kind: str) -> dict[str, Any]:
-        """``extra_info`` of a timed benchmark (before it runs)."""
+        """``extra_info`` of a timed benchmark (before it runs): its entry in the run file's ``benchmarks[]``,
+        written by pytest-benchmark."""
         s, spec = self.settings, self.spec()
         mean_tokens = point.context + s.warmup + (s.steps + 1) / 2  # tokens attention reads, averaged
         batch = {"kv_bytes_allocated": self.batch.allocated_bytes(spec, point.context, mean_tokens - point.context)
@@ -250,26 +252,34 @@ class KVSession:
             else:
                 benchmark.pedantic(dp.timed_step, setup=dp.before_step, rounds=s.steps, iterations=1)
             stages.reached(stages.MEASURED)
-            benchmark.extra_info["step_start_ns"] = list(dp.step_start_ns)
-            if compiling:
-                benchmark.extra_info["compiled"] = self.compiled.timed(compile_info, before, len(dp.step_seconds))
+            info = benchmark.extra_info
+            info["step_start_ns"] = list(dp.step_start_ns)
+            compiled = self.compiled.timed(compile_info, before, len(dp.step_seconds)) if compiling else None
+            if compiled is not None:
+                info["compiled"] = compiled.to_json()  # the benchmarks[] entry holds JSON (the file's edge)
             if len(dp.step_seconds) < s.steps:  # --benchmark-disable: the step ran once, untimed
                 return
             if kind == "timed":
                 self.medians.add(point.cache, point.context, dp.step_seconds)
                 if self.first_point is None:
                     self.first_point = point
-            self._count_point(dp, point, benchmark)
-            self.emit({"type": "point", **benchmark.extra_info, "samples_s": list(dp.step_seconds),
-                       "name": getattr(benchmark, "name", "")})
+            counted_bytes, achieved = self._count_point(dp, point)
+            info.update({"counted_bytes": counted_bytes, "achieved_gbps": achieved})
+            optional = {name: value for name, value in (("compiled", compiled),
+                                                         ("kv_bytes_allocated", info.get("kv_bytes_allocated")))
+                        if value is not None}
+            self.emit(Point.of(cache=point.cache, context=point.context, kv_bytes=info["kv_bytes"],
+                               round=point.round, samples_s=list(dp.step_seconds), counted_bytes=counted_bytes,
+                               achieved_gbps=achieved, beyond_trained_context=info["beyond_trained_context"],
+                               name=getattr(benchmark, "name", ""), kind=kind, **optional))
         finally:
             dp.release()
             del dp
             gc.collect()
 
-    def _count_point(self, dp: decode.DecodePoint, point: PointId, benchmark: Any) -> None:
+    def _count_point(self, dp: decode.DecodePoint, point: PointId) -> tuple[float | None, float | None]:
         """``counted_bytes`` (bytes of one step at this point: the eager count, or with ``--kv-compile`` the fused
-        count's line) and ``achieved_gbps`` (those bytes over the median step) of a timed point."""
+        count's line) and ``achieved_gbps`` (those bytes over the median step, GB/s) of a timed point."""
         key = (point.cache, point.context)
         if self.settings.compile != "off":  # never a dispatch mode around the compiled model: the fused count's line
             self.counted_bytes[key] = self.compiled.fused_bytes(point.cache, dp.position)
@@ -278,10 +288,9 @@ class KVSession:
         counted_bytes = self.counted_bytes[key]
         median_s = median(dp.step_seconds) if dp.step_seconds else None
         # Its share of the copy bandwidth is the analysis's (kv.points, against the session median), not here.
-        benchmark.extra_info.update({"counted_bytes": counted_bytes,
-                                     "achieved_gbps": achieved_gbps(counted_bytes, median_s)})
+        return counted_bytes, achieved_gbps(counted_bytes, median_s)
 
-    def run_ledger(self, point: PointId) -> dict[str, Any]:
+    def run_ledger(self, point: PointId) -> LedgerPoint:
         """Profile ``--kv-ledger-steps`` steps of one (cache, context) after a fill and warm-up (never inside a
         timed round); emit a ``ledger`` record: seconds per step, per op (see :mod:`kvcache.measuring.ledger`)."""
         s = self.settings
@@ -302,8 +311,8 @@ class KVSession:
             del dp
             gc.collect()
         mean_tokens = point.context + s.warmup + (s.ledger_steps + 1) / 2
-        record = {"type": "ledger", "cache": point.cache, "context": point.context,
-                  "kv_bytes": self.held(point.context, mean_tokens), **profiled}
+        record = LedgerPoint.of(cache=point.cache, context=point.context,
+                                kv_bytes=self.held(point.context, mean_tokens), **profiled)
         self.emit(record)
         return record
 
@@ -322,7 +331,7 @@ class KVSession:
         benchmark.extra_info["remeasured"] = True
 
     # --- counted ---
-    def count(self, cache: str) -> dict[str, Any]:
+    def count(self, cache: str) -> Traffic:
         """Counted passes of ``cache``, its attention probe and counted memory (:mod:`kvcache.measuring.counting`);
         with ``--kv-compile`` its compiled step counted too (full-attention models); emits the ``traffic`` record and
         returns ``kv.traffic.<cache>``."""
@@ -332,7 +341,6 @@ class KVSession:
         if counted.memory is not None:
             self.memories[cache] = counted.memory
         if self.settings.compile != "off" and not self.spec().mixed:
-            counted.traffic["compiled"] = self.compiled.count(cache)
-        self.emit({"type": "traffic", "cache": cache, "traffic": counted.traffic, "probe": counted.probe,
-                   **({"memory": counted.memory} if counted.memory else {})})
+            counted.traffic.update(compiled=self.compiled.count(cache))
+        self.emit(counted)
         return counted.traffic

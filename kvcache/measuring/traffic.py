@@ -22,6 +22,7 @@ from typing import Any
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from kvcache.analysing.counted_records import Traffic
 from kvcache.analysing.options import MIN_OP_PASSES
 from kvcache.measuring.op_bytes import charge, inputs_read
 
@@ -172,8 +173,9 @@ FORWARD = "forward"  # the scope label of the model's own forward call (ops_per_
 
 def counted_passes(counts: dict[int, TrafficCount], bytes_per_token: int, *, min_op_passes: float = MIN_OP_PASSES,
                    kv_bytes: dict[int, float] | None = None, layers: int | None = None,
-                   weight_bytes: int | None = None) -> dict:
-    """Counted passes and counted overhead from steps counted at two or more contexts.
+                   weight_bytes: int | None = None) -> Traffic:
+    """Counted passes and counted overhead from steps counted at two or more contexts (the
+    :class:`~kvcache.analysing.counted_records.Traffic` record; the caller adds what it counts beside them).
 
     passes = Δ(bytes read + written by the step) / Δ(KV-cache bytes), between the smallest and largest
     context; per op the same slope ("cat 2.00, scaled_dot_product_attention 1.00"). Ops whose slope is
@@ -196,20 +198,20 @@ def counted_passes(counts: dict[int, TrafficCount], bytes_per_token: int, *, min
     passes = (hi.total - lo.total) / (kv_hi - kv_lo)
     fixed = round(lo.total - passes * kv_lo)
     forward = hi.scopes.get(FORWARD)
-    return {
-        "passes": passes,
-        "by_op": op_passes(lo, hi, kv_hi - kv_lo, min_op_passes),
-        "contexts": contexts,
-        "bytes_per_token": bytes_per_token,
-        "step_bytes": {str(c): {"read": counts[c].read, "written": counts[c].written} for c in contexts},
-        "calls": {name: op.calls for name, op in sorted(hi.ops.items())},
-        "ops_per_step": forward.calls if forward else None,
-        "data_ops_per_step": forward.data_calls if forward else None,
-        "fixed_bytes": fixed,
-        "weight_bytes": weight_bytes,
-        "weight_passes": fixed / weight_bytes if weight_bytes else None,
-        "layers": layers,
-    }
+    return Traffic.of(
+        passes=passes,
+        by_op=op_passes(lo, hi, kv_hi - kv_lo, min_op_passes),
+        contexts=contexts,
+        bytes_per_token=bytes_per_token,
+        step_bytes={str(c): {"read": counts[c].read, "written": counts[c].written} for c in contexts},
+        calls={name: op.calls for name, op in sorted(hi.ops.items())},
+        ops_per_step=forward.calls if forward else None,
+        data_ops_per_step=forward.data_calls if forward else None,
+        fixed_bytes=fixed,
+        weight_bytes=weight_bytes,
+        weight_passes=fixed / weight_bytes if weight_bytes else None,
+        layers=layers,
+    )
 
 
 def op_passes(lo: TrafficCount, hi: TrafficCount, kv_delta: float,

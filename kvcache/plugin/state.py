@@ -10,6 +10,7 @@ import pytest
 from kvcache.analysing.settings import Settings
 
 if TYPE_CHECKING:
+    from kvcache.analysing.jsonrecord import Record
     from kvcache.analysing.records import KV
     from kvcache.plugin.signals import Stopper
 
@@ -26,7 +27,7 @@ class KVState:
         self.checked = False  # check_before_running passed: the suite runs in this session
         self.worker = worker  # an xdist worker: measures and reports records, never analyses
         self._session: Any = None
-        self.records: list[dict[str, Any]] = []
+        self.records: list[Record] = []  # every item's (kvcache.analysing.measured), here or from xdist workers
         self.failed: list[str] = []  # classes with a failed point
         self.exit: dict[str, Any] = {"interrupted": False, "exit": "running"}  # how the session ended (kv.session)
         self.kv: KV | None = None  # the analysis, once made

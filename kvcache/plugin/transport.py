@@ -1,6 +1,10 @@
-"""Records from each item to one place: the measurements an item produced travel as records in its report
-(``user_properties`` named :data:`RECORD`), so the session-end analysis sees every item, from xdist workers too,
-whatever pytest-benchmark keeps or saves; :class:`RecordGatherer` collects them into the session's state."""
+"""Records from each item to one place: the records an item produced (:mod:`kvcache.analysing.measured`) travel in
+its report (``user_properties`` named :data:`RECORD`), so the session-end analysis sees every item, from xdist
+workers too, whatever pytest-benchmark keeps or saves; :class:`RecordGatherer` collects them into the session's state.
+
+This is the process boundary: each record travels as one JSON text (:func:`~kvcache.analysing.measured.to_wire`),
+read back on the controller (:func:`~kvcache.analysing.measured.from_wire`), in this process too, so a run
+analyses the same records with or without xdist."""
 
 from __future__ import annotations
 
@@ -12,8 +16,7 @@ from kvcache.plugin.discovery import item_role
 from kvcache.plugin.finish import write_benchmark_json_atomically
 from kvcache.plugin.state import STATE, KVState
 
-RECORD = "kv_record"  # the user_properties name of a measurement record
-FAILED = "failed"  # the type of the record a failed point adds: its role, its class and its node id
+RECORD = "kv_record"  # the user_properties name of a measurement record (its JSON text)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -23,16 +26,18 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
     state = item.config.stash.get(STATE, None)
     if state is None or not state.started:
         return
+    from kvcache.analysing.measured import Failed, to_wire
+
     report = outcome.get_result()
     for record in state.session.take_records():
-        report.user_properties.append((RECORD, record))
+        report.user_properties.append((RECORD, to_wire(record)))
     if not report.failed:
         return
     role, key = item_role(item)
     if role in ("point", "counted", "copy", "remeasure", "drift"):
         cache = getattr(key, "cache", key if role == "counted" else None)
-        report.user_properties.append((RECORD, {"type": FAILED, "role": role, "cache": cache,
-                                                "nodeid": item.nodeid, "reason": failure_line(report)}))
+        failed = Failed.of(cache=cache, role=role, nodeid=item.nodeid, reason=failure_line(report))
+        report.user_properties.append((RECORD, to_wire(failed)))
 
 
 def failure_line(report: pytest.TestReport) -> str:
@@ -54,9 +59,12 @@ class RecordGatherer:
         for name, value in getattr(report, "user_properties", ()):
             if name != RECORD:
                 continue
-            self.state.records.append(value)  # a failed class's record carries its reason to kv.session.reasons
-            if value.get("type") == FAILED and value["cache"]:
-                self.state.failed.append(value["cache"])
+            from kvcache.analysing.measured import Failed, from_wire
+
+            record = from_wire(value)
+            self.state.records.append(record)  # a failed class's record carries its reason to kv.session.reasons
+            if isinstance(record, Failed) and record.cache:
+                self.state.failed.append(record.cache)
 
     @pytest.hookimpl(hookwrapper=True, tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> Any:

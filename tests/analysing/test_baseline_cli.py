@@ -38,7 +38,7 @@ def test_bad_run_file_is_one_line(tmp_path, capsys):
 def judged(run: dict, doc: dict) -> KV:
     """The kv section of a recorded run judged again against the baseline ``doc``."""
     kv = KV.from_json({**run["kv"], "settings": {**run["kv"]["settings"], "tolerance": 0.1, "counted_tolerance": 0.05}})
-    kv.verdict = analysis.judge(kv, doc)
+    kv.verdict = analysis.run_verdicts(kv, doc)
     return kv
 
 
@@ -51,7 +51,7 @@ def test_counted_gate_against_a_recorded_baseline(tmp_path):
     kv = judged(make_run({"dynamic": 3.0}, counted={"dynamic": 5.0}), baseline.load(path))
     assert kv.verdict["dynamic"]["counted"].status == "regression"
     assert any("dynamic counted: counted passes 5 is above the allowed 3.05" in line
-               for line in analysis.failures(kv))
+               for line in analysis.gate_failures(kv))
 
 
 def garbage_run() -> dict:

@@ -232,7 +232,7 @@ def test_gate_and_compare_give_identical_verdicts(tmp_path):
     for i, other in enumerate(others):
         run = load_run(write_run(tmp_path / f"run{i}.json", other))
         comparison = compare([base_run, run], tolerance=0.10, counted_tolerance=0.05)
-        at_gate = analysis.judge(run.record, doc, tolerance=0.10, counted_tolerance=0.05)
+        at_gate = analysis.run_verdicts(run.record, doc, tolerance=0.10, counted_tolerance=0.05)
         for cache, measures in at_gate.items():
             judged = comparison.cells[cache][1].judged
             for measure, verdict in measures.items():
@@ -296,10 +296,10 @@ def test_gate_and_compare_agree_on_runs_judged_with_their_own_rules(tmp_path, ca
     base_run = load_run(write_run(tmp_path / "base.json", base))
     baseline.record(path, base_run.record, "2026-11-29T00:00:00")
     judged_run = load_run(write_run(tmp_path / "run.json", run))
-    at_gate = analysis.judge(judged_run.record, baseline.load(path))
+    at_gate = analysis.run_verdicts(judged_run.record, baseline.load(path))
     assert {m: v.status for m, v in at_gate["dynamic"].items()} == dict.fromkeys(at_gate["dynamic"], "pass")
     defaults = {name: getattr(gate.Rules(), name) for name in OWN_RULES}
-    by_default = analysis.judge(judged_run.record, baseline.load(path), **defaults)  # what compare judged by
+    by_default = analysis.run_verdicts(judged_run.record, baseline.load(path), **defaults)  # what compare judged by
     assert {m for m, v in by_default["dynamic"].items() if v.status != "pass"} == set(at_gate["dynamic"])
     comparison = compare([base_run, judged_run])
     for cache, measures in at_gate.items():
@@ -415,7 +415,7 @@ def test_the_first_run_is_a_baseline_by_its_own_min_r2_as_when_it_is_recorded(tm
     runs = [load_run(write_run(tmp_path / n, r)) for n, r in (("first.json", first), ("later.json", later))]
     path = tmp_path / "b.json"
     baseline.record(path, runs[0].record, "now")
-    at_gate = analysis.judge(runs[1].record, baseline.load(path))
+    at_gate = analysis.run_verdicts(runs[1].record, baseline.load(path))
     judged = compare(runs).cells["dynamic"][1].judged
     assert at_gate["dynamic"]["timed"].status == judged["timed"].status == "no-baseline"
     assert "R² 0.8 < 0.9" in judged["timed"].reason

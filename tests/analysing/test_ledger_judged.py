@@ -34,7 +34,7 @@ def profile(slopes: dict[str, float], *, base_s: float = 0.002, unattributed_pas
 
 
 def test_each_op_slope_is_its_timed_passes():
-    rows = ledger.analyse_cache(profile({"scaled_dot_product_attention": 20.0, "cat": 2.0, "linear": 0.0}),
+    rows = ledger.class_rows(profile({"scaled_dot_product_attention": 20.0, "cat": 2.0, "linear": 0.0}),
                                 [COPY_GBPS] * 5, {"cat": 2.0, "scaled_dot_product_attention": 1.0}, SETTINGS)
     assert rows["scaled_dot_product_attention"].timed == pytest.approx(20.0, rel=0.03)
     assert rows["cat"].timed == pytest.approx(2.0, rel=0.05)
@@ -52,14 +52,14 @@ def test_an_op_absent_from_some_steps_counts_zero_there():
     for record in records[:2]:
         record.ops_s["clone"] = [0.0] * 10
     records[2].ops_s["clone"] = [0.01] * 10  # only some contexts have it; others do not at all
-    rows = ledger.analyse_cache(records, [COPY_GBPS], {}, SETTINGS)
+    rows = ledger.class_rows(records, [COPY_GBPS], {}, SETTINGS)
     assert "clone" in rows
 
 
 def test_too_few_contexts_or_no_copy_bandwidth_give_no_ledger():
-    found, errors = ledger.analyse(profile({"cat": 2.0}, contexts=(512, 1024)), [COPY_GBPS], {}, SETTINGS)
+    found, errors = ledger.ledger_rows(profile({"cat": 2.0}, contexts=(512, 1024)), [COPY_GBPS], {}, SETTINGS)
     assert found == {} and "at least 3 distinct contexts" in errors["dynamic"]
-    found, errors = ledger.analyse(profile({"cat": 2.0}), [], {}, SETTINGS)
+    found, errors = ledger.ledger_rows(profile({"cat": 2.0}), [], {}, SETTINGS)
     assert found == {} and "no copy bandwidth" in errors["dynamic"]
 
 

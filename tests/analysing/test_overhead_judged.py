@@ -81,9 +81,9 @@ def test_a_new_torch_release_finds_no_overhead_baseline_rather_than_a_regression
         doc["devices"][key] = by_cache
     kv = run_kv()
     kv["traffic"]["dynamic"] = {**kv["traffic"]["dynamic"], "ops_per_step": 5000}
-    assert analysis.judge(KV.from_json(kv), doc)["dynamic"]["overhead"].status == "regression"
+    assert analysis.run_verdicts(KV.from_json(kv), doc)["dynamic"]["overhead"].status == "regression"
     kv["environment"] = {**kv["environment"], "torch": "2.14.0+cpu"}
-    verdict = analysis.judge(KV.from_json(kv), doc)["dynamic"]["overhead"]
+    verdict = analysis.run_verdicts(KV.from_json(kv), doc)["dynamic"]["overhead"]
     assert verdict.status == "no-baseline" and "torch 2.14.0+cpu" in verdict.reason
 
 
@@ -108,11 +108,11 @@ def test_a_slower_intercept_fails_the_build_and_drift_makes_it_inconclusive():
     doc = {"schema": 2, "devices": {TIMED_KEY: {"dynamic": {"timed_passes": 3.0, "timed_intercept_ms": 20.0}}}}
     kv = run_kv()  # intercept 30 ms, its interval below
     kv["fit"]["dynamic"]["intercept_ci"] = [29.0, 31.0]
-    verdicts = analysis.judge(KV.from_json(kv), doc)
+    verdicts = analysis.run_verdicts(KV.from_json(kv), doc)
     assert verdicts["dynamic"]["intercept"].status == "regression"
     assert any("dynamic intercept" in line for line in failures(verdicts))
     kv["drift"] = {**kv["drift"], "ok": False, "fraction": 0.3}
-    drifted = analysis.judge(KV.from_json(kv), doc)["dynamic"]["intercept"]
+    drifted = analysis.run_verdicts(KV.from_json(kv), doc)["dynamic"]["intercept"]
     assert drifted.status == "inconclusive" and "drift" in drifted.reason
 
 

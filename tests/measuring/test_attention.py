@@ -117,11 +117,11 @@ def test_every_attention_decodes_the_tokens_of_sdpa(tiny, extra_read):
 def test_the_probe_sees_eager_expand_k_and_v(tiny):
     model, spec = tiny
     dp = decode.open_point(model, spec, caches.get("dynamic@eager"), CPU, CONTEXT, warmup=1, steps=2)
-    seen = probe(dp.step, spec.heads, spec.kv_heads).to_dict()
+    seen = probe(dp.step, spec.heads, spec.kv_heads).record()
     dp.release()
-    assert seen["attention"].startswith("expanded") and "eager" in seen["attention"], seen
-    assert seen["expansions"] == 2 * spec.layers and seen["calls"] == spec.layers, seen
-    assert seen["key"][1] == spec.kv_heads, seen  # what the function received, before repeat_kv
+    assert seen.attention.startswith("expanded") and "eager" in seen.attention, seen
+    assert seen.expansions == 2 * spec.layers and seen.calls == spec.layers, seen
+    assert seen.key[1] == spec.kv_heads, seen  # what the function received, before repeat_kv
 
 
 @needs_registry
@@ -138,8 +138,8 @@ def test_a_users_attention_function_is_counted_exactly(tiny, extra_read):
             dp.release()
         passes[name] = traffic.counted_passes(counts, spec.bytes_per_token, kv_bytes=held)
     mine = passes[f"dynamic@{extra_read}"]
-    assert mine["passes"] == pytest.approx(passes["dynamic"]["passes"] + 1.0, abs=1e-9), mine
-    assert mine["by_op"]["sum"] == pytest.approx(1.0, abs=1e-9), mine
+    assert mine.passes == pytest.approx(passes["dynamic"].passes + 1.0, abs=1e-9), mine
+    assert mine.by_op["sum"] == pytest.approx(1.0, abs=1e-9), mine
 
 
 @needs_registry

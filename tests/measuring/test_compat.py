@@ -141,9 +141,9 @@ def default_model_counts(one_torch_thread):
     counted, skipped = {}, {}
     for name in CLASSES:
         try:
-            counted[name] = session.count(name)["passes"]
+            counted[name] = session.count(name).passes
         except Skipped:
-            skipped[name] = next(s["reason"] for s in session.skipped if s["cache"] == name)
+            skipped[name] = next(s.reason for s in session.skipped if s.cache == name)
     return counted, skipped
 
 

@@ -13,7 +13,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from kvcache.analysing import presets  # noqa: E402
-from kvcache.analysing.records import Traffic  # noqa: E402
 from kvcache.analysing.settings import Settings  # noqa: E402
 from kvcache.commands.traffic import kind_lines  # noqa: E402
 from kvcache.measuring import compat, configs, geometry  # noqa: E402
@@ -119,12 +118,12 @@ def test_sliding_layers_stop_growing_past_the_window(tmp_path):
     past it the sliding layers' bytes per step stay the same and the suite says so; the full layers keep growing."""
     kv = session(config_dir(tmp_path, "gemma3_text"), counted=(8, 16))
     result = kv.count("dynamic")
-    kinds = result["kinds"]
+    kinds = result.kinds
     assert kinds["full"]["passes"] == pytest.approx(3.0, abs=0.01)
     assert kinds["sliding"]["passes"] == pytest.approx(3.0, abs=0.01)
     assert kinds["sliding"]["beyond"]["growth_bytes"] == 0 and kinds["sliding"]["stops_growing_at"] == 32
     assert kinds["full"]["beyond"]["growth_bytes"] > 0
-    assert any("stops growing past its window" in line for line in kind_lines(Traffic.from_json(result)))
+    assert any("stops growing past its window" in line for line in kind_lines(result))
 
 
 def test_memory_per_layer_kind(tmp_path):
@@ -134,7 +133,7 @@ def test_memory_per_layer_kind(tmp_path):
     kv = session(config_dir(tmp_path, "gemma3_text"), caches=("dynamic", "static"), counted=(8, 16))
     kv.count("dynamic")
     kv.count("static")
-    dynamic, static = kv.memories["dynamic"]["kinds"], kv.memories["static"]["kinds"]
+    dynamic, static = kv.memories["dynamic"].kinds, kv.memories["static"].kinds
     for kind in ("sliding", "full"):
         assert dynamic[kind]["allocated_passes"] == pytest.approx(1.0, abs=0.01)
         assert dynamic[kind]["held_passes"] == pytest.approx(1.0, abs=0.01)
@@ -143,23 +142,23 @@ def test_memory_per_layer_kind(tmp_path):
     assert dynamic["sliding"]["layers"] + dynamic["full"]["layers"] == kv.spec().layers
     linear = session(config_dir(tmp_path, "qwen3_next"))
     linear.count("dynamic")
-    state = linear.memories["dynamic"]["kinds"]["linear"]
+    state = linear.memories["dynamic"].kinds["linear"]
     assert state["held_passes"] is None and state["held_growth_bytes"] == 0
 
 
 def test_all_sliding_model_stops_growing(tmp_path):
     kv = session(config_dir(tmp_path, "mistral"))
     result = kv.count("static")
-    steps = list(result["beyond"]["step_bytes"].values())
-    assert steps[0] == steps[1] and result["kinds"]["sliding"]["passes"] == pytest.approx(1.0, abs=0.02)
+    steps = list(result.beyond["step_bytes"].values())
+    assert steps[0] == steps[1] and result.kinds["sliding"]["passes"] == pytest.approx(1.0, abs=0.02)
 
 
 def test_linear_hybrid_only_full_layers_grow(tmp_path):
     kv = session(config_dir(tmp_path, "qwen3_next"))
     result = kv.count("dynamic")
-    linear, full = result["kinds"]["linear"], result["kinds"]["full"]
+    linear, full = result.kinds["linear"], result.kinds["full"]
     assert linear["grows"] is False and linear["passes"] is None and linear["growth_bytes"] == 0
-    assert full["passes"] == pytest.approx(3.0, abs=0.01) and result["passes"] == pytest.approx(3.0, abs=0.01)
+    assert full["passes"] == pytest.approx(3.0, abs=0.01) and result.passes == pytest.approx(3.0, abs=0.01)
 
 
 def layer_bytes(layer) -> int:
@@ -184,8 +183,8 @@ def test_latent_attention_counts_its_expansion(tmp_path):
     """DeepSeek-V2's cache holds the compressed latent; every step expands all of it again (per-op breakdown)."""
     kv = session(config_dir(tmp_path, "deepseek_v2"))
     result = kv.count("dynamic")
-    assert result["passes"] > 5 and "linear" in result["by_op"]
-    assert result["stored_passes"] == pytest.approx(result["passes"])
+    assert result.passes > 5 and "linear" in result.by_op
+    assert result.stored_passes == pytest.approx(result.passes)
 
 
 def test_class_without_sliding_support_is_skipped(tmp_path):
@@ -197,7 +196,7 @@ def test_class_without_sliding_support_is_skipped(tmp_path):
 def test_quantized_reports_passes_per_stored_byte():
     kv = session("tiny", caches=("quantized-fp8",), counted=(64, 128))
     result = kv.count("quantized-fp8")
-    assert result["stored_passes"] == pytest.approx(2 * result["passes"], rel=0.02)
+    assert result.stored_passes == pytest.approx(2 * result.passes, rel=0.02)
 
 
 @pytest.mark.parametrize("name, package", [("quantized-quanto", "optimum-quanto"), ("quantized-hqq", "hqq")])
@@ -212,8 +211,8 @@ def test_group_wise_quantized_backends_count_or_skip_naming_the_package(name, pa
         assert f"pip install {package}" in reason, reason
         pytest.skip(reason)
     result = session("tiny", caches=(name,), counted=(256, 512)).count(name)
-    assert result["passes"] > 3  # every step dequantizes the whole quantized part
-    assert 3 * result["passes"] < result["stored_passes"] < 4 * result["passes"]
+    assert result.passes > 3  # every step dequantizes the whole quantized part
+    assert 3 * result.passes < result.stored_passes < 4 * result.passes
 
 
 def test_passes_per_kind_do_not_depend_on_depth():
@@ -221,7 +220,7 @@ def test_passes_per_kind_do_not_depend_on_depth():
     figures = {}
     for layers in (6, 12):
         kv = session(f"gemma3-270m@layers={layers}", counted=(256, 512))
-        kinds = kv.count("dynamic")["kinds"]
+        kinds = kv.count("dynamic").kinds
         figures[layers] = {kind: entry["passes"] for kind, entry in kinds.items()}
     assert figures[6].keys() == figures[12].keys() == {"full", "sliding"}
     for kind in figures[6]:

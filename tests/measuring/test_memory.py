@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from kvcache.analysing.records import MemoryStep
 from kvcache.analysing.settings import Settings
 from kvcache.measuring import memory
 from kvcache.measuring.devices import Device
@@ -48,27 +49,27 @@ def counted(one_torch_thread):
 
 def test_dynamic_allocates_its_cache_every_step_and_holds_it_once(counted):
     _, mem = counted("dynamic")
-    assert mem["allocated_passes"] == pytest.approx(1.0, abs=1e-9)
-    assert mem["held_passes"] == pytest.approx(1.0, abs=1e-9)
-    assert mem["peak_passes"] == pytest.approx(0.25, abs=1e-9)  # one layer's new K beside the old: 1/(2 layers × K,V)
-    assert list(mem["allocated_by_op"]) == ["cat"]
-    assert mem["declared_factor"] == 2.0 and "factor_problem" not in mem
+    assert mem.allocated_passes == pytest.approx(1.0, abs=1e-9)
+    assert mem.held_passes == pytest.approx(1.0, abs=1e-9)
+    assert mem.peak_passes == pytest.approx(0.25, abs=1e-9)  # one layer's new K beside the old: 1/(2 layers × K,V)
+    assert list(mem.allocated_by_op) == ["cat"]
+    assert mem.declared_factor == 2.0 and mem.factor_problem is None
 
 
 def test_static_holds_its_buffer_and_allocates_next_to_nothing(counted):
     _, mem = counted("static")
-    assert mem["held_passes"] == pytest.approx(1.0, abs=1e-9)
-    assert abs(mem["allocated_passes"]) < 0.05 and abs(mem["peak_passes"]) < 0.01
+    assert mem.held_passes == pytest.approx(1.0, abs=1e-9)
+    assert abs(mem.allocated_passes) < 0.05 and abs(mem.peak_passes) < 0.01
 
 
 @pytest.mark.parametrize(("name", "held"), [("leak-previous", 2.0), ("leak-previous-keys", 1.5)])
 def test_a_leak_shows_in_held_passes_exactly_while_passes_stay(counted, name, held):
     clean_traffic, clean = counted("dynamic")
     traffic, mem = counted(name)
-    assert mem["held_passes"] == pytest.approx(held, abs=1e-9)
-    assert traffic["passes"] == pytest.approx(clean_traffic["passes"], abs=1e-9)  # it moves no extra byte
-    assert traffic["by_op"] == clean_traffic["by_op"]
-    assert mem["allocated_passes"] == pytest.approx(clean["allocated_passes"], abs=1e-9)
+    assert mem.held_passes == pytest.approx(held, abs=1e-9)
+    assert traffic.passes == pytest.approx(clean_traffic.passes, abs=1e-9)  # it moves no extra byte
+    assert traffic.by_op == clean_traffic.by_op
+    assert mem.allocated_passes == pytest.approx(clean.allocated_passes, abs=1e-9)
 
 
 def test_the_same_measure_twice_gives_identical_figures(counted):
@@ -79,12 +80,12 @@ def test_the_same_measure_twice_gives_identical_figures(counted):
 
 
 def test_a_class_needing_more_than_its_memory_factor_is_named(counted):
-    steps = {256: memory.MemoryStep(before=100, peak=60, held=100), 512: memory.MemoryStep(before=200, peak=120,
-                                                                                           held=200)}
+    steps = {256: MemoryStep(before=100, allocated=0, peak=60, held=100),
+             512: MemoryStep(before=200, allocated=0, peak=120, held=200)}
     found = memory.memory_passes(steps, {256: 100.0, 512: 200.0}, declared_factor=1.2)
-    assert found["peak_factor"] == pytest.approx(1.6)
-    assert "needs 1.60 cache sizes at its peak, declares memory_factor 1.2" in found["factor_problem"]
-    assert "factor_problem" not in memory.memory_passes(steps, {256: 100.0, 512: 200.0}, declared_factor=2.0)
+    assert found.peak_factor == pytest.approx(1.6)
+    assert "needs 1.60 cache sizes at its peak, declares memory_factor 1.2" in found.factor_problem
+    assert memory.memory_passes(steps, {256: 100.0, 512: 200.0}, declared_factor=2.0).factor_problem is None
 
 
 def test_tracker_charges_new_storages_and_sees_them_freed():
@@ -123,7 +124,7 @@ def test_a_storage_inherits_nothing_from_a_freed_one_with_its_id():
         del scratch
         assert key not in tracker.scope_of and key not in tracker.origin  # nothing left for the id's next holder
         token = torch.ones(2, dtype=torch.int64) + 1  # made outside every scope, held after the step
-    assert tracker.step.held_by_scope == {}
+    assert tracker.scopes.held == {}
     assert tracker.step.held == token.untyped_storage().nbytes() == 16
 
 
@@ -136,8 +137,8 @@ def test_a_sliding_window_holds_no_more_bytes_past_it(tmp_path):
                         Device.from_choice("cpu"))
     session.count("dynamic")
     mem = session.memories["dynamic"]
-    assert mem["held_passes"] == pytest.approx(1.0, abs=1e-9)  # below the window: all of it
-    assert mem["beyond"]["held_growth_bytes"] == 0
+    assert mem.held_passes == pytest.approx(1.0, abs=1e-9)  # below the window: all of it
+    assert mem.beyond["held_growth_bytes"] == 0
 
 
 def test_a_ragged_batch_holds_its_padding(one_torch_thread):
@@ -147,9 +148,9 @@ def test_a_ragged_batch_holds_its_padding(one_torch_thread):
                         Device.from_choice("cpu"))
     session.count("dynamic")
     mem = session.memories["dynamic"]
-    assert mem["held_passes"] > 1.2
-    assert mem["per_allocated"]["held_passes"] == pytest.approx(1.0, abs=0.01)
-    assert mem["per_allocated"]["allocated_passes"] == pytest.approx(1.0, abs=0.01)
+    assert mem.held_passes > 1.2
+    assert mem.per_allocated["held_passes"] == pytest.approx(1.0, abs=0.01)
+    assert mem.per_allocated["allocated_passes"] == pytest.approx(1.0, abs=0.01)
 
 
 def test_the_attentions_own_kv_copies_are_not_charged_to_the_class(counted):
@@ -158,28 +159,29 @@ def test_the_attentions_own_kv_copies_are_not_charged_to_the_class(counted):
     the class's: the check adds them to StaticCache's declared 1.5 and finds nothing too small; under SDPA
     (native GQA) nothing is added."""
     _, eager = counted("static@eager")
-    assert eager["attention_factor"] == pytest.approx(1.5)
-    assert eager["peak_factor"] > eager["declared_factor"] == 1.5
-    assert "factor_problem" not in eager
+    assert eager.attention_factor == pytest.approx(1.5)
+    assert eager.peak_factor > eager.declared_factor == 1.5
+    assert eager.factor_problem is None
     _, sdpa = counted("static")
-    assert "attention_factor" not in sdpa
+    assert sdpa.attention_factor is None
 
 
 def test_the_attention_factor_is_added_to_the_declared_one_and_named():
-    steps = {256: memory.MemoryStep(before=100, peak=60, held=100), 512: memory.MemoryStep(before=200, peak=120,
-                                                                                           held=200)}
+    steps = {256: MemoryStep(before=100, allocated=0, peak=60, held=100),
+             512: MemoryStep(before=200, allocated=0, peak=120, held=200)}
     kv = {256: 100.0, 512: 200.0}
-    assert "factor_problem" not in memory.memory_passes(steps, kv, declared_factor=1.2, attention_factor=0.4)
+    assert memory.memory_passes(steps, kv, declared_factor=1.2, attention_factor=0.4).factor_problem is None
     short = memory.memory_passes(steps, kv, declared_factor=1.2, attention_factor=0.3)
-    assert short["attention_factor"] == 0.3
+    assert short.attention_factor == 0.3
     assert ("needs 1.60 cache sizes at its peak, declares memory_factor 1.2 (+ 0.30 for the attention's own K/V "
-            "copies)") in short["factor_problem"]
+            "copies)") in short.factor_problem
 
 
 def test_copies_factor_is_one_layers_kv_times_the_query_groups_where_attention_expands():
+    from kvcache.analysing.records import Probe
     from kvcache.measuring.attention import copies_factor
 
-    assert copies_factor({"expansions": 60}, 9, 3, [768] * 30) == pytest.approx(0.1)
-    assert copies_factor({"expansions": 4}, 9, 3, [768, 256]) == pytest.approx(3 * 768 / 1024)
-    assert copies_factor({"expansions": 0}, 9, 3, [768] * 30) == 0.0
+    assert copies_factor(Probe.of(attention="eager", expansions=60), 9, 3, [768] * 30) == pytest.approx(0.1)
+    assert copies_factor(Probe.of(attention="eager", expansions=4), 9, 3, [768, 256]) == pytest.approx(3 * 768 / 1024)
+    assert copies_factor(Probe.of(attention="eager", expansions=0), 9, 3, [768] * 30) == 0.0
     assert copies_factor(None, 9, 3, [768] * 30) == 0.0

@@ -23,11 +23,11 @@ def test_fixed_bytes_are_the_counted_intercept_and_weight_passes_their_share_of_
         return c
 
     result = traffic.counted_passes({256: step(256), 512: step(512)}, per_token, layers=2, weight_bytes=weights)
-    assert result["passes"] == pytest.approx(2.0)
-    assert result["fixed_bytes"] == weights + 10_000
-    assert result["weight_passes"] == pytest.approx(1.0025)
-    assert result["layers"] == 2
-    assert result["ops_per_step"] is None  # nothing was counted inside a forward scope
+    assert result.passes == pytest.approx(2.0)
+    assert result.fixed_bytes == weights + 10_000
+    assert result.weight_passes == pytest.approx(1.0025)
+    assert result.layers == 2
+    assert result.ops_per_step is None  # nothing was counted inside a forward scope
 
 
 def test_scopes_charge_the_ops_of_the_running_module_only():
@@ -81,17 +81,17 @@ def counted(one_torch_thread):
 
 def test_a_step_reads_each_weight_about_once(counted):
     dynamic = counted("dynamic")
-    assert dynamic["weight_bytes"] == counted.session.spec().weight_bytes
-    assert 1.0 <= dynamic["weight_passes"] < 1.05  # the rest: activations, float32 logits, norms
-    assert dynamic["data_ops_per_step"] < dynamic["ops_per_step"] < sum(dynamic["calls"].values())
+    assert dynamic.weight_bytes == counted.session.spec().weight_bytes
+    assert 1.0 <= dynamic.weight_passes < 1.05  # the rest: activations, float32 logits, norms
+    assert dynamic.data_ops_per_step < dynamic.ops_per_step < sum(dynamic.calls.values())
 
 
 def test_three_tiny_ops_per_layer_add_ops_not_passes(counted):
     clean, extra = counted("twin-clean"), counted("twin-extra-ops")
-    layers = clean["layers"]
-    assert extra["ops_per_step"] - clean["ops_per_step"] == classes.ExtraOpsCache.EXTRA_OPS * layers
-    assert extra["passes"] == pytest.approx(clean["passes"], abs=1e-9)
-    assert extra["weight_passes"] == pytest.approx(clean["weight_passes"], abs=1e-4)
+    layers = clean.layers
+    assert extra.ops_per_step - clean.ops_per_step == classes.ExtraOpsCache.EXTRA_OPS * layers
+    assert extra.passes == pytest.approx(clean.passes, abs=1e-9)
+    assert extra.weight_passes == pytest.approx(clean.weight_passes, abs=1e-4)
 
 
 @pytest.mark.parametrize("model", ["tiny", "smollm2-135m"])
@@ -106,7 +106,7 @@ def test_reading_the_embeddings_once_more_raises_weight_passes_by_their_share(on
         after = session.count("dynamic")
     finally:
         handle.remove()
-    assert after["weight_passes"] - before["weight_passes"] == pytest.approx(share, rel=1e-3)
-    assert after["passes"] == pytest.approx(before["passes"])
+    assert after.weight_passes - before.weight_passes == pytest.approx(share, rel=1e-3)
+    assert after.passes == pytest.approx(before.passes)
     if model == "smollm2-135m":
         assert share == pytest.approx(0.21, abs=0.005)

@@ -129,9 +129,9 @@ def test_a_counted_step_shows_the_gather_of_the_live_kv(tiny, batch):
         assert "_local_scalar_dense" not in counts[context].ops  # nothing read back to the host either
         p.release()
     result = traffic.counted_passes(counts, spec.bytes_per_token, kv_bytes=live)
-    gather = [name for name in GATHERS if name in result["by_op"] and result["by_op"][name] >= 1.95]
-    assert len(gather) == 1, result["by_op"]
+    gather = [name for name in GATHERS if name in result.by_op and result.by_op[name] >= 1.95]
+    assert len(gather) == 1, result.by_op
     if gather == ["index_select"] or not batch.ragged:
-        assert result["by_op"][gather[0]] <= 2.03, result["by_op"]
-    assert result["by_op"]["scaled_dot_product_attention"] >= 0.99
-    assert result["passes"] >= 3.0
+        assert result.by_op[gather[0]] <= 2.03, result.by_op
+    assert result.by_op["scaled_dot_product_attention"] >= 0.99
+    assert result.passes >= 3.0

@@ -172,9 +172,9 @@ def test_counted_passes_is_the_slope_between_contexts():
         return c
 
     result = traffic.counted_passes({256: step(256), 512: step(512)}, per_token)
-    assert result["passes"] == pytest.approx(3.0)
-    assert result["by_op"] == {"cat": 2.0, "scaled_dot_product_attention": 1.0}
-    assert result["contexts"] == [256, 512]
+    assert result.passes == pytest.approx(3.0)
+    assert result.by_op == {"cat": 2.0, "scaled_dot_product_attention": 1.0}
+    assert result.contexts == [256, 512]
     with pytest.raises(ValueError):
         traffic.counted_passes({256: step(256)}, per_token)
 
@@ -203,39 +203,39 @@ def passes(tiny_session):
 
 def test_planted_copy_shows_up_as_two_passes_and_fails_the_counted_gate(passes):
     clean, planted = passes("twin-clean"), passes("twin-planted")
-    assert planted["passes"] - clean["passes"] == pytest.approx(2.0, abs=0.01)
-    assert planted["by_op"]["clone"] == pytest.approx(2.0, abs=0.01)
-    assert "clone" not in clean["by_op"]
-    allowed = clean["passes"] + 0.05
-    verdict = judges.judge_counted(Counted(planted["passes"], planted["by_op"]), allowed=allowed,
-                                   base_by_op=clean["by_op"], key="cpu")
+    assert planted.passes - clean.passes == pytest.approx(2.0, abs=0.01)
+    assert planted.by_op["clone"] == pytest.approx(2.0, abs=0.01)
+    assert "clone" not in clean.by_op
+    allowed = clean.passes + 0.05
+    verdict = judges.judge_counted(Counted(planted.passes, planted.by_op), allowed=allowed,
+                                   base_by_op=clean.by_op, key="cpu")
     assert verdict.status == "regression", verdict.reason
     assert "above the allowed" in verdict.reason and verdict.grew == {"clone": pytest.approx(2.0, abs=0.01)}
-    assert judges.judge_counted(Counted(clean["passes"], clean["by_op"]), allowed=allowed, base_by_op=clean["by_op"],
+    assert judges.judge_counted(Counted(clean.passes, clean.by_op), allowed=allowed, base_by_op=clean.by_op,
                                 key="cpu").status == "pass"
 
 
 def test_counting_is_deterministic(tiny_session, passes):
     first = passes("dynamic")
     again = tiny_session.count("dynamic")
-    assert again["passes"] == first["passes"]
-    assert again["by_op"] == first["by_op"]
-    assert again["step_bytes"] == first["step_bytes"]
+    assert again.passes == first.passes
+    assert again.by_op == first.by_op
+    assert again.step_bytes == first.step_bytes
 
 
 def test_dynamic_cache_is_three_passes_cat_two_attention_one(passes):
     result = passes("dynamic")
-    assert result["passes"] == pytest.approx(3.0, abs=0.05)
-    assert result["by_op"]["cat"] == pytest.approx(2.0, abs=0.02)
-    assert result["by_op"]["scaled_dot_product_attention"] == pytest.approx(1.0, abs=0.02)
+    assert result.passes == pytest.approx(3.0, abs=0.05)
+    assert result.by_op["cat"] == pytest.approx(2.0, abs=0.02)
+    assert result.by_op["scaled_dot_product_attention"] == pytest.approx(1.0, abs=0.02)
 
 
 @pytest.mark.parametrize("name", ["inplace", "static-sliced"])
 def test_fixed_caches_move_the_cache_about_once(passes, name):
     result = passes(name)
-    assert 0.95 <= result["passes"] <= 1.05, result
-    assert "cat" not in result["by_op"] and "clone" not in result["by_op"]
-    assert result["by_op"]["scaled_dot_product_attention"] == pytest.approx(1.0, abs=0.02)
+    assert 0.95 <= result.passes <= 1.05, result
+    assert "cat" not in result.by_op and "clone" not in result.by_op
+    assert result.by_op["scaled_dot_product_attention"] == pytest.approx(1.0, abs=0.02)
 
 
 def test_ops_with_equal_passes_are_listed_by_name_whatever_their_order():

@@ -1,0 +1,157 @@
+"""One counted figure and one timed figure followed from their measurement to the ``--benchmark-json`` file, every
+change of form counted: a figure is a record from the moment it is measured, and becomes JSON only at the process
+boundary (:func:`kvcache.analysing.measured.to_wire` on the measuring side, ``from_wire`` on the controller, one
+JSON text each way) and at the file (``KV.to_json``, then one text written).
+
+The run is the real suite on ``tiny`` (one class, three contexts, one round) in a subprocess whose record machinery
+is wrapped: ``Traffic`` and ``Point``'s ``to_json``/``from_json``, the transport's ``json.dumps``/``json.loads``, and
+the file writer; each call is logged with the edge it ran inside (None: inside none)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from kvrun import describe, run_python
+
+pytest.importorskip("transformers")
+
+MARK = "@@conversions@@"
+FOLLOWED = ("dynamic", 256, 0)  # the timed figure followed: this point's steps
+
+DRIVER = """
+import json, sys
+import pytest
+from kvcache.analysing import measured, records
+from kvcache.analysing.counted_records import Traffic
+from kvcache.analysing.timed_records import Point
+from kvcache.measuring.session import KVSession
+from kvcache.plugin import finish
+
+edge = [None]  # the edge running now
+log = []  # [what, figure, edge]
+measured_figures = {}
+
+def at_edge(name, fn):
+    def wrapped(*args, **kwargs):
+        outer, edge[0] = edge[0], name
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            edge[0] = outer
+    return wrapped
+
+def figure(record_or_data):
+    get = record_or_data.get if isinstance(record_or_data, dict) else lambda k: getattr(record_or_data, k, None)
+    return [get("cache"), get("context"), get("round"), get("kind") or "timed"]
+
+def spy(cls):
+    to_json, from_json = cls.to_json, cls.from_json
+    def logged_to_json(self):
+        log.append(["to_json", cls.__name__, figure(self), edge[0]])
+        return to_json(self)
+    def logged_from_json(klass, data, where=""):
+        log.append(["from_json", cls.__name__, figure(data), edge[0]])
+        return from_json(data, where)
+    cls.to_json, cls.from_json = logged_to_json, classmethod(logged_from_json)
+
+spy(Traffic)
+spy(Point)
+
+class Json:  # the transport's json module, its texts counted
+    def dumps(self, *args, **kwargs):
+        log.append(["json.dumps", None, None, edge[0]])
+        return json.dumps(*args, **kwargs)
+    def loads(self, *args, **kwargs):
+        log.append(["json.loads", None, None, edge[0]])
+        return json.loads(*args, **kwargs)
+measured.json = Json()
+measured.to_wire = at_edge("process boundary", measured.to_wire)  # the transport imports them when it sends
+measured.from_wire = at_edge("process boundary", measured.from_wire)
+records.KV.to_json = at_edge("file", records.KV.to_json)
+write_json = finish._write_json
+def logged_write_json(state, path, text):
+    log.append(["file text", None, None, "file"])
+    return write_json(state, path, text)
+finish._write_json = logged_write_json
+
+emit = KVSession.emit
+def measured_emit(self, record):
+    if isinstance(record, measured.ClassCount):
+        measured_figures["passes"] = record.traffic.passes
+    if isinstance(record, Point) and (record.cache, record.context, record.round, record.kind) == \\
+            ("dynamic", 256, 0, "timed"):
+        measured_figures["samples_s"] = list(record.samples_s)
+    return emit(self, record)
+KVSession.emit = measured_emit
+
+code = int(pytest.main(["benchmarks", "-p", "no:cacheprovider", "-q", *sys.argv[1:]]))
+sys.__stdout__.write("\\n" + "@@conversions@@" + json.dumps({"code": code, "log": log, "measured": measured_figures}))
+"""
+
+
+@pytest.fixture(scope="module")
+def followed(tmp_path_factory):
+    """(the run's result: exit code, conversion log, figures as measured; the run file written)."""
+    tmp = tmp_path_factory.mktemp("conversions")
+    path = tmp / "run.json"
+    args = ["--kv-model", "tiny", "--kv-caches", "dynamic", "--kv-contexts", "256,512,1024", "--kv-steps", "3",
+            "--kv-warmup", "0", "--kv-rounds", "1", "--kv-copy-mib", "8", "--kv-no-gate",
+            "--kv-baseline", str(tmp / "no-baseline.json"), "--benchmark-json", str(path)]
+    done = run_python("import sys; sys.argv[1:] = " + json.dumps(args) + "\n" + DRIVER)
+    assert MARK in done.stdout, describe(done)
+    result = json.loads(done.stdout.rsplit(MARK, 1)[1])
+    assert result["code"] == 0, describe(done)
+    return result, json.loads(Path(path).read_text())
+
+
+def conversions(log: list, what: str, kind: str, wanted: list | None = None) -> list:
+    """The edges of every ``what`` (``to_json``, ``from_json``) of a ``kind`` record, of one figure when given."""
+    return [edge for name, record, figure, edge in log
+            if name == what and record == kind and (wanted is None or figure[:len(wanted)] == wanted)]
+
+
+def test_every_conversion_happens_at_the_process_boundary_or_at_the_file(followed):
+    (result, _) = followed
+    log = result["log"]
+    assert log, "nothing was logged: the spies were not reached"
+    assert [entry for entry in log if entry[3] is None] == []
+
+
+def test_the_counted_figure_changes_form_once_each_way_between_processes_and_once_into_the_file(followed):
+    result, run = followed
+    log = result["log"]
+    assert conversions(log, "to_json", "Traffic") == ["process boundary", "file"]
+    assert conversions(log, "from_json", "Traffic") == ["process boundary"]
+    assert run["kv"]["traffic"]["dynamic"]["passes"] == result["measured"]["passes"]  # the figure as measured
+
+
+def test_the_timed_figure_keeps_its_steps_from_measurement_to_file(followed):
+    result, run = followed
+    log = result["log"]
+    cache, context, round_ = FOLLOWED
+    wanted = [cache, context, round_, "timed"]
+    assert conversions(log, "to_json", "Point", wanted) == ["process boundary", "file"]
+    assert conversions(log, "from_json", "Point", wanted) == ["process boundary"]
+    measured = result["measured"]["samples_s"]
+    point = next(p for p in run["kv"]["points"] if (p["cache"], p["context"], p["round"]) == FOLLOWED)
+    assert point["samples_ms"] == pytest.approx([s * 1e3 for s in measured], rel=1e-15)
+    # the drift point (the first one measured again) crosses the boundary and never reaches kv.points
+    drift = [entry for entry in log if entry[1] == "Point" and entry[2][3] == "drift"]
+    assert [(name, edge) for name, _, _, edge in drift] == [("to_json", "process boundary"),
+                                                           ("from_json", "process boundary")]
+
+
+def test_json_texts_are_one_per_record_each_way_and_one_file(followed):
+    result, run = followed
+    log = result["log"]
+    dumps = [edge for name, _, _, edge in log if name == "json.dumps"]
+    loads = [edge for name, _, _, edge in log if name == "json.loads"]
+    assert dumps and set(dumps) == set(loads) == {"process boundary"} and len(dumps) == len(loads)
+    assert [edge for name, _, _, edge in log if name == "file text"] == ["file"]
+    timed = [b for b in run["benchmarks"] if b["extra_info"].get("kind") == "timed"]
+    assert list(timed[0]["extra_info"]) == [  # the benchmarks[] entry keeps its shape
+        "kind", "cache", "context", "round", "kv_bytes", "bytes_per_token", "driver", "batch", "ragged", "device",
+        "device_name", "dtype", "model", "fill", "warmup", "steps", "transformers", "torch",
+        "beyond_trained_context", "step_start_ns", "counted_bytes", "achieved_gbps"]
