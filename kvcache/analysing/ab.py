@@ -48,10 +48,10 @@ from typing import Any
 import numpy as np
 
 from kvcache.analysing.ab_records import PairedVerdict, read_ab_section
+from kvcache.analysing.estimates import finite, median, percentile_interval
 from kvcache.analysing.fit import context_draws
 from kvcache.analysing.options import CONFIDENCE, RESAMPLES, RULE_DEFAULTS
 from kvcache.analysing.records import KV, Drift, Fit, LedgerPoint, LedgerRow, Verdict
-from kvcache.analysing.stats import finite, median, percentile_interval
 from kvcache.analysing.tables import MISSING, figure, num
 
 PAIRED = ("timed", "intercept", "ledger")  # judged here from the pairs; the gate's other measures are kept as judged

@@ -18,6 +18,7 @@ from kvcache.analysing import baseline as baselines
 from kvcache.analysing import gate, identity
 from kvcache.analysing import ledger as ledgers
 from kvcache.analysing.bandwidth import achieved_fraction, achieved_gbps, crossovers
+from kvcache.analysing.estimates import median
 from kvcache.analysing.fit import FitError, fit_passes, measure_drift
 from kvcache.analysing.jsonrecord import Record
 from kvcache.analysing.judges import drift_problem
@@ -39,7 +40,6 @@ from kvcache.analysing.records import (
     Verdict,
 )
 from kvcache.analysing.rules import Rules
-from kvcache.analysing.stats import median
 
 
 def analyse(records: list[Record], settings: dict[str, Any], baseline: dict[str, Any],

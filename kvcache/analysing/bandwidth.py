@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from kvcache.analysing.context_records import ModelGeometry
 from kvcache.analysing.counted_records import Memory, Traffic
-from kvcache.analysing.stats import finite
+from kvcache.analysing.estimates import finite
 from kvcache.analysing.timed_records import CacheCrossovers, Crossovers, Fit, FitFailure
 
 

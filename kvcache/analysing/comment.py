@@ -34,9 +34,9 @@ from kvcache.analysing import identity, judges, tables
 from kvcache.analysing.ab_records import PairedVerdict, read_ab_section
 from kvcache.analysing.compare import Cell, Comparison, Regression
 from kvcache.analysing.compare_render import cell_texts, with_interval
+from kvcache.analysing.estimates import finite, interval
 from kvcache.analysing.records import Fit, Run, Verdict
 from kvcache.analysing.rules import Rules
-from kvcache.analysing.stats import finite, interval
 from kvcache.analysing.tables import MISSING, Table, num
 
 #: The hidden marker a workflow finds its own comment by (list the comments, PATCH the one that has it).

@@ -23,10 +23,10 @@ from typing import Any
 from kvcache.analysing import baseline as baselines
 from kvcache.analysing import gate, identity, tables
 from kvcache.analysing.entries import BaselineEntry
+from kvcache.analysing.estimates import finite, interval
 from kvcache.analysing.options import RULE_DEFAULTS
 from kvcache.analysing.records import KV, Fit, RecordError, Run, Verdict
 from kvcache.analysing.rules import Rules
-from kvcache.analysing.stats import finite, interval
 
 # Changes against the baseline.
 SAME, REGRESSED, IMPROVED, INCONCLUSIVE = "same", "regressed", "improved", "inconclusive"

@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvcache.analysing import identity, judges
+from kvcache.analysing.estimates import finite, interval
 from kvcache.analysing.records import Fit, FitFailure, Run
-from kvcache.analysing.stats import finite, interval
 
 FORMATS = ("github-action-benchmark",)
 #: measure -> (name suffix, unit, section (kv.traffic or kv.fit), the record's field, its interval field)
@@ -55,7 +55,7 @@ def _range(value: Any) -> str | None:
 
 
 def finite_figure(raw: Any, label: str, notes: list[str] | None) -> float | None:
-    """``raw`` as a finite float (:func:`~kvcache.analysing.stats.finite`); None when absent or not a finite
+    """``raw`` as a finite float (:func:`~kvcache.analysing.estimates.finite`); None when absent or not a finite
     number, the latter said in ``notes`` (``LABEL is nan, not a finite number: left out``): never dropped quietly."""
     value = finite(raw)
     if value is None and raw is not None and notes is not None:

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvcache.analysing.bandwidth import crossover_context
+from kvcache.analysing.estimates import bootstrap_medians, finite, median, percentile_interval
 from kvcache.analysing.jsonrecord import jsonable
 from kvcache.analysing.options import CONFIDENCE, RESAMPLES
-from kvcache.analysing.stats import bootstrap_medians, finite, median, percentile_interval
 from kvcache.analysing.timed_records import Drift, Fit, FitFailure, Point
 
 GB = 1e9

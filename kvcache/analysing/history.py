@@ -35,10 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from kvcache.analysing import arguments, files, identity
+from kvcache.analysing.estimates import finite, interval
 from kvcache.analysing.export import finite_figure, why_no_figure
 from kvcache.analysing.records import Fit, Run
 from kvcache.analysing.report.data import ReportError
-from kvcache.analysing.stats import finite, interval
 from kvcache.analysing.steps import COUNTED_RESOLUTION, Step, counted_steps, steps_markdown, timed_steps
 
 STORE_SCHEMA = 1

@@ -10,6 +10,7 @@ from typing import Union
 
 from kvcache.analysing import tables
 from kvcache.analysing.entries import BaselineEntry
+from kvcache.analysing.estimates import finite
 from kvcache.analysing.options import MIN_OP_PASSES
 from kvcache.analysing.records import (
     Counted,
@@ -24,7 +25,6 @@ from kvcache.analysing.records import (
     Verdict,
 )
 from kvcache.analysing.rules import Rules
-from kvcache.analysing.stats import finite
 
 MEASURES = ("counted", "timed", "overhead", "intercept", "ledger", "memory", "gpus")
 # Measures that are counted, not timed: never inconclusive for noise, so --kv-strict leaves them alone.

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from kvcache.analysing.context_records import RunSettings
 from kvcache.analysing.counted_records import Traffic
+from kvcache.analysing.estimates import median
 from kvcache.analysing.fit import FitError, slope_passes
 from kvcache.analysing.options import CONFIDENCE, RESAMPLES
-from kvcache.analysing.stats import median
 from kvcache.analysing.timed_records import LedgerPoint, LedgerRow, Point, Speed
 
 OTHER = "(other ops)"

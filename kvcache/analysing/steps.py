@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kvcache.analysing import tables
-from kvcache.analysing.stats import median
+from kvcache.analysing.estimates import median
 
 #: The smallest change of counted passes that is a step: what the tables show (passes to 3 decimals).
 COUNTED_RESOLUTION = 0.0005

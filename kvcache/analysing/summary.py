@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from kvcache.analysing import identity, tables
+from kvcache.analysing.estimates import finite, median
 from kvcache.analysing.records import KV, Crossovers, Drift, Fit, FitFailure, Memory, UnmeasuredDrift, Verdict
-from kvcache.analysing.stats import finite, median
 from kvcache.analysing.tables import MISSING, Table, num
 
 FIT_HEADER = ["cache", "intercept ms [CI]", "eff GB/s", "timed passes [CI]", "R²", "counted", "timed/counted",
@@ -81,7 +81,7 @@ def ledger_status(verdict: Verdict | None, op: str) -> str:
     return verdict.parts[op].status
 
 
-def ledger_rows(kv: KV) -> list[list[str]]:
+def ledger_table_rows(kv: KV) -> list[list[str]]:
     """Per class and op of the ledger: counted passes (from ``kv.traffic``), timed passes with their interval,
     ms per step at the largest profiled context, and the op's part of the ledger verdict."""
     rows = []
@@ -284,7 +284,7 @@ def lines(kv: KV) -> list[str]:
     out += noted_table(OVERHEAD_HEADER, overhead_rows(kv),
                        "ops: ATen ops from the model's forward call to its return, one step; fixed: bytes a step moves "
                        "that do not grow with context; weight passes = fixed / weight bytes, 1 = each weight read once")
-    out += noted_table(LEDGER_HEADER, ledger_rows(kv),
+    out += noted_table(LEDGER_HEADER, ledger_table_rows(kv),
                        "ledger: each op's time per profiled step against KV bytes, as passes; unattributed = the "
                        "step's time outside ATen ops; the profiled step is timed op by op (CPU: a dispatch-mode clock; "
                        "CUDA: torch.profiler), apart from the timed rounds")

@@ -2,7 +2,7 @@
 and the report's Markdown: a :class:`Table` is data (cells are already formatted text); :func:`text` and
 :func:`markdown` lay it out; :func:`num`, :func:`figure`, :func:`interval`, :func:`by_op` and :func:`unique_labels`
 make the cells, :data:`MISSING` marks a cell without a figure, and :class:`Notes` numbers the reasons cells refer to.
-Standard library only (and :mod:`kvcache.analysing.stats` for what counts as a number)."""
+Standard library only (and :mod:`kvcache.analysing.estimates` for what counts as a number)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvcache.analysing.stats import finite
+from kvcache.analysing.estimates import finite
 
 #: The one mark of a figure that is not there (a table cell, or a figure in a sentence): text, Markdown and HTML.
 MISSING = "—"

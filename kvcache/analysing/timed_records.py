@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvcache.analysing.estimates import median
 from kvcache.analysing.jsonrecord import (
     Reader,
     Record,
@@ -18,7 +19,6 @@ from kvcache.analysing.jsonrecord import (
     extra_field,
     list_of,
 )
-from kvcache.analysing.stats import median
 
 
 @dataclass

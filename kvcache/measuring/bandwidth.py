@@ -6,8 +6,8 @@ import time
 
 import torch
 
+from kvcache.analysing.estimates import median
 from kvcache.analysing.records import CopyMeasurement
-from kvcache.analysing.stats import median
 from kvcache.measuring import stages
 from kvcache.measuring.devices import Device
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvcache.analysing.stats import median
+from kvcache.analysing.estimates import median
 
 Key = tuple[str, int]  # (cache, context)
 

@@ -24,11 +24,11 @@ from kvcache.analysing import identity
 from kvcache.analysing.bandwidth import achieved_gbps
 from kvcache.analysing.context_records import Environment, ModelGeometry
 from kvcache.analysing.counted_records import Memory, Probe, Traffic
+from kvcache.analysing.estimates import median
 from kvcache.analysing.jsonrecord import Record
 from kvcache.analysing.measured import Context
 from kvcache.analysing.records import Skip
 from kvcache.analysing.settings import Settings
-from kvcache.analysing.stats import median
 from kvcache.analysing.timed_records import CopyMeasurement, LedgerPoint, Point
 from kvcache.measuring import caches, decode, ledger, stages
 from kvcache.measuring.bandwidth import measure_copy

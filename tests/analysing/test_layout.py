@@ -123,3 +123,50 @@ def test_analysing_modules_import_with_torch_absent():
             "assert not any(m.startswith('kvcache.measuring') for m in sys.modules), sorted(sys.modules)\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+#: Names that many modules define on purpose, each for the same role: a command's ``main`` and ``parser``, pytest's
+#: hooks, a ``-p`` plug-in's ``register``.
+ROLE_NAMES = ("main", "parser", "register")
+
+
+def top_level_names(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return {n for n in names if not n.startswith("__") and n not in ROLE_NAMES and not n.startswith("pytest_")}
+
+
+def test_one_name_per_thing():
+    """No two modules of the package define the same top-level name (besides :data:`ROLE_NAMES` and pytest hooks):
+    a name found in two places is two things, and one of them should say what it is."""
+    where: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for name in top_level_names(path):
+            where.setdefault(name, []).append(module_name(path))
+    twice = {name: mods for name, mods in where.items() if len(mods) > 1}
+    assert not twice, twice
+
+
+def one_letter_apart(a: str, b: str) -> bool:
+    if len(a) == len(b):
+        return sum(x != y for x, y in zip(a, b)) == 1
+    short, long_ = sorted((a, b), key=len)
+    return len(long_) - len(short) == 1 and any(long_[:i] + long_[i + 1:] == short for i in range(len(long_)))
+
+
+def test_no_two_files_a_letter_apart():
+    stems = sorted({p.stem for p in PACKAGE.rglob("*.py")} - {"__init__"})
+    close = [(a, b) for i, a in enumerate(stems) for b in stems[i + 1:] if one_letter_apart(a, b)]
+    assert not close, close
+
+
+def test_the_top_level_shows_the_wings_the_plugin_and_the_commands():
+    """At most 10 modules at the top of ``kvcache/`` besides its subpackages."""
+    modules = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(modules) <= 10, modules

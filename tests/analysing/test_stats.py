@@ -1,4 +1,4 @@
-"""kvcache.analysing.stats: the one home of the median, percentile intervals, bootstrap medians and what counts
+"""kvcache.analysing.estimates: the one home of the median, percentile intervals, bootstrap medians and what counts
 as a number; no other module of the package defines them."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvcache.analysing import stats
+from kvcache.analysing import estimates as stats
 
 PACKAGE = Path(__file__).resolve().parents[2] / "kvcache"
 SHARED = ("median", "finite", "percentile_interval", "bootstrap_medians")
@@ -58,4 +58,4 @@ def test_the_statistics_are_defined_only_in_stats():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.FunctionDef) and node.name in SHARED:
                 homes.setdefault(node.name, []).append(str(path.relative_to(PACKAGE)))
-    assert homes == {name: ["analysing/stats.py"] for name in SHARED}
+    assert homes == {name: ["analysing/estimates.py"] for name in SHARED}

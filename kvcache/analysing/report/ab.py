@@ -16,12 +16,12 @@ from typing import Any
 from kvcache.analysing import ab as judge
 from kvcache.analysing import tables
 from kvcache.analysing.ab_records import ABRunSection, read_ab_section
+from kvcache.analysing.estimates import finite
 from kvcache.analysing.jsonrecord import RecordError
 from kvcache.analysing.records import Run
 from kvcache.analysing.report.charts import _plain_text, _pyplot, _save
 from kvcache.analysing.report.data import cache_colours, per_context, points_by_cache
 from kvcache.analysing.rules import Rules
-from kvcache.analysing.stats import finite
 
 
 @dataclass(frozen=True)

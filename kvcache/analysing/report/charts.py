@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from kvcache.analysing.estimates import finite
 from kvcache.analysing.records import Run, Traffic
 from kvcache.analysing.report.data import (
     PALETTE,
@@ -39,7 +40,6 @@ from kvcache.analysing.report.data import (
     run_title,
     trained_context,
 )
-from kvcache.analysing.stats import finite
 
 TOP_OPS = 7  # traffic.png shows this many largest ops; the rest are stacked as "other ops"
 BARS_PER_ROW = 12  # traffic.png starts a new row of bars past this many cache classes ...

@@ -13,8 +13,8 @@ import numpy as np
 
 from kvcache.analysing import bandwidth, tables
 from kvcache.analysing import fit as fitting
+from kvcache.analysing.estimates import finite, median
 from kvcache.analysing.records import KV, Crossovers, Fit, Point, Run, jsonable
-from kvcache.analysing.stats import finite, median
 from kvcache.analysing.tables import MISSING
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from kvcache.analysing import tables
+from kvcache.analysing.estimates import finite
 from kvcache.analysing.records import KV, Fit, Memory, Point, Probe, Run, Traffic, UnmeasuredDrift
 from kvcache.analysing.report.data import (
     dtype,
@@ -26,7 +27,6 @@ from kvcache.analysing.report.data import (
     trained_context,
 )
 from kvcache.analysing.report.documents import Doc
-from kvcache.analysing.stats import finite
 from kvcache.analysing.summary import attention_copies, verdict_table
 from kvcache.analysing.tables import MISSING, num
 
