@@ -246,6 +246,8 @@ def parser() -> argparse.ArgumentParser:
                     "B side (--b-sides); no calibration, no baseline file")
     ap.add_argument("--b-sides", default="clean,copy,layout", help="A/B mode: B sides, comma-separated (default: all "
                     "of gate_power_ab.AB_SIDES)")
+    ap.add_argument("--more-rounds-within", type=float, default=0.0, metavar="MINUTES",
+                    help="A/B mode: kvcache ab's --more-rounds-within of every run (default 0: off)")
     ap.add_argument("--resume", action="store_true",
                     help="A/B mode: keep the runs already under --out and run only the missing ones")
     ap.add_argument("--out", default=".gate-power")

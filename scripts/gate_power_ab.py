@@ -17,7 +17,7 @@ from gate_power_series import build, rotations, run_series, setup_text  # the sc
 
 from kvcache.analysing import ab as judge
 from kvcache.analysing import tables
-from kvcache.analysing.ab_records import ABRunSection, ABSide, PairedVerdict, read_ab_section
+from kvcache.analysing.ab_records import ABRunSection, ABSide, MoreRounds, PairedVerdict, read_ab_section
 from kvcache.analysing.records import KV
 
 #: B sides of the A/B mode: name -> (pytest arguments of side B, whether its counted and overhead gates count).
@@ -43,6 +43,8 @@ def ab_command(opts: argparse.Namespace, side: str, json_out: Path, log_dir: Pat
     b_args, _ = AB_SIDES[side]
     cmd = [sys.executable, "-m", "kvcache.cli", "ab", "--json", str(json_out), "--out-dir", str(log_dir),
            "--tolerance", str(opts.tolerance)]
+    if getattr(opts, "more_rounds_within", 0):
+        cmd += ["--more-rounds-within", str(opts.more_rounds_within)]
     if b_args:
         cmd += ["--b-args", " ".join(b_args)]
     return cmd + ["--", "--kv-model", opts.model, "--kv-contexts", opts.contexts, "--kv-steps", str(opts.steps),
@@ -92,6 +94,7 @@ class ABRun:
     sides: dict[str, ABSide] = field(default_factory=dict)
     side_b: KV | None = None
     paired_drift: float | None = None
+    more_rounds: MoreRounds | None = None  # ab_run.more_rounds: only with --more-rounds-within
 
     @classmethod
     def load(cls, path: Path) -> ABRun:
@@ -100,7 +103,7 @@ class ABRun:
             verdicts = read_ab_section(doc["ab"])
             run = ABRunSection.from_json(doc["ab_run"], f"{path}: ab_run")
             return cls(verdicts["dynamic"], run.sides, KV.from_json(doc["kv"], f"{path}: kv"),
-                       run.paired_drift.get("dynamic"))
+                       run.paired_drift.get("dynamic"), run.more_rounds)
         except (OSError, ValueError, KeyError, TypeError):  # a run that stopped before writing its JSON
             return cls()
 
@@ -116,6 +119,17 @@ class ABRun:
 
     def ratio_cell(self, measure: str) -> str:
         return judge.ratio_text(self.verdicts[measure]) if measure in self.verdicts else tables.MISSING
+
+    def more_rounds_cell(self) -> str:
+        """The rounds taken beyond the first session's, in how many extensions and seconds, and whether it gave up."""
+        more = self.more_rounds
+        if more is None:
+            return tables.MISSING
+        extra = more.rounds - more.first_rounds
+        if not more.extensions:
+            return "gave up, none" if more.gave_up else "none"
+        text = f"+{extra} ({len(more.extensions)}×, {more.seconds:.0f} s)"
+        return f"gave up, {text}" if more.gave_up else text
 
     def drift_cells(self) -> str:
         """Each side's own drift and the paired drift (how far B/A moved), ``A / B (paired)``."""
@@ -142,13 +156,16 @@ def summarize_ab(out: Path) -> str:
                         "it is; B: clean, the planted copy twin, or the token-major layout twin, each registered as "
                         "dynamic)"), ""]
     rows = []
+    more = any(run.more_rounds is not None for run in read.values())  # a series run with --more-rounds-within
     for r in runs:
         run = read[r["name"]]
         rows.append([str(r["repetition"]), r["side"], build(r.get("exit")), run.status("timed"),
                      run.ratio_cell("timed"), run.status("intercept"), run.status("ledger"), run.status("counted"),
-                     run.drift_cells(), "yes" if ab_caught(run, r["side"], r.get("exit")) else "no"])
+                     run.drift_cells(), *([run.more_rounds_cell()] if more else []),
+                     "yes" if ab_caught(run, r["side"], r.get("exit")) else "no"])
     lines += tables.markdown(tables.Table(["run", "B side", "exit", "timed A/B", "B/A slope [95% CI]", "intercept A/B",
-                                           "ledger A/B (worst op)", "counted", "drift A / B (paired)", "red"], rows))
+                                           "ledger A/B (worst op)", "counted", "drift A / B (paired)",
+                                           *(["more rounds"] if more else []), "red"], rows))
     lines.append("")
     for side in dict.fromkeys(r["side"] for r in runs):
         mine = [r for r in runs if r["side"] == side]

@@ -63,6 +63,8 @@ class Control:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--kv-ab-control", default=None, help="(internal: kvcache ab) the driver's pipes, R,W")
+    parser.addoption("--kv-ab-roles", default=None, help="(internal: kvcache ab --more-rounds-within) only the "
+                     "items of these roles, comma-separated (e.g. point,copy,drift)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -86,6 +88,21 @@ def _identity(config: pytest.Config) -> dict[str, Any]:
     env = session.environment()
     settings = state.settings.to_dict()
     return {"settings": settings, "environment": env, "baseline": state.baseline}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With ``--kv-ab-roles``: only the items of those roles (:func:`kvcache.plugin.discovery.item_role`), among those
+    the run's own selection kept (the suite's hook, trylast, orders what is left)."""
+    roles = config.getoption("kv_ab_roles", None)
+    if not roles:
+        return
+    from kvcache.plugin.discovery import item_role
+
+    keep = set(roles.split(","))
+    dropped = [item for item in items if item_role(item)[0] not in keep]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if item_role(item)[0] in keep]
 
 
 @pytest.hookimpl(trylast=True)

@@ -116,6 +116,63 @@ class ABSide(Section):
 
 
 @dataclass
+class Extension(Record):
+    """``ab_run.more_rounds.extensions[]``: one further pair of workers: its ``rounds`` (numbered from
+    ``first_round`` in the pool), the verdicts that asked for it (``why``), its estimated and measured wall seconds,
+    the items both sides finished (``pairs``) and, when a side failed or a signal stopped it, why (``failed``)."""
+
+    rounds: int = 0
+    first_round: int = 0
+    why: list[str] = field(default_factory=list)
+    estimate_s: float | None = None
+    seconds: float | None = None
+    pairs: int = 0
+    failed: str | None = None
+    extra: dict[str, Any] = extra_field()
+    absent: frozenset[str] = absent_field()
+
+
+#: ``MoreRounds.stopped``: why no more extension was taken.
+STOPPED = ("decided", "cannot help", "budget", "most extensions", "failed", "interrupted")
+
+
+@dataclass
+class MoreRounds(Record):
+    """``ab_run.more_rounds`` (only with ``--more-rounds-within``): the budget (s), the first session's rounds and
+    the pool's (``rounds``), the seconds the extensions took, each extension, why it stopped (:data:`STOPPED`), whether
+    it gave up (timed verdicts more rounds could help were still inconclusive) and the timed verdicts still
+    inconclusive at the end (``"<cache> <measure>"``)."""
+
+    budget_s: float = 0.0
+    first_rounds: int = 0
+    rounds: int = 0
+    seconds: float = 0.0
+    extensions: list[Extension] = field(default_factory=list)
+    stopped: str = ""
+    gave_up: bool = False
+    inconclusive: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = extra_field()
+    absent: frozenset[str] = absent_field()
+
+    @classmethod
+    def _readers(cls) -> dict[str, Any]:
+        return {"extensions": list_of(Extension.from_json)}
+
+    def line(self, detail: str = "") -> str:
+        """The summary's line: what was taken, and that it gave up or why none was needed."""
+        more = self.rounds - self.first_rounds
+        taken = (f"{len(self.extensions)} extension(s), {more} more round(s) ({self.rounds} in all), "
+                 f"{self.seconds:.0f} s of the {self.budget_s:.0f} s budget")
+        still = ", ".join(self.inconclusive)
+        if self.gave_up:
+            return (f"more rounds: gave up after {taken}: {detail}; still inconclusive: {still}")
+        if not self.extensions:
+            return f"more rounds: none taken ({detail})"
+        return f"more rounds: {taken}; {detail}"
+
+
+
+@dataclass
 class ABRunSection(Section):
     """``ab_run``: the session. ``format`` of this section; the ``tolerance`` judged with (a fraction);
     ``interrupted``: the signal's name (None: it ran to its end); the sides that ``failed``; ``items`` in the suite;
@@ -134,9 +191,11 @@ class ABRunSection(Section):
     notes: list[str] = field(default_factory=list)
     seconds: float | None = None
     phase_seconds: dict[str, float] = field(default_factory=dict)
+    more_rounds: MoreRounds | None = None
     extra: dict[str, Any] = extra_field()
     absent: frozenset[str] = unset_field()
 
     @classmethod
     def _readers(cls) -> dict[str, Reader]:
-        return {"pairs": list_of(ABItem.from_json), "sides": object_of(ABSide.from_json)}
+        return {"pairs": list_of(ABItem.from_json), "sides": object_of(ABSide.from_json),
+                "more_rounds": MoreRounds.from_json}

@@ -2,7 +2,7 @@
 
     kvcache ab [--a-env NAME=VALUE ...] [--b-env NAME=VALUE ...] [--a-args "..."] [--b-args "..."]
                [--a-release X] [--b-release Y] [--versions-dir .versions] [--out-dir DIR] [--json OUT]
-               [--tolerance 0.10] [-- COMMON PYTEST OPTIONS]
+               [--tolerance 0.10] [--more-rounds-within MINUTES] [-- COMMON PYTEST OPTIONS]
 
 Each side is one worker process, ``python -m pytest --pyargs kvcache.benchmarks -p kvcache.ab.worker COMMON
 SIDE-ARGS`` with the side's environment (this one's, plus its ``--x-env``; ``--x-release`` puts that Transformers
@@ -21,6 +21,11 @@ counted items and what is left after the timed parts are run on both sides at on
 Each side's records come back item by item and are analysed here (no torch) into that side's ``kv`` section;
 :mod:`kvcache.analysing.ab` judges B against A (:mod:`kvcache.ab.results`). Each worker's output goes to
 ``--out-dir/a.log`` and ``b.log``.
+
+With ``--more-rounds-within MINUTES``, a paired timed verdict left inconclusive for a reason more rounds can help
+(the interval straddles the bound, paired drift, too few paired contexts) makes it run further rounds of the timed
+items on a new pair of workers, pool them with the first session's and judge again, within that budget; it says so
+before each extension, and says when it gives up (:mod:`kvcache.ab.extend`, ``ab_run.more_rounds``).
 
 Output: a summary like ``kvcache compare``'s, and with ``--json OUT`` one file that ``kvcache compare``, ``kvcache
 report`` and ``kvcache comment --ab`` read: pytest-benchmark-shaped with side B's ``kv`` section, side A's whole
@@ -49,6 +54,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kvcache.ab import extend
 from kvcache.ab.results import ab_summary, results, results_before_start
 from kvcache.ab.schedule import ABSession, drive, start
 from kvcache.ab.sides import ABError, build_sides, refused
@@ -83,7 +89,22 @@ def parser() -> argparse.ArgumentParser:
     default = TOLERANCE.default
     p.add_argument("--tolerance", default=f"{default:.2f}", help=f"allowed B/A ratio above 1 (default {default:.2f}: "
                    f"×{1 + default:.2f}); improvement below 1/(1 + tolerance)")
+    p.add_argument("--more-rounds-within", default="0", metavar="MINUTES", help="when a paired timed verdict is "
+                   "inconclusive for a reason more rounds can help (its interval straddles the bound, paired drift, "
+                   "too few paired contexts), run more rounds of the timed items and judge again on all pairs, "
+                   "within this many minutes in all (default 0: off)")
     return p
+
+
+def parse_minutes(text: str) -> float:
+    """``--more-rounds-within``: a finite number of minutes, 0 or more (0: off); ABError (one line) otherwise."""
+    try:
+        minutes = float(text)
+        if not minutes >= 0 or minutes == float("inf"):
+            raise ValueError
+    except ValueError:
+        raise ABError(f"--more-rounds-within {text!r}: expected a number of minutes, 0 or more (0: off)") from None
+    return minutes
 
 
 def parse_tolerance(text: str) -> float:
@@ -102,21 +123,17 @@ OUT_DIR_FILES = ("a.log", "b.log", "a-install.log", "b-install.log")
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    common: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, common = argv[:cut], argv[cut + 1:]
-    try:
-        args = parser().parse_args(argv)
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    own, common = arguments.split_extra(argv)
+    args = arguments.parse(parser(), own)
+    if isinstance(args, int):  # --help (0) or a usage error (2)
+        return args
 
     def say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
     try:
         tolerance = parse_tolerance(args.tolerance)
+        args.more_rounds_within = parse_minutes(args.more_rounds_within)
         refused(common, "the common options (after --)")
     except ABError as exc:
         print(f"kvcache ab: {exc}", file=sys.stderr)
@@ -128,10 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     if arguments.paths_refused("kvcache ab", writes=[("--json", args.json)], folders=folders):
         return EXIT_USAGE
     with files.signals_stop("kvcache ab", Interrupted):
-        return _run(args, common, tolerance, out_dir, say)
+        return _ab_session(args, common, tolerance, out_dir, say)
 
 
-def _run(args: argparse.Namespace, common: list[str], tolerance: float, out_dir: Path,
+def _ab_session(args: argparse.Namespace, common: list[str], tolerance: float, out_dir: Path,
          say: Callable[[str], None]) -> int:
     """The session, once the arguments are checked; a first SIGINT or SIGTERM raises :class:`Interrupted`, later
     ones only print (:func:`kvcache.analysing.files.signals_stop`)."""
@@ -157,10 +174,16 @@ def _run(args: argparse.Namespace, common: list[str], tolerance: float, out_dir:
         if session is not None:
             session.interrupted = str(exc)
         say(f"kvcache ab: {exc}: stopping both sides, keeping the finished pairs")
-    files.quiet_signals("kvcache ab")  # the results are written whatever arrives now
     mark = time.monotonic()
     phases["drive"] = mark - started - phases.get("start", 0.0)
     stopped = session is None or session.interrupted or any(x.failure for x in session.sides)
+    extending = bool(args.more_rounds_within) and not stopped
+    # the results are written whatever arrives now; with more rounds to come, a signal means none
+    held: list[str] = []
+    if extending:
+        held = extend.hold_signals("kvcache ab")
+    else:
+        files.quiet_signals("kvcache ab")
     for side in sides:
         side.kill() if stopped else side.finish()
     if session is None or not session.items:  # interrupted before the workers said hello: nothing was measured
@@ -173,6 +196,13 @@ def _run(args: argparse.Namespace, common: list[str], tolerance: float, out_dir:
     phases["finish"], mark = time.monotonic() - mark, time.monotonic()
     doc = results(session, tolerance)
     phases["judge"] = time.monotonic() - mark
+    if extending:
+        assert session is not None
+        mark = time.monotonic()
+        doc = extend.more_rounds(session, doc, extend.Extender(
+            args.more_rounds_within * 60, common, Path.cwd(), out_dir, dict(phases), say, Interrupted, held,
+            lambda pooled: results(pooled, tolerance)))
+        phases["more_rounds"] = time.monotonic() - mark
     doc["ab_run"]["seconds"] = round(time.monotonic() - started, 1)
     doc["ab_run"]["phase_seconds"] = {name: round(value, 1) for name, value in phases.items()}
     if args.json:

@@ -72,3 +72,24 @@ def test_resume_keeps_the_finished_runs_and_runs_only_the_missing_ones(tmp_path,
     busy = gate_power.parser().parse_args(["--ab", "--runs", "2", "--resume", "--competing"])
     with pytest.raises(SystemExit, match="were run without --competing"):
         gate_power_ab.measure_ab(busy, tmp_path)
+
+
+def test_more_rounds_within_is_passed_to_kvcache_ab_and_shown_only_when_a_run_has_it(tmp_path):
+    opts = gate_power.parser().parse_args(["--ab", "--runs", "1", "--b-sides", "clean"])
+    assert "--more-rounds-within" not in gate_power_ab.ab_runs(opts, tmp_path)[0]["cmd"]  # default: off
+    opts = gate_power.parser().parse_args(["--ab", "--runs", "1", "--b-sides", "clean", "--more-rounds-within", "5"])
+    cmd = gate_power_ab.ab_runs(opts, tmp_path)[0]["cmd"]
+    assert cmd[cmd.index("--more-rounds-within") + 1] == "5.0" and cmd.index("--more-rounds-within") < cmd.index("--")
+    doc = {"kv": {"schema": 2, "environment": {"device_name": "cpu: test"}, "settings": {"model": "tiny"}},
+           "ab": {"dynamic": {"timed": {"status": "inconclusive", "ratio": 1.1, "ratio_ci": [0.9, 1.3]}}},
+           "ab_run": {"sides": {"a": {"drift": 0.01}, "b": {"drift": -0.02}},
+                      "more_rounds": {"first_rounds": 2, "rounds": 6, "seconds": 123.4, "gave_up": True,
+                                      "extensions": [{"rounds": 2}, {"rounds": 2}]}}}
+    (tmp_path / "ab-clean-1.json").write_text(json.dumps(doc))
+    (tmp_path / gate_power_ab.AB_MANIFEST).write_text(json.dumps(
+        [{"name": "ab-clean-1", "side": "clean", "repetition": 1, "json": "ab-clean-1.json", "exit": 0}]))
+    text = gate_power_ab.summarize_ab(tmp_path)
+    assert "| more rounds |" in text and "gave up, +4 (2×, 123 s)" in text
+    del doc["ab_run"]["more_rounds"]
+    (tmp_path / "ab-clean-1.json").write_text(json.dumps(doc))
+    assert "more rounds" not in gate_power_ab.summarize_ab(tmp_path)
