@@ -52,7 +52,7 @@ def profile_marked(run: Any, sync: Any, steps: int, *, cuda: bool = False) -> di
     takes ``steps`` steps and calls ``on_mark(i)`` at each step boundary (0 before the first, ``i`` after step
     ``i``, the device already waited for); each step is the range between two marks."""
     if not cuda:
-        clock = OpClock(steps)
+        clock = OpClock(steps, cost_per_op=clock_cost_per_op())
         sync()
         with clock:
             run(clock.mark)
@@ -78,14 +78,18 @@ class OpClock(TorchDispatchMode):
     """Seconds of each op dispatched while the clock runs (the monotonic clock around the call: on CPU an op
     returns when its work is done), summed per (op under the counter's name, step). ``mark(i)`` opens step ``i``
     and closes the one before; ops outside any step are not charged. A step's seconds are its wall time less the
-    clock's own bookkeeping, measured op by op (what remains of the clock's cost, the call into Python and back,
-    a few microseconds an op, is the same at every context: it adds to the step's intercept, not its slope)."""
+    clock's own cost: its bookkeeping, measured op by op, and the call into the clock and back, which cannot be
+    measured from inside it: ``cost_per_op`` seconds for each op dispatched in the step, measured in the same
+    process just before (:func:`clock_cost_per_op`). What the step would cost without the clock is what it is
+    compared with (the timed step, at every context)."""
 
-    def __init__(self, steps: int) -> None:
+    def __init__(self, steps: int, cost_per_op: float = 0.0) -> None:
         super().__init__()
         self.steps = steps
+        self.cost_per_op = cost_per_op
         self.step_s = [0.0] * steps
         self.own_s = [0.0] * steps  # the clock's bookkeeping inside each step
+        self.calls = [0] * steps  # ops dispatched inside each step
         self.ops_s: dict[str, list[float]] = {}
         self.current: int | None = None
         self.opened = 0.0
@@ -93,7 +97,8 @@ class OpClock(TorchDispatchMode):
     def mark(self, i: int) -> None:
         now = time.perf_counter()
         if self.current is not None:
-            self.step_s[self.current] = now - self.opened - self.own_s[self.current]
+            step = self.current
+            self.step_s[step] = now - self.opened - self.own_s[step] - self.cost_per_op * self.calls[step]
         self.current = i if i < self.steps else None
         self.opened = time.perf_counter()
 
@@ -107,11 +112,39 @@ class OpClock(TorchDispatchMode):
             if seconds is None:
                 seconds = self.ops_s[name] = [0.0] * self.steps
             seconds[step] += done - entered
+            self.calls[step] += 1
             self.own_s[step] += time.perf_counter() - done
         return out
 
     def seconds(self) -> dict[str, Any]:
         return {"step_s": list(self.step_s), "ops_s": {op: list(s) for op, s in self.ops_s.items()}}
+
+
+CALIBRATION_OPS, CALIBRATION_REPEATS = 2000, 7
+
+
+def clock_cost_per_op(ops: int = CALIBRATION_OPS, repeats: int = CALIBRATION_REPEATS) -> float:
+    """Seconds the clock adds to each op that its own bookkeeping does not account for (the dispatcher's call into
+    :meth:`OpClock.__torch_dispatch__` and the return), measured here and now: ``ops`` calls of a one-element ``add``
+    (an op whose own time is next to nothing) timed plain and under a clock, the difference per op, the median of
+    ``repeats`` pairs (alternating, so that a slower moment of the machine touches both). Not below 0."""
+    x = torch.zeros(1)
+    add = torch.ops.aten.add.Tensor
+    costs = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(ops):
+            add(x, x)
+        plain = time.perf_counter() - start
+        clock = OpClock(1)
+        with clock:
+            clock.mark(0)
+            for _ in range(ops):
+                add(x, x)
+            clock.mark(1)
+        costs.append((clock.step_s[0] - plain) / ops)
+    costs.sort()
+    return max(0.0, costs[len(costs) // 2])
 
 
 # One CPU event of the profile: (thread, start, end, name, seconds charged to it). Start and end order the

@@ -82,3 +82,27 @@ def test_an_op_is_charged_to_the_step_around_it_only_when_no_op_is_around_it():
     out = ledger.charge_to_steps(intervals)
     assert out["step_s"] == [2.0, 1.0]
     assert out["ops_s"] == {"cat": [0.1, 0.0], "scaled_dot_product_attention": [0.0, 0.4], "add": [0.0, 0.2]}
+
+
+def test_the_clock_takes_its_own_cost_out_of_each_step(one_torch_thread):
+    """A step's seconds are its wall time less ``cost_per_op`` for every op dispatched in it, and
+    ``clock_cost_per_op`` measures that cost here: above zero, below a millisecond (microseconds on any CPU)."""
+    import torch
+
+    x = torch.zeros(1)
+
+    def steps(cost: float) -> ledger.OpClock:
+        clock = ledger.OpClock(2, cost_per_op=cost)
+        with clock:
+            for i in range(2):
+                clock.mark(i)
+                for _ in range(10 * (i + 1)):
+                    torch.ops.aten.add.Tensor(x, x)
+            clock.mark(2)
+        return clock
+
+    assert steps(0.0).calls == [10, 20]
+    charged = steps(1.0)  # a second an op: far more than the ops take, so the steps go below zero by ~10 and ~20 s
+    assert charged.calls == [10, 20]
+    assert -10.5 < charged.step_s[0] < -9.5 and -20.5 < charged.step_s[1] < -19.5
+    assert 0 < ledger.clock_cost_per_op(ops=500, repeats=3) < 1e-3
