@@ -11,10 +11,12 @@ import numpy as np
 import pytest
 
 from kvcache.ab import extend
-from kvcache.ab.schedule import Pair, Session
+from kvcache.ab.schedule import ABSession
 from kvcache.ab.sides import Hello, Side
 from kvcache.analysing import ab
-from kvcache.analysing.records import KV, SCHEMA
+from kvcache.analysing.ab_records import ABItem
+from kvcache.analysing.measured import from_wire, to_wire
+from kvcache.analysing.records import KV, SCHEMA, CopyMeasurement, Point, RunSettings
 
 CONTEXTS = (1024, 4096, 16384)
 
@@ -86,35 +88,45 @@ def test_the_cost_of_an_extension_and_the_rounds_the_budget_allows():
 
 
 def hello(rounds: int) -> Hello:
-    return Hello(items=["x"], roles=["point"], settings={"rounds": rounds, "contexts": [1, 2]})
+    return Hello(items=["x"], roles=["point"], settings=RunSettings.of(rounds=rounds, contexts=[1, 2]))
 
 
-def worker(name: str, records: list[dict], rounds: int) -> Side:
+def worker(name: str, records: list[str], rounds: int) -> Side:
     out = Side(name, {}, [], Path(f"{name}.log"))
     out.hello, out.records, out.finished = hello(rounds), records, ["x"]
     return out
 
 
-def point(context: int, round: int, kind: str = "timed") -> dict:
-    return {"type": "point", "kind": kind, "cache": "dynamic", "context": context, "round": round}
+def point(context: int, round: int, kind: str = "timed") -> str:
+    """A timed point as a worker sends it (the JSON text of its record)."""
+    return to_wire(Point.of(cache="dynamic", context=context, kv_bytes=float(context), round=round, kind=kind))
+
+
+def copy(label: str) -> str:
+    return to_wire(CopyMeasurement.of(label=label, gbps=1.0))
+
+
+def read(records: list[str]) -> list:
+    return [from_wire(text) for text in records]
 
 
 def test_an_extensions_records_are_pooled_with_rounds_after_the_last_and_copies_named():
-    first = Session([worker(n, [point(1, 0), point(2, 0), point(1, 3), {"type": "copy", "label": "start"}], 1)
+    first = ABSession([worker(n, [point(1, 0), point(2, 0), point(1, 3), copy("start")], 1)
                      for n in "ab"], items=["x"], roles=["point"])
     assert extend.last_round(first.sides) == 3  # a re-measurement's round counts
-    more = Session([worker(n, [{"type": "copy", "label": "start"}, point(1, 0), point(2, 0), point(1, 1),
-                               point(2, 1), point(1, 0, "drift"), {"type": "copy", "label": "end"}], 2)
-                    for n in "ab"], items=["y"], roles=["point"], pairs=[Pair("y", "point", "a", {}, 1.0)])
+    more = ABSession([worker(n, [copy("start"), point(1, 0), point(2, 0), point(1, 1),
+                                 point(2, 1), point(1, 0, "drift"), copy("end")], 2)
+                      for n in "ab"], items=["y"], roles=["point"], pairs=[ABItem("y", "point", "a", {}, 1.0)])
     more.sides[1].failure = "killed"
     extend.pool(first, more, 4, 1, 3)
     a = first.sides[0]
-    assert [(r["context"], r["round"]) for r in a.records if r.get("kind") == "timed"] == [
+    assert [(r.context, r.round) for r in read(a.records) if isinstance(r, Point) and r.kind == "timed"] == [
         (1, 0), (2, 0), (1, 3), (1, 4), (2, 4), (1, 5), (2, 5)]
-    assert [r["label"] for r in a.records if r["type"] == "copy"] == ["start", "more-1-start", "more-1-end"]
-    assert a.hello.settings["rounds"] == 3 and first.items == ["x", "y"] and len(first.pairs) == 1
+    assert [r.label for r in read(a.records) if isinstance(r, CopyMeasurement)] == ["start", "more-1-start",
+                                                                                  "more-1-end"]
+    assert a.hello.settings.rounds == 3 and first.items == ["x", "y"] and len(first.pairs) == 1
     assert first.sides[1].failure == "more rounds 1: killed" and a.failure is None
-    assert more.sides[0].records[1]["round"] == 0  # the extension's own records are left as they were
+    assert read(more.sides[0].records)[1].round == 0  # the extension's own records are left as they were
 
 
 def verdict(status: str, why: str = "straddles") -> dict:
@@ -137,16 +149,16 @@ class Fake:
     def __init__(self, docs: list[dict], monkeypatch, rounds: int = 2) -> None:
         self.docs, self.runs, self.now = docs, [], 0.0
         monkeypatch.setattr(extend, "time", SimpleNamespace(monotonic=lambda: self.now))
-        self.session = Session([worker(n, [point(1, r) for r in range(rounds)], rounds) for n in "ab"],
-                               items=["x"], roles=["point"])
+        self.session = ABSession([worker(n, [point(1, r) for r in range(rounds)], rounds) for n in "ab"],
+                                 items=["x"], roles=["point"])
         self.said: list[str] = []
 
         def run(session, rounds, k, ext, extension):
             self.runs.append(rounds)
             self.now += extension.estimate_s
             records = [point(1, r) for r in range(rounds)]
-            more = Session([worker(n, list(records), rounds) for n in "ab"], items=[f"more-{k}"], roles=["point"],
-                           pairs=[Pair(f"more-{k}", "point", "a", {}, 1.0)])
+            more = ABSession([worker(n, list(records), rounds) for n in "ab"], items=[f"more-{k}"], roles=["point"],
+                             pairs=[ABItem(f"more-{k}", "point", "a", {}, 1.0)])
             return more, {"start": 1.0, "drive": 1.0, "finish": 1.0}
 
         monkeypatch.setattr(extend, "_run_extension", run)
@@ -179,7 +191,7 @@ def test_more_rounds_until_decided_pooled_with_the_first_session(monkeypatch):
     doc, record = fake.run(600)
     assert fake.runs == [2] and record.stopped == "decided" and not record.gave_up
     assert record.rounds == 4 and record.extensions[0].first_round == 2 and record.extensions[0].pairs == 1
-    assert [r["round"] for r in fake.session.sides[0].records] == [0, 1, 2, 3]
+    assert [r.round for r in read(fake.session.sides[0].records)] == [0, 1, 2, 3]
     assert fake.said[0].startswith("kvcache ab: inconclusive: dynamic timed (the interval straddles the bound); "
                                    "taking 2 more round(s) of the timed items (extension 1 of at most 3, about ")
     assert "600 s of the 600 s budget left" in fake.said[0]
