@@ -120,29 +120,42 @@ class OpClock(TorchDispatchMode):
         return {"step_s": list(self.step_s), "ops_s": {op: list(s) for op, s in self.ops_s.items()}}
 
 
-CALIBRATION_OPS, CALIBRATION_REPEATS = 2000, 7
+CALIBRATION_OPS, CALIBRATION_REPEATS = 300, 5
+
+
+def calibration_ops() -> list[Callable[[], Any]]:
+    """One call each of the kinds of op a decoder step is made of, on tensors so small that the op's own work is
+    next to nothing: an elementwise op of two tensors and of a tensor and a scalar, a view, a ``linear`` with a bias
+    and a ``cat``. The clock's cost grows with an op's arguments (each is handed to Python and back): 8 us for
+    ``add``, 20 for ``linear`` on the developers' AMD EPYC; a step is a mix of such ops."""
+    x, w, b, m = torch.zeros(1), torch.zeros(1, 1), torch.zeros(1), torch.zeros(1, 1)
+    aten = torch.ops.aten
+    return [lambda: aten.add.Tensor(x, x), lambda: aten.mul.Tensor(x, 2.0), lambda: aten.view.default(m, [1]),
+            lambda: aten.linear.default(m, w, b), lambda: aten.cat.default([x, x], 0)]
 
 
 def clock_cost_per_op(ops: int = CALIBRATION_OPS, repeats: int = CALIBRATION_REPEATS) -> float:
     """Seconds the clock adds to each op that its own bookkeeping does not account for (the dispatcher's call into
-    :meth:`OpClock.__torch_dispatch__` and the return), measured here and now: ``ops`` calls of a one-element ``add``
-    (an op whose own time is next to nothing) timed plain and under a clock, the difference per op, the median of
-    ``repeats`` pairs (alternating, so that a slower moment of the machine touches both). Not below 0."""
-    x = torch.zeros(1)
-    add = torch.ops.aten.add.Tensor
+    :meth:`OpClock.__torch_dispatch__` and back, and the op's arguments handed to Python), measured here and now:
+    ``ops`` calls of each op of :func:`calibration_ops` timed plain and under a clock, the difference per call over
+    the mix; the median of ``repeats`` such pairs (plain and clocked alternate, so that a slower moment of the machine
+    touches both). Not below 0."""
+    mix = calibration_ops()
     costs = []
     for _ in range(repeats):
         start = time.perf_counter()
-        for _ in range(ops):
-            add(x, x)
+        for op in mix:
+            for _ in range(ops):
+                op()
         plain = time.perf_counter() - start
         clock = OpClock(1)
         with clock:
             clock.mark(0)
-            for _ in range(ops):
-                add(x, x)
+            for op in mix:
+                for _ in range(ops):
+                    op()
             clock.mark(1)
-        costs.append((clock.step_s[0] - plain) / ops)
+        costs.append((clock.step_s[0] - plain) / (ops * len(mix)))
     costs.sort()
     return max(0.0, costs[len(costs) // 2])
 
