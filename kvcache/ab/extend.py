@@ -38,7 +38,7 @@ from kvcache.analysing.measured import from_wire, to_wire
 from kvcache.analysing.timed_records import CopyMeasurement, Point
 
 #: The verdicts more rounds are taken for: the paired timed ones (the ledger has one profiled point a context).
-MEASURES = ("timed", "intercept")
+EXTENDED_MEASURES = ("timed", "intercept")
 #: The items of an extension (``--kv-ab-roles``): each round's timed points and copy bandwidth, the drift check.
 ROLES = ("point", "copy", "drift")
 #: The most extensions of one session: each is one more look at the data (and one more chance for noise to cross a
@@ -67,9 +67,9 @@ def why_more_rounds(verdict: dict[str, Any]) -> str | None:
 
 
 def timed_verdicts(ab: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
-    """``(cache, measure, verdict)`` of every paired timed verdict of an ``ab`` section (:data:`MEASURES`)."""
+    """``(cache, measure, verdict)`` of every paired timed verdict of an ``ab`` section (:data:`EXTENDED_MEASURES`)."""
     return [(cache, measure, measures[measure]) for cache, measures in ab.items() if isinstance(measures, dict)
-            for measure in MEASURES if isinstance(measures.get(measure), dict)]
+            for measure in EXTENDED_MEASURES if isinstance(measures.get(measure), dict)]
 
 
 def triggers(ab: dict[str, Any], skipped: set[str] = frozenset()) -> list[str]:
@@ -254,7 +254,7 @@ def more_rounds(session: ABSession, doc: dict[str, Any], ext: Extender) -> dict[
     summary's line among ``ab_run.notes``."""
     from kvcache.analysing import files
 
-    first_rounds = int(session.sides[0].hello.settings.get("rounds", 1) or 1)
+    first_rounds = int(session.sides[0].hello.settings.rounds or 1)
     record = MoreRounds(budget_s=round(ext.budget_s, 1), first_rounds=first_rounds, rounds=first_rounds)
     cost = cost_of(doc["ab_run"]["pairs"], first_rounds, ext.phases)
     began = time.monotonic()

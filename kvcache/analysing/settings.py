@@ -13,7 +13,6 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from kvcache.analysing.identity import model_key
 from kvcache.analysing.options import BY_FLAG, CONFIDENCE, OPTIONS, RESAMPLES
 
 ORDERS = ("interleaved", "ascending")
@@ -281,6 +280,8 @@ class Settings:
         d["gpus"] = list(self.gpus)
         if not self.gpus:  # recorded only when given (--kv-gpus): a run without it keeps its settings as before
             del d["gpus"]
+        from kvcache.analysing.identity import model_key  # hashes a local config: only when a run is recorded
+
         d["model"] = model_key(self.model)
         if d["model"] != self.model:
             d["model_path"] = self.model
