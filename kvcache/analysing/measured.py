@@ -32,6 +32,10 @@ class Context(Record):
     extra: dict[str, Any] = extra_field()
     absent: frozenset[str] = absent_field()
 
+    @classmethod
+    def _readers(cls) -> dict[str, Reader]:
+        return {"model": ModelGeometry.from_json, "environment": Environment.from_json}
+
 
 @dataclass
 class ClassCount(Record):
