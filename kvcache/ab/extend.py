@@ -38,7 +38,7 @@ from kvcache.analysing.measured import from_wire, to_wire
 from kvcache.analysing.timed_records import CopyMeasurement, Point
 
 #: The verdicts more rounds are taken for: the paired timed ones (the ledger has one profiled point a context).
-MEASURES = ("timed", "intercept")
+EXTENDED_MEASURES = ("timed", "intercept")
 #: The items of an extension (``--kv-ab-roles``): each round's timed points and copy bandwidth, the drift check.
 ROLES = ("point", "copy", "drift")
 #: The most extensions of one session: each is one more look at the data (and one more chance for noise to cross a
@@ -67,9 +67,9 @@ def why_more_rounds(verdict: dict[str, Any]) -> str | None:
 
 
 def timed_verdicts(ab: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
-    """``(cache, measure, verdict)`` of every paired timed verdict of an ``ab`` section (:data:`MEASURES`)."""
+    """``(cache, measure, verdict)`` of every paired timed verdict of an ``ab`` section (:data:`EXTENDED_MEASURES`)."""
     return [(cache, measure, measures[measure]) for cache, measures in ab.items() if isinstance(measures, dict)
-            for measure in MEASURES if isinstance(measures.get(measure), dict)]
+            for measure in EXTENDED_MEASURES if isinstance(measures.get(measure), dict)]
 
 
 def triggers(ab: dict[str, Any], skipped: set[str] = frozenset()) -> list[str]:
