@@ -254,7 +254,7 @@ def more_rounds(session: ABSession, doc: dict[str, Any], ext: Extender) -> dict[
     summary's line among ``ab_run.notes``."""
     from kvcache.analysing import files
 
-    first_rounds = int(session.sides[0].hello.settings.get("rounds", 1) or 1)
+    first_rounds = int(session.sides[0].hello.settings.rounds or 1)
     record = MoreRounds(budget_s=round(ext.budget_s, 1), first_rounds=first_rounds, rounds=first_rounds)
     cost = cost_of(doc["ab_run"]["pairs"], first_rounds, ext.phases)
     began = time.monotonic()
