@@ -20,13 +20,21 @@ from typing import Any
 from kvcache.analysing import identity
 from kvcache.analysing.context_records import Environment, LayerKinds, ModelGeometry, RunSettings
 from kvcache.analysing.counted_records import (
+    BackendCount,
     CompiledTraffic,
     Counted,
     FusedCount,
+    GpuPrediction,
+    KindMemory,
+    KindTraffic,
     Memory,
+    MemoryBeyond,
+    MemorySlopes,
     MemoryStep,
     Probe,
+    ServedBatch,
     Traffic,
+    TrafficBeyond,
 )
 from kvcache.analysing.identity import Identity
 from kvcache.analysing.jsonrecord import (
@@ -61,7 +69,8 @@ from kvcache.analysing.timed_records import (
 __all__ = [
     "KV", "READABLE_SCHEMAS", "SCHEMA", "SCHEMA_FILE", "CacheCrossovers", "CompiledTraffic", "Copy", "CopyMeasurement",
     "Counted", "Environment", "FusedCount", "Identity", "LayerKinds", "MemoryStep", "ModelGeometry", "PointCompile",
-    "RunSettings",
+    "RunSettings", "BackendCount", "GpuPrediction", "KindMemory", "KindTraffic", "MemoryBeyond", "MemorySlopes",
+    "ServedBatch", "TrafficBeyond",
     "Crossovers", "Drift", "Fit", "FitFailure", "LedgerPoint", "LedgerRow", "Memory", "Part", "Point",
     "Probe", "Record", "RecordError", "Run", "Session", "Skip", "Speed", "Traffic", "UnmeasuredDrift", "Verdict",
     "json_schema", "jsonable", "load_run", "load_runs", "point_from_benchmark", "points_from_benchmarks",

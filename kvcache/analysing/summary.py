@@ -10,7 +10,17 @@ from typing import Any
 
 from kvcache.analysing import identity, tables
 from kvcache.analysing.estimates import finite, median
-from kvcache.analysing.records import KV, Crossovers, Drift, Fit, FitFailure, Memory, UnmeasuredDrift, Verdict
+from kvcache.analysing.records import (
+    KV,
+    Crossovers,
+    Drift,
+    Fit,
+    FitFailure,
+    GpuPrediction,
+    Memory,
+    UnmeasuredDrift,
+    Verdict,
+)
 from kvcache.analysing.tables import MISSING, Table, num
 
 FIT_HEADER = ["cache", "intercept ms [CI]", "eff GB/s", "timed passes [CI]", "R²", "counted", "timed/counted",
@@ -149,24 +159,24 @@ def backend_lines(kv: KV) -> list[str]:
     out = []
     for cache, t in kv.traffic.items():
         if t.backends:
-            shown = " · ".join(f"{b} {num(e.get('passes'), '.2f')}" if e.get("passes") is not None
-                               else f"{b} — ({e.get('error', 'not counted')})" for b, e in t.backends.items())
+            shown = " · ".join(f"{b} {num(e.passes, '.2f')}" if e.passes is not None
+                               else f"{b} — ({e.error or 'not counted'})" for b, e in t.backends.items())
             out.append(f"backends {cache}: {shown}")
         if t.gpus:
-            errors = {e.get("error") for e in t.gpus.values() if e.get("backend") is None}
-            if len(errors) == 1 and all(e.get("backend") is None for e in t.gpus.values()):
+            errors = {e.error for e in t.gpus.values() if e.backend is None}
+            if len(errors) == 1 and all(e.backend is None for e in t.gpus.values()):
                 out.append(f"gpus {cache}: {', '.join(t.gpus)} — {errors.pop() or 'not predicted'}")
             else:
                 out.append(f"gpus {cache}: " + " · ".join(gpu_text(gpu, e) for gpu, e in t.gpus.items()))
     return out
 
 
-def gpu_text(gpu: str, entry: dict) -> str:
+def gpu_text(gpu: str, entry: GpuPrediction) -> str:
     """``t4 25.26 (math: flash needs sm80 or newer; efficient takes float16, float32)``; ``t4 — (why not)``."""
-    if entry.get("backend") is None:
-        return f"{gpu} — ({entry.get('error') or 'not predicted'})"
-    rejected = "; ".join(short_reason(b, why) for b, why in (entry.get("rejected") or {}).items())
-    return f"{gpu} {num(entry.get('passes'), '.2f')} ({entry['backend']}{': ' + rejected if rejected else ''})"
+    if entry.backend is None:
+        return f"{gpu} — ({entry.error or 'not predicted'})"
+    rejected = "; ".join(short_reason(b, why) for b, why in entry.rejected.items())
+    return f"{gpu} {num(entry.passes, '.2f')} ({entry.backend}{': ' + rejected if rejected else ''})"
 
 
 def short_reason(backend: str, why: str) -> str:
@@ -233,20 +243,20 @@ def memory_lines(kv: KV) -> list[str]:
     out = []
     for cache, m in kv.memory.items():
         per = m.per_allocated
-        per_text = (f" (per allocated KV byte: allocated {num(per.get('allocated_passes'), '.3f')}, peak "
-                    f"{num(per.get('peak_passes'), '.3f')}, held {num(per.get('held_passes'), '.3f')})") if per else ""
+        per_text = (f" (per allocated KV byte: allocated {num(per.allocated_passes, '.3f')}, peak "
+                    f"{num(per.peak_passes, '.3f')}, held {num(per.held_passes, '.3f')})") if per else ""
         out.append(f"memory {cache}: allocated {num(m.allocated_passes, '.3f')}, peak {num(m.peak_passes, '.3f')}, "
                    f"held {num(m.held_passes, '.3f')} per KV byte{per_text}; allocates: "
                    f"{tables.by_op(m.allocated_by_op)}; peak needs {num(m.peak_factor, '.2f')} cache sizes (declares "
                    f"{num(m.declared_factor, 'g')}{attention_copies(m)})")
         if m.factor_problem:
             out.append(f"memory {cache}: MEMORY FACTOR TOO SMALL: {m.factor_problem}")
-        if isinstance(m.beyond, dict):
-            out.append(f"memory {cache}: past every sliding window ({', '.join(map(str, m.beyond.get('contexts', [])))}"
-                       f" tokens) the bytes held grew by {num(m.beyond.get('held_growth_bytes'), ',.0f')} B")
-        if isinstance(m.kinds, dict):
-            kinds = "; ".join(f"{kind} ({k.get('layers')} layers) allocated {num(k.get('allocated_passes'), '.3f')}, "
-                              f"held {num(k.get('held_passes'), '.3f')}" for kind, k in m.kinds.items())
+        if m.beyond is not None:
+            out.append(f"memory {cache}: past every sliding window ({', '.join(map(str, m.beyond.contexts or []))}"
+                       f" tokens) the bytes held grew by {num(m.beyond.held_growth_bytes, ',.0f')} B")
+        if m.kinds is not None:
+            kinds = "; ".join(f"{kind} ({k.layers} layers) allocated {num(k.allocated_passes, '.3f')}, "
+                              f"held {num(k.held_passes, '.3f')}" for kind, k in m.kinds.items())
             out.append(f"memory {cache} per layer kind (per KV byte of that kind): {kinds}")
     return out
 
@@ -276,7 +286,7 @@ def lines(kv: KV) -> list[str]:
     out += crossover_lines(kv.crossovers)
     out += drift_line(kv.drift)
     for cache, t in kv.traffic.items():
-        ragged = finite(t.allocated_passes) is not None and t.batch is not None and t.batch.get("ragged")
+        ragged = finite(t.allocated_passes) is not None and t.batch is not None and t.batch.ragged
         per_allocated = f" ({t.allocated_passes:.3f} per allocated KV byte)" if ragged else ""
         out.append(f"counted {cache}: {num(t.passes, '.3f')} passes{per_allocated} = {tables.by_op(t.by_op)}")
     out += backend_lines(kv)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvcache.analysing import tables
-from kvcache.analysing.records import KV, Memory, Traffic, load_run
+from kvcache.analysing.records import KV, GpuPrediction, Memory, Traffic, load_run
 from kvcache.analysing.releases import version_key
 from kvcache.bisect.probing import failed_counts
 
@@ -22,7 +22,7 @@ def traffic_cell(t: Traffic, memory: Memory | None = None) -> str:
     compiled, or the compile error), ATen ops per step and weight passes; with its counted memory (``kv.memory``),
     held and peak passes ("held 1.00 / peak 0.02 mem") and, past every sliding window, how much more it held."""
     if t.kinds:
-        parts = [", ".join(f"{kind} {_passes(k.get('passes'))}" + ("" if k.get("grows", True) else " (no growth)")
+        parts = [", ".join(f"{kind} {_passes(k.passes)}" + ("" if k.grows is not False else " (no growth)")
                            for kind, k in t.kinds.items())]
     else:
         parts = [_passes(t.passes)]
@@ -39,7 +39,7 @@ def traffic_cell(t: Traffic, memory: Memory | None = None) -> str:
         parts.append(f"{t.weight_passes:.3f} w")
     if memory is not None and isinstance(memory.held_passes, (int, float)):
         parts.append(f"held {_passes(memory.held_passes)} / peak {_passes(memory.peak_passes)} mem")
-        growth = memory.beyond.get("held_growth_bytes") if memory.beyond else None
+        growth = memory.beyond.held_growth_bytes if memory.beyond else None
         if isinstance(growth, int):
             parts.append("holds no more past the window" if growth == 0 else f"holds +{growth:,} B past the window")
     return " · ".join(parts)
@@ -60,12 +60,12 @@ def counted_cells(path: Path) -> tuple[str, dict[str, str]]:
     return str(kv.environment.transformers or "?"), cells
 
 
-def gpu_cell(entry: dict) -> str:
+def gpu_cell(entry: GpuPrediction) -> str:
     """One class on one GPU class (``kv.traffic.<cache>.gpus.<gpu>``): the counted passes under the SDPA backend
     torch's rules select there, and the backend (``25.26 (math)``), or why it was not predicted."""
-    if entry.get("backend") is None:
-        return str(entry.get("error") or "not predicted")[:60]
-    return f"{_passes(entry.get('passes'))} ({entry['backend']})"
+    if entry.backend is None:
+        return str(entry.error or "not predicted")[:60]
+    return f"{_passes(entry.passes)} ({entry.backend})"
 
 
 def failed_classes(kv: KV, path: Path) -> dict[str, str]:

@@ -164,20 +164,20 @@ def kind_lines(traffic: Traffic) -> list[str]:
                      f"the logical bytes it holds)" if stored > passes else
                      f"per byte stored: {stored:.3f} passes")
     for kind, entry in (traffic.kinds or {}).items():
-        head = f"{kind} ({entry['layers']} layers{', window ' + str(entry['window']) if entry.get('window') else ''})"
-        if entry.get("passes") is not None:
-            lines.append(f"{head}: {entry['passes']:.3f} passes ({by_op(entry['by_op'])})")
+        head = f"{kind} ({entry.layers} layers{', window ' + str(entry.window) if entry.window else ''})"
+        if entry.passes is not None:
+            lines.append(f"{head}: {entry.passes:.3f} passes ({by_op(entry.by_op)})")
         else:
             lines.append(f"{head}: does not grow (state of fixed size): its step bytes changed by "
-                         f"{entry['growth_bytes']:,} B between {' and '.join(entry['step_bytes'])} tokens")
-        far = entry.get("beyond")
-        if far and entry.get("window"):
-            a, b = far["contexts"]
-            verdict = "stops growing past its window" if far["growth_bytes"] == 0 else "STILL GROWS past its window"
-            lines.append(f"  {verdict}: {far['growth_bytes']:,} B more per step at {b} than at {a} tokens "
-                         f"({far['step_bytes'][str(b)]:,} B per step)")
-        elif far and kind == "full":
-            a, b = far["contexts"]
-            lines.append(f"  past the window keeps growing: {far['growth_bytes']:,} B more per step at {b} than "
+                         f"{entry.growth_bytes:,} B between {' and '.join(entry.step_bytes or {})} tokens")
+        far = entry.beyond
+        if far and far.contexts and entry.window:
+            a, b = far.contexts
+            verdict = "stops growing past its window" if far.growth_bytes == 0 else "STILL GROWS past its window"
+            lines.append(f"  {verdict}: {far.growth_bytes:,} B more per step at {b} than at {a} tokens "
+                         f"({(far.step_bytes or {})[str(b)]:,} B per step)")
+        elif far and far.contexts and kind == "full":
+            a, b = far.contexts
+            lines.append(f"  past the window keeps growing: {far.growth_bytes:,} B more per step at {b} than "
                          f"at {a} tokens")
     return lines

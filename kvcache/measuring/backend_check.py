@@ -151,8 +151,8 @@ def check_backends(model: str, caches: list[str], dtype: str = "bfloat16", conte
             dp.release()
         checks += compare_calls(cache, observer, capability)
         if observer.calls:
-            passes = {where: (s.count(cache).backends or {}).get("math", {}).get("passes")
-                      for where, s in sessions.items()}
+            math = {where: (s.count(cache).backends or {}).get("math") for where, s in sessions.items()}
+            passes = {where: count.passes if count is not None else None for where, count in math.items()}
             math_rows[cache] = (passes[device], passes["cpu"])
     lines, mismatches = mismatch_table(checks, math_rows)
     if device == "cuda":  # the rule the releases differ by, asked directly (a T4 is not needed)

@@ -46,6 +46,3 @@ class BatchShape:
     def allocated_bytes(self, spec: Any, context: int, added: float = 0) -> float:
         """Logical KV bytes of a rectangular batch cache: ``size`` rows of ``context + added`` tokens."""
         return self.size * spec.kv_bytes(context + added)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"size": self.size, "ragged": self.ragged}

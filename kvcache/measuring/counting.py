@@ -11,7 +11,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvcache.analysing import sdpa_rules
-from kvcache.analysing.counted_records import Memory, MemoryStep, Probe, Traffic
+from kvcache.analysing.counted_records import (
+    BackendCount,
+    GpuPrediction,
+    Memory,
+    MemoryBeyond,
+    MemorySlopes,
+    MemoryStep,
+    Probe,
+    ServedBatch,
+    Traffic,
+    TrafficBeyond,
+)
 from kvcache.analysing.measured import ClassCount
 from kvcache.measuring import attention, backends, caches, compat, memory, traffic
 from kvcache.measuring.attention import DEFAULT as SDPA
@@ -91,18 +102,18 @@ class Counting:
 
     def _add_backends(self, cache: str, contexts: tuple[int, ...], probe: Probe | None,
                       result: Traffic) -> None:
-        """``backends`` {backend: {passes, by_op}}: the step counted at each counted context with every SDPA call run
-        as torch runs it on CUDA under that backend (:mod:`kvcache.measuring.backends`); a backend torch's rules
-        reject for the step's calls on every GPU class under every transcribed torch release has ``passes`` None and
-        ``error`` (their words). ``gpus``
-        (``--kv-gpus``) {class: {backend, rejected, passes, by_op}}: the backend torch would select for the step's
-        calls on that class (:mod:`kvcache.analysing.sdpa_rules`), and the passes counted under it."""
+        """``backends`` {backend: :class:`BackendCount`}: the step counted at each counted context with every SDPA
+        call run as torch runs it on CUDA under that backend (:mod:`kvcache.measuring.backends`); a backend torch's
+        rules reject for the step's calls on every GPU class under every transcribed torch release has ``passes`` None
+        and ``error`` (their words). ``gpus`` (``--kv-gpus``) {class: :class:`GpuPrediction`}: the backend torch would
+        select for the step's calls on that class (:mod:`kvcache.analysing.sdpa_rules`), and the passes counted under
+        it."""
         s = self.session
         gpus = tuple(getattr(s.settings, "gpus", ()) or ())
         why = self.not_emulated(cache, probe)
         if why:
             if gpus:
-                result.update(gpus={gpu: {"backend": None, "rejected": {}, "passes": None, "by_op": {}, "error": why}
+                result.update(gpus={gpu: GpuPrediction.of(backend=None, rejected={}, passes=None, by_op={}, error=why)
                                     for gpu in gpus})
             return
         warm = min(s.settings.warmup, COUNT_WARMUP)
@@ -133,36 +144,35 @@ class Counting:
             run.chosen.extend(emulation.chosen)
         return run
 
-    def _passes(self, run: EmulatedRun, spec: Any) -> dict[str, Any]:
+    def _passes(self, run: EmulatedRun, spec: Any) -> Traffic:
         held = {c: self.session.held(c, run.tokens[c]) for c in run.counts}
-        counted = traffic.counted_passes(run.counts, spec.bytes_per_token, kv_bytes=held)
-        return {"passes": counted.passes, "by_op": counted.by_op}
+        return traffic.counted_passes(run.counts, spec.bytes_per_token, kv_bytes=held)
 
     def _backend_entry(self, backend: str, run: EmulatedRun, calls: list[sdpa_rules.SdpaCall],
-                       spec: Any) -> dict[str, Any]:
-        entry = self._passes(run, spec)
+                       spec: Any) -> BackendCount:
         why = sdpa_rules.rejected_everywhere(backend, calls) if calls else None
         if why:
-            entry = {"passes": None, "by_op": {}, "error": why}
-        return entry
+            return BackendCount.of(passes=None, by_op={}, error=why)
+        counted = self._passes(run, spec)
+        return BackendCount.of(passes=counted.passes, by_op=counted.by_op)
 
     def _gpu_entry(self, gpu: str, points: dict[int, Any], warm: int, calls: list[sdpa_rules.SdpaCall],
-                   counted: dict[str, dict[str, Any]], spec: Any) -> dict[str, Any]:
+                   counted: dict[str, BackendCount], spec: Any) -> GpuPrediction:
         """One GPU class: the backend its rules select for the step's calls (every call of every counted step),
         ``rejected`` {backend ahead of it: torch's reason} of the first call, and the passes counted under it (the
         backend's own count when every call selects it, else the step counted with each call under its own)."""
         selections = [sdpa_rules.select(call, gpu) for call in calls]
         chosen = {sel.backend for sel in selections}
         first = selections[0] if selections else sdpa_rules.Selection("math")
-        entry: dict[str, Any] = {"backend": first.backend, "rejected": dict(first.rejected)}
         if len(chosen) == 1:
-            entry.update({k: counted[first.backend][k] for k in ("passes", "by_op")})
-        else:
-            mixed = self._emulated(points, warm, backends.by_rules(gpu))
-            entry.update(self._passes(mixed, spec))
-            entry["backend"] = "mixed"
-            entry["by_call"] = {b: mixed.chosen.count(b) for b in sdpa_rules.BACKENDS if b in mixed.chosen}
-        return entry
+            own = counted[first.backend]
+            return GpuPrediction.of(backend=first.backend, rejected=dict(first.rejected), passes=own.passes,
+                                    by_op=own.by_op)
+        mixed = self._emulated(points, warm, backends.by_rules(gpu))
+        count = self._passes(mixed, spec)
+        return GpuPrediction.of(backend="mixed", rejected=dict(first.rejected), passes=count.passes,
+                                by_op=count.by_op,
+                                by_call={b: mixed.chosen.count(b) for b in sdpa_rules.BACKENDS if b in mixed.chosen})
 
     def _steps(self, cache: str, contexts: tuple[int, ...], *, probe_at: int | None = None,
                scopes: dict[Any, str] | None = None) -> CountedSteps:
@@ -203,7 +213,7 @@ class Counting:
             allocated = {c: s.batch.allocated_bytes(spec, c, tokens[c] - c) for c in contexts}
             result.update(allocated_bytes={str(c): allocated[c] for c in contexts},
                           allocated_passes=(counts[hi].total - counts[lo].total) / (allocated[hi] - allocated[lo]),
-                          batch=s.batch.to_dict())
+                          batch=ServedBatch.of(size=s.batch.size, ragged=s.batch.ragged))
         if stored:
             delta = stored[hi] - stored[lo]
             result.update(stored_bytes={str(c): stored[c] for c in contexts},
@@ -225,8 +235,8 @@ class Counting:
         if s.batch.size > 1 and cache_spec.pads:
             allocated = {c: s.batch.allocated_bytes(spec, c, steps.tokens[c] - c) for c in measured}
             per = memory.memory_passes(measured, allocated)
-            out.update(per_allocated={"allocated_passes": per.allocated_passes, "peak_passes": per.peak_passes,
-                                      "held_passes": per.held_passes})
+            out.update(per_allocated=MemorySlopes.of(allocated_passes=per.allocated_passes,
+                                                     peak_passes=per.peak_passes, held_passes=per.held_passes))
         return out
 
     def _add_kinds(self, cache: str, steps: CountedSteps, scopes: dict[Any, str], result: Traffic,
@@ -246,13 +256,14 @@ class Counting:
             past = self._steps(cache, far, scopes=scopes)
             beyond = past.counts
             beyond_held = {kind: {c: s.held(c, past.tokens[c], kind) for c in far} for kind in kind_layers}
-            result.update(beyond={"contexts": list(far), "step_bytes": {str(c): beyond[c].total for c in far},
-                                  "kv_bytes": {str(c): s.held(c, past.tokens[c]) for c in far}})
+            far_kv = {str(c): s.held(c, past.tokens[c]) for c in far}
+            result.update(beyond=TrafficBeyond.of(contexts=list(far), kv_bytes=far_kv,
+                                                  step_bytes={str(c): beyond[c].total for c in far}))
             if measured and len(past.memory) == len(far):  # past every window: a sliding layer must hold no more
                 held_far = {c: past.memory[c].held for c in far}
-                measured.update(beyond={"contexts": list(far), "held": {str(c): held_far[c] for c in far},
-                                        "held_growth_bytes": held_far[far[-1]] - held_far[far[0]],
-                                        "kv_bytes": result.beyond["kv_bytes"]})
+                measured.update(beyond=MemoryBeyond.of(contexts=list(far), held={str(c): held_far[c] for c in far},
+                                                       held_growth_bytes=held_far[far[-1]] - held_far[far[0]],
+                                                       kv_bytes=far_kv))
         if measured and len(steps.memory) == len(contexts):
             measured.update(kinds=memory.kind_memory(steps.scopes, kind_layers, kinds_held))
         result.update(kinds=traffic.kind_passes(steps.counts, kind_layers, kinds_held, windows=windows, beyond=beyond,

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from kvcache.analysing.counted_records import Memory, MemoryStep
+from kvcache.analysing.counted_records import KindMemory, Memory, MemorySlopes, MemoryStep
 from kvcache.analysing.options import MIN_OP_PASSES
 from kvcache.measuring import traffic
 
@@ -262,10 +262,11 @@ def memory_passes(steps: dict[int, MemoryStep], kv_bytes: dict[int, float], *, d
     allocator_factor = 0.0  # cache sizes live at the peak by the allocator's statistics (CUDA)
     if lo.allocator is not None and hi.allocator is not None:
         a, b = lo.allocator, hi.allocator
-        out["allocator"] = {"allocated_passes": slope(a["allocated"], b["allocated"]),
-                            "peak_passes": slope(a["peak"], b["peak"]), "held_passes": slope(a["held"], b["held"]),
-                            "peak_factor": slope(a["before"] + a["peak"], b["before"] + b["peak"])}
-        allocator_factor = out["allocator"]["peak_factor"]
+        out["allocator"] = MemorySlopes.of(
+            allocated_passes=slope(a["allocated"], b["allocated"]), peak_passes=slope(a["peak"], b["peak"]),
+            held_passes=slope(a["held"], b["held"]),
+            peak_factor=slope(a["before"] + a["peak"], b["before"] + b["peak"]))
+        allocator_factor = out["allocator"].peak_factor
     if declared_factor is not None:
         out["declared_factor"] = declared_factor
         copies = ""
@@ -280,7 +281,7 @@ def memory_passes(steps: dict[int, MemoryStep], kv_bytes: dict[int, float], *, d
 
 
 def kind_memory(scopes: dict[int, ScopeBytes], kind_layers: dict[str, list[int]],
-                held: dict[str, dict[int, float]]) -> dict[str, dict[str, Any]]:
+                held: dict[str, dict[int, float]]) -> dict[str, KindMemory]:
     """``kv.memory.<cache>.kinds``: per layer kind, ``allocated_passes`` and ``held_passes``, the slopes between the
     smallest and largest context of the bytes allocated while that kind's layers ran and of the bytes held after the
     step in the storages first seen there, per logical KV byte that kind holds (``held``: {kind: {context: bytes}});
@@ -288,7 +289,7 @@ def kind_memory(scopes: dict[int, ScopeBytes], kind_layers: dict[str, list[int]]
     ``held_growth_bytes`` beside. Bytes and tokens throughout."""
     contexts = sorted(scopes)
     lo, hi = contexts[0], contexts[-1]
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, KindMemory] = {}
     for kind, layers in kind_layers.items():
         labels = [f"layer.{i}" for i in layers]
 
@@ -298,9 +299,8 @@ def kind_memory(scopes: dict[int, ScopeBytes], kind_layers: dict[str, list[int]]
         allocated = total(scopes[hi].allocated) - total(scopes[lo].allocated)
         kept = total(scopes[hi].held) - total(scopes[lo].held)
         kv_delta = held[kind][hi] - held[kind][lo]
-        out[kind] = {"layers": len(layers),
-                     "allocated_passes": allocated / kv_delta if kv_delta else None,
-                     "held_passes": kept / kv_delta if kv_delta else None,
-                     "allocated_growth_bytes": allocated, "held_growth_bytes": kept}
+        out[kind] = KindMemory.of(layers=len(layers), allocated_passes=allocated / kv_delta if kv_delta else None,
+                                  held_passes=kept / kv_delta if kv_delta else None,
+                                  allocated_growth_bytes=allocated, held_growth_bytes=kept)
     return out
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kvcache.analysing.counted_records import Traffic
+from kvcache.analysing.counted_records import KindTraffic, Traffic, TrafficBeyond
 from kvcache.analysing.options import MIN_OP_PASSES
 from kvcache.measuring.op_bytes import charge, inputs_read
 
@@ -254,7 +254,7 @@ def kind_bytes(count: TrafficCount, layers: list[int]) -> TrafficCount:
 def kind_passes(counts: dict[int, TrafficCount], kind_layers: dict[str, list[int]],
                 held: dict[str, dict[int, float]], *, windows: dict[str, int | None],
                 beyond: dict[int, TrafficCount] | None = None, beyond_held: dict[str, dict[int, float]] | None = None,
-                min_op_passes: float = MIN_OP_PASSES) -> dict[str, dict]:
+                min_op_passes: float = MIN_OP_PASSES) -> dict[str, KindTraffic]:
     """Counted passes per layer kind: Δ(bytes of that kind's layers) / Δ(KV bytes those layers hold), between the
     smallest and largest counted context; a kind whose layers hold no more bytes there (a linear-attention state)
     has no passes figure, ``grows`` False and the bytes its step changed by (``growth_bytes``). ``beyond``: steps
@@ -268,22 +268,22 @@ def kind_passes(counts: dict[int, TrafficCount], kind_layers: dict[str, list[int
         step = {c: kind_bytes(counts[c], layers) for c in contexts}
         kv_delta = held[kind][hi] - held[kind][lo]
         growth = step[hi].total - step[lo].total
-        entry: dict[str, Any] = {
-            "layers": len(layers),
-            "window": windows.get(kind),
-            "passes": growth / kv_delta if kv_delta else None,
-            "by_op": op_passes(step[lo], step[hi], kv_delta, min_op_passes) if kv_delta else {},
-            "grows": bool(kv_delta),
-            "growth_bytes": growth,
-            "stops_growing_at": 0 if kind == "linear" else windows.get(kind),
-            "step_bytes": {str(c): step[c].total for c in contexts},
-            "kv_bytes": {str(c): held[kind][c] for c in contexts},
-        }
+        entry = KindTraffic.of(
+            layers=len(layers),
+            window=windows.get(kind),
+            passes=growth / kv_delta if kv_delta else None,
+            by_op=op_passes(step[lo], step[hi], kv_delta, min_op_passes) if kv_delta else {},
+            grows=bool(kv_delta),
+            growth_bytes=growth,
+            stops_growing_at=0 if kind == "linear" else windows.get(kind),
+            step_bytes={str(c): step[c].total for c in contexts},
+            kv_bytes={str(c): held[kind][c] for c in contexts},
+        )
         if beyond and beyond_held:
             far = sorted(beyond)
             far_step = {c: kind_bytes(beyond[c], layers).total for c in far}
-            entry["beyond"] = {"contexts": far, "step_bytes": {str(c): far_step[c] for c in far},
-                               "kv_bytes": {str(c): beyond_held[kind][c] for c in far},
-                               "growth_bytes": far_step[far[-1]] - far_step[far[0]]}
+            entry.update(beyond=TrafficBeyond.of(contexts=far, step_bytes={str(c): far_step[c] for c in far},
+                                                 kv_bytes={str(c): beyond_held[kind][c] for c in far},
+                                                 growth_bytes=far_step[far[-1]] - far_step[far[0]]))
         out[kind] = entry
     return out

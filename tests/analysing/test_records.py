@@ -18,6 +18,7 @@ from kvcache.analysing import judges
 from kvcache.analysing.records import (
     KV,
     SCHEMA,
+    BackendCount,
     CacheCrossovers,
     CompiledTraffic,
     Copy,
@@ -27,11 +28,16 @@ from kvcache.analysing.records import (
     Fit,
     FitFailure,
     FusedCount,
+    GpuPrediction,
     Identity,
+    KindMemory,
+    KindTraffic,
     LayerKinds,
     LedgerPoint,
     LedgerRow,
     Memory,
+    MemoryBeyond,
+    MemorySlopes,
     MemoryStep,
     ModelGeometry,
     Part,
@@ -40,10 +46,12 @@ from kvcache.analysing.records import (
     Probe,
     RecordError,
     RunSettings,
+    ServedBatch,
     Session,
     Skip,
     Speed,
     Traffic,
+    TrafficBeyond,
     UnmeasuredDrift,
     Verdict,
     json_schema,
@@ -58,7 +66,10 @@ DEFINITIONS = {"kv": KV, "fit": Fit, "fit_failure": FitFailure, "traffic": Traff
                "ledger_row": LedgerRow, "ledger_point": LedgerPoint, "speed": Speed,
                "cache_crossovers": CacheCrossovers, "compiled_traffic": CompiledTraffic, "fused_count": FusedCount,
                "compiled_point": PointCompile, "memory_step": MemoryStep, "settings": RunSettings,
-               "environment": Environment, "identity": Identity, "model": ModelGeometry}
+               "environment": Environment, "identity": Identity, "model": ModelGeometry,
+               "traffic_beyond": TrafficBeyond, "traffic_kind": KindTraffic, "served_batch": ServedBatch,
+               "backend_count": BackendCount, "gpu_prediction": GpuPrediction, "memory_slopes": MemorySlopes,
+               "memory_beyond": MemoryBeyond, "memory_kind": KindMemory}
 # Sections a later release may add keys to: the schema leaves them open.
 OPEN = ("kv", "settings", "environment", "identity", "model")
 
@@ -113,6 +124,85 @@ def test_analysis_builds_typed_parts(written):
         "samples_ms"]
     assert isinstance(record.drift, UnmeasuredDrift) and "not measured again" in record.drift.reason
 
+
+# The counted parts only some runs have (sliding windows, --kv-batch, SDPA backends, --kv-gpus, CUDA), as the
+# measuring wing writes them.
+WINDOWED = {"contexts": [8192, 12288], "step_bytes": {"8192": 9_000_000, "12288": 9_000_000},
+            "kv_bytes": {"8192": 4_194_304.0, "12288": 4_194_304.0}}
+SLIDING = {"layers": 2, "window": 4096, "passes": 1.02, "by_op": {"cat": 1.0}, "grows": True, "growth_bytes": 65536,
+           "stops_growing_at": 4096, "step_bytes": {"1024": 1_000_000, "2048": 1_065_536},
+           "kv_bytes": {"1024": 65536.0, "2048": 131072.0}, "beyond": {**WINDOWED, "growth_bytes": 0}}
+LINEAR = {"layers": 1, "window": None, "passes": None, "by_op": {}, "grows": False, "growth_bytes": 0,
+          "stops_growing_at": 0, "step_bytes": {"1024": 4096, "2048": 4096}, "kv_bytes": {"1024": 0.0, "2048": 0.0}}
+TRAFFIC_PARTS = {
+    "beyond": WINDOWED, "kinds": {"sliding": SLIDING, "linear": LINEAR},
+    "allocated_bytes": {"1024": 131072.0, "2048": 262144.0}, "allocated_passes": 2.5,
+    "batch": {"size": 3, "ragged": True},
+    "backends": {"math": {"passes": 25.3, "by_op": {"bmm": 20.0}},
+                 "flash": {"passes": None, "by_op": {}, "error": "flash takes no mask"}},
+    "gpus": {"t4": {"backend": "math", "rejected": {"flash": "needs sm80"}, "passes": 25.3, "by_op": {"bmm": 20.0}},
+             "a100": {"backend": "mixed", "rejected": {}, "passes": 3.1, "by_op": {"cat": 2.0},
+                      "by_call": {"flash": 2, "math": 1}},
+             "cpu": {"backend": None, "rejected": {}, "passes": None, "by_op": {}, "error": "not predicted: x"}},
+}
+MEMORY_PARTS = {
+    "allocator": {"allocated_passes": 1.1, "peak_passes": 0.1, "held_passes": 1.0, "peak_factor": 1.2},
+    "per_allocated": {"allocated_passes": 0.5, "peak_passes": 0.01, "held_passes": 0.9},
+    "beyond": {"contexts": [8192, 12288], "held": {"8192": 5_000_000, "12288": 5_000_000}, "held_growth_bytes": 0,
+               "kv_bytes": {"8192": 4_194_304.0, "12288": 4_194_304.0}},
+    "kinds": {"sliding": {"layers": 2, "allocated_passes": 1.0, "held_passes": 1.0, "allocated_growth_bytes": 65536,
+                          "held_growth_bytes": 65536},
+              "linear": {"layers": 1, "allocated_passes": None, "held_passes": None, "allocated_growth_bytes": 0,
+                         "held_growth_bytes": 0}},
+}
+
+
+def with_counted_parts(kv: dict[str, Any]) -> dict[str, Any]:
+    kv = copy.deepcopy(kv)
+    kv["traffic"]["dynamic"].update(copy.deepcopy(TRAFFIC_PARTS))
+    kv["memory"]["dynamic"].update(copy.deepcopy(MEMORY_PARTS))
+    return kv
+
+
+def test_every_counted_part_is_a_record_and_round_trips():
+    """Windows, batches, SDPA backends, GPU classes, the allocator: each a record, read and written back as it was
+    (key order included), known to the schema."""
+    kv = with_counted_parts(make_run(memory=True)["kv"])
+    record = KV.from_json(kv)
+    traffic, memory = record.traffic["dynamic"], record.memory["dynamic"]
+    assert isinstance(traffic.beyond, TrafficBeyond) and traffic.beyond.contexts == [8192, 12288]
+    sliding, linear = traffic.kinds["sliding"], traffic.kinds["linear"]
+    assert isinstance(sliding, KindTraffic) and isinstance(sliding.beyond, TrafficBeyond)
+    assert sliding.beyond.growth_bytes == 0 and linear.grows is False and linear.passes is None
+    assert traffic.batch == ServedBatch(size=3, ragged=True)
+    assert isinstance(traffic.backends["math"], BackendCount) and traffic.backends["flash"].error
+    assert all(isinstance(g, GpuPrediction) for g in traffic.gpus.values())
+    assert traffic.gpus["a100"].by_call == {"flash": 2, "math": 1} and traffic.gpus["cpu"].backend is None
+    counted = traffic.gpu_counted()
+    assert counted["t4"].passes == 25.3 and counted["cpu"].why_missing == "not predicted: x"
+    assert isinstance(memory.allocator, MemorySlopes) and memory.allocator.peak_factor == 1.2
+    assert isinstance(memory.per_allocated, MemorySlopes) and memory.per_allocated.peak_factor is None
+    assert isinstance(memory.beyond, MemoryBeyond) and memory.beyond.held_growth_bytes == 0
+    assert isinstance(memory.kinds["linear"], KindMemory) and memory.kinds["linear"].held_passes is None
+    back = record.to_json()
+    assert as_text(back) == as_text(kv)
+    for section, parts in (("traffic", TRAFFIC_PARTS), ("memory", MEMORY_PARTS)):  # the same keys in the same order
+        assert [json.dumps(back[section]["dynamic"][key]) for key in parts] == [json.dumps(v) for v in parts.values()]
+    assert "peak_factor" not in back["memory"]["dynamic"]["per_allocated"]  # absent stays absent
+    assert unknown_below_the_top(record) == []
+    for older in (schema_2, schema_1):  # the same parts in a file of an older schema: the same records
+        upgraded = KV.from_json(older({"kv": kv})["kv"]).to_json()
+        assert as_text([upgraded["traffic"], upgraded["memory"]]) == as_text([back["traffic"], back["memory"]])
+
+
+def test_the_schema_validates_every_counted_part():
+    jsonschema = pytest.importorskip("jsonschema")
+    validator = jsonschema.Draft202012Validator(json_schema())
+    run = analysed(make_run(memory=True), resamples=50)
+    validator.validate({**run, "kv": with_counted_parts(run["kv"])})
+    broken = with_counted_parts(run["kv"])
+    broken["memory"]["dynamic"]["beyond"]["surprise"] = 1
+    assert not validator.is_valid({**run, "kv": broken})
 
 def test_fit_failure_drift_and_skip_records_are_chosen_by_their_keys():
     kv = make_run()["kv"]

@@ -26,36 +26,36 @@ def counted(one_torch_thread):
 
 def test_math_counts_the_composite_op_by_op(counted):
     math = counted["dynamic"].backends["math"]
-    assert math["passes"] == pytest.approx(25.26, abs=0.01)
-    assert math["by_op"]["clone"] == pytest.approx(8.0)  # K/V in float32 repeated to 9 query heads: 3 × 2 × 2 - 4 read
-    assert math["by_op"]["to"] == pytest.approx(3.0)  # bf16 K/V read, float32 written: 1 + 2
-    assert math["by_op"]["mul"] == pytest.approx(6.0)  # the scale multiplied into the float32 K
-    assert counted["static"].backends["math"]["passes"] == pytest.approx(7.38, abs=0.01)
+    assert math.passes == pytest.approx(25.26, abs=0.01)
+    assert math.by_op["clone"] == pytest.approx(8.0)  # K/V in float32 repeated to 9 query heads: 3 × 2 × 2 - 4 read
+    assert math.by_op["to"] == pytest.approx(3.0)  # bf16 K/V read, float32 written: 1 + 2
+    assert math.by_op["mul"] == pytest.approx(6.0)  # the scale multiplied into the float32 K
+    assert counted["static"].backends["math"].passes == pytest.approx(7.38, abs=0.01)
 
 
 def test_fused_backends_read_the_cache_once(counted):
     dynamic = counted["dynamic"].backends
     for backend in ("flash", "efficient", "cudnn"):
-        assert dynamic[backend]["passes"] == pytest.approx(3.0, abs=1e-6)
+        assert dynamic[backend].passes == pytest.approx(3.0, abs=1e-6)
     static = counted["static"].backends
-    assert static["flash"]["passes"] is None and "attn_mask" in static["flash"]["error"]
-    assert static["efficient"]["by_op"]["pad"] > 0  # preprocess_mask: the expanded mask padded to 16 (a copy)
-    assert static["cudnn"]["passes"] == pytest.approx(counted["static"].passes, abs=0.01)
+    assert static["flash"].passes is None and "attn_mask" in static["flash"].error
+    assert static["efficient"].by_op["pad"] > 0  # preprocess_mask: the expanded mask padded to 16 (a copy)
+    assert static["cudnn"].passes == pytest.approx(counted["static"].passes, abs=0.01)
 
 
 def test_gpu_classes_take_the_backend_torch_would(counted):
     gpus = counted["dynamic"].gpus
-    assert gpus["t4"]["backend"] == "math" and gpus["t4"]["passes"] == pytest.approx(25.26, abs=0.01)
-    assert set(gpus["t4"]["rejected"]) == {"flash", "efficient"}
-    assert gpus["a100"]["backend"] == "flash" and gpus["a100"]["passes"] == pytest.approx(3.0)
-    assert gpus["h100"]["backend"] == "cudnn"
-    assert counted["static"].gpus["a100"]["backend"] == "efficient"
+    assert gpus["t4"].backend == "math" and gpus["t4"].passes == pytest.approx(25.26, abs=0.01)
+    assert set(gpus["t4"].rejected) == {"flash", "efficient"}
+    assert gpus["a100"].backend == "flash" and gpus["a100"].passes == pytest.approx(3.0)
+    assert gpus["h100"].backend == "cudnn"
+    assert counted["static"].gpus["a100"].backend == "efficient"
 
 
 def test_attention_that_is_not_sdpa_is_not_predicted(counted):
     eager = counted["dynamic@eager"]
     assert eager.backends is None
-    assert all(e["backend"] is None and "not sdpa" in e["error"] for e in eager.gpus.values())
+    assert all(e.backend is None and "not sdpa" in e.error for e in eager.gpus.values())
 
 
 def test_a_mixed_selection_counts_each_call_under_its_own_backend():

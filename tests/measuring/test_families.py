@@ -119,10 +119,10 @@ def test_sliding_layers_stop_growing_past_the_window(tmp_path):
     kv = session(config_dir(tmp_path, "gemma3_text"), counted=(8, 16))
     result = kv.count("dynamic")
     kinds = result.kinds
-    assert kinds["full"]["passes"] == pytest.approx(3.0, abs=0.01)
-    assert kinds["sliding"]["passes"] == pytest.approx(3.0, abs=0.01)
-    assert kinds["sliding"]["beyond"]["growth_bytes"] == 0 and kinds["sliding"]["stops_growing_at"] == 32
-    assert kinds["full"]["beyond"]["growth_bytes"] > 0
+    assert kinds["full"].passes == pytest.approx(3.0, abs=0.01)
+    assert kinds["sliding"].passes == pytest.approx(3.0, abs=0.01)
+    assert kinds["sliding"].beyond.growth_bytes == 0 and kinds["sliding"].stops_growing_at == 32
+    assert kinds["full"].beyond.growth_bytes > 0
     assert any("stops growing past its window" in line for line in kind_lines(result))
 
 
@@ -135,30 +135,30 @@ def test_memory_per_layer_kind(tmp_path):
     kv.count("static")
     dynamic, static = kv.memories["dynamic"].kinds, kv.memories["static"].kinds
     for kind in ("sliding", "full"):
-        assert dynamic[kind]["allocated_passes"] == pytest.approx(1.0, abs=0.01)
-        assert dynamic[kind]["held_passes"] == pytest.approx(1.0, abs=0.01)
-        assert static[kind]["allocated_passes"] == pytest.approx(0.0, abs=0.01)
-        assert static[kind]["held_passes"] == pytest.approx(1.0, abs=0.01)
-    assert dynamic["sliding"]["layers"] + dynamic["full"]["layers"] == kv.spec().layers
+        assert dynamic[kind].allocated_passes == pytest.approx(1.0, abs=0.01)
+        assert dynamic[kind].held_passes == pytest.approx(1.0, abs=0.01)
+        assert static[kind].allocated_passes == pytest.approx(0.0, abs=0.01)
+        assert static[kind].held_passes == pytest.approx(1.0, abs=0.01)
+    assert dynamic["sliding"].layers + dynamic["full"].layers == kv.spec().layers
     linear = session(config_dir(tmp_path, "qwen3_next"))
     linear.count("dynamic")
     state = linear.memories["dynamic"].kinds["linear"]
-    assert state["held_passes"] is None and state["held_growth_bytes"] == 0
+    assert state.held_passes is None and state.held_growth_bytes == 0
 
 
 def test_all_sliding_model_stops_growing(tmp_path):
     kv = session(config_dir(tmp_path, "mistral"))
     result = kv.count("static")
-    steps = list(result.beyond["step_bytes"].values())
-    assert steps[0] == steps[1] and result.kinds["sliding"]["passes"] == pytest.approx(1.0, abs=0.02)
+    steps = list(result.beyond.step_bytes.values())
+    assert steps[0] == steps[1] and result.kinds["sliding"].passes == pytest.approx(1.0, abs=0.02)
 
 
 def test_linear_hybrid_only_full_layers_grow(tmp_path):
     kv = session(config_dir(tmp_path, "qwen3_next"))
     result = kv.count("dynamic")
     linear, full = result.kinds["linear"], result.kinds["full"]
-    assert linear["grows"] is False and linear["passes"] is None and linear["growth_bytes"] == 0
-    assert full["passes"] == pytest.approx(3.0, abs=0.01) and result.passes == pytest.approx(3.0, abs=0.01)
+    assert linear.grows is False and linear.passes is None and linear.growth_bytes == 0
+    assert full.passes == pytest.approx(3.0, abs=0.01) and result.passes == pytest.approx(3.0, abs=0.01)
 
 
 def layer_bytes(layer) -> int:
@@ -221,7 +221,7 @@ def test_passes_per_kind_do_not_depend_on_depth():
     for layers in (6, 12):
         kv = session(f"gemma3-270m@layers={layers}", counted=(256, 512))
         kinds = kv.count("dynamic").kinds
-        figures[layers] = {kind: entry["passes"] for kind, entry in kinds.items()}
+        figures[layers] = {kind: entry.passes for kind, entry in kinds.items()}
     assert figures[6].keys() == figures[12].keys() == {"full", "sliding"}
     for kind in figures[6]:
         assert figures[6][kind] == pytest.approx(figures[12][kind], abs=0.01)

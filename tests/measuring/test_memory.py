@@ -138,7 +138,7 @@ def test_a_sliding_window_holds_no_more_bytes_past_it(tmp_path):
     session.count("dynamic")
     mem = session.memories["dynamic"]
     assert mem.held_passes == pytest.approx(1.0, abs=1e-9)  # below the window: all of it
-    assert mem.beyond["held_growth_bytes"] == 0
+    assert mem.beyond.held_growth_bytes == 0
 
 
 def test_a_ragged_batch_holds_its_padding(one_torch_thread):
@@ -149,8 +149,8 @@ def test_a_ragged_batch_holds_its_padding(one_torch_thread):
     session.count("dynamic")
     mem = session.memories["dynamic"]
     assert mem.held_passes > 1.2
-    assert mem.per_allocated["held_passes"] == pytest.approx(1.0, abs=0.01)
-    assert mem.per_allocated["allocated_passes"] == pytest.approx(1.0, abs=0.01)
+    assert mem.per_allocated.held_passes == pytest.approx(1.0, abs=0.01)
+    assert mem.per_allocated.allocated_passes == pytest.approx(1.0, abs=0.01)
 
 
 def test_the_attentions_own_kv_copies_are_not_charged_to_the_class(counted):

@@ -223,9 +223,8 @@ def backends_section(doc: Doc, kv: KV, caches: list[str]) -> None:
     for cache in caches:
         t = kv.traffic.get(cache)
         for backend, entry in ((t.backends or {}).items() if t is not None else ()):
-            passes = entry.get("passes")
-            rows.append([cache, backend, num(finite(passes)),
-                         tables.by_op(entry.get("by_op") or {}) if passes is not None else entry.get("error", "")])
+            rows.append([cache, backend, num(finite(entry.passes)),
+                         tables.by_op(entry.by_op) if entry.passes is not None else entry.error or ""])
     optional_section(doc, "SDPA backends", "The step counted with every scaled_dot_product_attention call run as torch "
                      "runs it on CUDA under each backend (kvcache.measuring.backends): counted passes and per op.",
                      ["cache", "backend", "counted passes", "passes by op (or why not)"], rows)
@@ -233,9 +232,9 @@ def backends_section(doc: Doc, kv: KV, caches: list[str]) -> None:
     for cache in caches:
         t = kv.traffic.get(cache)
         for gpu, entry in ((t.gpus or {}).items() if t is not None else ()):
-            rejected = "; ".join(f"{b}: {why}" for b, why in (entry.get("rejected") or {}).items())
-            rows.append([cache, gpu, entry.get("backend") or MISSING, num(finite(entry.get("passes"))),
-                         rejected or entry.get("error") or MISSING])
+            rejected = "; ".join(f"{b}: {why}" for b, why in entry.rejected.items())
+            rows.append([cache, gpu, entry.backend or MISSING, num(finite(entry.passes)),
+                         rejected or entry.error or MISSING])
     optional_section(doc, "GPU classes", "The backend torch's own rules (torch 2.13's select_sdp_backend, transcribed: "
                      "docs/gpu-backends.md) select for the step's SDPA calls on each GPU class, and the counted passes "
                      "under it; the reasons are torch's debug warnings for every backend ahead of it.",
