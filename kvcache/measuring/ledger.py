@@ -80,8 +80,9 @@ class OpClock(TorchDispatchMode):
     and closes the one before; ops outside any step are not charged. A step's seconds are its wall time less the
     clock's own cost: its bookkeeping, measured op by op, and the call into the clock and back, which cannot be
     measured from inside it: ``cost_per_op`` seconds for each op dispatched in the step, measured in the same
-    process just before (:func:`clock_cost_per_op`). What the step would cost without the clock is what it is
-    compared with (the timed step, at every context)."""
+    process just before (:func:`clock_cost_per_op`); never less than its ops' own seconds (a cost estimated above
+    the one this step paid cannot make its ops outlast it). What the step would cost without the clock is what it
+    is compared with (the timed step, at every context)."""
 
     def __init__(self, steps: int, cost_per_op: float = 0.0) -> None:
         super().__init__()
@@ -98,7 +99,9 @@ class OpClock(TorchDispatchMode):
         now = time.perf_counter()
         if self.current is not None:
             step = self.current
-            self.step_s[step] = now - self.opened - self.own_s[step] - self.cost_per_op * self.calls[step]
+            attributed = sum(seconds[step] for seconds in self.ops_s.values())  # the ops, timed one by one
+            self.step_s[step] = max(now - self.opened - self.own_s[step] - self.cost_per_op * self.calls[step],
+                                    attributed)
         self.current = i if i < self.steps else None
         self.opened = time.perf_counter()
 
