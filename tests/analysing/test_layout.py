@@ -49,6 +49,12 @@ def matches(name: str, prefixes: tuple[str, ...]) -> bool:
 
 
 def python_files() -> list[Path]:
+    """The repository's own Python files: what git tracks or would (not what it ignores: ``.venv``, the releases
+    installed under ``.versions``, build outputs); without git, every file outside :data:`SKIPPED`."""
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "--", "*.py"], cwd=ROOT,
+                            capture_output=True, text=True)
+    if listed.returncode == 0 and listed.stdout.strip():
+        return sorted(ROOT / name for name in listed.stdout.split() if (ROOT / name).is_file())
     return sorted(p for p in ROOT.rglob("*.py") if not set(p.relative_to(ROOT).parts) & set(SKIPPED))
 
 

