@@ -4,8 +4,8 @@ session. No torch: two ``kv`` sections (:class:`~kvcache.analysing.records.KV`) 
 Timed figures (per class):
 
 - ``timed``: the ratio B/A of the slopes of step time against KV bytes (the seconds of timed passes, before the copy
-  bandwidth turns them into passes: both sides share the machine in the same minutes, and a side whose copy is
-  slower is slower), and ``intercept``: the ratio B/A of the fits' intercepts (ms per step with an empty cache);
+  bandwidth turns them into passes: both sides share the machine in the same minutes, and a side whose copy is slower
+  is slower), and ``intercept``: the ratio B/A of the fits' intercepts (ms per step with an empty cache);
 - from every (class, context, round) point measured on both sides; the interval is a paired bootstrap
   (:func:`paired_ratios`): each resample draws, per context, rounds with replacement, the *same* rounds for both
   sides (a round's two points ran back to back: what slowed one slowed the other), and within each drawn point
@@ -13,14 +13,15 @@ Timed figures (per class):
   sides, as the suite's own fit does (:func:`kvcache.analysing.fit.context_draws`); deterministic (seed ``seed``).
 - **regression** when the interval's lower bound is above ``1 + tolerance``; **improvement** when its upper bound is
   below ``1 / (1 + tolerance)`` (the same factor the other way: symmetric in log ratio, so a B as much faster as a
-  regression would be slower); **pass** when the upper bound is at most ``1 + tolerance`` (shown no slower beyond
-  the tolerance); otherwise **inconclusive** with the reason (the interval straddles the bound, A's fit does not
-  grow, B's figure is not above zero (an intercept below zero: the step time bends upward with the context, and
-  a ratio with it would call B faster), too few paired contexts, or drift that differs between the sides).
+  regression would be slower); **pass** when the upper bound is at most ``1 + tolerance`` (shown no slower beyond the
+  tolerance); otherwise **inconclusive** with the reason (the interval straddles the bound, A's fit does not grow,
+  B's figure is not above zero (an intercept below zero: the step time bends upward with the context, and a ratio
+  with it would call B faster), too few paired contexts, or drift that differs between the sides).
 - Drift is reported per side (its first timed point measured again at its end). Drift the sides share cancels in a
   ratio of points measured back to back and changes no verdict; drift that differs between the sides is judged from
-  the pairs (:func:`paired_drift`: per context, how much the paired ratio B/A moved from its first measurement to
-  its last, the median over contexts): beyond ``max_drift`` (``--kv-max-drift``), timed verdicts are inconclusive.
+  the pairs (:func:`paired_drift`: per context, how much the paired ratio B/A moved from the first half of its
+  measurements to the last half, the median over contexts): beyond ``max_drift`` (``--kv-max-drift``), timed verdicts
+  are inconclusive.
 
 ``ledger.<op>``: the same ratio per op of the per-op timed ledger (profiled steps, one (class, context) on both sides
 back to back), contexts drawn with replacement and steps within each drawn context (docs/ab.md, "Notes"); the ops are
@@ -192,9 +193,15 @@ def _ratio_of_medians(a: float | None, b: float | None) -> float | None:
 
 def paired_drift(kv_a: KV, kv_b: KV, cache: str) -> float | None:
     """How much the sides' speeds moved apart over the session, for ``cache``: per context measured on both sides,
-    the change of the paired ratio B/A (medians of points measured back to back) from its first measurement to its
-    last (the last round's; for the context of the drift check, its re-measurement at the end of the session),
-    ``last / first - 1``; the median over contexts. None when no context was measured twice on both sides.
+    the paired ratios B/A (medians of points measured back to back) in the order they were measured (each round's;
+    for the context of the drift check, its re-measurement at the end of the session last), and the change from
+    the first half of them to the last half, ``median(last half) / median(first half) - 1`` (halves of
+    ``n // 2`` ratios: with two rounds, the first ratio against the last); the median over contexts. None when no
+    context was measured twice on both sides.
+
+    Halves rather than the first and the last ratio alone: when more rounds are pooled (``kvcache ab
+    --more-rounds-within``), each end is the median of more pairs, so a single pair slowed by a neighbour no
+    longer decides, while a trend across the session still shows in full.
 
     Drift both sides share cancels in each ratio. The sides' separate drifts (one re-measured point each) are
     reported but not judged (docs/ab.md, "Notes"); the median over contexts of the paired change is what is."""
@@ -202,16 +209,14 @@ def paired_drift(kv_a: KV, kv_b: KV, cache: str) -> float | None:
     ends = {side: kv.drift if isinstance(kv.drift, Drift) and kv.drift.cache == cache else None
             for side, kv in (("a", kv_a), ("b", kv_b))}
     for context, pairs in paired_points(kv_a, kv_b, cache).items():
-        first = _ratio_of_medians(median(pairs[0].a), median(pairs[0].b))
+        ratios = [_ratio_of_medians(median(pair.a), median(pair.b)) for pair in pairs]
         da, db = ends["a"], ends["b"]
         if da is not None and db is not None and da.context == context == db.context:
-            last = _ratio_of_medians(finite(da.last_ms), finite(db.last_ms))
-        elif len(pairs) > 1:
-            last = _ratio_of_medians(median(pairs[-1].a), median(pairs[-1].b))
-        else:
-            last = None
-        if first is not None and last is not None:
-            changes.append(last / first - 1)
+            ratios.append(_ratio_of_medians(finite(da.last_ms), finite(db.last_ms)))
+        half = len(ratios) // 2
+        first, last = ratios[:half], ratios[len(ratios) - half:]
+        if half and None not in first and None not in last:
+            changes.append(float(np.median(last)) / float(np.median(first)) - 1)
     return float(np.median(changes)) if changes else None
 
 

@@ -59,14 +59,18 @@ def test_the_judges_reasons_that_more_rounds_can_help_and_those_they_cannot():
     assert same["timed"]["status"] == "pass" and extend.why_more_rounds(same["timed"]) is None
 
 
-def test_triggers_are_the_timed_and_intercept_verdicts_and_a_skipped_class_has_no_more_contexts_to_give():
+def test_triggers_are_the_timed_verdicts_alone_and_a_skipped_class_has_no_more_contexts_to_give():
     section = {"dynamic": {"timed": {"status": "inconclusive", "reason": "B/A slope ×1.1 [0.9, 1.3] straddles ×1.100",
                                      "ratio_ci": [0.9, 1.3]},
                            "intercept": {"status": "pass", "ratio_ci": [0.9, 1.0]},
                            "ledger": {"cat": {"status": "inconclusive", "ratio_ci": [0.9, 1.3]}},
                            "counted": {"status": "inconclusive"}},
                "static": {"timed": {"status": "inconclusive", "reason": "1 context(s) measured on both sides: a slope "
-                                    "needs 2 or more"}, "intercept": {"status": "regression"}}}
+                                    "needs 2 or more"}, "intercept": {"status": "regression"}},
+               # an undecided intercept beside a decided slope: no extension (it would look at the slope again)
+               "inplace": {"timed": {"status": "pass", "ratio_ci": [0.9, 1.05]},
+                           "intercept": {"status": "inconclusive", "reason": "B/A intercept ×1.1 [0.8, 1.4] straddles "
+                                         "×1.100", "ratio_ci": [0.8, 1.4]}}}
     assert extend.triggers(section) == [f"dynamic timed ({extend.STRADDLES})", f"static timed ({extend.FEW_CONTEXTS})"]
     assert extend.triggers(section, {"static"}) == [f"dynamic timed ({extend.STRADDLES})"]
     assert extend.inconclusive(section) == ["dynamic timed", "static timed"]

@@ -109,6 +109,20 @@ def test_paired_drift_is_the_median_over_contexts_so_one_noisy_re_measurement_do
     assert v["status"] == "inconclusive" and "drift differs" in v["reason"], v
 
 
+def test_paired_drift_compares_halves_so_pooled_rounds_settle_one_slowed_pair_but_not_a_trend():
+    """With 8 rounds, B's last pair alone slowed by 25% (a neighbour's moment) is no drift: each end is the median
+    of 4 pairs. The same 25% reached by a steady trend is. With 2 rounds, the halves are the first and last pair."""
+    a = side(1e-9, 2e-3, seed=1, rounds=8)
+    one_slow = side(1.6e-9, 2e-3, seed=2, rounds=8, round_speed=(1.0,) * 7 + (1.25,))
+    assert abs(ab.paired_drift(a, one_slow, "dynamic")) < 0.05
+    assert judged(a, one_slow)["timed"]["status"] == "regression"
+    trend = side(1.6e-9, 2e-3, seed=2, rounds=8, round_speed=tuple(1.0 + 0.25 * r / 7 for r in range(8)))
+    assert ab.paired_drift(a, trend, "dynamic") > 0.10
+    assert "drift differs" in judged(a, trend)["timed"]["reason"]
+    two_a, two_b = side(1e-9, 2e-3, seed=1, rounds=2), side(1.6e-9, 2e-3, seed=2, rounds=2, round_speed=(1.0, 1.2))
+    assert 0.17 < ab.paired_drift(two_a, two_b, "dynamic") < 0.23
+
+
 def test_too_few_paired_contexts_and_no_points_are_inconclusive():
     a = side(1e-9, 2e-3, seed=1)
     b = side(1e-9, 2e-3, seed=2)
