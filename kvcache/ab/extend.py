@@ -4,12 +4,12 @@ After the first session is judged, every class's paired ``timed`` verdict (its s
 judge) is looked at. An inconclusive one whose reason more rounds can help (:func:`why_more_rounds`: the interval
 straddles the bound, the paired drift is beyond ``--kv-max-drift``, too few paired contexts) makes this module start
 a further pair of workers, the same sides with ``--kv-rounds N`` and only the timed items (``--kv-ab-roles
-point,copy,drift``: each round's timed points and copy bandwidth, the drift re-measurement; no counted item, no
-ledger). Their records are pooled with the first session's, rounds renumbered after the last one so that (class,
-context, round) stays unique (:func:`renumbered`), and each side is analysed once from all its records and judged
-again. It repeats until every timed verdict is decided, none is left that more rounds can help, the budget cannot pay
-for one more round (the next extension's cost is estimated from the seconds already measured, :class:`Cost`, and one
-that would overrun is never started), or :data:`MAX_EXTENSIONS` extensions were taken; then it says it gave up.
+point,drift``: each round's timed points, the drift re-measurement; no copy bandwidth, no counted item, no ledger).
+Their records are pooled with the first session's, rounds renumbered after the last one so that (class, context,
+round) stays unique (:func:`renumbered`), and each side is analysed once from all its records and judged again. It
+repeats until every timed verdict is decided, none is left that more rounds can help, the budget cannot pay for one
+more round (the next extension's cost is estimated from the seconds already measured, :class:`Cost`, and one that
+would overrun is never started), or :data:`MAX_EXTENSIONS` extensions were taken; then it says it gave up.
 
 Why pooling stays honest: each round's pair of a point still ran back to back (ABBA) in one pair of workers, and
 the paired bootstrap draws rounds per context, the same for both sides, so a round of another pair of workers is
@@ -39,13 +39,16 @@ from kvcache.ab.schedule import ABSession, drive, start
 from kvcache.ab.sides import ABError, Side
 from kvcache.analysing.ab_records import Extension, MoreRounds
 from kvcache.analysing.measured import from_wire, to_wire
-from kvcache.analysing.timed_records import CopyMeasurement, Point
+from kvcache.analysing.timed_records import Point
 
 #: The verdicts more rounds are taken for: each class's timed slope (not the intercept, nor the ledger, which has one
 #: profiled point a context).
 EXTENDED_MEASURES = ("timed",)
-#: The items of an extension (``--kv-ab-roles``): each round's timed points and copy bandwidth, the drift check.
-ROLES = ("point", "copy", "drift")
+#: The items of an extension (``--kv-ab-roles``): each round's timed points and the drift check. No copy bandwidth:
+#: the paired verdicts are ratios of seconds (both sides share the machine in the same minutes), and the pool's
+#: passes figures use the first session's copy measurements; a copy of 1 GiB took 13-40 s of wall a side beside a
+#: CPU-bound process (docs/results.md), more than a round's points.
+ROLES = ("point", "drift")
 #: The most extensions of one session: each is one more look at the data (and one more chance for noise to cross a
 #: bound); the rounds double with each, so three looks reach eight times the first session's rounds.
 MAX_EXTENSIONS = 3
@@ -107,8 +110,7 @@ def skipped_classes(doc: dict[str, Any]) -> set[str]:
 @dataclass(frozen=True)
 class Cost:
     """What an extension of ``rounds`` rounds is expected to take, in wall seconds: ``fixed_s`` (both workers up,
-    the start copy bandwidth, the drift check, the workers' end, the judge) plus ``per_round_s`` a round (its timed
-    points and its copy bandwidth)."""
+    the drift check, the workers' end, the judge) plus ``per_round_s`` a round (its timed points)."""
 
     fixed_s: float
     per_round_s: float
@@ -130,15 +132,14 @@ class Cost:
 def cost_of(pairs: list[dict[str, Any]], rounds: int, phases: dict[str, float]) -> Cost:
     """The cost of an extension, from a session's pairs (``ab_run.pairs``: role and wall seconds of each item), its
     timed rounds and its phases (``start``, ``finish``, ``judge``): a round is the wall of the session's timed points
-    over ``rounds`` plus one copy bandwidth; fixed are the phases, one more copy bandwidth and the drift check."""
+    over ``rounds``; fixed are the phases and the drift check (:data:`ROLES`: no copy bandwidth)."""
     def walls(role: str) -> list[float]:
         return [float(p["wall"]) for p in pairs if p.get("role") == role and p.get("wall") is not None]
 
-    points, copies, drift = walls("point"), walls("copy"), walls("drift")
-    copy = sum(copies) / len(copies) if copies else 0.0
+    points, drift = walls("point"), walls("drift")
     per_point = sum(points) / len(points) if points else 0.0
-    per_round = sum(points) / max(rounds, 1) + copy
-    fixed = sum(phases.get(name, 0.0) for name in ("start", "finish", "judge")) + copy + (
+    per_round = sum(points) / max(rounds, 1)
+    fixed = sum(phases.get(name, 0.0) for name in ("start", "finish", "judge")) + (
         sum(drift) / len(drift) if drift else per_point)
     return Cost(fixed, per_round)
 
@@ -168,18 +169,14 @@ def last_round(sides: list[Side]) -> int:
     return max(rounds, default=-1)
 
 
-def renumbered(records: list[str], offset: int, k: int) -> list[str]:
+def renumbered(records: list[str], offset: int) -> list[str]:
     """An extension's records (each the JSON text a worker sent) for the pool: each point's round moved by ``offset``
-    (after the pool's last), each copy bandwidth's label prefixed ``more-<k>-`` (``kv.copy.measurements`` says
-    which session measured it); every other record as it came."""
+    (after the pool's last); every other record as it came."""
     out = []
     for text in records:
         record = from_wire(text)
         if isinstance(record, Point) and isinstance(record.round, int):
             record.update(round=record.round + offset)
-            text = to_wire(record)
-        elif isinstance(record, CopyMeasurement):
-            record.update(label=f"more-{k}-{record.label or ''}")
             text = to_wire(record)
         out.append(text)
     return out
@@ -189,7 +186,7 @@ def pool(session: ABSession, more: ABSession, offset: int, k: int, rounds: int) 
     """The extension's finished items into ``session``: each side's records (renumbered), finished items, the pairs and
     items; a side that failed in it fails the pool (``side.failure``); ``kv.settings.rounds`` the pool's."""
     for side, other in zip(session.sides, more.sides):
-        side.records += renumbered(other.records, offset, k)
+        side.records += renumbered(other.records, offset)
         side.finished += other.finished
         if other.failure and not side.failure:
             side.failure = f"more rounds {k}: {other.failure}"

@@ -1,6 +1,6 @@
 """``kvcache ab --more-rounds-within`` end to end on the tiny model: a first verdict forced inconclusive for a reason
 more rounds can help (``--kv-max-drift 0``: any paired drift is beyond it), so that more rounds are taken on a new
-pair of workers, pooled (rounds renumbered, copies named) and judged again, until the budget pays for no more and it
+pair of workers, pooled (rounds renumbered) and judged again, until the budget pays for no more and it
 says it gave up. Nothing here depends on timing beyond one extension fitting in the budget."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def test_an_inconclusive_session_takes_more_rounds_pooled_with_the_first_then_gi
         keys = [(p["context"], p["round"]) for p in kv["points"]]
         assert sorted(keys) == sorted({(c, r) for c in (256, 2048) for r in range(more["rounds"])}), keys
         labels = [m["label"] for m in kv["copy"]["measurements"]]
-        assert labels[:2] == ["start", "end"] and "more-1-start" in labels and "more-1-end" in labels
+        assert labels == ["start", "end"]  # an extension measures no copy bandwidth: the ratios are of seconds
     assert doc["ab"]["dynamic"]["timed"]["status"] == "inconclusive" and "dynamic timed" in more["inconclusive"]
     assert "taking 1 more round(s) of the timed items (extension 1 of at most 3" in done.stderr
     assert "more rounds: gave up after" in done.stdout and "still inconclusive: dynamic timed" in done.stdout
