@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -149,7 +149,12 @@ def ab_caught(run: ABRun, side: str, code: int | None) -> bool:
 def summarize_ab(out: Path) -> str:
     runs = json.loads((out / AB_MANIFEST).read_text())
     read = {r["name"]: ABRun.load(out / r["json"]) for r in runs}
-    first = next((run.side_b for run in read.values() if run.side_b is not None), None)
+    first_run = next((run for run in read.values() if run.side_b is not None), None)
+    first = first_run.side_b if first_run is not None else None
+    if first is not None and first_run is not None and first_run.more_rounds is not None:
+        # the rounds of the first session: the pooled ones are the "more rounds" column's
+        first = replace(first, settings=replace(
+            first.settings, rounds=first_run.more_rounds.first_rounds))
     device = (first.environment.device_name or "?") if first is not None else "?"
     lines = [f"# Timed A/B gate power on {device}", "",
              setup_text(first, runs, "profiled ledger steps, class dynamic; one `kvcache ab` a run (A: the suite as "
