@@ -16,13 +16,14 @@ the paired bootstrap draws rounds per context, the same for both sides, so a rou
 one more draw of the same kind; what differs between the pairs of workers (a new process, its pages) shows as
 spread between rounds and widens the interval, it cannot narrow it. The paired drift of the pool compares the first
 half of its rounds with the last half (the last extension's drift re-measurement last), so drift over the whole
-span is judged, each end from more pairs as the pool grows (:func:`kvcache.analysing.ab.paired_drift`).
+span is judged, each end from more pairs as the pool grows (:func:`kvcache.analysing.ab.paired_drift`). Each
+extension doubles the rounds pooled (or what the budget allows): few looks at the data, since every look is one more
+chance for noise to cross a bound (optional stopping).
 
 Why ``timed`` alone: an extension for an undecided ``intercept`` (the ms per step with an empty cache, which a
 neighbouring process moves most) would re-judge a ``timed`` verdict already decided, one more look at it, and spend
 the budget on a figure the planted copy does not move. The intercept is judged again on the pool when the timed
-verdict takes more rounds. Each extension doubles the rounds pooled (or what the budget allows): few looks at the
-data, since every look is one more chance for noise to cross a bound (optional stopping). Standard library only."""
+verdict takes more rounds. Standard library only."""
 
 from __future__ import annotations
 
