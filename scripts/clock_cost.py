@@ -1,16 +1,18 @@
-"""The ledger clock's cost on a real step: the default model's ``dynamic`` at 1k, 2k and 16k tokens, 20 plain steps
-interleaved with 20 clocked ones (medians, milliseconds), the clocked step raw and less the cost
-:func:`kvcache.measuring.ledger.clock_cost_per_op` measured in the same process (docs/results.md, "The clock's own
-cost taken out"). One torch thread; nothing else should run meanwhile (these are timings)::
+"""The ledger's profiled step against the plain steps it takes between them, on the default model: per class and
+context, ``--steps`` profiled steps in blocks alternating with as many plain ones (``ledger.profile_steps``, as the
+suite's ledger runs them), medians in milliseconds, and the clock's cost per op that the profiled step has had taken
+out (:func:`kvcache.measuring.ledger.clock_cost_per_op`, measured in the same process just before; docs/results.md,
+"The clock's cost with cold caches"). One torch thread; nothing else should run meanwhile (these are timings)::
 
     .venv/bin/python scripts/clock_cost.py --dtype float32
+    .venv/bin/python scripts/clock_cost.py --dtype bfloat16 --caches static --sweep-bytes 0   # hot-cache calibration
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import time
+from unittest import mock
 
 import torch
 
@@ -22,37 +24,32 @@ from kvcache.measuring.models import build_model
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--contexts", default="1024,2048,16384")
+    ap.add_argument("--caches", default="dynamic,static")
+    ap.add_argument("--contexts", default="1024,2048,4096,8192,16384")
+    ap.add_argument("--steps", type=int, default=20, help="profiled steps a point (as many plain ones)")
+    ap.add_argument("--sweep-bytes", type=int, default=None,
+                    help="bytes copied before each calibration op (default: the level-2 cache; 0: hot caches)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     device = Device.from_choice("cpu")
     model, spec = build_model("smollm2-135m", device.torch_device, args.dtype)
-    for context in (int(c) for c in args.contexts.split(",")):
-        point = decode.open_point(model, spec, caches.get("dynamic"), device, context, warmup=3, steps=200)
-        plain: list[float] = []
-        raw: list[float] = []
-        less: list[float] = []
-        cost = ledger.clock_cost_per_op()
-        calls = 0
-        for _ in range(5):
-            for _ in range(4):
-                start = time.perf_counter()
-                point.step()
-                plain.append(time.perf_counter() - start)
-            clock = ledger.OpClock(4, cost_per_op=cost)
-            with clock:
-                for i in range(4):
-                    clock.mark(i)
-                    point.step()
-                clock.mark(4)
-            less += clock.step_s
-            raw += [s + cost * n for s, n in zip(clock.step_s, clock.calls)]
-            calls = clock.calls[0]
-        p, r, k = (statistics.median(x) * 1e3 for x in (plain, raw, less))
-        print(f"{args.dtype} {context:>6}: plain {p:7.1f} ms, clocked {r:7.1f} ms ({(r / p - 1) * 100:+.1f}%), less "
-              f"the clock's cost {k:7.1f} ms ({(k / p - 1) * 100:+.1f}%); cost {cost * 1e6:.1f} us/op x {calls} ops",
-              flush=True)
-        del point
+    calibrate = ledger.clock_cost_per_op
+    costs: list[float] = []
+
+    def measured_cost(counts: dict[str, int]) -> float:
+        costs.append(calibrate(counts, sweep_bytes=args.sweep_bytes))
+        return costs[-1]
+
+    for cache in args.caches.split(","):
+        for context in (int(c) for c in args.contexts.split(",")):
+            point = decode.open_point(model, spec, caches.get(cache), device, context, warmup=3,
+                                      steps=2 * args.steps)
+            with mock.patch.object(ledger, "clock_cost_per_op", measured_cost):
+                out = ledger.profile_steps(point.step, device.sync, args.steps)
+            plain, profiled = (statistics.median(out[k]) * 1e3 for k in ("plain_s", "step_s"))
+            print(f"{args.dtype} {cache:>8} {context:>6}: plain {plain:7.1f} ms, profiled {profiled:7.1f} ms "
+                  f"({(profiled / plain - 1) * 100:+.1f}%); clock's cost {costs[-1] * 1e6:.1f} us/op", flush=True)
+            del point
 
 
 if __name__ == "__main__":

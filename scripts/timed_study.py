@@ -8,8 +8,11 @@ should run meanwhile: these are timings), keeps each run file in --out, then pri
     .venv/bin/python scripts/timed_study.py --out .timed-study --table-only   # the table from the files again
 
 Columns: timed passes of the whole step [95% CI] and counted passes; timed/counted; the ledger's profiled step
-(timed passes) and, per context, its median step against the timed rounds' median (the largest gap, %); the two
-ops that take most of the profiled step, with their timed and counted passes.
+(timed passes); per context, its median step against the median of the plain steps taken between the profiled
+ones on the same point (what the instrument did to the step) and against the timed rounds' median (that, plus
+whatever the machine did between the rounds and the ledger); the plain steps against the timed rounds (what the
+machine did: the same step, no instrument, minutes apart); the two ops that take most of the profiled step, with
+their timed and counted passes.
 """
 
 from __future__ import annotations
@@ -43,24 +46,26 @@ def measure(out: Path, dtypes: list[str], threads: list[str], caches: str, extra
             print(f"  {time.monotonic() - started:.0f} s", flush=True)
 
 
-def context_gaps(kv: dict, cache: str) -> list[tuple[int, float]]:
-    """Per context: the ledger's median profiled step over the timed rounds' median step, minus 1."""
+def context_gaps(kv: dict, cache: str, steps: str = "step_s") -> list[tuple[int, float]]:
+    """Per context: the ledger's median profiled step (``steps="plain_s"``: plain step) over the timed rounds'
+    median step, minus 1."""
     timed: dict[int, list[float]] = {}
     for p in kv.get("points", []):
         if p.get("cache") == cache and not p.get("remeasured"):
             timed.setdefault(p["context"], []).extend(p.get("samples_ms", []))
     gaps = []
     for p in kv.get("ledger_points", []):
-        if p["cache"] == cache and timed.get(p["context"]):
-            ledger_ms = statistics.median(p["step_s"]) * 1e3
+        if p["cache"] == cache and timed.get(p["context"]) and p.get(steps):
+            ledger_ms = statistics.median(p[steps]) * 1e3
             gaps.append((p["context"], ledger_ms / statistics.median(timed[p["context"]]) - 1))
     return sorted(gaps)
 
 
 def table(out: Path) -> None:
     print("| dtype | threads | class | timed passes [95% CI] | counted | timed/counted | ledger step (timed passes) "
-          "| ledger vs timed step, per context | most of the ledger step (timed / counted passes) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| ledger vs plain steps between, per context | ledger vs timed rounds, per context "
+          "| plain steps between vs timed rounds, per context | most of the ledger step (timed / counted passes) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for path in sorted(out.glob("*.json")):
         kv = json.loads(path.read_text())["kv"]
         s = kv["settings"]
@@ -71,11 +76,15 @@ def table(out: Path) -> None:
             by_op = kv["traffic"].get(cache, {}).get("by_op", {})
             ops = sorted(((r["timed"], op) for op, r in rows.items() if not op.startswith("(")), reverse=True)[:2]
             top = ", ".join(f"`{op}` {t:.2f} / {by_op.get(op, 0):.2f}" for t, op in ops)
-            gaps = ", ".join(f"{c // 1024}k {g:+.0%}" for c, g in context_gaps(kv, cache))
+            gaps, drift = (", ".join(f"{c // 1024}k {g:+.0%}" for c, g in context_gaps(kv, cache, steps)) or "—"
+                           for steps in ("step_s", "plain_s"))
+            over_plain = rows.get("(profiled step)", {}).get("over_plain") or {}
+            between = ", ".join(f"{int(c) // 1024}k {g:+.0%}" for c, g in over_plain.items()) or "—"
             ci = fit.get("passes_ci") or [float("nan")] * 2
             ratio = fit["passes"] / counted if counted else float("nan")
             print(f"| {s['dtype']} | {s['threads']} | {cache} | {fit['passes']:.2f} [{ci[0]:.2f}, {ci[1]:.2f}] "
-                  f"| {counted:.2f} | {ratio:.2f} | {step if step is None else round(step, 2)} | {gaps} | {top} |")
+                  f"| {counted:.2f} | {ratio:.2f} | {step if step is None else round(step, 2)} | {between} | {gaps} "
+                  f"| {drift} | {top} |")
 
 
 def main() -> None:

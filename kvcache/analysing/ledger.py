@@ -8,7 +8,9 @@ bandwidth, a bootstrap interval; the figure may be zero or negative). Rows:
 - each op whose timed passes reach :data:`KEEP` in size, or that the counted breakdown names;
 - :data:`OTHER`: the remaining ops, summed per step;
 - :data:`UNATTRIBUTED`: the profiled step's time minus every op's (Python, dispatcher, hooks);
-- :data:`PROFILED_STEP`: the profiled step as a whole (= the sum of the rows above, timed op by op).
+- :data:`PROFILED_STEP`: the profiled step as a whole (= the sum of the rows above, timed op by op), with
+  ``over_plain``: per context, how much longer it took than the plain steps between the profiled ones;
+- :data:`PLAIN_STEP`: the plain steps taken between the profiled ones (no instrument), when every point has them.
 
 Output, ``kv.ledger.<cache>.<row>``, a :class:`~kvcache.analysing.timed_records.LedgerRow` (``timed``, ``timed_ci``, and
 ``ms``: median milliseconds per step at the largest profiled context); the counted passes of the same op are in
@@ -27,7 +29,9 @@ from kvcache.analysing.timed_records import LedgerPoint, LedgerRow, Point, Speed
 OTHER = "(other ops)"
 UNATTRIBUTED = "(unattributed)"
 PROFILED_STEP = "(profiled step)"
-SPECIAL = (OTHER, UNATTRIBUTED, PROFILED_STEP)
+PLAIN_STEP = "(plain step)"
+SPECIAL = (OTHER, UNATTRIBUTED, PROFILED_STEP, PLAIN_STEP)
+ADDS_UP = 0.15  # the profiled step within this fraction of the plain steps at every context: the ledger adds up
 KEEP = 0.05  # timed passes below this, in size, go into OTHER unless the counted breakdown names the op
 WEIGHT_OPS = ("linear",)  # the ops that read the weights: their time does not depend on the cache
 
@@ -46,7 +50,27 @@ def op_series(records: list[LedgerPoint]) -> dict[str, Series]:
         attributed = [sum(values[i] for values in r.ops_s.values()) for i in range(steps)]
         out[UNATTRIBUTED].append((r, [t - a for t, a in zip(r.step_s, attributed)]))
         out[PROFILED_STEP].append((r, list(r.step_s)))
+    if records and all(r.plain_s for r in records):
+        out[PLAIN_STEP] = [(r, list(r.plain_s)) for r in records]
     return out
+
+
+def step_over_plain(record: LedgerPoint) -> float | None:
+    """The profiled step over the plain step of one point, minus 1: the median of each profiled step over the plain
+    step taken just before it (steps alternate, ``kvcache.measuring.ledger.blocks``: a slower moment of the machine
+    touches both of a pair), or the median over the median where the two differ in number; None without both."""
+    if not record.step_s or not record.plain_s:
+        return None
+    if len(record.step_s) == len(record.plain_s) and all(p > 0 for p in record.plain_s):
+        return median([s / p for s, p in zip(record.step_s, record.plain_s)]) - 1
+    plain = median(record.plain_s)
+    return median(record.step_s) / plain - 1 if plain > 0 else None
+
+
+def over_plain(records: list[LedgerPoint]) -> dict[str, float] | None:
+    """Per context (tokens, as a string, in order): :func:`step_over_plain`; None when no point has plain steps."""
+    gaps = sorted((int(r.context), gap) for r in records if (gap := step_over_plain(r)) is not None)
+    return {str(context): gap for context, gap in gaps} or None
 
 
 def _points(name: str, entries: Series) -> list[Point]:
@@ -59,7 +83,7 @@ def _row(points: list[Point], copy_samples: list[float], settings: RunSettings) 
         points, copy_samples, confidence=CONFIDENCE if settings.confidence is None else settings.confidence,
         resamples=RESAMPLES if settings.resamples is None else settings.resamples, seed=settings.seed or 0)
     largest = max(points, key=lambda p: p.kv_bytes)
-    return LedgerRow(timed=passes, timed_ci=[lo, hi], ms=largest.median_s * 1e3)
+    return LedgerRow.of(timed=passes, timed_ci=[lo, hi], ms=largest.median_s * 1e3)
 
 
 def class_rows(records: list[LedgerPoint], copy_samples: list[float], counted_by_op: dict[str, float],
@@ -78,6 +102,9 @@ def class_rows(records: list[LedgerPoint], copy_samples: list[float], counted_by
             other = [(r, [a + b for a, b in zip(acc, values)]) for (r, acc), (_, values) in zip(other, entries)]
     if other:
         out[OTHER] = _row(_points(OTHER, other), copy_samples, settings)
+    gaps = over_plain(records)
+    if gaps is not None:
+        out[PROFILED_STEP].update(over_plain=gaps)
     ordered = sorted((k for k in out if k not in SPECIAL), key=lambda k: -out[k].timed)
     return {k: out[k] for k in [*ordered, *(s for s in SPECIAL if s in out)]}
 

@@ -79,7 +79,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("--kv-ragged", None, "with --kv-batch N: sequence lengths spread evenly over the context (left padding); "
            "passes per live KV byte (gated) and per allocated byte", "ragged"),
     Option("--kv-ledger-steps", 8, "profiled steps per (class, context) for the per-op timed ledger, after the timed "
-           "rounds (default 8; 0: no ledger)", "ledger_steps"),
+           "rounds, as many plain steps between them (default 8; 0: no ledger)", "ledger_steps"),
     Option("--kv-remeasure", 0, "after the rounds, measure the N noisiest points once more (default 0)", "remeasure"),
     Option("--kv-remeasure-seconds", 120, "time bound of those re-measurements (default 120 s)", "remeasure_seconds"),
     Option("--kv-baseline", "kv-baseline.json", "baseline file of passes per device (default kv-baseline.json in the "

@@ -10,6 +10,7 @@ from typing import Any
 
 from kvcache.analysing import identity, tables
 from kvcache.analysing.estimates import finite, median
+from kvcache.analysing.ledger import ADDS_UP, PROFILED_STEP
 from kvcache.analysing.records import (
     KV,
     Crossovers,
@@ -103,6 +104,24 @@ def ledger_table_rows(kv: KV) -> list[list[str]]:
             rows.append([cache, op, num(counted.get(op)), tables.figure(row.timed, row.timed_ci), num(row.ms),
                          ledger_status(verdict, op)])
     return rows
+
+
+def instrument_lines(kv: KV) -> list[str]:
+    """Per class with plain steps in its ledger points: its profiled step against them, per context (what the
+    instrument did to the step), and whether that is within :data:`~kvcache.analysing.ledger.ADDS_UP`."""
+    out = []
+    for cache, ops in kv.ledger.items():
+        row = ops.get(PROFILED_STEP)
+        gaps = row.over_plain if row is not None else None
+        if not gaps:
+            continue
+        beyond = [int(c) for c, g in gaps.items() if abs(g) > ADDS_UP]
+        verdict = (f"within ±{ADDS_UP:.0%} at every context" if not beyond else
+                   f"beyond ±{ADDS_UP:.0%} at {', '.join(f'{c:,}' for c in beyond)} tokens: there the op figures "
+                   "describe a step the instrument changed")
+        out.append(f"ledger {cache}: profiled step against the plain steps between them, per context: "
+                   + ", ".join(f"{int(c):,} {g:+.1%}" for c, g in gaps.items()) + f" ({verdict})")
+    return out
 
 
 def point_rows(kv: KV) -> list[list[str]]:
@@ -297,7 +316,9 @@ def lines(kv: KV) -> list[str]:
     out += noted_table(LEDGER_HEADER, ledger_table_rows(kv),
                        "ledger: each op's time per profiled step against KV bytes, as passes; unattributed = the "
                        "step's time outside ATen ops; the profiled step is timed op by op (CPU: a dispatch-mode clock; "
-                       "CUDA: torch.profiler), apart from the timed rounds")
+                       "CUDA: torch.profiler), apart from the timed rounds; the plain step: steps between the "
+                       "profiled ones, no instrument")
+    out += instrument_lines(kv)
     out += [f"ledger {cache}: {error}" for cache, error in kv.ledger_errors.items()]
     out += compiled_lines(kv)
     out += [f"probe {cache}: q {p.query} k {p.key} mask {p.mask}; {p.attention}; K/V expansions {p.expansions}"

@@ -67,12 +67,15 @@ def fit_of(entry: Any, where: str) -> Fit | FitFailure:
 @dataclass
 class LedgerRow(Record):
     """``kv.ledger.<cache>.<op>``: timed passes of one op (or of ``(other ops)``, ``(unattributed)``,
-    ``(profiled step)``): the slope of its seconds per profiled step against KV bytes × the copy bandwidth (any
-    sign), its interval, and ``ms``, its median milliseconds per step at the largest profiled context."""
+    ``(profiled step)``, ``(plain step)``): the slope of its seconds per step against KV bytes × the copy bandwidth
+    (any sign), its interval, and ``ms``, its median milliseconds per step at the largest profiled context. On
+    ``(profiled step)`` only, ``over_plain``: per context (tokens, as a string), the profiled step over the plain
+    step just before it, minus 1, the median of the point's pairs (what the instrument did to the step)."""
 
     timed: float | None
     timed_ci: list[float | None] | None = None
     ms: float | None = None
+    over_plain: dict[str, float] | None = None
     extra: dict[str, Any] = extra_field()
     absent: frozenset[str] = absent_field()
 
@@ -80,13 +83,16 @@ class LedgerRow(Record):
 @dataclass
 class LedgerPoint(Record):
     """``kv.ledger_points[]``: one profiled (cache, context): ``kv_bytes`` (bytes), seconds of each profiled
-    step (``step_s``) and of each op in it (``ops_s``: {op: [seconds per step]})."""
+    step (``step_s``) and of each op in it (``ops_s``: {op: [seconds per step]}), and seconds of each plain step
+    taken between the profiled ones on the same point (``plain_s``; empty with ``--kv-driver generate`` and in runs
+    before 2026-12-06)."""
 
     cache: str
     context: int
     kv_bytes: float
     step_s: list[float] = field(default_factory=list)
     ops_s: dict[str, list[float]] = field(default_factory=dict)
+    plain_s: list[float] = field(default_factory=list)
     extra: dict[str, Any] = extra_field()
     absent: frozenset[str] = absent_field()
 

@@ -1,9 +1,12 @@
 """The per-op timed ledger: where a decode step's time goes, op by op, under the counter's names.
 
 Timed-per-op steps run in rounds of their own (never inside the timed rounds, whose figures stay free of any
-instrument): ``steps`` single-token steps, each op of which (an ATen op with no ATen op above it: what
-:mod:`kvcache.measuring.traffic`'s counter is charged for) is charged its time including the kernels it calls
-(``scaled_dot_product_attention``'s fused CPU kernel, ``clone``'s ``copy_``), under the counter's display name.
+instrument): ``steps`` single-token steps, each right after a plain one (no instrument, timed like a timed
+round's step: the monotonic clock around the step and the device sync) on the same point (:func:`blocks`), so that
+what the instrument does to the step is measured where it happens, at every context. Each op of a profiled step
+(an ATen op with no ATen op above it: what :mod:`kvcache.measuring.traffic`'s counter is charged for) is charged
+its time including the kernels it calls (``scaled_dot_product_attention``'s fused CPU kernel, ``clone``'s
+``copy_``), under the counter's display name.
 The step's own time minus the attributed ops is the step's unattributed time (Python, the dispatcher, hooks),
 which the analysis (:mod:`kvcache.analysing.ledger`) derives.
 
@@ -22,6 +25,7 @@ Seconds per step, per op: fitted against KV bytes by the analysis like the whole
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -35,16 +39,78 @@ STEP_RANGE = "kvcache-step"  # the profiler range (record_function) around each 
 US = 1e-6  # seconds per microsecond (the profiler's unit)
 
 
+BLOCK = 1  # profiled steps in a row, between blocks of as many plain steps: each profiled step right after a plain one
+
+
+def blocks(steps: int, block: int = BLOCK) -> list[tuple[bool, int]]:
+    """The order of a ledger point's ``2 × steps`` steps: ``(profiled, count)`` blocks, plain first, alternating."""
+    out: list[tuple[bool, int]] = []
+    for start in range(0, steps, block):
+        count = min(block, steps - start)
+        out += [(False, count), (True, count)]
+    return out
+
+
+def profiled_offsets(steps: int) -> list[int]:
+    """Which of a ledger point's steps (0 = the first after the warm-up) are the profiled ones (:func:`blocks`)."""
+    out: list[int] = []
+    taken = 0
+    for profiled, count in blocks(steps):
+        if profiled:
+            out += range(taken, taken + count)
+        taken += count
+    return out
+
+
 def profile_steps(step: Any, sync: Any, steps: int, *, cuda: bool = False) -> dict[str, Any]:
-    """Time ``steps`` calls of ``step`` (each followed by ``sync``) op by op: ``{"step_s": [seconds per step],
-    "ops_s": {op: [seconds per step]}}``, an op absent from a step counting 0 there."""
-    def run(on_mark: Callable[[int], None]) -> None:
-        for i in range(steps):
-            on_mark(i)
-            step()
-            sync()
-        on_mark(steps)
-    return profile_marked(run, sync, steps, cuda=cuda)
+    """Time ``steps`` calls of ``step`` (each followed by ``sync``) op by op, and ``steps`` plain ones between them
+    (:func:`blocks`): ``{"step_s": [seconds per profiled step], "ops_s": {op: [seconds per profiled step]},
+    "plain_s": [seconds per plain step]}``, an op absent from a step counting 0 there."""
+    plain: list[float] = []
+    clock = None if cuda else OpClock(steps)
+    parts: list[dict[str, Any]] = []  # CUDA: each block's profile
+    done = 0
+    sync()
+    for profiled, count in blocks(steps):
+        if not profiled:
+            for _ in range(count):
+                start = time.perf_counter()
+                step()
+                sync()
+                plain.append(time.perf_counter() - start)
+        elif clock is not None:
+            with clock:
+                for i in range(done, done + count):
+                    clock.mark(i)
+                    step()
+                    sync()
+                clock.close()
+            done += count
+        else:
+            parts.append(_profiled_block(step, sync, count))
+    stages.reached(stages.MEASURED)
+    if clock is not None:  # the clock's cost, on the ops these steps dispatched (no step runs meanwhile)
+        clock.cost_per_op = clock_cost_per_op(clock.counts)
+    out = clock.seconds() if clock is not None else joined(parts)
+    return {**out, "plain_s": plain}
+
+
+def _profiled_block(step: Any, sync: Any, count: int) -> dict[str, Any]:
+    """CUDA: ``count`` steps under torch.profiler, each in a :data:`STEP_RANGE`, charged (:func:`charge_to_steps`)."""
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(count):
+            with record_function(STEP_RANGE):
+                step()
+                sync()
+    return charge_to_steps(event_intervals(prof.events()))
+
+
+def joined(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ``{"step_s", "ops_s"}`` of consecutive blocks as one, in order (an op absent from a block at 0 there)."""
+    ops = list(dict.fromkeys(op for part in parts for op in part["ops_s"]))
+    return {"step_s": [s for part in parts for s in part["step_s"]],
+            "ops_s": {op: [s for part in parts for s in part["ops_s"].get(op, [0.0] * len(part["step_s"]))]
+                      for op in ops}}
 
 
 def profile_marked(run: Any, sync: Any, steps: int, *, cuda: bool = False) -> dict[str, Any]:
@@ -52,11 +118,12 @@ def profile_marked(run: Any, sync: Any, steps: int, *, cuda: bool = False) -> di
     takes ``steps`` steps and calls ``on_mark(i)`` at each step boundary (0 before the first, ``i`` after step
     ``i``, the device already waited for); each step is the range between two marks."""
     if not cuda:
-        clock = OpClock(steps, cost_per_op=clock_cost_per_op())
+        clock = OpClock(steps)
         sync()
         with clock:
             run(clock.mark)
         stages.reached(stages.MEASURED)
+        clock.cost_per_op = clock_cost_per_op(clock.counts)
         return clock.seconds()
     ranges: list[Any] = []
 
@@ -76,34 +143,43 @@ def profile_marked(run: Any, sync: Any, steps: int, *, cuda: bool = False) -> di
 
 class OpClock(TorchDispatchMode):
     """Seconds of each op dispatched while the clock runs (the monotonic clock around the call: on CPU an op
-    returns when its work is done), summed per (op under the counter's name, step). ``mark(i)`` opens step ``i``
-    and closes the one before; ops outside any step are not charged. A step's seconds are its wall time less the
-    clock's own cost: its bookkeeping, measured op by op, and the call into the clock and back, which cannot be
-    measured from inside it: ``cost_per_op`` seconds for each op dispatched in the step, measured in the same
-    process just before (:func:`clock_cost_per_op`); never less than its ops' own seconds (a cost estimated above
-    the one this step paid cannot make its ops outlast it). What the step would cost without the clock is what it
-    is compared with (the timed step, at every context)."""
+    returns when its work is done), summed per (op under the counter's name, step), and how many times each op was
+    dispatched (``counts``, over all steps). ``mark(i)`` opens step ``i`` and closes the one before; ops outside any
+    step are not charged. A step's seconds (``step_s``) are its wall time less the clock's own cost: its
+    bookkeeping, measured op by op, and the call into the clock and back, which cannot be measured from inside it:
+    ``cost_per_op`` seconds for each op dispatched in the step (:func:`clock_cost_per_op`, on the ops these steps
+    dispatched, set before or after the steps); never less than its ops' own seconds (a cost estimated above the
+    one this step paid cannot make its ops outlast it). What the step would cost without the clock is what it is
+    compared with: the plain steps between the profiled ones (:func:`profile_steps`)."""
 
     def __init__(self, steps: int, cost_per_op: float = 0.0) -> None:
         super().__init__()
         self.steps = steps
         self.cost_per_op = cost_per_op
-        self.step_s = [0.0] * steps
+        self.wall_s = [0.0] * steps  # each step's wall time less the clock's bookkeeping in it
         self.own_s = [0.0] * steps  # the clock's bookkeeping inside each step
         self.calls = [0] * steps  # ops dispatched inside each step
+        self.counts: dict[str, int] = {}  # dispatches of each op, all steps
         self.ops_s: dict[str, list[float]] = {}
         self.current: int | None = None
         self.opened = 0.0
 
+    @property
+    def step_s(self) -> list[float]:
+        return [max(wall - self.cost_per_op * calls, sum(seconds[step] for seconds in self.ops_s.values()))
+                for step, (wall, calls) in enumerate(zip(self.wall_s, self.calls))]
+
     def mark(self, i: int) -> None:
-        now = time.perf_counter()
-        if self.current is not None:
-            step = self.current
-            attributed = sum(seconds[step] for seconds in self.ops_s.values())  # the ops, timed one by one
-            self.step_s[step] = max(now - self.opened - self.own_s[step] - self.cost_per_op * self.calls[step],
-                                    attributed)
+        self.close()
         self.current = i if i < self.steps else None
         self.opened = time.perf_counter()
+
+    def close(self) -> None:
+        """Close the open step, if any (a later :meth:`mark` opens the next)."""
+        now = time.perf_counter()
+        if self.current is not None:
+            self.wall_s[self.current] = now - self.opened - self.own_s[self.current]
+        self.current = None
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         entered = time.perf_counter()
@@ -116,49 +192,107 @@ class OpClock(TorchDispatchMode):
                 seconds = self.ops_s[name] = [0.0] * self.steps
             seconds[step] += done - entered
             self.calls[step] += 1
+            self.counts[name] = self.counts.get(name, 0) + 1
             self.own_s[step] += time.perf_counter() - done
         return out
 
     def seconds(self) -> dict[str, Any]:
-        return {"step_s": list(self.step_s), "ops_s": {op: list(s) for op, s in self.ops_s.items()}}
+        return {"step_s": self.step_s, "ops_s": {op: list(s) for op, s in self.ops_s.items()}}
 
 
-CALIBRATION_OPS, CALIBRATION_REPEATS = 300, 5
+CALIBRATION_CALLS, CALIBRATION_REPEATS = 20, 5
+CACHE_INDEX = Path("/sys/devices/system/cpu/cpu0/cache")  # Linux: one index<N>/ per cache of the first CPU
+L2_FALLBACK = 1 << 20  # bytes: the level-2 cache assumed where the system does not say
 
 
-def calibration_ops() -> list[Callable[[], Any]]:
-    """One call each of the kinds of op a decoder step is made of, on tensors so small that the op's own work is
-    next to nothing: an elementwise op of two tensors and of a tensor and a scalar, a view, a ``linear`` with a bias
-    and a ``cat``. The clock's cost grows with an op's arguments (each is handed to Python and back): 8 us for
-    ``add``, 20 for ``linear`` on the developers' AMD EPYC; a step is a mix of such ops."""
-    x, w, b, m = torch.zeros(1), torch.zeros(1, 1), torch.zeros(1), torch.zeros(1, 1)
+def l2_bytes(index: Path = CACHE_INDEX) -> int:
+    """The first CPU's level-2 cache, in bytes (Linux sysfs: ``index<N>/level`` and ``size``, e.g. ``1024K``);
+    :data:`L2_FALLBACK` where it cannot be read."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    for entry in sorted(index.glob("index*")):
+        try:
+            level, size = ((entry / name).read_text().strip() for name in ("level", "size"))
+        except OSError:
+            continue
+        if level == "2" and size[:-1].isdigit() and size[-1] in units:
+            return int(size[:-1]) * units[size[-1]]
+    return L2_FALLBACK
+
+
+def calibration_ops() -> dict[str, Callable[[], Any]]:
+    """One call of each op a decoder step is made of, under the counter's name, with arguments of the kinds the
+    step passes (tensors, scalars, lists, dims, keywords) on tensors so small that the op's own work is next to
+    nothing. The clock's cost grows with an op's arguments, each handed to Python and back: from 6.5 us for ``add``
+    to 18 for ``add_`` with a scalar on the developers' AMD EPYC (caches cold, :func:`clock_cost_per_op`)."""
     aten = torch.ops.aten
-    return [lambda: aten.add.Tensor(x, x), lambda: aten.mul.Tensor(x, 2.0), lambda: aten.view.default(m, [1]),
-            lambda: aten.linear.default(m, w, b), lambda: aten.cat.default([x, x], 0)]
+    x, m, w, b = torch.zeros(1), torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1)
+    half, row = torch.zeros(1, dtype=torch.bfloat16), torch.zeros(1, 1, 4)
+    q, kv, new = torch.zeros(1, 3, 1, 4), torch.zeros(1, 1, 4, 4), torch.zeros(1, 1, 1, 4)
+    index, ids, table = torch.zeros(1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long), torch.zeros(4, 4)
+    return {
+        "add": lambda: aten.add.Tensor(x, x), "mul": lambda: aten.mul.Tensor(x, x),
+        "linear": lambda: aten.linear.default(m, w, b), "to": lambda: aten.to.dtype(half, torch.float32),
+        "slice": lambda: aten.slice.Tensor(kv, 2, 0, 9223372036854775807, 1),
+        "transpose": lambda: aten.transpose.int(q, 1, 2), "view": lambda: aten.view.default(m, [1]),
+        "reshape": lambda: aten.reshape.default(q, [1, 1, 12]), "unsqueeze": lambda: aten.unsqueeze.default(x, 0),
+        "cat": lambda: aten.cat.default([kv, new], 2), "pow": lambda: aten.pow.Tensor_Scalar(row, 2),
+        "mean": lambda: aten.mean.dim(row, [-1], True), "rsqrt": lambda: aten.rsqrt.default(x),
+        "neg": lambda: aten.neg.default(x), "index_copy_": lambda: aten.index_copy_.default(kv, 2, index, new),
+        "arange": lambda: aten.arange.default(4, dtype=torch.long, device="cpu"),
+        "add_": lambda: aten.add_.Tensor(x, 1),
+        "scaled_dot_product_attention": lambda: aten.scaled_dot_product_attention.default(
+            q, kv, kv, None, 0.0, False, scale=0.5, enable_gqa=True),
+        "silu": lambda: aten.silu.default(x), "embedding": lambda: aten.embedding.default(table, ids),
+    }
 
 
-def clock_cost_per_op(ops: int = CALIBRATION_OPS, repeats: int = CALIBRATION_REPEATS) -> float:
+def clock_cost_per_op(counts: dict[str, int] | None = None, calls: int = CALIBRATION_CALLS,
+                      repeats: int = CALIBRATION_REPEATS, sweep_bytes: int | None = None) -> float:
     """Seconds the clock adds to each op that its own bookkeeping does not account for (the dispatcher's call into
     :meth:`OpClock.__torch_dispatch__` and back, and the op's arguments handed to Python), measured here and now:
-    ``ops`` calls of each op of :func:`calibration_ops` timed plain and under a clock, the difference per call over
-    the mix; the median of ``repeats`` such pairs (plain and clocked alternate, so that a slower moment of the machine
-    touches both). Not below 0."""
-    mix = calibration_ops()
+    ``calls`` calls of each op of :func:`calibration_ops` timed plain and under a clock, the difference per call;
+    their mean weighted by ``counts`` (how often each op was dispatched in the steps to be corrected, an op with no
+    stand-in left out; all of them alike when None); the median of ``repeats`` such pairs (plain and clocked
+    alternate, so that a slower moment of the machine touches both). Not below 0.
+
+    Before each call, ``sweep_bytes`` (default: the level-2 cache, :func:`l2_bytes`) are copied outside the timing,
+    so that the call finds the caches as a decode step leaves them: every few ops of a step stream weights or K/V
+    through the cache, and the clock's own data (the interpreter's, the mode's) is gone from it by the next op. On
+    the developers' AMD EPYC, hot caches and a mix of five ops gave 5.3 us an op, and left the default model's
+    profiled steps 3-10% above the plain ones between them (docs/results.md, "The clock's cost, op by op, with
+    cold caches")."""
+    ops = calibration_ops()
+    weights = {name: 1 for name in ops} if counts is None else {n: c for n, c in counts.items() if n in ops and c}
+    if not weights:
+        weights = {name: 1 for name in ops}
+    size = l2_bytes() if sweep_bytes is None else sweep_bytes
+    source, target = bytearray(size), bytearray(size)
+
+    def timed() -> dict[str, float]:
+        out = {}
+        for name in weights:  # under inference mode, as a decode step: composite ops reach the clock whole
+            op, total = ops[name], 0.0
+            for _ in range(calls):
+                target[:] = source
+                start = time.perf_counter()
+                op()
+                total += time.perf_counter() - start
+            out[name] = total
+        return out
+
     costs = []
     for _ in range(repeats):
-        start = time.perf_counter()
-        for op in mix:
-            for _ in range(ops):
-                op()
-        plain = time.perf_counter() - start
-        clock = OpClock(1)
-        with clock:
-            clock.mark(0)
-            for op in mix:
-                for _ in range(ops):
-                    op()
-            clock.mark(1)
-        costs.append((clock.step_s[0] - plain) / (ops * len(mix)))
+        with torch.inference_mode():
+            plain = timed()
+            clock = OpClock(1)
+            with clock:
+                clock.mark(0)
+                clocked = timed()
+                clock.close()
+        own_per_call = clock.own_s[0] / max(1, clock.calls[0])
+        per_op = {name: (clocked[name] - plain[name]) / calls - own_per_call * clock.counts.get(name, 0) / calls
+                  for name in weights}
+        costs.append(sum(per_op[n] * weights[n] for n in weights) / sum(weights.values()))
     costs.sort()
     return max(0.0, costs[len(costs) // 2])
 

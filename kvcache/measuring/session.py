@@ -292,13 +292,15 @@ class KVSession:
 
     def run_ledger(self, point: PointId) -> LedgerPoint:
         """Profile ``--kv-ledger-steps`` steps of one (cache, context) after a fill and warm-up (never inside a
-        timed round); emit a ``ledger`` record: seconds per step, per op (see :mod:`kvcache.measuring.ledger`)."""
+        timed round), as many plain steps between them (not with ``--kv-driver generate``, whose steps one call takes);
+        emit a ``ledger`` record: seconds per step, per op, per plain step (see :mod:`kvcache.measuring.ledger`)."""
         s = self.settings
         problem = ledger.unavailable(cuda=self.device.type == "cuda")
         if problem:
             raise self.skip(point.cache, None, f"ledger: {problem}")
         self.warm_model()
-        dp = self.open(point.cache, point.context, warmup=s.warmup, steps=s.ledger_steps, staged=True)
+        taken = s.ledger_steps if self.generating else 2 * s.ledger_steps  # profile_steps: as many plain steps
+        dp = self.open(point.cache, point.context, warmup=s.warmup, steps=taken, staged=True)
         try:
             if self.generating:  # the steps of one generate call, between its marks
                 profiled = ledger.profile_marked(lambda on_mark, dp=dp: dp.generate(s.ledger_steps, on_mark),
@@ -310,7 +312,8 @@ class KVSession:
             dp.release()
             del dp
             gc.collect()
-        mean_tokens = point.context + s.warmup + (s.ledger_steps + 1) / 2
+        offsets = range(s.ledger_steps) if self.generating else ledger.profiled_offsets(s.ledger_steps)
+        mean_tokens = point.context + s.warmup + 1 + sum(offsets) / len(offsets)  # tokens held after each step
         record = LedgerPoint.of(cache=point.cache, context=point.context,
                                 kv_bytes=self.held(point.context, mean_tokens), **profiled)
         self.emit(record)

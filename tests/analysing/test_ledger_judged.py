@@ -44,7 +44,24 @@ def test_each_op_slope_is_its_timed_passes():
     assert rows[ledger.PROFILED_STEP].timed == pytest.approx(22.5, rel=0.03)
     assert "linear" not in rows and rows[ledger.OTHER].timed == pytest.approx(0.0, abs=0.05)  # folded: flat
     assert list(rows)[:2] == ["scaled_dot_product_attention", "cat"]  # largest first, then the special rows
-    assert list(rows)[-3:] == list(ledger.SPECIAL)
+    assert list(rows)[-3:] == [ledger.OTHER, ledger.UNATTRIBUTED, ledger.PROFILED_STEP]  # no plain steps recorded
+    assert rows[ledger.PROFILED_STEP].over_plain is None
+
+
+def test_the_plain_steps_between_the_profiled_ones_give_a_row_and_the_gap_per_context():
+    """A profiled step 10% above the plain steps of its point at 512 tokens, 0% at the others: ``(plain step)`` is
+    fitted like the profiled one, and ``over_plain`` says, per context, what the instrument did to the step."""
+    records = profile({"scaled_dot_product_attention": 20.0, "cat": 2.0})
+    for record in records:
+        record.plain_s = [s / (1.10 if record.context == 512 else 1.0) for s in record.step_s]
+    rows = ledger.class_rows(records, [COPY_GBPS] * 5, {"cat": 2.0}, SETTINGS)
+    assert list(rows)[-2:] == [ledger.PROFILED_STEP, ledger.PLAIN_STEP]
+    assert rows[ledger.PLAIN_STEP].timed == pytest.approx(rows[ledger.PROFILED_STEP].timed, rel=0.02)
+    gaps = rows[ledger.PROFILED_STEP].over_plain
+    assert list(gaps) == ["512", "2048", "8192", "16384"]
+    assert gaps["512"] == pytest.approx(0.10) and gaps["16384"] == pytest.approx(0.0)
+    assert LedgerRow.from_json(rows[ledger.PROFILED_STEP].to_json()) == rows[ledger.PROFILED_STEP]
+    assert "over_plain" not in rows["cat"].to_json()  # the other rows: left out, not null
 
 
 def test_an_op_absent_from_some_steps_counts_zero_there():

@@ -4,7 +4,6 @@ nothing from the host (on CUDA such a copy would wait for the device inside the 
 from __future__ import annotations
 
 import statistics
-import time
 
 import pytest
 
@@ -47,21 +46,21 @@ def test_a_decode_step_makes_no_tensor_from_host_data(tiny, cache):
     assert int(dp.position_ids) == dp.position  # the position kept on the device follows the step
 
 
-def test_the_clocked_step_costs_about_what_the_plain_step_costs(tiny):
-    """The ledger's step against the same step with no instrument, interleaved on one point: a loose bound
-    (medians; the clock's own cost per op is a few microseconds), against an instrument that changes the step it
-    times. torch.profiler on CPU did: its buffers kept the allocator from reusing a freed cache, so the profiled
-    ``cat`` page-faulted a fresh cache every step and the profiled step ran 2-10x the timed one (docs/results.md)."""
+def test_the_clocked_step_costs_about_what_the_plain_steps_between_them_cost(tiny):
+    """The ledger's profiled steps against the plain steps it takes between them on the same point: a loose bound
+    on ``tiny`` (medians; +4% to +16% on the developers' AMD EPYC at 512-8k tokens, the clock's own cost taken out),
+    against an instrument that changes the step it times. torch.profiler on CPU did: its buffers kept the
+    allocator from reusing a freed cache, so the profiled ``cat`` page-faulted a fresh cache every step and the
+    profiled step ran 2-10x the timed one (docs/results.md). The tight figures are the study's (docs/results.md)."""
     dp = point(tiny, "dynamic", context=2048)
-    plain: list[float] = []
-    clocked: list[float] = []
-    for _ in range(4):
-        for _ in range(6):
-            start = time.perf_counter()
-            dp.step()
-            plain.append(time.perf_counter() - start)
-        clocked += ledger.profile_steps(dp.step, dp.device.sync, 6)["step_s"]
-    assert statistics.median(clocked) < 4 * statistics.median(plain)
+    profiled = ledger.profile_steps(dp.step, dp.device.sync, 12)
+    assert len(profiled["plain_s"]) == len(profiled["step_s"]) == 12
+    assert statistics.median(profiled["step_s"]) < 1.5 * statistics.median(profiled["plain_s"])
+
+
+def test_profiled_steps_alternate_with_as_many_plain_ones():
+    assert ledger.blocks(5, block=2) == [(False, 2), (True, 2), (False, 2), (True, 2), (False, 1), (True, 1)]
+    assert ledger.profiled_offsets(3) == [1, 3, 5]  # the default: each profiled step right after a plain one
 
 
 def test_an_op_is_charged_to_the_step_around_it_only_when_no_op_is_around_it():
@@ -108,4 +107,28 @@ def test_the_clock_takes_its_own_cost_out_of_each_step(one_torch_thread):
         assert sum(seconds[i] for seconds in charged.ops_s.values()) <= charged.step_s[i]
     overcharged = steps(1.0)  # a second an op: far more than the step took; the step is then what its ops took
     assert all(s == sum(seconds[i] for seconds in overcharged.ops_s.values()) for i, s in enumerate(overcharged.step_s))
-    assert 0 < ledger.clock_cost_per_op(ops=500, repeats=3) < 1e-3
+    assert charged.counts == {"add": 30}
+    assert 0 < ledger.clock_cost_per_op(charged.counts, calls=50, repeats=3) < 1e-3
+    assert 0 < ledger.clock_cost_per_op(None, calls=10, repeats=1, sweep_bytes=0) < 1e-3  # every stand-in alike
+
+
+def test_the_level_2_cache_is_read_from_sysfs_or_assumed(tmp_path):
+    for n, (level, size) in enumerate([("1", "32K"), ("2", "1024K"), ("3", "32768K")]):
+        (tmp_path / f"index{n}").mkdir()
+        (tmp_path / f"index{n}" / "level").write_text(level + "\n")
+        (tmp_path / f"index{n}" / "size").write_text(size + "\n")
+    assert ledger.l2_bytes(tmp_path) == 1 << 20
+    assert ledger.l2_bytes(tmp_path / "absent") == ledger.L2_FALLBACK
+
+
+def test_every_stand_in_of_the_calibration_runs_under_the_name_the_clock_charges(one_torch_thread):
+    import torch
+
+    clock = ledger.OpClock(1)
+    ops = ledger.calibration_ops()
+    with torch.inference_mode(), clock:  # as in a decode step: composite ops (linear, reshape, to) reach it whole
+        clock.mark(0)
+        for op in ops.values():
+            op()
+        clock.close()
+    assert set(clock.counts) == set(ops)

@@ -27,7 +27,7 @@ from kvcache.analysing.report.data import (
     trained_context,
 )
 from kvcache.analysing.report.documents import Doc
-from kvcache.analysing.summary import attention_copies, verdict_table
+from kvcache.analysing.summary import attention_copies, instrument_lines, verdict_table
 from kvcache.analysing.tables import MISSING, num
 
 TITLE = "KV-cache passes report"
@@ -287,7 +287,8 @@ def ledger_section(doc: Doc, kv: KV, caches: list[str]) -> None:
     doc.heading(3, "Per-op timed ledger")
     doc.para("Each op's time per profiled step (rounds of their own, after the timed rounds), fitted "
              "against KV bytes like the whole step and read as passes; counted passes of the same op beside it. "
-             "(unattributed): the step's time outside ATen ops; (profiled step): the whole step, timed op by op.")
+             "(unattributed): the step's time outside ATen ops; (profiled step): the whole step, timed op by op; "
+             "(plain step): the steps taken between the profiled ones on the same points, with no instrument.")
     rows = []
     for cache in caches:
         traffic = kv.traffic.get(cache)
@@ -298,6 +299,8 @@ def ledger_section(doc: Doc, kv: KV, caches: list[str]) -> None:
         if cache in kv.ledger_errors:
             rows.append([cache, str(kv.ledger_errors[cache]), MISSING, MISSING, MISSING, MISSING])
     doc.table(["cache", "op", "counted passes", "timed passes", "interval", "ms per step (largest context)"], rows)
+    for line in instrument_lines(kv):
+        doc.para(line)
 
 
 def probe_cells(p: Probe) -> list[str]:
