@@ -81,10 +81,10 @@ def build(out: Path) -> list[Path]:
     dist = out / "dist"
     try:
         import build  # noqa: F401
-    except ImportError:
-        code = ("import sys; from setuptools import build_meta as b; "
-                "b.build_sdist(sys.argv[1]); b.build_wheel(sys.argv[1])")
-        run([sys.executable, "-c", code, str(dist)], cwd=src)
+    except ImportError:  # a process per hook: setuptools 84 run in one process put the wheel into src/sdist/
+        for hook in ("build_sdist", "build_wheel"):
+            code = f"import sys; from setuptools import build_meta as b; b.{hook}(sys.argv[1])"
+            run([sys.executable, "-c", code, str(dist)], cwd=src)
     else:
         run([sys.executable, "-m", "build", "--outdir", str(dist), str(src)])
     return distributions(dist)
