@@ -115,12 +115,13 @@ def instrument_lines(kv: KV) -> list[str]:
         gaps = row.over_plain if row is not None else None
         if not gaps:
             continue
-        beyond = [int(c) for c, g in gaps.items() if abs(g) > ADDS_UP]
+        tokens = {c: f"{int(c):,}" if c.isdigit() else c for c in gaps}  # a file's keys: shown as they are
+        beyond = [tokens[c] for c, g in gaps.items() if not abs(g) <= ADDS_UP]
         verdict = (f"within ±{ADDS_UP:.0%} at every context" if not beyond else
-                   f"beyond ±{ADDS_UP:.0%} at {', '.join(f'{c:,}' for c in beyond)} tokens: there the op figures "
-                   "describe a step the instrument changed")
+                   f"beyond ±{ADDS_UP:.0%} at {', '.join(beyond)} tokens: there the op figures describe a step the "
+                   "instrument changed")
         out.append(f"ledger {cache}: profiled step against the plain steps between them, per context: "
-                   + ", ".join(f"{int(c):,} {g:+.1%}" for c, g in gaps.items()) + f" ({verdict})")
+                   + ", ".join(f"{tokens[c]} {g:+.1%}" for c, g in gaps.items()) + f" ({verdict})")
     return out
 
 

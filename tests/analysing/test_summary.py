@@ -70,3 +70,17 @@ def test_compiled_and_memory_lines_read_their_records():
             "recompiles during timed steps 0; compiled graph calls per step 1") in text
     assert "(per allocated KV byte: allocated 0.500, peak 0.010, held 0.900)" in text
     assert "memory dynamic: past every sliding window (4096, 8192 tokens) the bytes held grew by 0 B" in text
+
+
+def test_the_profiled_step_against_the_plain_steps_is_said_per_context_and_judged_against_15_percent():
+    """``over_plain`` on a class's ``(profiled step)`` row: each context's gap, and the contexts beyond ±15%; a key
+    that is not a number of tokens (a file's) is shown as it is, never a traceback."""
+    kv = make_run()["kv"]
+    kv["ledger"] = {"dynamic": {"(profiled step)": {"timed": 3.1, "over_plain": {"1024": 0.06, "16384": 0.02}}},
+                    "static": {"(profiled step)": {"timed": 1.1, "over_plain": {"1024": 0.21, "<b>": -0.3}}}}
+    lines = [line for line in summary.lines(KV.from_json(kv)) if "plain steps between" in line]
+    assert lines == [
+        "ledger dynamic: profiled step against the plain steps between them, per context: 1,024 +6.0%, 16,384 +2.0% "
+        "(within ±15% at every context)",
+        "ledger static: profiled step against the plain steps between them, per context: 1,024 +21.0%, <b> -30.0% "
+        "(beyond ±15% at 1,024, <b> tokens: there the op figures describe a step the instrument changed)"]
