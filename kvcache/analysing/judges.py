@@ -37,7 +37,8 @@ COUNTED_RELATIVE_SLACK = 1e-9
 #: The figures of counted memory the gate judges (``kv.memory.<cache>``) and the baseline field of each.
 MEMORY_FIGURES = {"allocated_passes": "memory_allocated_passes", "peak_passes": "memory_peak_passes",
                   "held_passes": "memory_held_passes"}
-LEDGER_UNJUDGED = ("(profiled step)",)  # the whole step is judged as timed passes already (and not an op)
+# The whole step, profiled or plain: judged as timed passes already (and not an op).
+LEDGER_UNJUDGED = ("(profiled step)", "(plain step)")
 COUNTED_MATCH = 0.01  # counted passes within this make a renamed op the same op
 
 DriftRecord = Union[Drift, UnmeasuredDrift, None]  # typing.Union: this alias is evaluated, on Python 3.9 too

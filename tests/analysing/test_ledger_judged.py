@@ -180,3 +180,11 @@ def test_a_machine_slower_than_when_the_baseline_was_recorded_makes_timed_verdic
     kv.speed = Speed(weights_ms=52.0)
     again = judge_run(kv, base, Rules(), keys)["dynamic"]["timed"]
     assert again.status == "regression", again  # the same speed: red
+
+
+def test_the_whole_step_rows_are_not_judged_as_ops_even_where_a_file_counts_them():
+    """``(profiled step)`` and ``(plain step)`` are the step, which timed passes judge; never a new op of 23 passes."""
+    now = rows_of(scaled_dot_product_attention=(20.0, 19.0, 21.0), cat=(2.0, 1.8, 2.2),
+                  **{"(profiled step)": (23.0, 22.0, 24.0), "(plain step)": (22.5, 21.5, 23.5)})
+    verdict = judge(now, counted_by_op={**COUNTED, "(profiled step)": 3.0, "(plain step)": 3.0})
+    assert verdict.status == "pass" and not {"(profiled step)", "(plain step)"} & set(verdict.parts)
