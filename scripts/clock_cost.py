@@ -6,6 +6,7 @@ out (:func:`kvcache.measuring.ledger.clock_cost_per_op`, measured in the same pr
 
     .venv/bin/python scripts/clock_cost.py --dtype float32
     .venv/bin/python scripts/clock_cost.py --dtype bfloat16 --caches static --sweep-bytes 0   # hot-cache calibration
+    .venv/bin/python scripts/clock_cost.py --stand-ins   # the calibration alone: per stand-in, and by sweep size
 """
 
 from __future__ import annotations
@@ -29,8 +30,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20, help="profiled steps a point (as many plain ones)")
     ap.add_argument("--sweep-bytes", type=int, default=None,
                     help="bytes copied before each calibration op (default: the level-2 cache; 0: hot caches)")
+    ap.add_argument("--stand-ins", action="store_true",
+                    help="no model: the clock's cost on each stand-in (caches cold), then on all of them alike by "
+                         "bytes copied before each call")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.stand_ins:
+        stand_ins()
+        return
     device = Device.from_choice("cpu")
     model, spec = build_model("smollm2-135m", device.torch_device, args.dtype)
     calibrate = ledger.clock_cost_per_op
@@ -50,6 +57,17 @@ def main() -> None:
             print(f"{args.dtype} {cache:>8} {context:>6}: plain {plain:7.1f} ms, profiled {profiled:7.1f} ms "
                   f"({(profiled / plain - 1) * 100:+.1f}%); clock's cost {costs[-1] * 1e6:.1f} us/op", flush=True)
             del point
+
+
+def stand_ins() -> None:
+    """The calibration's figures: each stand-in alone (caches cold: the level-2 cache copied before each call), then
+    every stand-in alike with 0 bytes to 8 MiB copied before each call; microseconds an op, medians of 5."""
+    for name in ledger.calibration_ops():
+        cost = ledger.clock_cost_per_op({name: 1}, calls=100)
+        print(f"{name:>30}: {cost * 1e6:5.1f} us/op", flush=True)
+    for size in (0, 256 << 10, 1 << 20, 2 << 20, 8 << 20):
+        cost = ledger.clock_cost_per_op(None, calls=100, sweep_bytes=size)
+        print(f"all alike, {size >> 10:>5} KiB copied before each call: {cost * 1e6:5.1f} us/op", flush=True)
 
 
 if __name__ == "__main__":

@@ -68,7 +68,7 @@ def profile_steps(step: Any, sync: Any, steps: int, *, cuda: bool = False) -> di
     "plain_s": [seconds per plain step]}``, an op absent from a step counting 0 there."""
     plain: list[float] = []
     clock = None if cuda else OpClock(steps)
-    parts: list[dict[str, Any]] = []  # CUDA: each block's profile
+    profiles: list[Any] = []  # CUDA: each block's profile, read once the timed part is over
     done = 0
     sync()
     for profiled, count in blocks(steps):
@@ -80,29 +80,45 @@ def profile_steps(step: Any, sync: Any, steps: int, *, cuda: bool = False) -> di
                 plain.append(time.perf_counter() - start)
         elif clock is not None:
             with clock:
-                for i in range(done, done + count):
-                    clock.mark(i)
-                    step()
-                    sync()
+                _block(step, sync, done, count)(clock.mark)
                 clock.close()
             done += count
         else:
-            parts.append(_profiled_block(step, sync, count))
-    stages.reached(stages.MEASURED)
-    if clock is not None:  # the clock's cost, on the ops these steps dispatched (no step runs meanwhile)
+            profiles.append(_cuda_profile(_block(step, sync, 0, count), count))
+    if clock is not None:  # the clock's cost on the ops these steps dispatched: timed, so before the mark
         clock.cost_per_op = clock_cost_per_op(clock.counts)
-    out = clock.seconds() if clock is not None else joined(parts)
+    stages.reached(stages.MEASURED)
+    out = clock.seconds() if clock is not None else joined(
+        [charge_to_steps(event_intervals(prof.events())) for prof in profiles])
     return {**out, "plain_s": plain}
 
 
-def _profiled_block(step: Any, sync: Any, count: int) -> dict[str, Any]:
-    """CUDA: ``count`` steps under torch.profiler, each in a :data:`STEP_RANGE`, charged (:func:`charge_to_steps`)."""
+def _block(step: Any, sync: Any, first: int, count: int) -> Callable[[Callable[[int], None]], None]:
+    """``run(on_mark)`` of ``count`` steps numbered from ``first``: ``on_mark(i)`` before step ``i``."""
+    def run(on_mark: Callable[[int], None]) -> None:
+        for i in range(first, first + count):
+            on_mark(i)
+            step()
+            sync()
+    return run
+
+
+def _cuda_profile(run: Any, steps: int) -> Any:
+    """torch.profiler around ``run(on_mark)``, each of its ``steps`` steps in a :data:`STEP_RANGE` (from its mark to
+    the next, or to the end of ``run``): the profile, not yet read."""
+    ranges: list[Any] = []
+
+    def on_mark(i: int) -> None:
+        if ranges:
+            ranges.pop().__exit__(None, None, None)
+        if i < steps:
+            ranges.append(record_function(STEP_RANGE))
+            ranges[-1].__enter__()
+
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(count):
-            with record_function(STEP_RANGE):
-                step()
-                sync()
-    return charge_to_steps(event_intervals(prof.events()))
+        run(on_mark)
+        on_mark(steps)  # the last step's range closed, where ``run`` did not
+    return prof
 
 
 def joined(parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -116,27 +132,16 @@ def joined(parts: list[dict[str, Any]]) -> dict[str, Any]:
 def profile_marked(run: Any, sync: Any, steps: int, *, cuda: bool = False) -> dict[str, Any]:
     """Like :func:`profile_steps` for steps that something else drives (``model.generate``): ``run(on_mark)``
     takes ``steps`` steps and calls ``on_mark(i)`` at each step boundary (0 before the first, ``i`` after step
-    ``i``, the device already waited for); each step is the range between two marks."""
+    ``i``, the device already waited for); each step is the range between two marks. No plain steps."""
+    sync()
     if not cuda:
         clock = OpClock(steps)
-        sync()
         with clock:
             run(clock.mark)
-        stages.reached(stages.MEASURED)
         clock.cost_per_op = clock_cost_per_op(clock.counts)
+        stages.reached(stages.MEASURED)
         return clock.seconds()
-    ranges: list[Any] = []
-
-    def on_mark(i: int) -> None:
-        if ranges:
-            ranges.pop().__exit__(None, None, None)
-        if i < steps:
-            ranges.append(record_function(STEP_RANGE))
-            ranges[-1].__enter__()
-
-    sync()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        run(on_mark)
+    prof = _cuda_profile(run, steps)
     stages.reached(stages.MEASURED)  # reading the profile is untimed
     return charge_to_steps(event_intervals(prof.events()))
 
@@ -222,8 +227,9 @@ def l2_bytes(index: Path = CACHE_INDEX) -> int:
 def calibration_ops() -> dict[str, Callable[[], Any]]:
     """One call of each op a decoder step is made of, under the counter's name, with arguments of the kinds the
     step passes (tensors, scalars, lists, dims, keywords) on tensors so small that the op's own work is next to
-    nothing. The clock's cost grows with an op's arguments, each handed to Python and back: from 6.5 us for ``add``
-    to 18 for ``add_`` with a scalar on the developers' AMD EPYC (caches cold, :func:`clock_cost_per_op`)."""
+    nothing. The clock's cost differs with an op's arguments, each handed to Python and back: from 4.4 us for
+    ``linear`` to 8.5 for ``add_`` with a scalar on the developers' AMD EPYC (caches cold, :func:`clock_cost_per_op`;
+    ``scripts/clock_cost.py --stand-ins``)."""
     aten = torch.ops.aten
     x, m, w, b = torch.zeros(1), torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1)
     half, row = torch.zeros(1, dtype=torch.bfloat16), torch.zeros(1, 1, 4)

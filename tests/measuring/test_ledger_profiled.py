@@ -133,3 +133,14 @@ def test_every_stand_in_of_the_calibration_runs_under_the_name_the_clock_charges
             op()
         clock.close()
     assert set(clock.counts) == set(ops)
+
+
+def test_the_profiler_path_joins_its_blocks_in_order(tiny):
+    """The CUDA path (torch.profiler, a profile per block, read after the timed part) run on CPU, where the
+    profiler's CUDA activity records nothing: one step range per profiled step, each op's list as long."""
+    dp = point(tiny, "dynamic")
+    out = ledger.profile_steps(dp.step, dp.device.sync, 3, cuda=True)
+    assert len(out["step_s"]) == len(out["plain_s"]) == 3
+    assert out["ops_s"] and all(len(seconds) == 3 for seconds in out["ops_s"].values())
+    assert ledger.joined([{"step_s": [1.0], "ops_s": {"cat": [0.5]}}, {"step_s": [2.0], "ops_s": {"mm": [1.0]}}]) == {
+        "step_s": [1.0, 2.0], "ops_s": {"cat": [0.5, 0.0], "mm": [0.0, 1.0]}}
