@@ -54,7 +54,7 @@ from kvcache.analysing.entries import (
     figure_problem,
 )
 from kvcache.analysing.fit import record_problem
-from kvcache.analysing.judges import MEMORY_FIGURES
+from kvcache.analysing.measure_table import GROUPS, PRESENT, of_verdict
 from kvcache.analysing.options import RULE_DEFAULTS
 from kvcache.analysing.records import KV, Drift, Fit, UnmeasuredDrift, jsonable
 
@@ -62,10 +62,6 @@ BASELINE_SCHEMA = 2
 READABLE_BASELINE_SCHEMAS = (1, 2)
 PASSES_KEYS = ("timed_passes", "counted_passes")
 NUMBER_KEYS = (*PASSES_KEYS, "timed_intercept_ms", "ops_per_step", "data_ops_per_step", "weight_passes")
-#: The field whose presence makes an entry a baseline of each measure.
-PRESENT = {"counted": "counted_passes", "timed": "timed_passes", "overhead": "ops_per_step",
-           "memory": "memory_held_passes"}
-
 
 class BaselineError(ValueError):
     """A baseline file that cannot be used; the message is one line naming the file."""
@@ -149,7 +145,7 @@ def for_run(doc: dict[str, Any],
             ident: identity.Identity) -> tuple[dict[str, dict[str, BaselineEntry]], dict[str, str]]:
     """What a run of identity ``ident`` is judged against: ``({measure: {cache: entry}}, {measure: key})``; ``doc``
     is a loaded baseline file (:func:`load`), or ``{}`` for none."""
-    keys = {m: identity.baseline_key(ident, m) for m in identity.MEASURE_FIELDS}
+    keys = {m: identity.baseline_key(ident, m) for m in GROUPS}
     devices = doc["devices"] if doc else {}
     entries: dict[str, dict[str, BaselineEntry]] = {}
     for measure, key in keys.items():
@@ -250,7 +246,7 @@ def entries_of_run(kv: KV, recorded: str) -> tuple[dict[str, dict[str, dict[str,
                 del overhead[cache]
                 refused.append(f"{cache}: counted overhead not recorded: {problem}")
     for cache, entry in kv.memory.items():
-        figures = {field_name: getattr(entry, name) for name, field_name in MEMORY_FIGURES.items()}
+        figures = {m.baseline: getattr(entry, m.field) for m in of_verdict("memory")}
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in figures.values()):
             refused.append(f"{cache}: counted memory not recorded: no allocated, peak and held passes")
             continue

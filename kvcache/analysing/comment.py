@@ -30,11 +30,12 @@ from typing import Any
 from urllib.parse import quote
 
 from kvcache.analysing import compare as comparing
-from kvcache.analysing import identity, judges, tables
+from kvcache.analysing import identity, judges, measure_table, tables
 from kvcache.analysing.ab_records import PairedVerdict, read_ab_section
 from kvcache.analysing.compare import Cell, Comparison, Regression
 from kvcache.analysing.compare_render import cell_texts, with_interval
 from kvcache.analysing.estimates import finite, interval
+from kvcache.analysing.measure_table import EXACT_VERDICTS, VERDICT_LABELS, of_verdict
 from kvcache.analysing.records import Fit, Run, Verdict
 from kvcache.analysing.rules import Rules
 from kvcache.analysing.tables import MISSING, Table, num
@@ -49,9 +50,9 @@ HEADLINE = {
     INCONCLUSIVE: "? KV-cache passes: inconclusive",
     CLEAN: "✓ KV-cache passes: no regression",
 }
-#: The measures the gate judges exactly (:data:`kvcache.analysing.judges.EXACT`), as compare's regression lines name
-#: them (:data:`kvcache.analysing.compare.JUDGED`): they decide the comment's verdict.
-EXACT_REGRESSION_MEASURES = tuple(comparing.JUDGED[m] for m in judges.EXACT)
+#: The verdicts of exact figures (:data:`kvcache.analysing.measure_table.EXACT_VERDICTS`), as compare's regression lines
+#: name them: they decide the comment's verdict.
+EXACT_REGRESSION_MEASURES = tuple(VERDICT_LABELS[m] for m in EXACT_VERDICTS)
 CHANGE_WORDS = {comparing.REGRESSED: "▲ regression", comparing.IMPROVED: "▼ better",
                 comparing.INCONCLUSIVE: "? inconclusive", comparing.SAME: ""}
 AB_WORDS = {"regression": "▲ regression", "improvement": "▼ better", "inconclusive": "? inconclusive", "pass": ""}
@@ -75,12 +76,12 @@ def _delta(head: float | None, base: float | None, spec: str) -> str:
 
 
 def _memory(run: Run, cache: str) -> dict[str, float]:
-    """The counted memory figures the gate judges (:data:`kvcache.analysing.judges.MEMORY_FIGURES`: allocated, peak
+    """The counted memory figures the gate judges (the memory verdict's rows of the measure table: allocated, peak
     and held passes, bytes per logical KV-cache byte) of a class, where the run has them (``kv.memory.<cache>``)."""
     memory = run.record.memory.get(cache)
     if memory is None:
         return {}
-    figures = {name: finite(getattr(memory, name)) for name in judges.MEMORY_FIGURES}
+    figures = {m.field: finite(getattr(memory, m.field)) for m in of_verdict("memory")}
     return {name: value for name, value in figures.items() if value is not None}
 
 
@@ -99,24 +100,27 @@ def _part_change(cell: Cell, measure: str, part: str, improved: bool) -> str:
     return comparing.CHANGE_OF.get(str(status)) or (comparing.IMPROVED if improved else comparing.SAME)
 
 
-#: compare's measures shown as rows (:func:`kvcache.analysing.compare_render.cell_texts` renders their values):
-#: ``(measure, row label, the Cell's change and delta fields, Δ format)``.
-ROWS = (("counted", "counted passes", "counted_change", "counted_delta", ".2f"),
-        ("ops", "ATen ops per step", "ops_change", "ops_delta", ".0f"),
-        ("weight_passes", "weight passes", "", "", ".3f"))
+#: Δ format of each exactly judged figure shown as a row of its own (passes: 2 decimals unless said here).
+DELTA_SPEC = {"ops": ".0f", "weight_passes": ".3f"}
+
+
+def _rows() -> tuple:
+    """The commented figures with a column of compare's table, as ``(measure, label, Δ format)``: counted passes
+    and the overhead's (memory and GPU classes are rows per part, below)."""
+    return tuple((m.name, m.label, DELTA_SPEC.get(m.name, ".2f")) for m in measure_table.selected("commented")
+                 if m.compared and not m.per_key and m.verdict != "memory")
 
 
 def _value(cell: Cell, measure: str) -> str:
     """The value of ``measure`` as compare's table shows it, without compare's change marks (a column here)."""
-    return cell_texts(replace(cell, counted_change="", ops_change="", timed_change="", memory_change="",
-                              intercept_change=""), [measure])[0]
+    return cell_texts(replace(cell, changes={}), [measure])[0]
 
 
 def counted_rows(comparison: Comparison, base: Run, head: Run) -> list[list[str]]:
     """Rows ``[class, measure, BASE, HEAD, Δ, change]`` of the measures judged exactly: the comparison's cells
     rendered by compare's :func:`~kvcache.analysing.compare_render.cell_texts`, changes as the gate judged them; a
     class missing from HEAD is a regression where compare calls it one (``require_classes``)."""
-    missing = {r.cache for r in comparison.regressions if r.measure == comparing.JUDGED["counted"]}
+    missing = {r.cache for r in comparison.regressions if r.measure == VERDICT_LABELS["counted"]}
     rules = comparison.rules[0] if comparison.rules else Rules()  # BASE's: what judged HEAD
     rows: list[list[str]] = []
     for cache in comparison.caches:
@@ -130,21 +134,22 @@ def counted_rows(comparison: Comparison, base: Run, head: Run) -> list[list[str]
             why = f"new in HEAD{'' if b.reason is None else ' (BASE: ' + b.reason + ')'}"
             rows.append([str(cache), "counted passes", MISSING, _value(h, "counted"), MISSING, why])
             continue
-        for measure, label, change_field, delta_field, spec in ROWS:
-            bv, hv = finite(getattr(b, measure)), finite(getattr(h, measure))
+        for measure, label, spec in _rows():
+            bv, hv = finite(b.figures.get(measure)), finite(h.figures.get(measure))
             if bv is None and hv is None and not (measure == "counted" and lost):
                 continue
-            if change_field:
-                change = getattr(h, change_field)
-            else:
-                better = hv is not None and bv is not None and hv < bv - rules.weight_passes_tolerance
-                change = _part_change(h, "overhead", measure, better)
-            delta = getattr(h, delta_field) if delta_field else None
+            if measure in h.changes:
+                change = h.changes[measure]
+            else:  # a part of a verdict (weight passes of the overhead)
+                better = hv is not None and bv is not None and hv < bv - comparing.rules_tolerance(
+                    rules, measure_table.BY_NAME[measure])
+                change = _part_change(h, measure_table.BY_NAME[measure].verdict or "", measure, better)
+            delta = h.deltas.get(measure)
             delta_text = format(delta, "+" + spec) if finite(delta) is not None else _delta(hv, bv, spec)
             word = f"{lost}no counted passes in HEAD" if measure == "counted" and lost else CHANGE_WORDS.get(change, "")
             rows.append([str(cache), label, _value(b, measure), _value(h, measure), delta_text, word])
         base_memory, head_memory = _memory(base, cache), _memory(head, cache)
-        for name in judges.MEMORY_FIGURES:
+        for name in (m.field for m in of_verdict("memory")):
             bv, hv = base_memory.get(name), head_memory.get(name)
             if bv is None and hv is None:
                 continue
@@ -154,7 +159,9 @@ def counted_rows(comparison: Comparison, base: Run, head: Run) -> list[list[str]
             bv, hv = finite((b.gpus or {}).get(gpu)), finite((h.gpus or {}).get(gpu))
             if bv is None and hv is None:
                 continue
-            rows.append(_part_row(cache, h, "gpus", gpu, f"counted passes on {gpu}", bv, hv, rules.counted_tolerance))
+            gpu_row = measure_table.BY_NAME["gpu"]
+            rows.append(_part_row(cache, h, gpu_row.verdict or "", gpu, f"{gpu_row.label} {gpu}", bv, hv,
+                                  rules.counted_tolerance))
     return rows
 
 
@@ -183,10 +190,10 @@ def _ratio(verdict: PairedVerdict) -> str:
 def ab_rows(ab: dict[str, dict[str, PairedVerdict]]) -> list[list[str]]:
     """Rows ``[class, measure, BASE, HEAD, Δ, change]`` of an A/B run's paired timed verdicts (Δ: HEAD/BASE)."""
     rows = []
-    for cache, measures in ab.items():
+    for cache, paired_verdicts in ab.items():
         for measure, label in (("timed", "timed passes (A/B)"), ("intercept", "intercept ms (A/B)")):
-            if measure in measures:
-                verdict = measures[measure]
+            if measure in paired_verdicts:
+                verdict = paired_verdicts[measure]
                 rows.append([str(cache), label, num(verdict.a), num(verdict.b), _ratio(verdict),
                              AB_WORDS.get(verdict.status, verdict.status)])
     return rows
@@ -236,12 +243,12 @@ def _ab_with(ab: dict[str, dict[str, PairedVerdict]], status: str) -> list[tuple
 
 def _inconclusive(comparison: Comparison) -> list[tuple[str, str, Verdict]]:
     """``(cache, measure, verdict)`` of HEAD's exactly judged measures that the judge found inconclusive."""
-    found = [(cache, m, _judged(comparison.cells[cache][-1], m)) for cache in comparison.caches for m in judges.EXACT]
+    found = [(cache, m, _judged(comparison.cells[cache][-1], m)) for cache in comparison.caches for m in EXACT_VERDICTS]
     return [(cache, m, v) for cache, m, v in found if v is not None and v.status == "inconclusive"]
 
 
 def _inconclusive_lines(comparison: Comparison, ab: dict[str, dict[str, PairedVerdict]]) -> list[str]:
-    lines = [f"- **{md(cache)}** {md(comparing.JUDGED[m])}: {md(v.reason)}"
+    lines = [f"- **{md(cache)}** {md(VERDICT_LABELS[m])}: {md(v.reason)}"
              for cache, m, v in _inconclusive(comparison)]
     lines += [f"- **{md(cache)}** {md(m)} (A/B): {md(v.reason)}"
               for cache, m, v in _ab_with(ab, "inconclusive")]

@@ -21,20 +21,18 @@ from pathlib import Path
 from typing import Any
 
 from kvcache.analysing import baseline as baselines
-from kvcache.analysing import gate, identity, tables
+from kvcache.analysing import gate, identity, measure_table, tables
 from kvcache.analysing.entries import BaselineEntry
 from kvcache.analysing.estimates import finite, interval
-from kvcache.analysing.options import RULE_DEFAULTS
-from kvcache.analysing.records import KV, Fit, RecordError, Run, Verdict
+from kvcache.analysing.measure_table import GROUPS, VERDICT_LABELS
+from kvcache.analysing.options import RULE_DEFAULTS, option
+from kvcache.analysing.records import KV, RecordError, Run, Verdict
 from kvcache.analysing.rules import Rules
 
 # Changes against the baseline.
 SAME, REGRESSED, IMPROVED, INCONCLUSIVE = "same", "regressed", "improved", "inconclusive"
 #: The change a judge's status makes (other statuses: same, or improved where the figure fell beyond tolerance).
 CHANGE_OF = {"regression": REGRESSED, "inconclusive": INCONCLUSIVE}
-# What each verdict judges, as a regression line names it.
-JUDGED = {"counted": "counted passes", "timed": "timed passes", "overhead": "overhead", "intercept": "intercept",
-          "ledger": "per-op ledger", "memory": "counted memory", "gpus": "counted passes per GPU class"}
 #: Whose recorded rules judge each later run: its own (``each``) or the first run's (``first``).
 RULES_FROM = ("each", "first")
 
@@ -54,40 +52,41 @@ class RunInfo:
 class Cell:
     """One cache class in one run; ``present`` False means the class is absent (``reason`` says why, if known).
 
-    Figures: ``timed`` passes with ``timed_ci`` its interval, ``counted`` passes (the judged count: fused when
-    compiled), ``intercept_ms`` (ms per step), ``r2``, ``ops`` (ATen ops per step), ``weight_passes``, ``memory``
-    and ``peak`` (held and peak passes), ``verdict`` (the run's own gate status of the class), ``gpus`` (--kv-gpus:
-    {GPU class: counted passes under the SDPA backend torch would select there}).
-    ``*_change`` are SAME/REGRESSED/IMPROVED/INCONCLUSIVE against the baseline, or "" where there is nothing to
-    compare (the baseline itself, or a value missing on either side); ``*_delta`` the difference, in the figure's
-    unit; ``judged`` the judge's verdicts of the class against the first run, by measure.
-    """
+    ``figures``: the value of every compared measure (:func:`kvcache.analysing.measure_table.selected`, ``compared``) by
+    its name, a per-key one as ``{key: value}`` (``gpu``: counted passes per GPU class); ``intervals`` their bootstrap
+    intervals; ``verdict`` the run's own gate status of the class. ``changes`` are SAME/REGRESSED/IMPROVED/
+    INCONCLUSIVE against the baseline by measure (none where there is nothing to compare: the baseline itself, or a
+    value missing on either side); ``deltas`` the differences, in each figure's unit; ``memory_figure`` which memory
+    figure the held column's Δ is of; ``judged`` the judge's verdicts of the class against the first run."""
 
     present: bool
-    timed: float | None = None
-    timed_ci: tuple[float, float] | None = None
-    counted: float | None = None
-    intercept_ms: float | None = None
-    r2: float | None = None
-    ops: int | None = None
-    weight_passes: float | None = None
-    memory: float | None = None
-    peak: float | None = None
-    allocated: float | None = None
+    figures: dict[str, Any] = field(default_factory=dict)
+    intervals: dict[str, tuple[float, float] | None] = field(default_factory=dict)
     verdict: str | None = None
-    gpus: dict[str, float | None] | None = None
     reason: str | None = None
-    timed_change: str = ""
-    timed_delta: float | None = None
-    counted_change: str = ""
-    counted_delta: float | None = None
-    ops_change: str = ""
-    ops_delta: float | None = None
-    intercept_change: str = ""
-    memory_change: str = ""
-    memory_delta: float | None = None
+    changes: dict[str, str] = field(default_factory=dict)
+    deltas: dict[str, float | None] = field(default_factory=dict)
     memory_figure: str = ""
     judged: dict[str, Verdict] | None = None
+
+    def figure(self, name: str) -> Any:
+        return self.figures.get(name)
+
+    @property
+    def counted(self) -> float | None:
+        return self.figures.get("counted")
+
+    @property
+    def timed(self) -> float | None:
+        return self.figures.get("timed")
+
+    @property
+    def gpus(self) -> dict[str, float | None] | None:
+        return self.figures.get("gpu")
+
+    @property
+    def counted_change(self) -> str:
+        return self.changes.get("counted", "")
 
 
 @dataclass(frozen=True)
@@ -147,28 +146,22 @@ def cell_of(run: Run, cache: str) -> Cell:
     kv = run.record
     if cache not in run.caches():
         return Cell(present=False, reason=skip_reason(kv, cache))
-    fit = kv.fit.get(cache)
-    fit = fit if isinstance(fit, Fit) else None
-    traffic = kv.traffic.get(cache)
-    memory = kv.memory.get(cache)
+    figures: dict[str, Any] = {}
+    intervals: dict[str, tuple[float, float] | None] = {}
+    compared = measure_table.selected("compared")
+    shown_with = {m.verdict for m in compared if m.verdict}  # a column may show its verdict's other figures
+    for m in (m for m in measure_table.MEASURES if m in compared or (m.verdict in shown_with and not m.per_key)):
+        if m.per_key:
+            keys = measure_table.keys_of(kv, m, cache)
+            figures[m.name] = {k: measure_table.value_of(kv, m, cache, k) for k in keys} if keys else None
+            continue
+        figures[m.name] = measure_table.value_of(kv, m, cache)
+        if m.interval:
+            record = measure_table.record_of(kv, m, cache)
+            intervals[m.name] = interval(getattr(record, m.interval, None)) if figures[m.name] is not None else None
     verdicts = kv.verdict.get(cache)
-    ops = traffic.ops_per_step if traffic is not None else None
-    return Cell(
-        present=True,
-        timed=finite(fit.passes) if fit else None,
-        timed_ci=interval(fit.passes_ci) if fit else None,
-        counted=finite(traffic.counted().passes) if traffic is not None else None,  # fused if compiled
-        gpus={gpu: finite(c.passes) for gpu, c in traffic.gpu_counted().items()} if traffic is not None and
-        traffic.gpus else None,
-        intercept_ms=finite(fit.intercept_ms) if fit else None,
-        r2=finite(fit.r2) if fit else None,
-        ops=ops if isinstance(ops, int) and not isinstance(ops, bool) else None,
-        weight_passes=finite(traffic.weight_passes) if traffic is not None else None,
-        memory=finite(memory.held_passes) if memory is not None else None,
-        peak=finite(memory.peak_passes) if memory is not None else None,
-        allocated=finite(memory.allocated_passes) if memory is not None else None,
-        verdict=str(gate.status_of(verdicts)) if verdicts else None,
-    )
+    return Cell(present=True, figures=figures, intervals=intervals,
+                verdict=str(gate.status_of(verdicts)) if verdicts else None)
 
 
 def _labels(runs: Sequence[Run]) -> list[str]:
@@ -208,7 +201,7 @@ def judge_against(run: Run, base: Run, rules: Rules, *, base_min_r2: float | Non
     judge, by ``rules`` (those ``run`` was judged with, :func:`rules_of`); ``base`` is a baseline by the rules of
     recording it (its own ``min_r2``, as when it was recorded, unless ``base_min_r2`` is given)."""
     first = f"the first run ({Path(base.path).name})"
-    keys = dict.fromkeys(identity.MEASURE_FIELDS, first)
+    keys = dict.fromkeys(GROUPS, first)
     base_entries = baseline_of(base, min_r2=base_min_r2)
     torches = [identity.of_run(r.record).torch for r in (base, run)]
     if torches[0] != torches[1]:
@@ -218,12 +211,12 @@ def judge_against(run: Run, base: Run, rules: Rules, *, base_min_r2: float | Non
                              f"has {torches[1]}")
     verdicts = gate.judge_run(run.record, base_entries, rules, keys)
     base_kv = _with_min_r2(base.record, base_min_r2)
-    for cache, measures in verdicts.items():
-        if cache not in base_kv.fit or measures["timed"].status != "no-baseline":
+    for cache, by_verdict in verdicts.items():
+        if cache not in base_kv.fit or by_verdict["timed"].status != "no-baseline":
             continue
         problem = baselines.timed_problem(base_kv, cache)
         if problem:
-            measures["timed"].reason = f"the first run's timed passes are no baseline: {problem}"
+            by_verdict["timed"].reason = f"the first run's timed passes are no baseline: {problem}"
     return verdicts
 
 
@@ -283,40 +276,46 @@ def _against(cell: Cell, base: Cell, cache: str, label: str, verdicts: dict[str,
     """``cell`` with its changes against ``base`` (from the judge's verdicts) and the regressions they make."""
     if not cell.present or not verdicts:
         return cell, []
-    regressions = [Regression(cache, label, JUDGED.get(m, m), v.reason) for m, v in verdicts.items()
+    regressions = [Regression(cache, label, VERDICT_LABELS.get(m, m), v.reason) for m, v in verdicts.items()
                    if v.status == "regression"]
-    changes: dict[str, Any] = {"judged": verdicts}
-    if cell.counted is not None and base.counted is not None:
-        improved = cell.counted < base.counted - rules.counted_tolerance
-        changes.update(counted_change=_change(verdicts["counted"], improved), counted_delta=cell.counted - base.counted)
-    if cell.timed is not None and base.timed is not None:
-        hi = (cell.timed_ci or (cell.timed, cell.timed))[1]
-        changes.update(timed_change=_change(verdicts["timed"], hi < base.timed / (1 + rules.tolerance)),
-                       timed_delta=cell.timed - base.timed)
-    overhead, memory = verdicts.get("overhead"), verdicts.get("memory")
-    if cell.ops is not None and base.ops is not None:
-        judged = overhead is not None and overhead.status != "no-baseline"
-        changes.update(ops_change=_change(overhead, cell.ops < base.ops) if judged else "",
-                       ops_delta=cell.ops - base.ops)
-    intercept = verdicts.get("intercept")
-    changes["intercept_change"] = CHANGE_OF.get(intercept.status, "") if intercept is not None else ""
-    if cell.memory is not None and base.memory is not None:
-        judged = memory is not None and memory.status != "no-baseline"
-        improved = cell.memory < base.memory - rules.memory_tolerance
-        change = _change(memory, improved) if judged else ""
-        figure, delta = memory_moved(cell, base, change)
-        changes.update(memory_change=change, memory_delta=delta, memory_figure=figure)
-    return replace(cell, **changes), regressions
+    changes: dict[str, str] = {}
+    deltas: dict[str, float | None] = {}
+    for m in measure_table.selected("compared"):
+        now, then = cell.figures.get(m.name), base.figures.get(m.name)
+        if m.per_key or finite(now) is None or finite(then) is None:
+            continue
+        deltas[m.name] = now - then
+        if m.name == "timed":
+            hi = (cell.intervals.get("timed") or (now, now))[1]
+            changes["timed"] = _change(verdicts["timed"], hi < then / (1 + rules.tolerance))
+        elif m.name == "intercept":
+            changes["intercept"] = CHANGE_OF.get(verdicts["intercept"].status, "") if "intercept" in verdicts else ""
+        elif m.exact and m.verdict in verdicts and m.verdict not in ("overhead", "memory"):
+            improved = now < then - rules_tolerance(rules, m)
+            changes[m.name] = _change(verdicts[m.verdict], improved)
+        elif m.verdict in ("overhead", "memory") and m.name in ("ops", "held"):  # the column that leads the verdict
+            verdict = verdicts.get(m.verdict)
+            judged = verdict is not None and verdict.status != "no-baseline"
+            improved = now < then - (rules.memory_tolerance if m.verdict == "memory" else 0)
+            changes[m.name] = _change(verdict, improved) if judged else ""
+    memory_figure = ""
+    if "held" in deltas:
+        memory_figure, deltas["held"] = memory_moved(cell, base, changes.get("held", ""))
+    return replace(cell, changes=changes, deltas=deltas, memory_figure=memory_figure, judged=verdicts), regressions
+
+
+def rules_tolerance(rules: Rules, measure: measure_table.Measure) -> float:
+    """The tolerance ``rules`` give ``measure`` (its option's rule)."""
+    setting = option(measure.tolerance).setting if measure.tolerance else ""
+    return float(getattr(rules, setting, 0.0) or 0.0)
 
 
 def memory_moved(cell: Cell, base: Cell, change: str) -> tuple[str, float]:
     """Which counted memory figure the memory column's Δ is of, and that Δ (passes): of a regression, the figure
     (allocated, peak, held) that grew most; of an improvement, the one that fell most; else held, the figure the
     column leads with. The judge checks all three, so the Δ shown is that of the figure that moved."""
-    deltas = {name: now - then for name, now, then in (("held", cell.memory, base.memory),
-                                                       ("peak", cell.peak, base.peak),
-                                                       ("allocated", cell.allocated, base.allocated))
-              if now is not None and then is not None}
+    deltas = {name: cell.figures[name] - base.figures[name] for name in ("held", "peak", "allocated")
+              if finite(cell.figures.get(name)) is not None and finite(base.figures.get(name)) is not None}
     if change == REGRESSED:
         figure = max(deltas, key=deltas.__getitem__)
     elif change == IMPROVED:
@@ -343,7 +342,7 @@ def missing_classes(comparison: Comparison) -> list[Regression]:
             else:
                 counted = cell.judged["counted"] if cell.judged and "counted" in cell.judged else None
                 why = f"no counted passes: {(counted.reason if counted else '') or 'not measured'}"
-            out.append(Regression(cache, info.label, JUDGED["counted"],
+            out.append(Regression(cache, info.label, VERDICT_LABELS["counted"],
                                   f"the class is required (it has {first.counted:.2f} counted passes in the first "
                                   f"run) and this run has none: {why}"))
     return out

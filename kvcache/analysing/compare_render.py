@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from kvcache.analysing import tables
+from kvcache.analysing import measure_table, tables
 from kvcache.analysing.compare import IMPROVED, INCONCLUSIVE, REGRESSED, SAME, Cell, Comparison, LedgerCell
 from kvcache.analysing.tables import MISSING, Table, escape_markdown, num
 
@@ -18,25 +18,28 @@ LEGEND = (
     "▲ regression against the first run (the gate's judge), ▼ better beyond tolerance, "
     "? inconclusive (interval straddles the allowed value, poor fit, drift, or no passes figure): not a regression"
 )
-COLUMNS = ("timed", "counted", "intercept_ms", "r2", "ops", "weight_passes", "memory", "gpus", "verdict")
-HEADERS = {
-    "timed": "timed passes",
-    "counted": "counted passes",
-    "intercept_ms": "intercept ms",
-    "r2": "R²",
-    "ops": "ops/step",
-    "weight_passes": "weight passes",
-    "memory": "memory held/peak",
-    "gpus": "passes per GPU class",
-    "verdict": "verdict",
-}
+VERDICT_COLUMN = "verdict"
 
 
-def measures(comparison: Comparison) -> list[str]:
-    """The measures some run has (a counted-only sweep shows no timed columns); all when none has any."""
+def columns() -> list[str]:
+    """Every column a comparison may show: each compared measure (:mod:`kvcache.analysing.measure_table`), then the
+    run's own verdict of the class."""
+    return [m.name for m in measure_table.selected("compared")] + [VERDICT_COLUMN]
+
+
+def column_header(column: str) -> str:
+    if column == VERDICT_COLUMN:
+        return "verdict"
+    measure = measure_table.BY_NAME[column]
+    return measure.header or measure.label
+
+
+def shown_columns(comparison: Comparison) -> list[str]:
+    """The columns some run has a figure for (a counted-only sweep shows no timed columns); all when none has any."""
     cells = [c for row in comparison.cells.values() for c in row]
-    shown = [m for m in COLUMNS if any(getattr(c, m) is not None for c in cells)]
-    return shown or list(COLUMNS)
+    shown = [m for m in columns()
+             if any((c.verdict if m == VERDICT_COLUMN else c.figures.get(m)) is not None for c in cells)]
+    return shown or columns()
 
 
 def _marked(text: str, change: str, delta: float | None, spec: str = "+.2f", figure: str = "") -> str:
@@ -54,37 +57,38 @@ def with_interval(text: str, bounds: tuple[float, float] | None, spec: str = ".2
 
 
 def cell_texts(cell: Cell, shown: Sequence[str]) -> list[str]:
-    """The displayed text of one cell, one string per measure in ``shown``."""
+    """The displayed text of one cell, one string per column in ``shown``."""
     if not cell.present:
         first = f"{MISSING} skipped: {cell.reason}" if cell.reason else f"{MISSING} not in run"
         return [first] + [MISSING] * (len(shown) - 1)
     texts = []
-    for measure in shown:
-        if measure == "timed":
-            timed = with_interval(num(cell.timed), cell.timed_ci if cell.timed is not None else None)
-            texts.append(_marked(timed, cell.timed_change, cell.timed_delta))
-        elif measure == "counted":
-            texts.append(_marked(num(cell.counted), cell.counted_change, cell.counted_delta))
-        elif measure == "intercept_ms":
-            mark = MARKS.get(cell.intercept_change, "")
-            texts.append(num(cell.intercept_ms, ".1f") + (f" {mark}" if mark else ""))
-        elif measure == "ops":
-            texts.append(_marked(num(cell.ops, ".0f"), cell.ops_change, cell.ops_delta, "+.0f"))
-        elif measure == "weight_passes":
-            texts.append(num(cell.weight_passes, ".3f"))
-        elif measure == "memory":
-            held = num(cell.memory) + (f"/{num(cell.peak)}" if cell.peak is not None else "")
-            texts.append(_marked(held, cell.memory_change, cell.memory_delta, figure=cell.memory_figure))
-        elif measure == "r2":
-            texts.append(num(cell.r2, ".3f"))
-        elif measure == "gpus":
-            gpus_verdict = (cell.judged or {}).get("gpus")
+    for name in shown:
+        value, change, delta = cell.figures.get(name), cell.changes.get(name, ""), cell.deltas.get(name)
+        if name == VERDICT_COLUMN:
+            texts.append(cell.verdict or MISSING)
+        elif name == "timed":
+            timed = with_interval(num(value), cell.intervals.get("timed") if value is not None else None)
+            texts.append(_marked(timed, change, delta))
+        elif name == "intercept":
+            mark = MARKS.get(change, "")
+            texts.append(num(value, ".1f") + (f" {mark}" if mark else ""))
+        elif name == "ops":
+            texts.append(_marked(num(value, ".0f"), change, delta, "+.0f"))
+        elif name in ("weight_passes", "r2"):
+            texts.append(num(value, ".3f"))
+        elif name == "held":
+            peak = cell.figures.get("peak")
+            held = num(value) + (f"/{num(peak)}" if peak is not None else "")
+            texts.append(_marked(held, change, delta, figure=cell.memory_figure))
+        elif name == "gpu":
+            gpus_verdict = (cell.judged or {}).get(measure_table.BY_NAME[name].verdict or "")
             texts.append(" · ".join(
                 f"{gpu} {num(passes)}" + (" ▲" if gpus_verdict is not None and gpus_verdict.parts and
                                          getattr(gpus_verdict.parts.get(gpu), "status", "") == "regression" else "")
-                for gpu, passes in cell.gpus.items()) if cell.gpus else MISSING)
-        else:
-            texts.append(cell.verdict or MISSING)
+                for gpu, passes in value.items()) if value else MISSING)
+        else:  # counted passes, and any measure without a rendering of its own
+            texts.append(_marked(num(value) if isinstance(value, (int, float)) or value is None else str(value),
+                                 change, delta))
     return texts
 
 
@@ -134,13 +138,14 @@ def summary(comparison: Comparison) -> str:
 def comparison_table(comparison: Comparison) -> Table:
     """The comparison as a :class:`~kvcache.analysing.tables.Table`: the cache column, then one column group per
     run (labelled by :func:`_group_labels`), numbers right-aligned in Markdown."""
-    shown = measures(comparison)
-    header = ["cache"] + [HEADERS[m] for _ in comparison.runs for m in shown]
+    shown = shown_columns(comparison)
+    head = ["cache"] + [column_header(m) for _ in comparison.runs for m in shown]
     groups = [("", 1)] + [(label, len(shown)) for label in _group_labels(comparison)]
-    right = [1 + i * len(shown) + j for i in range(len(comparison.runs)) for j, m in enumerate(shown) if m != "verdict"]
+    right = [1 + i * len(shown) + j for i in range(len(comparison.runs)) for j, m in enumerate(shown)
+             if m != VERDICT_COLUMN]
     rows = [[cache, *(text for cell in comparison.cells[cache] for text in cell_texts(cell, shown))]
             for cache in comparison.caches]
-    return Table(header, rows, groups, right)
+    return Table(head, rows, groups, right)
 
 
 def _ledger_text(cell: LedgerCell | None) -> str:

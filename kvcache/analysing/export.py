@@ -11,7 +11,7 @@ entry per (class, measure), every figure one where smaller is better:
   cache), with ``range``, their bootstrap interval, as text;
 - ``<class>: memory allocated passes``, ``... peak passes``, ``... held passes`` (unit ``passes``: bytes one decode
   step allocates, peaks at and leaves held / logical KV-cache bytes, exact) where the run records counted memory
-  (``kv.memory.<class>``; the gate's :data:`kvcache.analysing.judges.MEMORY_FIGURES`, nothing else of that section).
+  (``kv.memory.<class>``; the memory verdict's rows of :mod:`kvcache.analysing.measure_table`).
 
 ``name`` is stable across runs (the action draws one line per name); ``extra`` names the run's identity (model,
 dtype, device, Transformers and torch releases). A figure the run lacks is left out; one that is there but is not a
@@ -27,20 +27,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kvcache.analysing import identity, judges
+from kvcache.analysing import identity, measure_table
 from kvcache.analysing.estimates import finite, interval
 from kvcache.analysing.records import Fit, FitFailure, Run
 
 FORMATS = ("github-action-benchmark",)
-#: measure -> (name suffix, unit, section (kv.traffic or kv.fit), the record's field, its interval field)
-EXPORT_MEASURES: dict[str, tuple[str, str, str, str, str | None]] = {
-    "counted": ("counted passes", "passes", "traffic", "passes", None),
-    "ops": ("ATen ops per step", "ops", "traffic", "ops_per_step", None),
-    "weight_passes": ("weight passes", "passes", "traffic", "weight_passes", None),
-    "timed": ("timed passes", "passes", "fit", "passes", "passes_ci"),
-    "intercept": ("intercept", "ms", "fit", "intercept_ms", "intercept_ci"),
-}
-ALL = (*EXPORT_MEASURES, "memory")
+#: The measures exported (the measure table's ``exported`` rows), by name; ``memory`` names the memory verdict's
+#: figures at once (allocated, peak, held), the one name they had before each could be asked for.
+def exported() -> dict[str, measure_table.Measure]:
+    return {m.name: m for m in measure_table.selected("exported")}
+
+
+def export_groups() -> dict[str, tuple[str, ...]]:
+    return {"memory": tuple(m.name for m in measure_table.of_verdict("memory") if m.exported)}
+
+
+def export_names() -> tuple[str, ...]:
+    """What ``--measures`` takes: each exported measure, ``memory`` for the memory verdict's together."""
+    groups = export_groups()
+    return (*(n for n in exported() if not any(n in g for g in groups.values())), *groups)
 
 
 def extra_of(run: Run) -> str:
@@ -63,7 +68,7 @@ def finite_figure(raw: Any, label: str, notes: list[str] | None) -> float | None
     return value
 
 
-def why_no_figure(run: Run, measures: Sequence[str], notes: Sequence[str] = ()) -> str:
+def why_no_figure(run: Run, asked: Sequence[str], notes: Sequence[str] = ()) -> str:
     """Why ``run`` has no figure for ``measures``, one line: every class skipped (with their reasons), no timed fit
     (a counted-only run, or every fit failed), no counted traffic or memory, or figures that are not numbers (the
     ``notes`` of :func:`finite_figure`)."""
@@ -73,47 +78,40 @@ def why_no_figure(run: Run, measures: Sequence[str], notes: Sequence[str] = ()) 
         if skipped:
             return f"every class was skipped ({'; '.join(f'{c}: {r}' for c, r in skipped.items())})"
         return "it holds no counted traffic, fit or memory of any class"
+    table = measure_table.BY_NAME
+    sections = {table[n].section for m in asked for n in export_groups().get(m, (m,)) if n in table}
     why = []
-    if {"timed", "intercept"} & set(measures) and not any(isinstance(f, Fit) for f in kv.fit.values()):
+    if "fit" in sections and not any(isinstance(f, Fit) for f in kv.fit.values()):
         failed = {c: f.error for c, f in kv.fit.items() if isinstance(f, FitFailure)}
         why.append("no timed fit (" + ("; ".join(f"{c}: {e}" for c, e in failed.items()) if failed
                                       else "a counted-only run?") + ")")
-    if {"counted", "ops", "weight_passes"} & set(measures) and not kv.traffic:
+    if "traffic" in sections and not kv.traffic:
         why.append("no counted traffic (a timed-only run?)")
-    if "memory" in measures and not kv.memory:
+    if "memory" in sections and not kv.memory:
         why.append("no counted memory")
     return "; ".join(why or notes) or "every figure asked for is missing"
 
 
-def github_action_benchmark(run: Run, measures: Sequence[str] = ALL,
+def github_action_benchmark(run: Run, measures_asked: Sequence[str] | None = None,
                             notes: list[str] | None = None) -> list[dict[str, Any]]:
     """The ``customSmallerIsBetter`` entries of ``run``: ``name`` (str), ``unit`` (str), ``value`` (a finite
     number), ``range`` (str, where the figure has an interval) and ``extra`` (str, the identity). A figure that is
     there but not a finite number is left out and named in ``notes``."""
     kv = run.record
     extra = extra_of(run)
-    sections: dict[str, dict[str, Any]] = {"traffic": kv.traffic,
-                                           "fit": {c: f for c, f in kv.fit.items() if isinstance(f, Fit)}}
+    groups, table = export_groups(), exported()
+    names = [n for measure in measures_asked or export_names() for n in groups.get(measure, (measure,))]
     entries = []
     for cache in run.caches():
-        for measure in measures:
-            if measure == "memory":
-                memory = kv.memory.get(cache)  # allocated, peak and held passes
-                figures = {} if memory is None else {
-                    n: finite_figure(getattr(memory, n), f"{cache}: memory {n.replace('_', ' ')}", notes)
-                    for n in judges.MEMORY_FIGURES}
-                entries += [{"name": f"{cache}: memory {name.replace('_', ' ')}", "unit": "passes", "value": value,
-                             "extra": extra} for name, value in figures.items() if value is not None]
-                continue
-            suffix, unit, section, key, interval_key = EXPORT_MEASURES[measure]
-            record = sections[section].get(cache)
-            raw = getattr(record, key) if record is not None else None
-            value = finite_figure(raw, f"{cache}: {suffix}", notes)
+        for name in names:
+            m = table[name]
+            raw, _ = measure_table.raw_of(kv, m, cache)
+            value = finite_figure(raw, f"{cache}: {m.label}", notes)
             if value is None:  # absent, not finite, or not a number (a bool included)
                 continue
-            entry: dict[str, Any] = {"name": f"{cache}: {suffix}", "unit": unit,
+            entry: dict[str, Any] = {"name": f"{cache}: {m.label}", "unit": m.unit,
                                      "value": raw if isinstance(raw, int) else value}
-            text = _range(getattr(record, interval_key)) if interval_key else None
+            text = _range(getattr(measure_table.record_of(kv, m, cache), m.interval, None)) if m.interval else None
             if text:
                 entry["range"] = text
             entry["extra"] = extra

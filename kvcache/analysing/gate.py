@@ -1,7 +1,7 @@
 """The one judge: every rule that turns measured passes and a baseline into verdicts, used by the
 session-end gate and by ``kvcache compare`` alike. Analysing wing: stdlib only.
 
-Verdicts are kept as ``kv.verdict.<cache>.<measure>`` (measures: :data:`kvcache.analysing.judges.MEASURES`),
+Verdicts are kept as ``kv.verdict.<cache>.<measure>`` (verdicts: :data:`kvcache.analysing.measure_table.VERDICTS`),
 each ``{status, value, allowed, reason}`` plus ``interval`` (timed, intercept), ``grew`` (counted: the ops whose
 passes rose) and ``parts`` (overhead, memory, the ledger). The build's exit status and its failure lines come from
 walking that tree (:func:`failures`).
@@ -51,7 +51,6 @@ import math
 
 from kvcache.analysing.entries import BaselineEntry
 from kvcache.analysing.judges import (
-    EXACT,
     PRIORITY,
     allowed_passes,
     drift_problem,
@@ -63,6 +62,7 @@ from kvcache.analysing.judges import (
     judge_overhead,
     judge_timed,
 )
+from kvcache.analysing.measure_table import EXACT_VERDICTS, VERDICT_NAMES
 from kvcache.analysing.records import KV, Drift, Point, Speed, UnmeasuredDrift, Verdict
 from kvcache.analysing.rules import Rules
 
@@ -134,15 +134,16 @@ def judge_run(kv: KV, baseline: dict[str, dict[str, BaselineEntry]], rules: Rule
             kv.ledger.get(cache), timed_base.timed_ledger if timed_base is not None else None, rules=rules,
             drift=drift, key=keys["timed"], counted_by_op=traffic.by_op if traffic is not None else None,
             base_counted_by_op=counted_base.counted_by_op if counted_base is not None else None)
-        out[cache] = {"counted": counted, "timed": timed, "overhead": overhead, "intercept": intercept,
-                      "ledger": ledger}
+        judged = {"counted": counted, "timed": timed, "overhead": overhead, "intercept": intercept,
+                  "ledger": ledger}  # the gate's judge of each verdict of the measure table (a test keeps them equal)
         if (traffic is not None and traffic.gpus) or (counted_base is not None and counted_base.gpu_passes):
-            out[cache]["gpus"] = judge_gpus(traffic.gpu_counted() if traffic is not None else {}, counted_base,
-                                            tolerance=rules.counted_tolerance, key=keys["counted"])
+            judged["gpus"] = judge_gpus(traffic.gpu_counted() if traffic is not None else {}, counted_base,
+                                        tolerance=rules.counted_tolerance, key=keys["counted"])
         memory, memory_base = kv.memory.get(cache), entry("memory")
         if memory is not None or memory_base is not None:  # a run from before counted memory has no verdict of it
-            out[cache]["memory"] = judge_memory(memory, memory_base, rules=rules,
-                                                key=keys.get("memory", keys["overhead"]))
+            judged["memory"] = judge_memory(memory, memory_base, rules=rules,
+                                            key=keys.get("memory", keys["overhead"]))
+        out[cache] = {name: judged[name] for name in VERDICT_NAMES if name in judged}
     return out
 
 
@@ -159,7 +160,7 @@ def failures(verdicts: dict[str, dict[str, Verdict]], *, drift: Drift | Unmeasur
     lines = []
     for cache, measures in verdicts.items():
         for measure, v in measures.items():
-            if v.status == "regression" or (strict and measure not in EXACT and v.status == "inconclusive"):
+            if v.status == "regression" or (strict and measure not in EXACT_VERDICTS and v.status == "inconclusive"):
                 lines.append(f"kv-cache {v.status}: {cache} {measure}: {v.reason}")
     problem = drift_problem(drift)
     if strict and problem and not any("drift" in line for line in lines):

@@ -34,25 +34,18 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from kvcache.analysing import arguments, files, identity
+from kvcache.analysing import arguments, files, identity, measure_table
 from kvcache.analysing.estimates import finite, interval
 from kvcache.analysing.export import finite_figure, why_no_figure
-from kvcache.analysing.records import Fit, Run
+from kvcache.analysing.records import Run
 from kvcache.analysing.report.data import ReportError
-from kvcache.analysing.steps import COUNTED_RESOLUTION, Step, counted_steps, steps_markdown, timed_steps
+from kvcache.analysing.steps import Step, counted_steps, steps_markdown, timed_steps
 
 STORE_SCHEMA = 1
-#: measure (also the PNG's file stem) -> (axis label, is the figure exact (counted)?)
-TREND_MEASURES: dict[str, tuple[str, bool]] = {
-    "counted": ("counted passes (bytes moved per step / KV-cache bytes)", True),
-    "ops": ("ATen ops per step", True),
-    "weight_passes": ("weight passes (fixed bytes per step / weight bytes)", True),
-    "timed": ("timed passes (copy bandwidth × latency slope)", False),
-    "intercept": ("intercept (ms per step, empty cache)", False),
-}
-#: The smallest change of an exact figure that is a step: what its tables show (passes to 3 decimals; whole ops).
-#: A few bytes more per step (a reduction's one-number output) move weight passes by 1e-7: not a step.
-RESOLUTION = {"counted": COUNTED_RESOLUTION, "ops": 0.5, "weight_passes": 0.0005}
+#: The measures kept and plotted (the measure table's ``history`` rows), by name: also the PNG's file stem and the
+#: figure's key in a store entry (its interval: ``<name>_ci``; counted passes' per-op parts: ``by_op``).
+def trend_measures() -> dict[str, measure_table.Measure]:
+    return {m.name: m for m in measure_table.selected("history")}
 
 
 class HistoryError(ValueError):
@@ -63,26 +56,25 @@ class HistoryError(ValueError):
 
 
 def figures_of(run: Run, notes: list[str] | None = None) -> dict[str, dict[str, Any]]:
-    """``{cache: {measure: value, ...}}``: what an entry keeps of a run (see the module docstring for units); a
-    figure that is there but not a finite number is left out and named in ``notes``."""
+    """``{cache: {measure: value, ...}}``: what an entry keeps of a run, every :func:`trend_measures` figure with its
+    interval (``<name>_ci``) and counted passes' per-op parts (``by_op``); a figure that is there but not a finite
+    number is left out and named in ``notes``."""
     kv = run.record
     out: dict[str, dict[str, Any]] = {}
     for cache in run.caches():
-        traffic, fit = kv.traffic.get(cache), kv.fit.get(cache)
         figures: dict[str, Any] = {}
-        if traffic is not None:
-            ops = traffic.ops_per_step
-            figures.update(counted=finite_figure(traffic.passes, f"{cache}: counted passes", notes),
-                           by_op={str(k): v for k, v in traffic.by_op.items()
-                                  if finite_figure(v, f"{cache}: counted passes of {k}", notes) is not None},
-                           ops=ops if isinstance(ops, int)
-                           else finite_figure(ops, f"{cache}: ATen ops per step", notes),
-                           weight_passes=finite_figure(traffic.weight_passes, f"{cache}: weight passes", notes))
-        if isinstance(fit, Fit):
-            figures.update(timed=finite_figure(fit.passes, f"{cache}: timed passes", notes),
-                           timed_ci=interval(fit.passes_ci),
-                           intercept=finite_figure(fit.intercept_ms, f"{cache}: intercept", notes),
-                           intercept_ci=interval(fit.intercept_ci))
+        for name, m in trend_measures().items():
+            raw, detail = measure_table.raw_of(kv, m, cache)
+            value = raw if isinstance(raw, int) and not isinstance(raw, bool) else \
+                finite_figure(raw, f"{cache}: {m.label}", notes)
+            if value is None:
+                continue
+            figures[name] = value
+            if m.interval:
+                figures[f"{name}_ci"] = interval(getattr(measure_table.record_of(kv, m, cache), m.interval, None))
+            if name == "counted" and isinstance(detail, dict):
+                figures["by_op"] = {str(k): v for k, v in detail.items()
+                                    if finite_figure(v, f"{cache}: {m.label} of {k}", notes) is not None}
         out[cache] = {k: v for k, v in figures.items() if v not in (None, {})}
     return out
 
@@ -95,7 +87,7 @@ def entry_of(run: Run, *, commit: str | None = None, release: str | None = None,
     found_notes: list[str] = []
     caches = {cache: found for cache, found in figures_of(run, found_notes).items() if found}
     if not caches:
-        raise HistoryError(f"{run.path}: no figure to add: {why_no_figure(run, list(TREND_MEASURES), found_notes)}")
+        raise HistoryError(f"{run.path}: no figure to add: {why_no_figure(run, list(trend_measures()), found_notes)}")
     if notes is not None:
         notes.extend(found_notes)
     return {"schema": STORE_SCHEMA, "commit": commit, "release": release, "identity": ident.to_json(),
@@ -237,18 +229,14 @@ def ordered(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # --- steps ---------------------------------------------------------------------------------------------------
 
 
-#: The identity measure (:data:`kvcache.analysing.identity.MEASURE_FIELDS`) each plotted measure is comparable by.
-IDENTITY_OF = {"counted": "counted", "ops": "overhead", "weight_passes": "overhead", "timed": "timed",
-               "intercept": "timed"}
-
-
 def setup_of(entry: dict[str, Any], measure: str) -> str:
     """What an entry's ``measure`` is comparable across: its identity key for that measure (counted passes do not
     depend on which CPU ran them, so runs from runners with other CPUs make one line)."""
     ident = entry.get("identity")
     if not isinstance(ident, dict):
         return str(entry.get("setup"))
-    return identity.baseline_key(identity.Identity.from_json(ident, "history entry identity"), IDENTITY_OF[measure])
+    group = trend_measures()[measure].group or "counted"
+    return identity.baseline_key(identity.Identity.from_json(ident, "history entry identity"), group)
 
 
 def trend_series(entries: list[dict[str, Any]], measure: str) -> dict[tuple[str, str], list[dict[str, Any]]]:
@@ -264,13 +252,15 @@ def trend_series(entries: list[dict[str, Any]], measure: str) -> dict[tuple[str,
 
 def steps_of(entries: list[dict[str, Any]], measure: str) -> list[Step]:
     """The steps of every class's series of ``measure`` (see :func:`counted_steps`, :func:`timed_steps`)."""
-    exact = TREND_MEASURES[measure][1]
+    trend = trend_measures()[measure]
+    exact = trend.exact
     labels = [label_of(e) for e in entries]
     out = []
     for (setup, cache), row in trend_series(entries, measure).items():
         values = [finite(f.get(measure)) for f in row]
         intervals = [f.get(f"{measure}_ci") for f in row]
-        found = counted_steps(values, RESOLUTION[measure]) if exact else timed_steps(values, intervals)
+        found = (counted_steps(values, trend.resolution or measure_table.COUNTED_RESOLUTION) if exact
+                 else timed_steps(values, intervals))
         out += [Step(measure, cache, setup, i, labels[i], before, after) for i, before, after in found]
     return out
 
@@ -289,7 +279,7 @@ def plot(entries: list[dict[str, Any]], out: str | Path) -> tuple[list[Path], li
     out.mkdir(parents=True, exist_ok=True)
     labels = [label_of(e) for e in entries]
     trends = {}  # measure -> (series per (setup, cache), the figures drawn, the steps): what a PNG shows
-    for measure in TREND_MEASURES:
+    for measure in trend_measures():
         rows = trend_series(entries, measure)
         drawn = {key: [finite(f.get(measure)) for f in row] for key, row in rows.items()}
         drawn = {key: values for key, values in drawn.items() if any(v is not None for v in values)}
@@ -303,7 +293,7 @@ def plot(entries: list[dict[str, Any]], out: str | Path) -> tuple[list[Path], li
         rows, drawn, steps = trends[measure]
         setups = list(dict.fromkeys(setup for setup, _ in rows))
         colours = {key: PALETTE[i % len(PALETTE)] for i, key in enumerate(rows)}
-        title, exact = TREND_MEASURES[measure]
+        title, exact = trend_measures()[measure].title, trend_measures()[measure].exact
         fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(entries) + 3), 4.2))
         for key, values in drawn.items():
             setup, cache = key
@@ -359,4 +349,5 @@ def plot(entries: list[dict[str, Any]], out: str | Path) -> tuple[list[Path], li
 
 
 #: The files ``plot`` writes into ``--out``: one PNG per measure, steps.json and steps.md.
-PLOT_FILES = (*(f"{measure}.png" for measure in TREND_MEASURES), "steps.json", "steps.md")
+def plot_files() -> tuple[str, ...]:
+    return (*(f"{measure}.png" for measure in trend_measures()), "steps.json", "steps.md")

@@ -35,6 +35,7 @@ from typing import Any
 
 from kvcache.analysing.context_records import Environment, RunSettings, Section, unset_field
 from kvcache.analysing.jsonrecord import BOOKKEEPING, extra_field
+from kvcache.analysing.measure_table import GROUPS
 from kvcache.analysing.presets import FAMILY_PRESETS, LAYERS_SUFFIX, PRESETS
 
 #: Every field of a run's identity, in display order.
@@ -68,13 +69,6 @@ VARIABLES: dict[str, str] = {
     # "1": Transformers' SDPA integration passes enable_gqa=True whatever the mask (transformers 5.23 and later): a
     # compiled StaticCache step then reads K/V once instead of expanding them to every query head (7 passes -> 1).
     "TRANSFORMERS_SDPA_FORCE_GQA": "0",
-}
-#: The fields each measure's baseline key and comparability depend on.
-MEASURE_FIELDS = {
-    "counted": ("device_type", "model", "dtype"),
-    "timed": ("device_name", "model", "dtype"),  # a CPU's device name carries its thread count
-    "overhead": ("device_type", "model", "dtype", "torch"),
-    "memory": ("device_type", "model", "dtype", "torch"),  # allocation behaviour may change with the torch release
 }
 #: How a field is spelled in a key, when not by its bare value.
 KEY_FORMS = {"torch": "torch {}"}
@@ -150,7 +144,7 @@ def baseline_key(ident: Identity, measure: str) -> str:
     """The baseline key of ``measure`` for a run of this identity: ``"cpu | tiny | bfloat16"`` (counted),
     ``"cpu: AMD EPYC (2 threads) | tiny | bfloat16"`` (timed), ``"cpu | tiny | bfloat16 | torch 2.13.0+cpu"``
     (overhead). Extra fields appear only when not default."""
-    parts = [KEY_FORMS.get(name, "{}").format(getattr(ident, name)) for name in MEASURE_FIELDS[measure]]
+    parts = [KEY_FORMS.get(name, "{}").format(getattr(ident, name)) for name in GROUPS[measure]]
     parts += [f"{name}={getattr(ident, name)}" for name, default in EXTRA_FIELDS.items()
               if getattr(ident, name) != default]
     return " | ".join(parts)
@@ -158,7 +152,7 @@ def baseline_key(ident: Identity, measure: str) -> str:
 
 def mismatches(idents: list[Identity], measures: list[str] | tuple[str, ...]) -> dict[str, list[Any]]:
     """Fields (of the given measures, extra fields included) on which the runs differ: {field: [value per run]}."""
-    names = dict.fromkeys(f for m in measures for f in MEASURE_FIELDS[m])
+    names = dict.fromkeys(f for m in measures for f in GROUPS[m])
     names.update(dict.fromkeys(EXTRA_FIELDS))
     if "timed" in measures:
         names["threads"] = None

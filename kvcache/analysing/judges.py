@@ -11,6 +11,7 @@ from typing import Union
 from kvcache.analysing import tables
 from kvcache.analysing.entries import BaselineEntry
 from kvcache.analysing.estimates import finite
+from kvcache.analysing.measure_table import of_verdict
 from kvcache.analysing.options import MIN_OP_PASSES
 from kvcache.analysing.records import (
     Counted,
@@ -26,17 +27,11 @@ from kvcache.analysing.records import (
 )
 from kvcache.analysing.rules import Rules
 
-MEASURES = ("counted", "timed", "overhead", "intercept", "ledger", "memory", "gpus")
-# Measures that are counted, not timed: never inconclusive for noise, so --kv-strict leaves them alone.
-EXACT = ("counted", "overhead", "memory", "gpus")
 STATUSES = ("pass", "regression", "inconclusive", "no-baseline", "not-measured")
 # Higher wins when the measures of a class are shown as one status.
 PRIORITY = {"not-measured": 0, "no-baseline": 1, "pass": 2, "inconclusive": 3, "regression": 4}
 # Counted passes are ratios of byte counts; a rounding error must not turn "equal" into a regression.
 COUNTED_RELATIVE_SLACK = 1e-9
-#: The figures of counted memory the gate judges (``kv.memory.<cache>``) and the baseline field of each.
-MEMORY_FIGURES = {"allocated_passes": "memory_allocated_passes", "peak_passes": "memory_peak_passes",
-                  "held_passes": "memory_held_passes"}
 # The whole step, profiled or plain: judged as timed passes already (and not an op).
 LEDGER_UNJUDGED = ("(profiled step)", "(plain step)")
 COUNTED_MATCH = 0.01  # counted passes within this make a renamed op the same op
@@ -269,8 +264,9 @@ def judge_memory(memory: Memory | None, base: BaselineEntry | None, *, rules: Ru
                        f"--kv-update-baseline{note}", value=held)
     parts: dict[str, Part] = {}
     problems = []
-    for name, field_name in MEMORY_FIGURES.items():
-        value, reference = getattr(memory, name), getattr(base, field_name)
+    for measure in of_verdict("memory"):
+        name = measure.field
+        value, reference = getattr(memory, name), getattr(base, measure.baseline)
         if value is None or reference is None:
             continue
         allowed = reference + rules.memory_tolerance

@@ -20,9 +20,8 @@ from typing import Any
 
 from kvcache.analysing import tables
 from kvcache.analysing.estimates import median
+from kvcache.analysing.measure_table import COUNTED_RESOLUTION
 
-#: The smallest change of counted passes that is a step: what the tables show (passes to 3 decimals).
-COUNTED_RESOLUTION = 0.0005
 #: Half-width, relative to the value, of the interval assumed for a timed figure recorded without one.
 NO_INTERVAL = 0.10
 Z95 = 1.959963984540054

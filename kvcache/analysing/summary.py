@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvcache.analysing import identity, tables
+from kvcache.analysing import identity, measure_table, tables
 from kvcache.analysing.estimates import finite, median
 from kvcache.analysing.ledger import ADDS_UP, PROFILED_STEP
 from kvcache.analysing.records import (
@@ -29,8 +29,12 @@ FIT_HEADER = ["cache", "intercept ms [CI]", "eff GB/s", "timed passes [CI]", "RÂ
 OVERHEAD_HEADER = ["cache", "ops/step", "data ops/step", "ops/layer", "fixed MB", "weight passes"]
 POINT_HEADER = ["cache", "context", "rounds", "median ms", "achieved GB/s", "of copy"]
 LEDGER_HEADER = ["cache", "op", "counted", "timed [CI]", "ms/step at largest context", "ledger verdict"]
-#: The verdict table's columns, in this order; a measure a later judge adds follows them.
-SUMMARY_MEASURES = ("counted", "timed", "intercept", "overhead", "ledger", "memory")
+#: The verdict table's columns, in this order (the summarised verdicts of the measure table); a verdict a later
+#: judge adds follows them.
+SUMMARY_MEASURES = tuple(v.name for v in measure_table.VERDICTS if v.summarised)
+#: The summarised measures the tables and lines above the verdicts show; any other is a row of the figures table.
+SHOWN_APART = ("timed", "counted", "intercept", "r2", "ops", "weight_passes", "allocated", "peak", "held", "gpu",
+               "backend", "ledger")
 
 
 def measured_verdicts(kv: KV) -> dict[str, dict[str, Verdict]]:
@@ -281,6 +285,23 @@ def memory_lines(kv: KV) -> list[str]:
     return out
 
 
+def figure_rows(kv: KV) -> list[list[str]]:
+    """Per class, the summarised figures no table above shows (:data:`SHOWN_APART`), one column each: a measure
+    the table gained before any output of its own."""
+    others = [m for m in measure_table.selected("summarised") if m.name not in SHOWN_APART and not m.per_key]
+    rows = []
+    for cache in dict.fromkeys([*kv.traffic, *kv.fit, *kv.memory]):
+        values = [measure_table.value_of(kv, m, cache) for m in others]
+        if any(v is not None for v in values):
+            rows.append([cache, *(measure_table.figure_text(m, v) for m, v in zip(others, values))])
+    return rows
+
+
+def figure_header() -> list[str]:
+    return ["cache", *(m.label for m in measure_table.selected("summarised")
+                       if m.name not in SHOWN_APART and not m.per_key)]
+
+
 def noted_table(header: list[str], rows: list[list[str]], note: str) -> list[str]:
     """A blank line, the table and its note in brackets; nothing when there are no rows."""
     return ["", *tables.text(Table(header, rows)), f"  ({note})"] if rows else []
@@ -319,6 +340,7 @@ def lines(kv: KV) -> list[str]:
                        "step's time outside ATen ops; the profiled step is timed op by op (CPU: a dispatch-mode clock; "
                        "CUDA: torch.profiler), apart from the timed rounds; the plain step: steps between the "
                        "profiled ones, no instrument")
+    out += noted_table(figure_header(), figure_rows(kv), "figures of the measure table, in their units")
     out += instrument_lines(kv)
     out += [f"ledger {cache}: {error}" for cache, error in kv.ledger_errors.items()]
     out += compiled_lines(kv)

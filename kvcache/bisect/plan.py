@@ -156,7 +156,7 @@ def make_plan(args: argparse.Namespace, extra: list[str], workdir: Path, say: Ca
         root = Path(args.versions_dir).expanduser().resolve()
         cache = ProbeCache(cache_root, {**suite.identity(), "mode": "releases"})
         return Plan((items[0], items[-1]), items[1:], ReleaseRunner(root, suite), cache,
-                    search.BISECT_MEASURES[args.measure], args.cls, f"releases {first}..{last}", notes, "releases")
+                    search.bisect_measures()[args.measure], args.cls, f"releases {first}..{last}", notes, "releases")
     top = repository(args.repo)
     good = resolve_rev(top, args.good, "--good")
     bad = resolve_rev(top, args.bad, "--bad")
@@ -182,4 +182,4 @@ def make_plan(args: argparse.Namespace, extra: list[str], workdir: Path, say: Ca
                           "line")
     cache = ProbeCache(cache_root, suite.identity())
     return Plan((revision_of(top, good), items[-1]), items, CommitRunner(top, suite), cache,
-                search.BISECT_MEASURES[args.measure], args.cls, f"repo {top}", notes)
+                search.bisect_measures()[args.measure], args.cls, f"repo {top}", notes)

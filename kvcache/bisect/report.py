@@ -120,6 +120,6 @@ def bisect_options(plan: Plan) -> str:
     parts = [f"--model {pairs.get('--kv-model', 'tiny')}"]
     if pairs.get("--kv-caches", DEFAULT_CACHES) != DEFAULT_CACHES:
         parts.append(f"--caches {pairs['--kv-caches']}")
-    if plan.measure.name != "passes":
+    if plan.measure.name != search.DEFAULT_MEASURE:
         parts.append(f"--measure {plan.measure.name}")
     return " ".join(parts)

@@ -17,48 +17,62 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from kvcache.analysing import measure_table
 from kvcache.analysing.compare import skip_reason
 from kvcache.analysing.judges import COUNTED_RELATIVE_SLACK
-from kvcache.analysing.options import MIN_OP_PASSES
+from kvcache.analysing.options import MIN_OP_PASSES, option
 from kvcache.analysing.records import KV
 from kvcache.analysing.rules import Rules
-from kvcache.analysing.sdpa_rules import GPUS
+from kvcache.analysing.sdpa_rules import BACKENDS, GPUS
 from kvcache.analysing.tables import MISSING
 
 GOOD, BAD, SKIP = "good", "bad", "skip"
 
 
 @dataclass(frozen=True)
-class Measure:
-    """A figure of a run's ``kv`` section that a bisect can follow: the record field ``key`` of
-    ``kv.<section>.<cache>`` and ``detail``, the field of its per-op parts (None: it has none); with ``path``, the
-    fields of the object at that path inside the class's record instead (``("gpus", "T4")``:
-    ``kv.traffic.<cache>.gpus.T4.passes``), read from its JSON, so that a family of figures a later schema adds is
-    followed before any record knows it."""
+class Followed:
+    """A figure a bisect follows: a row of the measure table (:mod:`kvcache.analysing.measure_table`, its
+    ``bisected`` rows) and, for a figure per key, the key (a GPU class, an SDPA backend): ``gpu:t4``."""
 
-    name: str
-    label: str  # for messages: "counted passes"
-    unit: str  # "passes", "ops", "weight passes"
-    section: str  # "traffic" or "memory"
-    key: str
-    detail: str | None = None
-    path: tuple[str, ...] = ()
+    measure: measure_table.Measure
+    key: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.measure.name}:{self.key}" if self.key is not None else self.measure.name
+
+    @property
+    def label(self) -> str:  # for messages: "counted passes", "counted passes on t4"
+        return f"{self.measure.label} {self.key}" if self.key is not None else self.measure.label
+
+    @property
+    def unit(self) -> str:
+        return self.measure.unit
+
+    @property
+    def path(self) -> tuple[str, ...]:
+        return measure_table.concrete_path(self.measure, self.key)
 
 
-BISECT_MEASURES = {
-    "passes": Measure("passes", "counted passes", "passes", "traffic", "passes", "by_op"),
-    "ops": Measure("ops", "ATen ops per step", "ops", "traffic", "ops_per_step", "calls"),
-    "weight": Measure("weight", "weight passes", "weight passes", "traffic", "weight_passes"),
-    # held: no per-op detail (the bytes a step keeps are not what one op allocated)
-    "held": Measure("held", "memory held per step", "held passes", "memory", "held_passes"),
-    "peak": Measure("peak", "memory peak per step", "peak passes", "memory", "peak_passes", "peak_by_op"),
-    "allocated": Measure("allocated", "memory allocated per step", "allocated passes", "memory", "allocated_passes",
-                         "allocated_by_op"),
-    # per GPU class (--kv-gpus, added to every probe): the step's counted passes under the SDPA backend torch's rules
-    # select on that class
-    **{f"gpu:{gpu}": Measure(f"gpu:{gpu}", f"counted passes on {gpu}", "passes", "gpus", gpu, "by_op")
-       for gpu in GPUS},
-}
+#: The keys of the per-key measures a bisect may name: the GPU classes torch's rules know, the SDPA backends.
+KEYS = {"gpu": tuple(GPUS), "backend": BACKENDS}
+
+
+def bisect_measures() -> dict[str, Followed]:
+    """Every name ``--measure`` takes, by name: the table's bisected names, the older names they replaced
+    (``passes``, ``weight``), a figure per key as ``gpu:t4``, ``backend:flash``."""
+    return {name: Followed(m, name.partition(":")[2] or None) for name, m in measure_table.bisect_names(KEYS).items()}
+DEFAULT_MEASURE = "counted"
+
+
+def followed(name: str) -> Followed:
+    """The figure a name recorded by a bisect or the sentinel means (any key of a per-key measure, as a run has
+    it: ``gpu:T4``); counted passes for a name the table does not have (a file from before a measure's rename)."""
+    try:
+        measure, key = measure_table.named(name)
+    except KeyError:
+        return bisect_measures()[DEFAULT_MEASURE]
+    return Followed(measure, key)
 
 
 @dataclass
@@ -78,64 +92,45 @@ def classes(kv: KV) -> list[str]:
     return [c for c in dict.fromkeys(names) if c != "all"]
 
 
-def _number(value: Any) -> bool:
+def figure_of(kv: KV, measure: Followed, cache: str) -> Figure:
+    """``cache``'s figure of ``measure`` in a run's ``kv`` section (counted passes: the fused count under
+    ``--kv-compile``, as the gate judges it)."""
+    row = measure.measure
+    raw, parts = measure_table.raw_of(kv, row, cache, measure.key)
+    if not _finite(raw):
+        record = measure_table.record_of(kv, row, cache)
+        why_missing = getattr(record, "why_missing", None) if record is not None and not row.path else None
+        if row.path and record is not None:  # a prediction that failed says why (``error``)
+            node: Any = record.to_json()
+            for part in measure.path:
+                node = node.get(part) if isinstance(node, dict) else None
+            why_missing = node.get("error") if isinstance(node, dict) else None
+        why = skip_reason(kv, cache) or why_missing
+        if why is None and row.section == "memory" and not kv.memory:
+            why = "the run has no memory figures (kv.memory)"
+        return Figure(None, {}, why or f"no {measure.label} of {cache} in the run")
+    detail = {str(op): float(v) for op, v in (parts if isinstance(parts, dict) else {}).items() if _finite(v)}
+    return Figure(float(raw), detail)
+
+
+def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def figure_of(kv: KV, measure: Measure, cache: str) -> Figure:
-    """``cache``'s figure of ``measure`` in a run's ``kv`` section (counted passes: the fused count under
-    ``--kv-compile``, as the gate judges it)."""
-    why_missing = None
-    if measure.section == "gpus":  # the class's figure on that GPU class: a Counted with passes, by_op
-        traffic = kv.traffic.get(cache)
-        record: Any = traffic.gpu_counted().get(measure.key) if traffic is not None else None
-        why_missing = record.why_missing if record is not None else None
-        value = record.passes if record is not None else None
-        if not _number(value):
-            return Figure(None, {}, skip_reason(kv, cache) or why_missing or f"no {measure.label} of {cache} in the "
-                          "run")
-        return Figure(float(value), {str(op): float(v) for op, v in record.by_op.items() if _number(v)})
-    if measure.section == "memory":
-        record = kv.memory.get(cache)
-    elif measure.name == "passes" and not measure.path:  # the fused count under --kv-compile, else the eager one
-        traffic = kv.traffic.get(cache)
-        record = traffic.counted() if traffic is not None else None
-        why_missing = record.why_missing if record is not None else None
-    else:
-        record = kv.traffic.get(cache)
-    if measure.path:  # a figure inside the class's record: read from its JSON
-        node: Any = record.to_json() if record is not None else None
-        for part in measure.path:
-            node = node.get(part) if isinstance(node, dict) else None
-        value = node.get(measure.key) if isinstance(node, dict) else None
-        parts = node.get(measure.detail) if isinstance(node, dict) and measure.detail else None
-    else:
-        value = None if record is None else getattr(record, measure.key)
-        parts = getattr(record, measure.detail) if measure.detail and record is not None else None
-    if not _number(value):
-        why = skip_reason(kv, cache) or why_missing
-        if why is None and measure.section == "memory" and not kv.memory:
-            why = "the run has no memory figures (kv.memory)"
-        return Figure(None, {}, why or f"no {measure.label} of {cache} in the run")
-    detail = {str(op): float(v) for op, v in (parts if isinstance(parts, dict) else {}).items() if _number(v)}
-    return Figure(float(value), detail)
-
-
-def tolerance(kv: KV, measure: Measure, cache: str) -> float:
-    """How far the figure may move and still count as unchanged: the counted judge's tolerance for it, from the rules
-    the run was judged with (``--kv-counted-tolerance``; ``--kv-ops-tolerance`` × layers for ops;
-    ``--kv-weight-passes-tolerance``; memory: ``--kv-memory-tolerance`` where the run has one, else the counted
-    one)."""
+def tolerance(kv: KV, measure: Followed, cache: str) -> float:
+    """How far the figure may move and still count as unchanged: the counted judge's tolerance for it (its row's
+    option), from the rules the run was judged with; ops: ``--kv-ops-tolerance`` × layers; memory:
+    ``--kv-memory-tolerance`` where the run has one, else the counted one (a run from before it)."""
     rules = Rules.from_settings(kv.settings)
-    if measure.name == "ops":
+    row = measure.measure
+    if row.name == "ops":
         traffic = kv.traffic.get(cache)
         layers = traffic.layers if traffic is not None and traffic.layers else kv.model.layers
         return rules.ops_tolerance * (layers or 1)
-    if measure.name == "weight":
-        return rules.weight_passes_tolerance
-    if measure.section == "memory":
-        return rules.memory_tolerance if kv.settings.memory_tolerance is not None else rules.counted_tolerance
-    return rules.counted_tolerance
+    if row.section == "memory" and kv.settings.memory_tolerance is None:
+        return rules.counted_tolerance
+    setting = option(row.tolerance).setting if row.tolerance else "counted_tolerance"
+    return float(getattr(rules, setting))
 
 
 def differs(value: float, reference: float, tol: float) -> bool:
@@ -193,16 +188,16 @@ def op_changes(before: dict[str, float], after: dict[str, float]) -> dict[str, f
                        key=lambda kv: (-abs(kv[1]), kv[0])))
 
 
-def fmt_value(value: float | None, measure: Measure) -> str:
+def fmt_value(value: float | None, measure: Followed) -> str:
     """A figure for the terminal: ops as a whole number, passes with two decimals (weight passes three)."""
     if value is None:
         return MISSING
-    if measure.name == "ops":
+    if measure.unit == "ops":
         return f"{value:g}"
-    return f"{value:.3f}" if measure.name == "weight" else f"{value:.2f}"
+    return f"{value:.3f}" if measure.measure.name == "weight_passes" else f"{value:.2f}"
 
 
-def fmt_changes(changes: dict[str, float], measure: Measure) -> str:
+def fmt_changes(changes: dict[str, float], measure: Followed) -> str:
     """``cat +2.00, clone +1.00`` (ops: ``view +30``)."""
-    spec = "+g" if measure.name == "ops" else "+.2f"
+    spec = "+g" if measure.unit == "ops" else "+.2f"
     return ", ".join(f"{op} {delta:{spec}}" for op, delta in changes.items()) or "none of its ops by itself"

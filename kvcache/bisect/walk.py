@@ -21,7 +21,7 @@ class Plan:
     items: list[Revision]  # the range after the good end, oldest first; the last is the bad end
     runner: Any
     cache: ProbeCache
-    measure: search.Measure
+    measure: search.Followed
     cls: str | None
     where: str  # "repo /path" or "releases 5.22.2..5.24.0"
     notes: list[str] = field(default_factory=list)
@@ -202,7 +202,8 @@ class Bisect:
 
     def other_measures(self, good_kv: KV, bad_kv: KV) -> str | None:
         """A hint naming a figure of another measure that did change between the ends."""
-        for name, measure in search.BISECT_MEASURES.items():
+        for measure in {f.name: f for f in search.bisect_measures().values()}.values():
+            name = measure.name
             if name == self.plan.measure.name:
                 continue
             for c in dict.fromkeys(search.classes(good_kv) + search.classes(bad_kv)):

@@ -51,10 +51,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for line in refused:
         print(f"{args.baseline}: {line}")
     if not entries:  # nothing recorded: never a silent success
-        from kvcache.analysing.export import ALL, why_no_figure
+        from kvcache.analysing.export import export_names, why_no_figure
 
         print(f"kvcache baseline: {args.run}: no figure recorded in {args.baseline}: "
-              f"{'; '.join(refused) or why_no_figure(run, ALL)}", file=sys.stderr)
+              f"{'; '.join(refused) or why_no_figure(run, export_names())}", file=sys.stderr)
         return 2
     return 0
 

@@ -78,7 +78,7 @@ def parser() -> argparse.ArgumentParser:
     made.add_argument("--releases", metavar="A..B", help="walk the published releases from A to B instead (patch "
                       "releases included; pip index versions, needs the network) and name the first with the change")
     made.add_argument("--versions-dir", default=".versions", help="where --releases installs releases (.versions)")
-    made.add_argument("--measure", default="passes", choices=list(search.BISECT_MEASURES),
+    made.add_argument("--measure", default=search.DEFAULT_MEASURE, choices=list(search.bisect_measures()),
                       help="the figure: counted passes (default), ops (ATen ops per step), weight (weight passes), "
                            "held/peak/allocated (memory per step, where the runs have it), gpu:<class> (counted passes "
                            "under the SDPA backend torch would select on that GPU class: --kv-gpus is added)")

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from kvcache.analysing import arguments
-from kvcache.analysing.export import ALL, FORMATS, github_action_benchmark, why_no_figure
+from kvcache.analysing.export import FORMATS, export_names, github_action_benchmark, why_no_figure
 from kvcache.analysing.files import write_text_atomically
 from kvcache.analysing.records import RecordError, load_run
 
@@ -27,8 +27,8 @@ def parser() -> argparse.ArgumentParser:
     )
     made.add_argument("run", metavar="RUN.json", help="a pytest --benchmark-json file of the suite")
     made.add_argument("--format", required=True, metavar="FORMAT", help=f"one of: {', '.join(FORMATS)}")
-    made.add_argument("--measures", default=",".join(ALL),
-                      help=f"comma-separated, from {', '.join(ALL)} (default: all the run has)")
+    made.add_argument("--measures", default=",".join(export_names()),
+                      help=f"comma-separated, from {', '.join(export_names())} (default: all the run has)")
     made.add_argument("--out", metavar="FILE", help="write here instead of to stdout")
     return made
 
@@ -42,10 +42,10 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     measures = [m.strip() for m in args.measures.split(",") if m.strip()]
-    unknown = [m for m in measures if m not in ALL]
+    unknown = [m for m in measures if m not in export_names()]
     if unknown or not measures:
         print(f"kvcache export: --measures {args.measures!r}: {', '.join(map(repr, unknown)) or 'none given'}; "
-              f"choose from {', '.join(ALL)}", file=sys.stderr)
+              f"choose from {', '.join(export_names())}", file=sys.stderr)
         return 2
     if arguments.paths_refused("kvcache export", reads=[("RUN.json", args.run)], writes=[("--out", args.out)]):
         return 2

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from kvcache.analysing import arguments, history
-from kvcache.analysing.history import PLOT_FILES, HistoryError
+from kvcache.analysing.history import HistoryError, plot_files
 from kvcache.analysing.records import RecordError, load_run
 
 
@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"{len(entry['caches'])} classes) to {args.store}")
         else:
             if arguments.paths_refused("kvcache history", reads=[("--store", args.store)],
-                                       folders=[("--out", args.out, PLOT_FILES)]):
+                                       folders=[("--out", args.out, plot_files())]):
                 return 2
             entries = history.ordered(history.read_store(args.store))
             if not entries:

@@ -1,6 +1,7 @@
 """The figures ``kvcache sentinel`` watches and when one changed: every counted figure the gate judges, found in a run's
-``kv`` section through one table of figure families (:data:`FAMILIES`), each judged with the counted judge's
-tolerance for it (:func:`kvcache.bisect.search.tolerance`). Standard library only; nothing here runs anything.
+``kv`` section through the measure table's ``watched`` rows (:mod:`kvcache.analysing.measure_table`), each judged
+with the counted judge's tolerance for it (:func:`kvcache.bisect.search.tolerance`).
+Standard library only; nothing here runs anything.
 
 A figure is keyed by where it sits in the run's ``kv`` section: ``traffic.dynamic.passes`` (counted passes of
 ``dynamic``), ``traffic.dynamic@eager.passes`` (the same class under eager attention: ``--kv-attn`` keys a class by
@@ -11,38 +12,12 @@ not have gives no figure, and a class, an attention implementation or a GPU clas
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
+from kvcache.analysing import measure_table
 from kvcache.analysing.records import KV
 from kvcache.bisect import search
-
-ANY = "*"  # in a family's path: every key found there
-
-
-@dataclass(frozen=True)
-class Family:
-    """Figures of one kind: the bisect measure (:data:`kvcache.bisect.search.BISECT_MEASURES`) whose field, per-op
-    parts and tolerance they have, found at ``path`` inside each class's record (:data:`ANY`: every key there)."""
-
-    measure: str
-    path: tuple[str, ...] = ()
-
-
-#: Every counted figure the gate judges, by family: counted passes (per class, and so per attention
-#: implementation), ATen ops per step and weight passes (the overhead gate), memory per step (the memory gate), and
-#: counted passes per GPU class and per attention backend where the runs have them.
-FAMILIES = (
-    Family("passes"),
-    Family("ops"),
-    Family("weight"),
-    Family("held"),
-    Family("peak"),
-    Family("allocated"),
-    Family("passes", ("gpus", ANY)),  # kv.traffic.<cache>.gpus.<gpu>.passes
-    Family("passes", ("backends", ANY)),  # kv.traffic.<cache>.backends.<backend>.passes
-)
 
 
 @dataclass(frozen=True)
@@ -52,7 +27,7 @@ class Watched:
 
     key: str
     cache: str
-    measure: search.Measure
+    measure: search.Followed
     value: float
     tolerance: float
     detail: dict[str, float]
@@ -62,38 +37,27 @@ class Watched:
         return label(self.measure, self.cache)
 
 
-def label(measure: search.Measure, cache: str) -> str:
-    """``counted passes of dynamic`` (``counted passes of dynamic, gpus T4`` inside a family's path)."""
-    return f"{measure.label} of {cache}" + (f", {' '.join(measure.path)}" if measure.path else "")
-
-
-def _paths(node: Any, pattern: tuple[str, ...]) -> Iterator[tuple[str, ...]]:
-    """The concrete paths inside the JSON object ``node`` that ``pattern`` names (:data:`ANY` matches every key)."""
-    if not pattern:
-        yield ()
-        return
-    if not isinstance(node, dict):
-        return
-    head, rest = pattern[0], pattern[1:]
-    for key in (list(node) if head == ANY else [head]):
-        if isinstance(node.get(key), dict):
-            yield from ((key, *tail) for tail in _paths(node[key], rest))
+def label(measure: search.Followed, cache: str) -> str:
+    """``counted passes of dynamic`` (``counted passes on T4 of dynamic`` for a figure per key)."""
+    return f"{measure.label} of {cache}"
 
 
 def figures(kv: KV) -> dict[str, Watched]:
-    """Every figure of :data:`FAMILIES` the run measured, by key, in the table's order then the run's."""
+    """Every watched figure (the measure table's ``watched`` rows) the run measured, by key, in the table's order
+    then the run's; a figure per key (a GPU class, an SDPA backend) for every key the run has."""
     found: dict[str, Watched] = {}
-    for family in FAMILIES:
-        base = search.BISECT_MEASURES[family.measure]
-        records: dict[str, Any] = kv.traffic if base.section == "traffic" else kv.memory
-        for cache, record in records.items():
-            for path in _paths(record.to_json(), family.path):
-                measure = replace(base, path=path)
+    for row in measure_table.selected("watched"):
+        records: dict[str, Any] = getattr(kv, row.section)
+        for cache in records:
+            keys = measure_table.keys_of(kv, row, cache) if row.per_key else [None]
+            for key in keys:
+                measure = search.Followed(row, key)
                 fig = search.figure_of(kv, measure, cache)
                 if fig.value is None:
                     continue
-                key = ".".join([base.section, cache, *path, base.key])
-                found[key] = Watched(key, cache, measure, fig.value, search.tolerance(kv, measure, cache), fig.detail)
+                name = ".".join([row.section, cache, *measure.path, row.field])
+                found[name] = Watched(name, cache, measure, fig.value, search.tolerance(kv, measure, cache),
+                                      fig.detail)
     return found
 
 

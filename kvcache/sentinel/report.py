@@ -163,9 +163,9 @@ def value(number: float | None, unit: str) -> str:
     return f"{number:g}" if unit == "ops" else f"{number:.3f}" if unit == "weight passes" else f"{number:.2f}"
 
 
-def measure_of(change: dict[str, Any]) -> search.Measure:
+def measure_of(change: dict[str, Any]) -> search.Followed:
     """The bisect measure a change was found in (counted passes for a change recorded without one)."""
-    return search.BISECT_MEASURES.get(change.get("measure", ""), search.BISECT_MEASURES["passes"])
+    return search.followed(str(change.get("measure", "")))
 
 
 def change_rows(changes: list[dict[str, Any]], now: bool) -> list[str]:

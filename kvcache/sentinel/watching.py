@@ -219,7 +219,7 @@ def run_commits(args: argparse.Namespace, extra: list[str], workdir: Path, say: 
     memo: dict[str, ProbeResult] = {}
     try:
         plan = Plan((start, items[-1] if items else start), items or [start], runner, cache,
-                    search.BISECT_MEASURES["passes"], None, f"repo {top}")
+                    search.followed(search.DEFAULT_MEASURE), None, f"repo {top}")
         walk = SharedBisect(plan, say, memo)
         reference = state.figures if state is not None else None
         notes: list[str] = []
@@ -331,7 +331,7 @@ def run_releases(args: argparse.Namespace, extra: list[str], workdir: Path, say:
         reference: dict[str, float] | None = None
         previous: Revision | None = None
         for item in items:
-            plan = Plan((previous or item, item), [item], runner, cache, search.BISECT_MEASURES["passes"], None,
+            plan = Plan((previous or item, item), [item], runner, cache, search.followed(search.DEFAULT_MEASURE), None,
                         f"releases {(previous or item).name}..{item.name}", mode="releases")
             walk = SharedBisect(plan, say, memo)
             probe = measure_end(walk, 0, "new", say)

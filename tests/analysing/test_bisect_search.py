@@ -58,7 +58,7 @@ def run(figures, measure="passes", cls=None, cache=None):
     items = [probing.Revision(n, n, f"subject of {n}", "2026-01-01") for n in names]
     runner = FakeRunner(figures)
     plan = walk.Plan((probing.Revision("g", "g"), items[-1]), items, runner,
-                           cache or probing.ProbeCache(None, {"options": []}), search.BISECT_MEASURES[measure], cls,
+                           cache or probing.ProbeCache(None, {"options": []}), search.bisect_measures()[measure], cls,
                            "test", [])
     said = []
     bisect = walk.Bisect(plan, said.append)
@@ -83,7 +83,7 @@ def test_names_the_first_bad_commit_in_about_log2_probes(first):
     assert doc["before"] == 3.0 and doc["after"] == 5.0 and doc["ops"] == {"cat": 2.0}
     assert doc["parent"] == ("g" if first == 0 else f"c{first - 1}")
     assert len(runner.asked) <= 2 + 3  # the ends, then log2(8)
-    assert doc["measure"] == {"name": "passes", "label": "counted passes", "unit": "passes", "class": "dynamic",
+    assert doc["measure"] == {"name": "counted", "label": "counted passes", "unit": "passes", "class": "dynamic",
                               "tolerance": 0.05}
     assert doc["others"]["static"] == {"good": 1.0, "bad": 1.0, "tolerance": 0.05, "changed": False, "reason": None}
     assert f"first bad commit: c{first}" in lines
@@ -162,7 +162,7 @@ def test_class_follows_the_first_that_changed_or_the_one_asked_for():
 
 
 def test_a_figure_the_runs_do_not_have_is_an_error():
-    with pytest.raises(probing.BisectError, match=r"--measure held: no class has memory held per step at both "
+    with pytest.raises(probing.BisectError, match=r"--measure held: no class has memory held passes at both "
                                                      r"ends \(the run has no memory figures \(kv.memory\)\)"):
         run(series([3.0, 5.0]), measure="held")
     table = series([3.0, 5.0])

@@ -137,8 +137,8 @@ def test_timed_noise_is_not_a_regression(tmp_path):
     runs = [load_run(write_run(tmp_path / n, r)) for n, r in (("a.json", base), ("b.json", noisy))]
     comparison = compare(runs, tolerance=0.25, counted_tolerance=0.05)
     dynamic, static = comparison.cells["dynamic"][1], comparison.cells["static"][1]
-    assert dynamic.timed_change == INCONCLUSIVE
-    assert static.timed_change == REGRESSED
+    assert dynamic.changes["timed"] == INCONCLUSIVE
+    assert static.changes["timed"] == REGRESSED
     assert [(r.cache, r.measure) for r in comparison.regressions] == [("static", "timed passes")]
     assert "interval [1.3, 1.9]" in comparison.regressions[0].reason
 
@@ -211,7 +211,7 @@ def test_poor_fit_and_drift_are_inconclusive(tmp_path):
     comparison = compare(runs, tolerance=0.25)
     assert comparison.regressions == []
     poor_cell, drift_cell = comparison.cells["static"][1], comparison.cells["static"][2]
-    assert poor_cell.timed_change == drift_cell.timed_change == INCONCLUSIVE
+    assert poor_cell.changes["timed"] == drift_cell.changes["timed"] == INCONCLUSIVE
     assert "poor fit" in poor_cell.judged["timed"].reason
     assert "drift" in drift_cell.judged["timed"].reason
 

@@ -80,7 +80,7 @@ def test_compare_and_comment_judge_each_gpu_class(tmp_path):
     assert [r.measure for r in comparison.regressions] == ["counted passes per GPU class"]
     assert "t4: counted passes 25.3 is above the allowed 9.05; grew: clone +8.00" in comparison.regressions[0].reason
     head_cell = comparison.cells["dynamic"][1]
-    assert cell_texts(head_cell, ["gpus"]) == ["t4 25.26 ▲ · a100 3.00"]
+    assert cell_texts(head_cell, ["gpu"]) == ["t4 25.26 ▲ · a100 3.00"]
     rows = {tuple(r[:2]): r for r in counted_rows(comparison, *runs)}
     assert rows[("dynamic", "counted passes on t4")][2:] == ["9.00", "25.26", "+16.26", "▲ regression"]
 
@@ -92,9 +92,9 @@ def test_bisect_takes_a_gpu_class_as_its_figure():
     doc = _with_gpus({"kv": {"schema": 2, "settings": {"caches": ["dynamic"]}, "traffic": {"dynamic": {
         "passes": 3.0, "by_op": {"cat": 2.0}}}, "skipped": []}}, 25.26)
     kv = KV.from_json(doc["kv"])
-    figure = search.figure_of(kv, search.BISECT_MEASURES["gpu:t4"], "dynamic")
+    figure = search.figure_of(kv, search.bisect_measures()["gpu:t4"], "dynamic")
     assert figure.value == 25.26 and figure.detail["clone"] == 8.0
-    missing = search.figure_of(kv, search.BISECT_MEASURES["gpu:h100"], "dynamic")
+    missing = search.figure_of(kv, search.bisect_measures()["gpu:h100"], "dynamic")
     assert missing.value is None and "counted passes on h100" in missing.reason
 
 

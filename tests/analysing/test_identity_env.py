@@ -5,6 +5,7 @@ run identity as the extra field ``env``; default runs keep their keys, and nothi
 from __future__ import annotations
 
 from kvcache.analysing import identity
+from kvcache.analysing.measure_table import GROUPS
 from kvcache.analysing.records import Environment, RunSettings
 
 ENV = {"device_name": "cpu: AMD EPYC (2 threads)", "device_type": "cpu", "threads": 2, "torch": "2.13.0+cpu"}
@@ -33,8 +34,8 @@ def test_default_runs_keep_their_keys():
                       {"TORCHINDUCTOR_CACHE_DIR": "/tmp/x", "OMP_NUM_THREADS": "1", "HF_HOME": "/h"}):  # not listed
         ident = identity.of(**run(variables))
         assert "env" not in ident.to_json(), variables
-        assert {m: identity.baseline_key(ident, m) for m in identity.MEASURE_FIELDS} == \
-            {m: identity.baseline_key(plain, m) for m in identity.MEASURE_FIELDS}
+        assert {m: identity.baseline_key(ident, m) for m in GROUPS} == \
+            {m: identity.baseline_key(plain, m) for m in GROUPS}
 
 
 def test_runs_that_differ_in_it_are_told_apart():

@@ -139,7 +139,7 @@ def test_compare_judges_op_counts_on_one_torch_release_and_only_shows_them_acros
     base, more, other_torch = run("a.json", 1680), run("b.json", 1740), run("c.json", 1740, torch="2.14.0+cpu")
     comparison = compare([load_run(base), load_run(more)])
     cell = comparison.cells["dynamic"][1]
-    assert cell.ops == 1740 and cell.ops_change == REGRESSED and cell.ops_delta == 60
+    assert cell.figures["ops"] == 1740 and cell.changes["ops"] == REGRESSED and cell.deltas["ops"] == 60
     assert [r.measure for r in comparison.regressions] == ["overhead"]
     assert main(["compare", base, more]) == 1
     out = capsys.readouterr().out

@@ -42,7 +42,7 @@ def test_every_family_is_found_and_a_new_one_joins_by_being_present():
     found = figs.figures(kv_with(dynamic={"gpus": gpus, "backends": {"math": {"passes": 25.0}}}))
     t4 = found["traffic.dynamic.gpus.T4.passes"]
     assert t4.value == 9.0 and t4.detail["reshape"] == 4.0 and t4.tolerance == pytest.approx(0.05)
-    assert t4.label == "counted passes of dynamic, gpus T4"
+    assert t4.label == "counted passes on T4 of dynamic"
     assert found["traffic.dynamic.gpus.H100.passes"].value == 3.0
     assert found["traffic.dynamic.backends.math.passes"].value == 25.0
     assert found["traffic.dynamic.passes"].value == plain["traffic.dynamic.passes"].value

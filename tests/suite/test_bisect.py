@@ -131,7 +131,7 @@ def test_bisect_names_the_planted_commit_and_skips_the_broken_one(planted):
     doc = json.loads(out.read_text())
     assert doc["first_bad"] == shas["planted"], done.stdout
     assert doc["subject"] == "DynamicLayer.update hands out copies of its keys and values"
-    assert doc["measure"]["name"] == "passes" and doc["measure"]["class"] == "dynamic"
+    assert doc["measure"]["name"] == "counted" and doc["measure"]["class"] == "dynamic"
     assert doc["before"] == pytest.approx(3.0) and doc["after"] == pytest.approx(5.0)
     assert doc["ops"] == {"clone": pytest.approx(2.0)}
     assert doc["parent"] == shas["mended"] and doc["accounts_for_all"] is True
