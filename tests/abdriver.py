@@ -1,6 +1,6 @@
-"""``kvcache ab`` on a clock that ticks, for the tests that run it end to end: ``python -m tests.abdriver STEP ARGS``
-(from the repository's root) runs ``kvcache ab ARGS`` in this process with its driver's clock
-(:data:`kvcache.ab.clock.source`) advancing ``STEP`` seconds each time it is read, whatever time passes.
+"""``kvcache ab`` on a clock that ticks, for the tests that run it end to end: ``python tests/abdriver.py STEP ARGS``
+runs ``kvcache ab ARGS`` in this process with its driver's clock (:data:`kvcache.ab.clock.source`) advancing
+``STEP`` seconds each time it is read, whatever time passes.
 
 Every second the driver records (each side's seconds alone, each pair's wall, the phases) and the whole budget of
 ``--more-rounds-within`` (what has been spent, what the next extension is estimated to cost) are then counts of
@@ -11,6 +11,7 @@ too, where a verdict must not depend on them)."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 #: Seconds the clock advances at each reading, unless the command line says otherwise.
 STEP_S = 1.0
@@ -28,9 +29,9 @@ class Ticks:
 
 
 def command(*args: str, step_s: float = STEP_S) -> list[str]:
-    """The command line of ``kvcache ab ARGS`` on a clock of ``step_s`` seconds a reading (run it from the
-    repository's root)."""
-    return [sys.executable, "-m", "tests.abdriver", str(step_s), *args]
+    """The command line of ``kvcache ab ARGS`` on a clock of ``step_s`` seconds a reading (from any folder, as
+    ``python -m kvcache.cli ab``: ``kvcache`` imported as installed or from ``PYTHONPATH``)."""
+    return [sys.executable, str(Path(__file__).resolve()), str(step_s), *args]
 
 
 def main(argv: list[str]) -> int:
