@@ -29,8 +29,8 @@ class Ticks:
 
 
 def command(*args: str, step_s: float = STEP_S) -> list[str]:
-    """The command line of ``kvcache ab ARGS`` on a clock of ``step_s`` seconds a reading (from any folder, as
-    ``python -m kvcache.cli ab``: ``kvcache`` imported as installed or from ``PYTHONPATH``)."""
+    """The command line of ``kvcache ab ARGS`` on a clock of ``step_s`` seconds a reading, from any folder (the
+    driver is this checkout's ``kvcache``; each side's worker imports it as that side's environment does)."""
     return [sys.executable, str(Path(__file__).resolve()), str(step_s), *args]
 
 
@@ -43,4 +43,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)  # the checkout first, not tests/: as -m kvcache.cli
     sys.exit(main(sys.argv[1:]))
