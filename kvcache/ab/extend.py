@@ -9,7 +9,8 @@ Their records are pooled with the first session's, rounds renumbered after the l
 round) stays unique (:func:`renumbered`), and each side is analysed once from all its records and judged again. It
 repeats until every timed verdict is decided, none is left that more rounds can help, the budget cannot pay for one
 more round (the next extension's cost is estimated from the seconds already measured, :class:`Cost`, and one that
-would overrun is never started), or :data:`MAX_EXTENSIONS` extensions were taken; then it says it gave up.
+would overrun is never started; every second of it is read from :func:`kvcache.ab.clock.now`), or
+:data:`MAX_EXTENSIONS` extensions were taken; then it says it gave up.
 
 Why pooling stays honest: each round's pair of a point still ran back to back (ABBA) in one pair of workers, and
 the paired bootstrap draws rounds per context, the same for both sides, so a round of another pair of workers is
@@ -30,12 +31,12 @@ from __future__ import annotations
 import math
 import signal
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvcache.ab import clock
 from kvcache.ab.schedule import ABSession, drive, start
 from kvcache.ab.sides import ABError, Side
 from kvcache.analysing.ab_records import Extension, MoreRounds
@@ -260,7 +261,7 @@ def more_rounds(session: ABSession, doc: dict[str, Any], ext: Extender) -> dict[
     first_rounds = int(session.sides[0].hello.settings.rounds or 1)
     record = MoreRounds(budget_s=round(ext.budget_s, 1), first_rounds=first_rounds, rounds=first_rounds)
     cost = cost_of(doc["ab_run"]["pairs"], first_rounds, ext.phases)
-    began = time.monotonic()
+    began = clock.now()
     detail = ""
     while True:
         wanted = triggers(doc["ab"], skipped_classes(doc))
@@ -277,7 +278,7 @@ def more_rounds(session: ABSession, doc: dict[str, Any], ext: Extender) -> dict[
         if failed:
             record.stopped, detail = "failed", f"side {failed[0].label} failed"
             break
-        left_s = ext.budget_s - (time.monotonic() - began)
+        left_s = ext.budget_s - (clock.now() - began)
         rounds, why_not = plan(record.rounds, cost, left_s, len(record.extensions))
         if not rounds:
             record.stopped = "budget" if len(record.extensions) < MAX_EXTENSIONS else "most extensions"
@@ -293,7 +294,7 @@ def more_rounds(session: ABSession, doc: dict[str, Any], ext: Extender) -> dict[
         record.extensions.append(extension)
         more, phases = _run_extension(session, rounds, k, ext, extension)
         extension.seconds = round(sum(phases.values()), 1)
-        record.seconds = round(time.monotonic() - began, 1)
+        record.seconds = round(clock.now() - began, 1)
         if more is None:  # not started, stopped before a pair, or not the same sweep: nothing to pool
             if session.interrupted:
                 record.stopped, detail = "interrupted", str(extension.failed)
@@ -310,7 +311,7 @@ def more_rounds(session: ABSession, doc: dict[str, Any], ext: Extender) -> dict[
         record.rounds += rounds
         doc = ext.judge(session)
     files.quiet_signals(ext.prog)
-    record.seconds = round(time.monotonic() - began, 1)
+    record.seconds = round(clock.now() - began, 1)
     record.inconclusive = inconclusive(doc["ab"])
     record.gave_up = bool(triggers(doc["ab"], skipped_classes(doc)))
     doc["ab_run"]["more_rounds"] = record.to_json()
@@ -329,7 +330,7 @@ def _run_extension(session: ABSession, rounds: int, k: int, ext: Extender,
                   ext.out_dir / f"{s.name}-more-{k}.log", release=s.release) for s in session.sides]
     more = ABSession(sides)
     phases: dict[str, float] = {}
-    began = time.monotonic()
+    began = clock.now()
     stopped, usable = False, True
     with files.signals_stop(ext.prog, ext.interrupted):
         try:
@@ -337,7 +338,7 @@ def _run_extension(session: ABSession, rounds: int, k: int, ext: Extender,
             problem = _settings_problem(session, more)
             if problem:
                 raise ABError(problem)
-            phases["start"] = time.monotonic() - began
+            phases["start"] = clock.now() - began
             drive(more, ext.say)
             broken = next((side for side in sides if side.failure), None)
             if broken is not None:
@@ -347,13 +348,13 @@ def _run_extension(session: ABSession, rounds: int, k: int, ext: Extender,
         except ext.interrupted as exc:
             session.interrupted = str(exc)
             extension.failed, stopped = f"interrupted by {exc}", True
-    mark = time.monotonic()
+    mark = clock.now()
     phases.setdefault("start", mark - began)
     phases["drive"] = mark - began - phases["start"]
     stopped = stopped or any(side.failure for side in sides)
     for side in sides:
         side.kill() if stopped else side.finish()
-    phases["finish"] = time.monotonic() - mark
+    phases["finish"] = clock.now() - mark
     if not usable or not more.pairs:
         return None, phases  # not started, or not the same sweep: nothing to pool
     return more, phases

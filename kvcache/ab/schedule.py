@@ -8,11 +8,11 @@ Nothing runs beside a side's fill or timed part. Standard library only."""
 from __future__ import annotations
 
 import selectors
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from kvcache.ab import clock
 from kvcache.ab.sides import ABError, Hello, Side
 from kvcache.analysing.ab_records import ABItem
 
@@ -113,12 +113,12 @@ def run_concurrently(sides: tuple[Side, Side], nodeid: str, seconds: dict[str, f
         return False
     for side in sides:
         side.tell("go")
-    began = time.monotonic()
+    began = clock.now()
     for side in sides:
         if _next_stage(side, nodeid) != "done":  # an item run with "go" stops at no stage
             side.failure = side.failure or f"worker sent no records of {nodeid} (see {side.log})"
             return False
-        seconds[side.name] = time.monotonic() - began
+        seconds[side.name] = clock.now() - began
     return True
 
 
@@ -143,14 +143,14 @@ def run_in_stages(order: tuple[Side, Side], nodeid: str, seconds: dict[str, floa
                 return False
             where[side.name] = stage
             if stage != "prepared" and began is not None:  # its fill and timed part are over
-                seconds[side.name] = time.monotonic() - began
+                seconds[side.name] = clock.now() - began
                 began = None
         prepared = [side for side in order if where.get(side.name) == "prepared"]
         if prepared:
             running = prepared[:1]  # its timed part: nothing else runs
             running[0].tell("go")
         elif waiting:
-            running, began = [waiting.pop(0)], time.monotonic()  # alone from its start: its fill too
+            running, began = [waiting.pop(0)], clock.now()  # alone from its start: its fill too
             running[0].tell("stage")
             seconds.setdefault(running[0].name, 0.0)
         else:
@@ -169,15 +169,15 @@ def drive(session: ABSession, say: Callable[[str], None]) -> None:
     k = 0
     for nodeid, role in zip(session.items, session.roles):
         seconds: dict[str, float] = {}
-        began = time.monotonic()
+        began = clock.now()
         if role in CONCURRENT_ROLES:
             if not run_concurrently((a, b), nodeid, seconds):
                 return
-            session.pairs.append(ABItem(nodeid, role, None, seconds, time.monotonic() - began))
+            session.pairs.append(ABItem(nodeid, role, None, seconds, clock.now() - began))
             continue
         order = (a, b) if k % 2 == 0 else (b, a)
         k += 1
         if not run_in_stages(order, nodeid, seconds):
             return
-        session.pairs.append(ABItem(nodeid, role, order[0].name, seconds, time.monotonic() - began))
+        session.pairs.append(ABItem(nodeid, role, order[0].name, seconds, clock.now() - began))
         say(f"  {len(session.pairs)}/{len(session.items)} {nodeid} ({order[0].label}{order[1].label})")

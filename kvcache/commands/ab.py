@@ -49,12 +49,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvcache.ab import extend
+from kvcache.ab import clock, extend
 from kvcache.ab.results import ab_summary, results, results_before_start
 from kvcache.ab.schedule import ABSession, drive, start
 from kvcache.ab.sides import ABError, build_sides, refused
@@ -155,14 +154,14 @@ def _ab_session(args: argparse.Namespace, common: list[str], tolerance: float, o
     session: ABSession | None = None
     sides = []
     phases: dict[str, float] = {}  # wall seconds: start (both workers up), drive, finish (both exited), judge
-    started = time.monotonic()
+    started = clock.now()
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         sides = build_sides(args, out_dir, say)
         session = ABSession(sides)
-        started = time.monotonic()  # releases installed: the session proper
+        started = clock.now()  # releases installed: the session proper
         start(session, common, Path.cwd())
-        phases["start"] = time.monotonic() - started
+        phases["start"] = clock.now() - started
         say(f"kvcache ab: {len(session.items)} items, each side's log in {out_dir}/")
         drive(session, say)
     except ABError as exc:
@@ -174,7 +173,7 @@ def _ab_session(args: argparse.Namespace, common: list[str], tolerance: float, o
         if session is not None:
             session.interrupted = str(exc)
         say(f"kvcache ab: {exc}: stopping both sides, keeping the finished pairs")
-    mark = time.monotonic()
+    mark = clock.now()
     phases["drive"] = mark - started - phases.get("start", 0.0)
     stopped = session is None or session.interrupted or any(x.failure for x in session.sides)
     extending = bool(args.more_rounds_within) and not stopped
@@ -193,17 +192,17 @@ def _ab_session(args: argparse.Namespace, common: list[str], tolerance: float, o
             write_ab_json(args.json, results_before_start(sides, str(interrupted), tolerance))
             say(f"kvcache ab: {args.json} written (interrupted, no pairs)")
         return EXIT_INTERRUPTED
-    phases["finish"], mark = time.monotonic() - mark, time.monotonic()
+    phases["finish"], mark = clock.now() - mark, clock.now()
     doc = results(session, tolerance)
-    phases["judge"] = time.monotonic() - mark
+    phases["judge"] = clock.now() - mark
     if extending:
         assert session is not None
-        mark = time.monotonic()
+        mark = clock.now()
         doc = extend.more_rounds(session, doc, extend.Extender(
             args.more_rounds_within * 60, common, Path.cwd(), out_dir, dict(phases), say, Interrupted, held,
             lambda pooled: results(pooled, tolerance)))
-        phases["more_rounds"] = time.monotonic() - mark
-    doc["ab_run"]["seconds"] = round(time.monotonic() - started, 1)
+        phases["more_rounds"] = clock.now() - mark
+    doc["ab_run"]["seconds"] = round(clock.now() - started, 1)
     doc["ab_run"]["phase_seconds"] = {name: round(value, 1) for name, value in phases.items()}
     if args.json:
         write_ab_json(args.json, doc)

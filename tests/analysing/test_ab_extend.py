@@ -5,12 +5,11 @@ budget or the most extensions, a reason more rounds cannot help) with a fake ext
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from kvcache.ab import extend
+from kvcache.ab import clock, extend
 from kvcache.ab.schedule import ABSession
 from kvcache.ab.sides import Hello, Side
 from kvcache.analysing import ab
@@ -150,7 +149,7 @@ class Fake:
 
     def __init__(self, docs: list[dict], monkeypatch, rounds: int = 2) -> None:
         self.docs, self.runs, self.now = docs, [], 0.0
-        monkeypatch.setattr(extend, "time", SimpleNamespace(monotonic=lambda: self.now))
+        monkeypatch.setattr(clock, "source", lambda: self.now)
         self.session = ABSession([worker(n, [point(1, r) for r in range(rounds)], rounds) for n in "ab"],
                                  items=["x"], roles=["point"])
         self.said: list[str] = []

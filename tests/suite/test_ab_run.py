@@ -1,7 +1,8 @@
 """``kvcache ab`` end to end on the tiny model: an A/B (items paired ABBA, both sides' runs, verdicts in the allowed
 set, read back by compare; B the layout twin, same counted bytes) whose B worker is killed before its last item (the
 finished pairs kept, the failed side named), and bad input (a side that cannot import the suite, sides that differ
-in dtype). Nothing here depends on timing."""
+in dtype). Nothing here depends on timing: the driver's clock ticks (``tests/abdriver.py``), so each side's seconds
+alone in an item are readings of it, and the verdicts are only checked to be verdicts."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.abdriver import command
 from tests.kvrun import ROOT, environment
 
 PLUGINS = Path(__file__).resolve().parent / "plugins"
@@ -19,7 +21,7 @@ STATUSES = {"pass", "regression", "improvement", "inconclusive"}
 
 
 def kvcache_ab(tmp_path: Path, *args: str, cwd: Path = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "kvcache.cli", "ab", "--out-dir", str(tmp_path / "logs"), *args]
+    cmd = command("--out-dir", str(tmp_path / "logs"), *args)
     return subprocess.run(cmd, cwd=cwd, env=environment([PLUGINS]), capture_output=True, text=True, timeout=timeout)
 
 
