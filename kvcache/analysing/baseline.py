@@ -54,6 +54,7 @@ from kvcache.analysing.entries import (
     figure_problem,
 )
 from kvcache.analysing.fit import record_problem
+from kvcache.analysing.jsonfile import error_line
 from kvcache.analysing.judges import MEMORY_FIGURES
 from kvcache.analysing.options import RULE_DEFAULTS
 from kvcache.analysing.records import KV, Drift, Fit, UnmeasuredDrift, jsonable
@@ -340,6 +341,3 @@ def write_json_atomically(path: Path, doc: dict[str, Any]) -> None:
     except OSError as exc:
         raise BaselineError(f"{files.path_shown(path)}: cannot write baseline ({error_line(exc)})") from None
 
-
-def error_line(exc: BaseException) -> str:
-    return " ".join(str(getattr(exc, "strerror", None) or exc).split())
