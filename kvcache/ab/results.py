@@ -22,7 +22,7 @@ def side_record(side: Side, interrupted: bool, exit_text: str) -> KV:
     from kvcache.analysing.measured import from_wire
 
     records = [from_wire(text) for text in side.records]
-    return analysis.analyse(records, side.hello.settings.to_json(), side.hello.baseline,
+    return analysis.analyse(records, side.hello.settings, side.hello.baseline,
                             {"interrupted": interrupted, "exit": exit_text, "failed": []})
 
 

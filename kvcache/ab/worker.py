@@ -86,7 +86,9 @@ def _identity(config: pytest.Config) -> dict[str, Any]:
         return {"settings": {}, "environment": {}, "baseline": {}}
     session = state.session
     env = session.environment()
-    settings = state.settings.to_dict()
+    from kvcache.analysing.identity import recorded_settings
+
+    settings = recorded_settings(state.settings).to_json()  # JSON: the pipe to the driver is the process boundary
     return {"settings": settings, "environment": env, "baseline": state.baseline}
 
 

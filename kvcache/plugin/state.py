@@ -58,11 +58,12 @@ class KVState:
 
     def analyse(self) -> KV:
         """The ``kv`` section of this session (made once, from the records gathered so far)."""
-        from kvcache.analysing import analysis
+        from kvcache.analysing import analysis, identity
 
         if self.kv is None:
             session = {**self.exit, "failed": sorted(set(self.failed))}
-            self.kv = analysis.analyse(self.records, self.settings.to_dict(), self.baseline, session)
+            self.kv = analysis.analyse(self.records, identity.recorded_settings(self.settings), self.baseline,
+                                       session)
         return self.kv
 
 
