@@ -23,7 +23,7 @@ READABLE_BASELINE_SCHEMAS = (1, 2)
 STORE_SCHEMA = 1
 READABLE_STORE_SCHEMAS = (None, 1)  # None: a line written before entries carried their schema
 STATE_FORMAT = 1
-FULL_SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+FULL_SHA = re.compile(r"[0-9a-fA-F]{40}|[0-9a-fA-F]{64}")
 
 
 @dataclass

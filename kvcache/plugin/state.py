@@ -10,6 +10,7 @@ import pytest
 from kvcache.analysing.settings import Settings
 
 if TYPE_CHECKING:
+    from kvcache.analysing.file_records import BaselineFile
     from kvcache.analysing.jsonrecord import Record
     from kvcache.analysing.records import KV
     from kvcache.plugin.signals import Stopper
@@ -23,7 +24,7 @@ class KVState:
 
     def __init__(self, settings: Settings, worker: bool = False) -> None:
         self.settings = settings
-        self.baseline: dict[str, Any] = {}  # loaded by check_before_running
+        self.baseline: BaselineFile | None = None  # loaded by check_before_running
         self.checked = False  # check_before_running passed: the suite runs in this session
         self.worker = worker  # an xdist worker: measures and reports records, never analyses
         self._session: Any = None

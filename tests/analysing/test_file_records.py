@@ -4,13 +4,15 @@ and the settings a run records are the session's settings' fields, declared once
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
-from kvcache.analysing import identity, jsonfile
-from kvcache.analysing.file_records import SentinelState
+from kvcache.analysing import baseline, history, identity, jsonfile
+from kvcache.analysing.entries import BaselineEntry
+from kvcache.analysing.file_records import HistoryEntry, SentinelState
 from kvcache.analysing.jsonrecord import BOOKKEEPING, RecordError
 from kvcache.analysing.records import RunSettings
 from kvcache.analysing.settings import Settings
@@ -102,3 +104,74 @@ def test_a_damaged_sentinel_state_is_refused_in_one_line(tmp_path, change, says)
     message = str(caught.value)
     assert says in message and message.startswith(f"--state {path} is not a kvcache sentinel state"), message
     assert "\n" not in message
+
+
+# --- the baseline ---------------------------------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_committed_baseline_loads_and_is_written_back_byte_for_byte(tmp_path):
+    """The committed kv-baseline.json (schema 2, written by the writer before the record) reads as a record and
+    the writer gives back the same text."""
+    text = (ROOT / "kv-baseline.json").read_text()
+    doc = baseline.load(ROOT / "kv-baseline.json")
+    assert doc.schema == 2 and doc.devices and all(isinstance(e, BaselineEntry) for c in doc.devices.values()
+                                                   for e in c.values())
+    baseline.write(tmp_path / "again.json", doc)
+    assert (tmp_path / "again.json").read_text() == text
+
+
+def test_a_schema_1_baseline_loads_upgraded():
+    old = {"schema": 1, "devices": {"cpu: X (2 threads) | tiny | bfloat16": {"dynamic": {
+        "timed_passes": 3.1, "timed_r2": 0.99, "counted_passes": 3.0, "recorded": "2026-01-01", "model": "tiny"}}}}
+    path = DATA / "baseline-schema-1.json"
+    assert json.loads(path.read_text()) == old
+    doc = baseline.load(path)
+    assert doc.schema == 2
+    assert doc.devices["cpu | tiny | bfloat16"]["dynamic"].counted_passes == 3.0
+    assert doc.devices["cpu: X (2 threads) | tiny | bfloat16"]["dynamic"].counted_passes is None
+    assert doc.to_json()["devices"]["cpu: X (2 threads) | tiny | bfloat16"]["dynamic"] == {
+        "timed_passes": 3.1, "timed_r2": 0.99, "recorded": "2026-01-01", "model": "tiny"}
+
+
+def test_an_unknown_entry_key_is_kept_when_the_baseline_is_rewritten(tmp_path):
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps({"schema": 2, "devices": {"k": {"dynamic": {"counted_passes": 3.0, "new": 1}}}}))
+    baseline.update(path, {"k": {"static": {"counted_passes": 1.0}}})
+    assert json.loads(path.read_text())["devices"]["k"] == {"dynamic": {"counted_passes": 3.0, "new": 1},
+                                                          "static": {"counted_passes": 1.0}}
+
+
+# --- the history store ----------------------------------------------------------------------------------------------
+
+
+def test_an_old_history_store_loads_and_is_rewritten_unchanged(tmp_path):
+    """A line without ``schema`` (accepted) and a schema-1 line, each kept as it was when an entry is added."""
+    lines = [{"commit": "a" * 40, "release": None, "identity": {"device_type": "cpu", "model": "tiny"},
+              "setup": "cpu, tiny", "caches": {"dynamic": {"counted": 3.0}}},
+             {"schema": 1, "commit": None, "release": "5.24.0", "identity": {"device_type": "cpu", "model": "tiny"},
+              "setup": "cpu, tiny", "transformers": "5.24.0", "datetime": "2026-12-01T00:00:00", "run": "r.json",
+              "caches": {"dynamic": {"counted": 3.0, "by_op": {"aten::cat": 1.0}}}, "something_new": [1]}]
+    store = tmp_path / "h.jsonl"
+    text = "".join(json.dumps(line, sort_keys=True) + "\n" for line in lines)
+    store.write_text(text)
+    entries = history.read_store(store)
+    assert [(e.commit, e.release, e.schema) for e in entries] == [("a" * 40, None, 1), (None, "5.24.0", 1)]
+    assert entries[1].extra == {"something_new": [1]}
+    new = HistoryEntry(commit="b" * 40, identity={"device_type": "cpu", "model": "tiny"}, setup="cpu, tiny",
+                       caches={"dynamic": {"counted": 3.5}})
+    history.add(store, new)
+    assert store.read_text() == text + json.dumps(new.to_json(), sort_keys=True) + "\n"
+
+
+@pytest.mark.parametrize(("line", "says"), [
+    ('{"schema": 2, "commit": "a", "caches": {}}', "h.jsonl:1 is not a history entry (schema 2 is not one of the"),
+    ('{"schema": 1, "caches": {}}', "h.jsonl:1 is not a history entry (no commit or release, or no caches)"),
+    ('[1]', "h.jsonl:1 is not a history entry (its top level is a list"),
+])
+def test_a_line_that_is_not_an_entry_is_one_line(tmp_path, line, says):
+    store = tmp_path / "h.jsonl"
+    store.write_text(line + "\n")
+    with pytest.raises(history.HistoryError, match=re.escape(says)):
+        history.read_store(store)
