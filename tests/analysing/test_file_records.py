@@ -12,10 +12,11 @@ import pytest
 
 from kvcache.analysing import baseline, history, identity, jsonfile
 from kvcache.analysing.entries import BaselineEntry
-from kvcache.analysing.file_records import HistoryEntry, SentinelState
+from kvcache.analysing.file_records import HistoryEntry, ProbeEntry, SentinelState
 from kvcache.analysing.jsonrecord import BOOKKEEPING, RecordError
 from kvcache.analysing.records import RunSettings
 from kvcache.analysing.settings import Settings
+from kvcache.bisect import probing
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -175,3 +176,34 @@ def test_a_line_that_is_not_an_entry_is_one_line(tmp_path, line, says):
     store.write_text(line + "\n")
     with pytest.raises(history.HistoryError, match=re.escape(says)):
         history.read_store(store)
+
+
+# --- the probe cache ------------------------------------------------------------------------------------------------
+
+
+def test_a_probe_cached_by_the_old_writer_loads_and_is_written_back_the_same(tmp_path):
+    cache = probing.ProbeCache(tmp_path, {"options": ["--kv-model", "tiny"]})
+    cache.folder.mkdir(parents=True)
+    kv = {"schema": 2, "traffic": {"dynamic": {"passes": 3.0}}}  # an older run schema, upgraded on load
+    old = {"identity": cache.identity_hash, "item": "c0", "kv": kv, "reason": "", "transformers": "5.24.0",
+           "untrusted": ["is_torch_greater_or_equal"], "seconds": 12.5}
+    (cache.folder / "c0.json").write_text(json.dumps(old))  # what the writer wrote before ProbeEntry
+    found = cache.get(probing.Revision("c0", "c0"))
+    assert found is not None and found.cached and found.kv.traffic["dynamic"].passes == 3.0
+    assert (found.transformers, found.untrusted, found.seconds) == ("5.24.0", ["is_torch_greater_or_equal"], 12.5)
+    skipped = {**old, "kv": None, "reason": "ImportError: old"}
+    (cache.folder / "c1.json").write_text(json.dumps(skipped))
+    assert cache.get(probing.Revision("c1", "c1")).reason == "ImportError: old"
+    assert ProbeEntry.load(cache.folder / "c1.json").to_json() == skipped
+    cache.put(probing.ProbeResult(probing.Revision("c2", "c2"), kv=None, reason="ImportError: old",
+                                  transformers="5.24.0", untrusted=[], seconds=1.04))
+    assert (cache.folder / "c2.json").read_text() == json.dumps({**skipped, "item": "c2", "untrusted": [],
+                                                                 "seconds": 1.0})
+
+
+@pytest.mark.parametrize("text", ["{", "[]", '{"identity": "x"}', '{"kvcache_probe": 2}'])
+def test_a_file_that_is_not_a_probe_is_measured_again(tmp_path, text):
+    cache = probing.ProbeCache(tmp_path, {"options": []})
+    cache.folder.mkdir(parents=True)
+    (cache.folder / "c0.json").write_text(text)
+    assert cache.get(probing.Revision("c0", "c0")) is None
