@@ -207,3 +207,15 @@ def test_a_file_that_is_not_a_probe_is_measured_again(tmp_path, text):
     cache.folder.mkdir(parents=True)
     (cache.folder / "c0.json").write_text(text)
     assert cache.get(probing.Revision("c0", "c0")) is None
+
+
+# --- no record -> dict -> record inside one process -------------------------------------------------------------------
+
+
+def test_kvcache_traffic_shows_a_class_backends_from_its_record():
+    from kvcache.analysing.records import BackendCount, Traffic
+    from kvcache.commands.traffic import backend_lines_of
+
+    traffic = Traffic.of(passes=3.0, backends={"math": BackendCount.of(passes=25.26),
+                                               "flash": BackendCount.of(error="needs sm80")})
+    assert backend_lines_of("dynamic", traffic) == ["backends dynamic: math 25.26 · flash — (needs sm80)"]
