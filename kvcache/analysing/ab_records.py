@@ -16,6 +16,8 @@ from kvcache.analysing.jsonrecord import Reader, Record, absent_field, extra_fie
 
 #: The statuses of a paired verdict.
 PAIRED_STATUSES = ("pass", "regression", "improvement", "inconclusive")
+#: The measures judged from the pairs (:mod:`kvcache.analysing.ab`); the gate's other measures are kept as judged.
+PAIRED = ("timed", "intercept", "ledger")
 
 
 @dataclass
@@ -60,6 +62,28 @@ def read_ab_section(ab: dict[str, Any]) -> dict[str, dict[str, PairedVerdict]]:
     out: dict[str, dict[str, PairedVerdict]] = {}
     for cache, measure, value in ab_statuses(ab):
         out.setdefault(str(cache), {})[measure] = PairedVerdict.from_json(value, f"ab.{cache}.{measure}")
+    return out
+
+
+def ab_section_json(verdicts: dict[str, dict[str, Record]]) -> dict[str, Any]:
+    """The ``ab`` section as written from its verdicts (``{cache: {measure: verdict}}``, the ledger's as
+    ``ledger.<op>``, as :func:`read_ab_section` gives them back): the ledger's one level down, under ``ledger``
+    (an empty object where no op was judged), after the paired measures and before the gate's."""
+    out: dict[str, Any] = {}
+    for cache, measures in verdicts.items():
+        entry: dict[str, Any] = {}
+        ledger: dict[str, Any] = {}
+        for measure, verdict in measures.items():
+            if measure.startswith("ledger."):
+                ledger[measure[len("ledger."):]] = verdict.to_json()
+                entry.setdefault("ledger", ledger)
+            elif measure in PAIRED:
+                entry[measure] = verdict.to_json()
+            else:
+                entry.setdefault("ledger", ledger)
+                entry[measure] = verdict.to_json()
+        entry.setdefault("ledger", ledger)
+        out[cache] = entry
     return out
 
 

@@ -103,7 +103,8 @@ def ab_figure(run_a: Run, run_b: Run, ab: dict[str, Any], tolerance: float) -> A
 
 def ab_markdown(pair: ABFile) -> list[str]:
     """The report's A/B section (Markdown; every cell escaped)."""
-    table = tables.Table(["class", "measure", "A", "B", "B/A [interval]", "verdict"], judge.summary_rows(pair.ab))
+    table = tables.Table(["class", "measure", "A", "B", "B/A [interval]", "verdict"],
+                         judge.summary_rows(read_ab_section(pair.ab)))
     lines = ["", "## A/B: B against A, paired", ""]
     for name, side in pair.run.sides.items():
         text = (f"transformers {side.transformers}, torch {side.torch}, drift {tables.num(side.drift, '+.1%')}"
