@@ -223,3 +223,30 @@ class ABRunSection(Section):
     def _readers(cls) -> dict[str, Reader]:
         return {"pairs": list_of(ABItem.from_json), "sides": object_of(ABSide.from_json),
                 "more_rounds": MoreRounds.from_json}
+
+
+@dataclass
+class ABDocument(Record):
+    """An A/B file (``kvcache ab --json``) at its top level, as its readers need it: the paired verdicts (``ab``, as
+    written: :func:`read_ab_section` reads them), the session (``ab_run``) and side A's run (``side_a``); the other
+    keys (pytest-benchmark's, side B's ``kv``) stay in ``extra`` (the run loader reads both sides as runs)."""
+
+    ab: dict[str, Any] = field(default_factory=dict)
+    ab_run: ABRunSection = field(default_factory=ABRunSection)
+    side_a: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = extra_field()
+    absent: frozenset[str] = absent_field()
+
+    @classmethod
+    def _readers(cls) -> dict[str, Reader]:
+        return {"ab_run": ABRunSection.from_json}
+
+    @classmethod
+    def read(cls, doc: Any, where: str) -> ABDocument | None:
+        """The A/B file of a parsed JSON file; None when it is not one (no ``ab`` object: a plain run file);
+        RecordError (one line naming ``where``) when its ``ab``, ``ab_run`` or ``side_a`` is malformed."""
+        if not isinstance(doc, dict):
+            return None
+        found = cls.from_json(doc, where)
+        return None if "ab" in found.absent else found
+

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from kvcache.analysing import baseline, history, identity, jsonfile
+from kvcache.analysing.ab_records import ab_section_json, read_ab_section
 from kvcache.analysing.entries import BaselineEntry
 from kvcache.analysing.file_records import HistoryEntry, ProbeEntry, SentinelState
 from kvcache.analysing.jsonrecord import BOOKKEEPING, RecordError
-from kvcache.analysing.records import RunSettings
+from kvcache.analysing.records import SCHEMA, RunSettings
 from kvcache.analysing.settings import Settings
 from kvcache.bisect import probing
 
@@ -219,3 +220,52 @@ def test_kvcache_traffic_shows_a_class_backends_from_its_record():
     traffic = Traffic.of(passes=3.0, backends={"math": BackendCount.of(passes=25.26),
                                                "flash": BackendCount.of(error="needs sm80")})
     assert backend_lines_of("dynamic", traffic) == ["backends dynamic: math 25.26 · flash — (needs sm80)"]
+
+
+# --- the A/B file ---------------------------------------------------------------------------------------------------
+
+
+def old_ab_file() -> dict:
+    """An A/B file as kvcache ab wrote it before its records: side B's kv of schema 2, ab_run without seconds."""
+    verdict = {"status": "pass", "reason": "B/A slope ×1.00 [0.98, 1.02] within ×1.100", "value": 1.0,
+               "allowed": 1.1, "ratio": 1.0, "ratio_ci": [0.98, 1.02], "a": 3.0, "b": 3.0}
+    kv = {"schema": 2, "settings": {"caches": ["dynamic"]}, "traffic": {"dynamic": {"passes": 3.0}}}
+    return {"benchmarks": [], "machine_info": {}, "commit_info": {}, "datetime": "2026-12-01T00:00:00+00:00",
+            "version": None, "kv": kv, "ab": {"dynamic": {"timed": verdict, "intercept": verdict, "ledger": {
+                "aten::cat": verdict}, "counted": {"status": "pass", "reason": "", "value": 3.0, "allowed": 3.15}}},
+            "ab_run": {"format": 1, "tolerance": 0.1, "interrupted": None, "failed": [], "items": 4, "pairs": [],
+                       "sides": {"a": {"args": [], "release": None}, "b": {"args": [], "release": None}},
+                       "paired_drift": {"dynamic": None}, "notes": []},
+            "side_a": {"benchmarks": [], "machine_info": {}, "datetime": "2026-12-01T00:00:00+00:00", "kv": kv}}
+
+
+def test_an_old_ab_file_is_read_by_report_and_comment(tmp_path):
+    from kvcache.analysing.report.ab import ab_file_of
+    from kvcache.commands.comment import read_ab
+
+    path = tmp_path / "ab.json"
+    path.write_text(json.dumps(old_ab_file()))
+    found = ab_file_of(path)
+    assert found is not None and found.tolerance == 0.1 and found.run.items == 4
+    verdicts = read_ab_section(found.ab)
+    assert verdicts["dynamic"]["ledger.aten::cat"].ratio == 1.0 and verdicts["dynamic"]["counted"].value == 3.0
+    assert ab_section_json(verdicts) == old_ab_file()["ab"]  # what the writer writes of them: the same section
+    assert read_ab(str(path)) == old_ab_file()["ab"]
+    plain = tmp_path / "run.json"
+    plain.write_text(json.dumps({"benchmarks": [], "kv": old_ab_file()["kv"]}))
+    assert ab_file_of(plain) is None and read_ab(str(plain)) is None
+
+
+def test_a_result_stopped_at_start_up_is_written_as_before():
+    from kvcache.ab.results import results_before_start
+    from kvcache.ab.sides import Side
+
+    sides = [Side(name, {}, ["--kv-dtype", "float32"], Path(f"{name}.log")) for name in "ab"]
+    doc = results_before_start(sides, "SIGTERM", 0.1).to_json()
+    kv = {"schema": SCHEMA, "session": {"interrupted": True, "exit": "interrupted by SIGTERM", "failed": []}}
+    assert doc["kv"] == kv and doc["side_a"] == {"benchmarks": [], "machine_info": {}, "datetime": doc["datetime"],
+                                                 "kv": kv}
+    assert doc["ab"] == {} and doc["machine_info"] == {} and list(doc) == [
+        "benchmarks", "machine_info", "commit_info", "datetime", "version", "kv", "ab", "ab_run", "side_a"]
+    assert doc["ab_run"]["notes"] == ["interrupted by SIGTERM during start-up: nothing was measured"]
+    assert "seconds" not in doc["ab_run"] and doc["ab_run"]["sides"]["a"]["args"] == ["--kv-dtype", "float32"]
