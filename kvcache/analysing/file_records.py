@@ -195,3 +195,26 @@ class ProbeEntry(Record):
         if not isinstance(entry.untrusted, list) or not is_finite(entry.seconds):
             raise RecordError(f"{path}: not a probe (untrusted {entry.untrusted!r}, seconds {entry.seconds!r})")
         return entry
+
+
+@dataclass
+class BisectStep(Record):
+    """One change a bisect found (``kvcache bisect --json``'s ``changes[]``, and its first at the top level; what
+    ``kvcache sentinel`` reports of a figure): the ``first_bad`` commit or release (None when ``candidates``, the
+    items that could not be measured and the first bad one, are all that can be said), its ``subject`` and
+    ``date``, the good ``parent``, the figure ``before`` and ``after`` it and their ``change``, the ``ops`` that
+    moved and the figure's ``unit``."""
+
+    first_bad: str | None = None
+    subject: str = ""
+    date: str = ""
+    parent: str = ""
+    before: float | None = None
+    after: float | None = None
+    change: float | None = None
+    ops: dict[str, Any] = field(default_factory=dict)
+    candidates: list[str] = field(default_factory=list)
+    unit: str = ""
+    extra: dict[str, Any] = extra_field()
+    absent: frozenset[str] = absent_field()
+

@@ -26,7 +26,7 @@ from kvcache.bisect.probing import (
     ProbeResult,
     Revision,
 )
-from kvcache.bisect.report import step_json
+from kvcache.bisect.report import step_record
 from kvcache.bisect.runners import (
     CommitRunner,
     ReleaseRunner,
@@ -123,7 +123,7 @@ def check_range(plan: Plan, reference: dict[str, float], head_kv: Any, memo: dic
             found.steps.append(report.unbisected(watched, moved.before, figure_plan, "the walk found no change "
                                                  "between the ends (the last commit measures otherwise now)"))
             continue
-        found.steps += [report.step(watched, step_json(walk, step), figure_plan) for step in result.changes]
+        found.steps += [report.step(watched, step_record(walk, step), figure_plan) for step in result.changes]
     return found
 
 

@@ -269,3 +269,24 @@ def test_a_result_stopped_at_start_up_is_written_as_before():
         "benchmarks", "machine_info", "commit_info", "datetime", "version", "kv", "ab", "ab_run", "side_a"]
     assert doc["ab_run"]["notes"] == ["interrupted by SIGTERM during start-up: nothing was measured"]
     assert "seconds" not in doc["ab_run"] and doc["ab_run"]["sides"]["a"]["args"] == ["--kv-dtype", "float32"]
+
+
+# --- the bisect JSON ------------------------------------------------------------------------------------------------
+
+
+def test_a_bisect_step_is_written_as_before_and_read_back():
+    """``changes[]`` of ``kvcache bisect --json``: the keys in the order the writer always gave them, candidates only
+    where items could not be measured."""
+    from kvcache.analysing.file_records import BisectStep
+
+    named = BisectStep.of(first_bad="c2", subject="s", date="d", parent="c1", before=3.0, after=4.0, change=1.0,
+                          ops={"aten::cat": 1.0}, unit="")
+    assert list(named.to_json()) == ["first_bad", "subject", "date", "parent", "before", "after", "change", "ops",
+                                     "unit"]
+    skipped = BisectStep.of(first_bad=None, subject="s", date="d", parent="c1", before=3.0, after=4.0, change=1.0,
+                            ops={}, unit="")
+    skipped.update(candidates=["c2", "c3"])
+    old = {"first_bad": None, "subject": "s", "date": "d", "parent": "c1", "before": 3.0, "after": 4.0,
+           "change": 1.0, "ops": {}, "candidates": ["c2", "c3"], "unit": ""}
+    assert skipped.to_json() == old and list(skipped.to_json()) == list(old)
+    assert BisectStep.from_json(old) == skipped
