@@ -83,7 +83,8 @@ def make_run(
     }
     traffic = {cache: _traffic(passes) for cache, passes in counted.items()}
     settings = Settings(model="smollm2-135m", device=device_type, caches=tuple(caches), contexts=tuple(contexts),
-                        rounds=rounds, steps=steps).to_dict()
+                        rounds=rounds, steps=steps)
+    settings = identity.recorded_settings(settings).to_json()
     environment = {"device_type": device_type, "device_name": device_name, "transformers": transformers,
                    "torch": "2.13.0+cpu", "python": "3.11.7", "platform": "Linux", "threads": 2}
     kv = {
@@ -114,7 +115,7 @@ def make_run(
     kv["identity"] = identity.of(Environment.from_json(environment), RunSettings.from_json(settings)).to_json()
     record = KV.from_json(kv)
     kv["crossovers"] = bandwidth.crossovers(record.model, record.fit, record.traffic, {}).to_json()
-    record.verdict = analysis.run_verdicts(record, {})  # the real judge of this fit and traffic, against no baseline
+    record.verdict = analysis.run_verdicts(record, None)  # the real judge of this fit and traffic, against no baseline
     kv["verdict"] = record.to_json()["verdict"]
     if points:
         kv["points"] = [points_entry(b, copy_gbps) for b in benchmarks]
@@ -232,17 +233,22 @@ def analysed(run: dict[str, Any], *, resamples: int | None = 200, baseline: dict
     ``kv.fit``. ``resamples`` (bootstrap resamples; None keeps the run's own setting) and ``baseline`` (a
     baseline file's contents; none by default) are the analysis's."""
     from kvcache.analysing.analysis import analyse
+    from kvcache.analysing.file_records import BaselineFile
+    from kvcache.analysing.identity import recorded_settings
     from kvcache.analysing.measured import from_wire
+    from kvcache.analysing.records import RunSettings
     from kvcache.analysing.settings import Settings
 
     kv = run["kv"]
-    settings = {**Settings().to_dict(), **(kv.get("settings") or {})}
+    settings = {**recorded_settings(Settings()).to_json(), **(kv.get("settings") or {})}
     if resamples is not None:
         settings["resamples"] = resamples
     session = {k: v for k, v in (kv.get("session") or {"interrupted": False, "exit": "ok"}).items() if k != "failed"}
     out = copy.deepcopy(run)
     records = [from_wire(json.dumps(message)) for message in records_of(run)]  # as the transport delivers them
-    out["kv"] = analyse(records, settings, baseline or {}, session).to_json()
+    if baseline is not None and not isinstance(baseline, BaselineFile):
+        baseline = BaselineFile.from_json(baseline, "baseline")
+    out["kv"] = analyse(records, RunSettings.from_json(settings, "kv.settings"), baseline or None, session).to_json()
     return out
 
 

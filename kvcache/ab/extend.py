@@ -37,9 +37,10 @@ from pathlib import Path
 from typing import Any
 
 from kvcache.ab import clock
+from kvcache.ab.results import ABResult
 from kvcache.ab.schedule import ABSession, drive, start
 from kvcache.ab.sides import ABError, Side
-from kvcache.analysing.ab_records import Extension, MoreRounds
+from kvcache.analysing.ab_records import ABItem, Extension, MoreRounds, PairedVerdict
 from kvcache.analysing.measured import from_wire, to_wire
 from kvcache.analysing.timed_records import Point
 
@@ -59,15 +60,15 @@ STRADDLES, DRIFT, FEW_CONTEXTS = "the interval straddles the bound", "paired dri
 _FEW = "context(s) measured on both sides"
 
 
-def why_more_rounds(verdict: dict[str, Any]) -> str | None:
+def why_more_rounds(verdict: PairedVerdict) -> str | None:
     """Why more rounds can decide an inconclusive paired verdict (:data:`STRADDLES`, :data:`DRIFT`,
     :data:`FEW_CONTEXTS`), or None: a decided verdict, or one more rounds cannot help (A's or B's figure not above
     zero: the fit does not grow, or the step time is not a line; no bootstrap interval; no context of the class
     paired at all). With an interval, the only problems the judge reports are drift or the straddle itself."""
-    if verdict.get("status") != "inconclusive":
+    if verdict.status != "inconclusive":
         return None
-    reason = str(verdict.get("reason", ""))
-    ci = verdict.get("ratio_ci")
+    reason = str(verdict.reason or "")
+    ci = verdict.ratio_ci
     if isinstance(ci, list) and len(ci) == 2 and all(isinstance(v, (int, float)) for v in ci):
         return DRIFT if reason.startswith("drift differs") else STRADDLES
     count, _, rest = reason.partition(" ")
@@ -76,13 +77,14 @@ def why_more_rounds(verdict: dict[str, Any]) -> str | None:
     return None
 
 
-def timed_verdicts(ab: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
-    """``(cache, measure, verdict)`` of every paired timed verdict of an ``ab`` section (:data:`EXTENDED_MEASURES`)."""
-    return [(cache, measure, measures[measure]) for cache, measures in ab.items() if isinstance(measures, dict)
-            for measure in EXTENDED_MEASURES if isinstance(measures.get(measure), dict)]
+def timed_verdicts(verdicts: dict[str, dict[str, Any]]) -> list[tuple[str, str, PairedVerdict]]:
+    """``(cache, measure, verdict)`` of every paired timed verdict of an ``ab`` section's verdicts
+    (:func:`kvcache.analysing.ab.judge`; :data:`EXTENDED_MEASURES`)."""
+    return [(cache, measure, measures[measure]) for cache, measures in verdicts.items()
+            for measure in EXTENDED_MEASURES if isinstance(measures.get(measure), PairedVerdict)]
 
 
-def triggers(ab: dict[str, Any], skipped: set[str] = frozenset()) -> list[str]:
+def triggers(ab: dict[str, dict[str, Any]], skipped: set[str] = frozenset()) -> list[str]:
     """``"<cache> <measure> (<why>)"`` of each timed verdict more rounds can help; too few paired contexts only for
     a class no side skipped a point of (a skipped point is skipped again)."""
     out = []
@@ -93,17 +95,15 @@ def triggers(ab: dict[str, Any], skipped: set[str] = frozenset()) -> list[str]:
     return out
 
 
-def inconclusive(ab: dict[str, Any]) -> list[str]:
+def inconclusive(ab: dict[str, dict[str, Any]]) -> list[str]:
     """``"<cache> <measure>"`` of each timed verdict still inconclusive."""
-    return [f"{cache} {measure}" for cache, measure, v in timed_verdicts(ab) if v.get("status") == "inconclusive"]
+    return [f"{cache} {measure}" for cache, measure, v in timed_verdicts(ab) if v.status == "inconclusive"]
 
 
-def skipped_classes(doc: dict[str, Any]) -> set[str]:
-    """The classes either side skipped a point of (``kv.skipped``), from a :func:`kvcache.ab.results.results` doc."""
-    out = set()
-    for kv in (doc.get("kv", {}), doc.get("side_a", {}).get("kv", {})):
-        out.update(str(s.get("cache")) for s in kv.get("skipped", []) or [] if isinstance(s, dict))
-    return out
+def skipped_classes(result: ABResult) -> set[str]:
+    """The classes either side skipped a point of (``kv.skipped``), from a :func:`kvcache.ab.results.results`
+    result."""
+    return {str(s.cache) for kv in (result.kv_b, result.kv_a) for s in kv.skipped}
 
 
 # --- the budget ---------------------------------------------------------------------------------------------------
@@ -131,12 +131,12 @@ class Cost:
         return Cost(max(self.fixed_s, other.fixed_s), max(self.per_round_s, other.per_round_s))
 
 
-def cost_of(pairs: list[dict[str, Any]], rounds: int, phases: dict[str, float]) -> Cost:
+def cost_of(pairs: list[ABItem], rounds: int, phases: dict[str, float]) -> Cost:
     """The cost of an extension, from a session's pairs (``ab_run.pairs``: role and wall seconds of each item), its
     timed rounds and its phases (``start``, ``finish``, ``judge``): a round is the wall of the session's timed points
     over ``rounds``; fixed are the phases and the drift check (:data:`ROLES`: no copy bandwidth)."""
     def walls(role: str) -> list[float]:
-        return [float(p["wall"]) for p in pairs if p.get("role") == role and p.get("wall") is not None]
+        return [float(p.wall) for p in pairs if p.role == role and p.wall is not None]
 
     points, drift = walls("point"), walls("drift")
     per_point = sum(points) / len(points) if points else 0.0
@@ -249,25 +249,25 @@ class Extender:
     say: Callable[[str], None]
     interrupted: type[BaseException]
     held: list[str]
-    judge: Callable[[ABSession], dict[str, Any]]
+    judge: Callable[[ABSession], ABResult]
     prog: str = "kvcache ab"
 
 
-def more_rounds(session: ABSession, doc: dict[str, Any], ext: Extender) -> dict[str, Any]:
-    """The loop (see the module docstring): the results document of the pool, with ``ab_run.more_rounds`` and the
-    summary's line among ``ab_run.notes``."""
+def more_rounds(session: ABSession, doc: ABResult, ext: Extender) -> ABResult:
+    """The loop (see the module docstring): the result of the pool, with ``ab_run.more_rounds`` and the summary's
+    line among ``ab_run.notes``."""
     from kvcache.analysing import files
 
     first_rounds = int(session.sides[0].hello.settings.rounds or 1)
     record = MoreRounds(budget_s=round(ext.budget_s, 1), first_rounds=first_rounds, rounds=first_rounds)
-    cost = cost_of(doc["ab_run"]["pairs"], first_rounds, ext.phases)
+    cost = cost_of(doc.run.pairs, first_rounds, ext.phases)
     began = clock.now()
     detail = ""
     while True:
-        wanted = triggers(doc["ab"], skipped_classes(doc))
+        wanted = triggers(doc.verdicts, skipped_classes(doc))
         failed = [side for side in session.sides if side.failure]
         if not wanted:
-            left = inconclusive(doc["ab"])
+            left = inconclusive(doc.verdicts)
             record.stopped = "decided" if not left else "cannot help"
             detail = ("every timed verdict decided" if not left else
                       f"more rounds cannot decide {', '.join(left)}: see the reason")
@@ -305,17 +305,17 @@ def more_rounds(session: ABSession, doc: dict[str, Any], ext: Extender) -> dict[
             break
         extension.pairs = len(more.pairs)
         if not extension.failed:
-            cost = cost.at_least(cost_of([p.to_json() for p in more.pairs], rounds, phases))
+            cost = cost.at_least(cost_of(more.pairs, rounds, phases))
         # pooled even when stopped part-way: what both sides finished ran back to back all the same
         pool(session, more, offset, k, record.rounds + rounds)
         record.rounds += rounds
         doc = ext.judge(session)
     files.quiet_signals(ext.prog)
     record.seconds = round(clock.now() - began, 1)
-    record.inconclusive = inconclusive(doc["ab"])
-    record.gave_up = bool(triggers(doc["ab"], skipped_classes(doc)))
-    doc["ab_run"]["more_rounds"] = record.to_json()
-    doc["ab_run"]["notes"].append(record.line(detail))
+    record.inconclusive = inconclusive(doc.verdicts)
+    record.gave_up = bool(triggers(doc.verdicts, skipped_classes(doc)))
+    doc.run.update(more_rounds=record)
+    doc.run.notes.append(record.line(detail))
     return doc
 
 

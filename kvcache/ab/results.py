@@ -6,14 +6,42 @@ from __future__ import annotations
 
 import datetime
 import shlex
+from dataclasses import dataclass
 from typing import Any
 
 from kvcache.ab.schedule import ABSession
 from kvcache.ab.sides import Side
-from kvcache.analysing.ab_records import ABRunSection, ABSide, CopyFigure, read_ab_section
-from kvcache.analysing.records import KV, Run
+from kvcache.analysing.ab_records import ABRunSection, ABSide, CopyFigure, ab_section_json
+from kvcache.analysing.jsonrecord import Record
+from kvcache.analysing.records import KV, Run, Session
 
 FORMAT = 1  # the format of the ab_run section
+
+
+@dataclass
+class ABResult:
+    """What ``kvcache ab`` found, as records until it is written: each side's ``kv`` section, the paired verdicts
+    (``{cache: {measure: verdict}}``, :func:`kvcache.analysing.ab.judge`), the session (``ab_run``) and when it was
+    judged; :meth:`to_json` is the ``--json`` document (:func:`results`)."""
+
+    kv_a: KV
+    kv_b: KV
+    verdicts: dict[str, dict[str, Record]]
+    run: ABRunSection
+    now: str
+    measured: bool = True  # False: stopped during start-up (no machine described)
+
+    def to_json(self) -> dict[str, Any]:
+        """pytest-benchmark-shaped with side B's ``kv`` section, side A's whole run under ``side_a``, the paired
+        verdicts under ``ab`` and the session under ``ab_run``."""
+        def machine(kv: KV) -> dict[str, Any]:
+            return {"kv_environment": kv.environment.to_json()} if self.measured else {}
+
+        return {"benchmarks": [], "machine_info": machine(self.kv_b), "commit_info": {}, "datetime": self.now,
+                "version": None, "kv": self.kv_b.to_json(), "ab": ab_section_json(self.verdicts),
+                "ab_run": self.run.to_json(),
+                "side_a": {"benchmarks": [], "machine_info": machine(self.kv_a), "datetime": self.now,
+                           "kv": self.kv_a.to_json()}}
 
 
 def side_record(side: Side, interrupted: bool, exit_text: str) -> KV:
@@ -22,7 +50,7 @@ def side_record(side: Side, interrupted: bool, exit_text: str) -> KV:
     from kvcache.analysing.measured import from_wire
 
     records = [from_wire(text) for text in side.records]
-    return analysis.analyse(records, side.hello.settings.to_json(), side.hello.baseline,
+    return analysis.analyse(records, side.hello.settings, side.hello.baseline,
                             {"interrupted": interrupted, "exit": exit_text, "failed": []})
 
 
@@ -42,9 +70,8 @@ def described(side: Side, kv: KV) -> ABSide:
                   items_finished=len(side.finished), drift=judge.side_drift(kv), copy=copies, absent=frozenset())
 
 
-def results(session: ABSession, tolerance: float) -> dict[str, Any]:
-    """The output document: pytest-benchmark-shaped with side B's ``kv`` section, side A's whole run under
-    ``side_a``, the paired verdicts under ``ab`` and the session under ``ab_run``."""
+def results(session: ABSession, tolerance: float) -> ABResult:
+    """What the session found (:class:`ABResult`): each side analysed, B judged against A."""
     from kvcache.analysing import ab as judge
     from kvcache.analysing import compare
 
@@ -68,38 +95,33 @@ def results(session: ABSession, tolerance: float) -> dict[str, Any]:
         sides={side.name: described(side, kv) for side, kv in ((a, kv_a), (b, kv_b))},
         paired_drift={cache: judge.paired_drift(kv_a, kv_b, cache) for cache in verdicts}, notes=session.notes,
         absent=frozenset({"seconds", "phase_seconds"}))
-    return {"benchmarks": [], "machine_info": {"kv_environment": kv_b.environment.to_json()}, "commit_info": {},
-            "datetime": now, "version": None, "kv": kv_b.to_json(), "ab": verdicts, "ab_run": run.to_json(),
-            "side_a": {"benchmarks": [], "machine_info": {"kv_environment": kv_a.environment.to_json()},
-                       "datetime": now, "kv": kv_a.to_json()}}
+    return ABResult(kv_a, kv_b, verdicts, run, now)
 
 
-def results_before_start(sides: list[Side], interrupted: str, tolerance: float) -> dict[str, Any]:
-    """The output document of a session stopped during start-up (a release being installed, the workers not yet
+def results_before_start(sides: list[Side], interrupted: str, tolerance: float) -> ABResult:
+    """The result of a session stopped during start-up (a release being installed, the workers not yet
     up): nothing measured, each side's ``kv.session`` and ``ab_run`` saying it was interrupted, so that ``--json``
     is written whatever stops the command."""
     from kvcache.analysing.records import SCHEMA
 
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    kv = {"schema": SCHEMA, "session": {"interrupted": True, "exit": f"interrupted by {interrupted}", "failed": []}}
+    kv = KV.of(schema=SCHEMA, session=Session.of(interrupted=True, exit=f"interrupted by {interrupted}", failed=[]))
     run = ABRunSection(
         format=FORMAT, tolerance=tolerance, interrupted=interrupted, failed=[], items=0, pairs=[],
         sides={side.name: ABSide(args=side.args, release=side.release, log=str(side.log), items_finished=0,
                                  absent=frozenset()) for side in sides},
         paired_drift={}, notes=[f"interrupted by {interrupted} during start-up: nothing was measured"],
         absent=frozenset({"seconds", "phase_seconds"}))
-    return {"benchmarks": [], "machine_info": {}, "commit_info": {}, "datetime": now, "version": None, "kv": kv,
-            "ab": {}, "ab_run": run.to_json(),
-            "side_a": {"benchmarks": [], "machine_info": {}, "datetime": now, "kv": kv}}
+    return ABResult(kv, kv, {}, run, now, measured=False)
 
 
-def ab_summary(doc: dict[str, Any]) -> list[str]:
-    """The terminal summary of a :func:`results` document: sides, drift and copy bandwidth per side, the verdict
+def ab_summary(result: ABResult) -> list[str]:
+    """The terminal summary of a :func:`results` result: sides, drift and copy bandwidth per side, the verdict
     table, failures."""
     from kvcache.analysing import ab as judge
     from kvcache.analysing import tables
 
-    run = ABRunSection.from_json(doc["ab_run"], "ab_run")
+    run = result.run
     lines = ["kvcache ab: B against A, points paired back to back (ABBA)"]
     for name, side in run.sides.items():
         copies = [c.gbps for c in side.copy if c.gbps is not None]
@@ -114,9 +136,10 @@ def ab_summary(doc: dict[str, Any]) -> list[str]:
                      + ", ".join(f"{cache} {value:+.1%}" for cache, value in moved.items()))
     done = len(run.pairs)
     lines.append(f"  {done}/{run.items} items finished on both sides; tolerance ×{1 + (run.tolerance or 0.0):.2f}")
-    table = tables.Table(["class", "measure", "A", "B", "B/A [interval]", "verdict"], judge.summary_rows(doc["ab"]))
+    table = tables.Table(["class", "measure", "A", "B", "B/A [interval]", "verdict"],
+                         judge.summary_rows(result.verdicts))
     lines += ["", *tables.text(table)]
-    for cache, measures in read_ab_section(doc["ab"]).items():
+    for cache, measures in result.verdicts.items():
         for measure, v in measures.items():
             if v.status in ("regression", "inconclusive") and not measure.startswith("ledger."):
                 lines.append(f"{v.status}: {cache} {measure}: {v.reason}")

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import IO, Any, Callable
 
 from kvcache.analysing.context_records import Environment, RunSettings
+from kvcache.analysing.file_records import BaselineFile
 from kvcache.cli import last_line
 
 STOP_WAIT = 120  # seconds a worker gets to end its session after its last item before it is killed
@@ -43,7 +44,7 @@ class Hello:
     roles: list[str] = field(default_factory=list)
     settings: RunSettings = field(default_factory=RunSettings)
     environment: Environment = field(default_factory=Environment)
-    baseline: dict[str, Any] = field(default_factory=dict)
+    baseline: BaselineFile | None = None
 
     @classmethod
     def from_message(cls, hello: dict[str, Any]) -> Hello:
@@ -52,7 +53,7 @@ class Hello:
         return cls(items=hello["items"], roles=hello["roles"],
                    settings=RunSettings.from_json(hello["settings"], "hello settings"),
                    environment=Environment.from_json(hello["environment"], "hello environment"),
-                   baseline=hello["baseline"])
+                   baseline=BaselineFile.from_json(hello["baseline"], "hello baseline") if hello["baseline"] else None)
 
     def value(self, section: str, key: str, default: Any) -> Any:
         """``settings.<key>`` or ``environment.<key>``; ``default`` when the worker did not say."""

@@ -83,11 +83,14 @@ def _identity(config: pytest.Config) -> dict[str, Any]:
 
     state = config.stash.get(STATE, None)
     if state is None:
-        return {"settings": {}, "environment": {}, "baseline": {}}
+        return {"settings": {}, "environment": {}, "baseline": None}
     session = state.session
     env = session.environment()
-    settings = state.settings.to_dict()
-    return {"settings": settings, "environment": env, "baseline": state.baseline}
+    from kvcache.analysing.identity import recorded_settings
+
+    settings = recorded_settings(state.settings).to_json()  # JSON: the pipe to the driver is the process boundary
+    baseline = state.baseline.to_json() if state.baseline is not None else None  # JSON: the pipe, as the settings
+    return {"settings": settings, "environment": env, "baseline": baseline}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

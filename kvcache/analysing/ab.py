@@ -48,14 +48,14 @@ from typing import Any
 
 import numpy as np
 
-from kvcache.analysing.ab_records import PairedVerdict, read_ab_section
+from kvcache.analysing.ab_records import PAIRED, PairedVerdict
 from kvcache.analysing.estimates import finite, median, percentile_interval
 from kvcache.analysing.fit import context_draws
+from kvcache.analysing.jsonrecord import Record
 from kvcache.analysing.options import CONFIDENCE, RESAMPLES, RULE_DEFAULTS
 from kvcache.analysing.records import KV, Drift, Fit, LedgerPoint, LedgerRow, Verdict
 from kvcache.analysing.tables import MISSING, figure, num
 
-PAIRED = ("timed", "intercept", "ledger")  # judged here from the pairs; the gate's other measures are kept as judged
 MIN_PAIRED_CONTEXTS = 2  # a slope needs two contexts; the suite's fit needs three (fit.MIN_CONTEXTS), a ratio does not
 
 
@@ -329,9 +329,11 @@ def judge_paired_ledger(kv_a: KV, kv_b: KV, cache: str, *, tolerance: float, led
 
 def judge(kv_a: KV, kv_b: KV, *, tolerance: float = RULE_DEFAULTS["tolerance"], max_drift: float | None = None,
           ledger_tolerance: float | None = None, resamples: int | None = None, seed: int = 0,
-          confidence: float | None = None, counted: dict[str, dict[str, Verdict]] | None = None) -> dict[str, Any]:
-    """The ``ab`` section (JSON): ``{cache: {timed, intercept, ledger: {op: verdict}, counted?, overhead?}}`` for every
-    class either side measured; rules not given come from side B's settings (else A's; else the defaults).
+          confidence: float | None = None,
+          counted: dict[str, dict[str, Verdict]] | None = None) -> dict[str, dict[str, Record]]:
+    """The verdicts of the ``ab`` section: ``{cache: {timed, intercept, ledger.<op>..., counted?, overhead?}}`` for
+    every class either side measured, as records (:func:`kvcache.analysing.ab_records.ab_section_json` writes them);
+    rules not given come from side B's settings (else A's; else the defaults).
     ``counted``: the gate's verdicts of B with A as the baseline (:func:`kvcache.analysing.compare.judge_against`),
     whose measures other than :data:`PAIRED` (``counted``, ``overhead``, and any other exact measure the gate has) are
     kept as they are."""
@@ -348,24 +350,25 @@ def judge(kv_a: KV, kv_b: KV, *, tolerance: float = RULE_DEFAULTS["tolerance"], 
     for kv in (kv_a, kv_b):
         caches.update(dict.fromkeys(str(p.cache) for p in kv.points))
         caches.update(dict.fromkeys(str(name) for name in kv.traffic))
-    out: dict[str, Any] = {}
+    out: dict[str, dict[str, Record]] = {}
     for i, cache in enumerate(caches):
         timed = judge_paired_timed(kv_a, kv_b, cache, tolerance=tolerance, max_drift=max_drift, resamples=resamples,
                                    seed=seed + 1000 * i, confidence=confidence)
         ledger = judge_paired_ledger(kv_a, kv_b, cache, tolerance=tolerance, ledger_tolerance=ledger_tolerance,
                                      max_drift=max_drift, resamples=resamples, seed=seed + 1000 * i + 100,
                                      confidence=confidence)
-        entry = {**{m: v.to_json() for m, v in timed.items()}, "ledger": {op: v.to_json() for op, v in ledger.items()}}
+        entry: dict[str, Record] = {**timed, **{f"ledger.{op}": v for op, v in ledger.items()}}
         if counted and cache in counted:  # counted, overhead (and any exact measure), as the gate judged them
-            entry.update({m: v.to_json() for m, v in counted[cache].items() if m not in PAIRED})
+            entry.update({m: v for m, v in counted[cache].items() if m not in PAIRED})
         out[cache] = entry
     return out
 
 
 
-def regressions(ab: dict[str, Any]) -> list[str]:
-    """One line per regression of an ``ab`` section."""
-    return [f"{cache} {measure}: {v.reason}" for cache, measures in read_ab_section(ab).items()
+def regressions(verdicts: dict[str, dict[str, Any]]) -> list[str]:
+    """One line per regression of an ``ab`` section's verdicts (:func:`judge`, or
+    :func:`~kvcache.analysing.ab_records.read_ab_section` of a file's)."""
+    return [f"{cache} {measure}: {v.reason}" for cache, measures in verdicts.items()
             for measure, v in measures.items() if v.status == "regression"]
 
 
@@ -377,10 +380,11 @@ def ratio_text(v: PairedVerdict) -> str:
     return MISSING if finite(v.ratio) is None else "×" + figure(v.ratio, v.ratio_ci, ".3f")
 
 
-def summary_rows(ab: dict[str, Any]) -> list[list[str]]:
-    """Rows ``[class, measure, A, B, B/A [interval], verdict]`` (ledger ops that passed are left out)."""
+def summary_rows(verdicts: dict[str, dict[str, Any]]) -> list[list[str]]:
+    """Rows ``[class, measure, A, B, B/A [interval], verdict]`` of an ``ab`` section's verdicts (ledger ops that
+    passed are left out)."""
     rows = []
-    for cache, measures in read_ab_section(ab).items():
+    for cache, measures in verdicts.items():
         for measure, v in measures.items():
             if measure.startswith("ledger.") and v.status == "pass":
                 continue

@@ -16,6 +16,8 @@ from kvcache.analysing.jsonrecord import Reader, Record, absent_field, extra_fie
 
 #: The statuses of a paired verdict.
 PAIRED_STATUSES = ("pass", "regression", "improvement", "inconclusive")
+#: The measures judged from the pairs (:mod:`kvcache.analysing.ab`); the gate's other measures are kept as judged.
+PAIRED = ("timed", "intercept", "ledger")
 
 
 @dataclass
@@ -60,6 +62,28 @@ def read_ab_section(ab: dict[str, Any]) -> dict[str, dict[str, PairedVerdict]]:
     out: dict[str, dict[str, PairedVerdict]] = {}
     for cache, measure, value in ab_statuses(ab):
         out.setdefault(str(cache), {})[measure] = PairedVerdict.from_json(value, f"ab.{cache}.{measure}")
+    return out
+
+
+def ab_section_json(verdicts: dict[str, dict[str, Record]]) -> dict[str, Any]:
+    """The ``ab`` section as written from its verdicts (``{cache: {measure: verdict}}``, the ledger's as
+    ``ledger.<op>``, as :func:`read_ab_section` gives them back): the ledger's one level down, under ``ledger``
+    (an empty object where no op was judged), after the paired measures and before the gate's."""
+    out: dict[str, Any] = {}
+    for cache, measures in verdicts.items():
+        entry: dict[str, Any] = {}
+        ledger: dict[str, Any] = {}
+        for measure, verdict in measures.items():
+            if measure.startswith("ledger."):
+                ledger[measure[len("ledger."):]] = verdict.to_json()
+                entry.setdefault("ledger", ledger)
+            elif measure in PAIRED:
+                entry[measure] = verdict.to_json()
+            else:
+                entry.setdefault("ledger", ledger)
+                entry[measure] = verdict.to_json()
+        entry.setdefault("ledger", ledger)
+        out[cache] = entry
     return out
 
 
@@ -199,3 +223,30 @@ class ABRunSection(Section):
     def _readers(cls) -> dict[str, Reader]:
         return {"pairs": list_of(ABItem.from_json), "sides": object_of(ABSide.from_json),
                 "more_rounds": MoreRounds.from_json}
+
+
+@dataclass
+class ABDocument(Record):
+    """An A/B file (``kvcache ab --json``) at its top level, as its readers need it: the paired verdicts (``ab``, as
+    written: :func:`read_ab_section` reads them), the session (``ab_run``) and side A's run (``side_a``); the other
+    keys (pytest-benchmark's, side B's ``kv``) stay in ``extra`` (the run loader reads both sides as runs)."""
+
+    ab: dict[str, Any] = field(default_factory=dict)
+    ab_run: ABRunSection = field(default_factory=ABRunSection)
+    side_a: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = extra_field()
+    absent: frozenset[str] = absent_field()
+
+    @classmethod
+    def _readers(cls) -> dict[str, Reader]:
+        return {"ab_run": ABRunSection.from_json}
+
+    @classmethod
+    def read(cls, doc: Any, where: str) -> ABDocument | None:
+        """The A/B file of a parsed JSON file; None when it is not one (no ``ab`` object: a plain run file);
+        RecordError (one line naming ``where``) when its ``ab``, ``ab_run`` or ``side_a`` is malformed."""
+        if not isinstance(doc, dict):
+            return None
+        found = cls.from_json(doc, where)
+        return None if "ab" in found.absent else found
+

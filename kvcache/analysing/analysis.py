@@ -19,6 +19,7 @@ from kvcache.analysing import gate, identity
 from kvcache.analysing import ledger as ledgers
 from kvcache.analysing.bandwidth import achieved_fraction, achieved_gbps, crossovers
 from kvcache.analysing.estimates import median
+from kvcache.analysing.file_records import BaselineFile
 from kvcache.analysing.fit import FitError, fit_passes, measure_drift
 from kvcache.analysing.jsonrecord import Record
 from kvcache.analysing.judges import drift_problem
@@ -42,12 +43,12 @@ from kvcache.analysing.records import (
 from kvcache.analysing.rules import Rules
 
 
-def analyse(records: list[Record], settings: dict[str, Any], baseline: dict[str, Any],
+def analyse(records: list[Record], settings: RunSettings, baseline: BaselineFile | None,
             session: dict[str, Any]) -> KV:
     """The ``kv`` section of one run (docs/records.md) from the records its measuring processes reported
-    (:mod:`kvcache.analysing.measured`), judged against ``baseline`` (a loaded baseline file, ``{}`` for none).
-    ``settings``: the run's ``--kv-*`` settings (``Settings.to_dict()``); ``session``: ``{interrupted, exit,
-    failed}``. The caller writes it with ``KV.to_json``."""
+    (:mod:`kvcache.analysing.measured`), judged against ``baseline`` (a loaded baseline file, None for none).
+    ``settings``: the run's ``--kv-*`` settings (:func:`kvcache.analysing.identity.recorded_settings`);
+    ``session``: ``{interrupted, exit, failed}``. The caller writes it with ``KV.to_json``."""
     contexts = [r for r in records if isinstance(r, Context)]
     model, env = (contexts[0].model, contexts[0].environment) if contexts else (ModelGeometry(), Environment())
     points = [r for r in records if isinstance(r, Point)]
@@ -61,7 +62,7 @@ def analyse(records: list[Record], settings: dict[str, Any], baseline: dict[str,
     reasons = {r.cache: str(r.reason) for r in failures if r.cache and r.reason}
     counted = [r for r in records if isinstance(r, ClassCount)]
     kv = KV(
-        settings=RunSettings.from_json(settings, "kv.settings"), environment=env, model=model, copy_gbps=copy_gbps,
+        settings=settings, environment=env, model=model, copy_gbps=copy_gbps,
         copy=_copy_section(copies),
         traffic={r.cache: r.traffic for r in counted},
         probe={r.cache: r.probe for r in counted if r.probe is not None},
@@ -96,7 +97,7 @@ def analyse(records: list[Record], settings: dict[str, Any], baseline: dict[str,
     return kv
 
 
-def run_verdicts(kv: KV, baseline: dict[str, Any], **rules: Any) -> dict[str, dict[str, Verdict]]:
+def run_verdicts(kv: KV, baseline: BaselineFile | None, **rules: Any) -> dict[str, dict[str, Verdict]]:
     """The verdicts of a run's ``kv`` section against a baseline file's contents (the session-end gate), by the
     run's own rules (``kv.settings``), each rule in ``rules`` replacing the run's."""
     entries, keys = baselines.for_run(baseline, identity.of_run(kv))

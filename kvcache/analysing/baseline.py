@@ -36,15 +36,12 @@ writers lose no update.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
-import os
-from collections.abc import Iterator
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from kvcache.analysing import files, gate, identity
+from kvcache.analysing import gate, identity, jsonfile
 from kvcache.analysing.entries import (
     FIGURES,
     TIMED_NULLABLE,
@@ -53,13 +50,14 @@ from kvcache.analysing.entries import (
     entry_problems,
     figure_problem,
 )
+from kvcache.analysing.file_records import BASELINE_SCHEMA, READABLE_BASELINE_SCHEMAS, BaselineFile
 from kvcache.analysing.fit import record_problem
+from kvcache.analysing.jsonfile import error_line  # noqa: F401 - the commands' one line of an OSError
+from kvcache.analysing.jsonrecord import BOOKKEEPING
 from kvcache.analysing.measure_table import GROUPS, PRESENT, of_verdict
 from kvcache.analysing.options import RULE_DEFAULTS
-from kvcache.analysing.records import KV, Drift, Fit, UnmeasuredDrift, jsonable
+from kvcache.analysing.records import KV, Drift, Fit, UnmeasuredDrift
 
-BASELINE_SCHEMA = 2
-READABLE_BASELINE_SCHEMAS = (1, 2)
 PASSES_KEYS = ("timed_passes", "counted_passes")
 NUMBER_KEYS = (*PASSES_KEYS, "timed_intercept_ms", "ops_per_step", "data_ops_per_step", "weight_passes")
 
@@ -67,38 +65,27 @@ class BaselineError(ValueError):
     """A baseline file that cannot be used; the message is one line naming the file."""
 
 
-def empty() -> dict[str, Any]:
-    return {"schema": BASELINE_SCHEMA, "devices": {}}
+def empty() -> BaselineFile:
+    return BaselineFile()
 
 
-def load(path: str | Path) -> dict[str, Any]:
-    """Read a baseline file (schema 1 or 2, upgraded to 2); a missing file is an empty baseline, anything
-    unusable a BaselineError."""
+def load(path: str | Path) -> BaselineFile:
+    """Read a baseline file (schema 1 or 2, upgraded to 2) as its record; a missing file is an empty baseline,
+    anything unusable a BaselineError (one line naming the file). The one reader of the file's raw document."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return empty()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BaselineError(f"{p}: cannot read baseline ({error_line(exc)})") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise BaselineError(f"{p}: baseline is not JSON ({exc.msg} at line {exc.lineno})") from None
+    doc = jsonfile.load_json(p, accepted=READABLE_BASELINE_SCHEMAS, what="kvcache baseline", error=BaselineError,
+                             missing=lambda: empty().to_json())
     problem = problem_of(doc)
     if problem:
         raise BaselineError(f"{p}: not a kvcache baseline ({problem})")
-    return upgrade(doc)
+    return BaselineFile.from_json(upgrade(doc), f"{p}")
 
 
 def problem_of(doc: Any) -> str | None:
     """What is wrong with a parsed baseline, or None when it is well formed: its shape, and every figure of every
-    entry (:func:`entry_problem`), named with the entry and the value."""
+    entry (:func:`entry_problem`), named with the entry and the value (its schema is :func:`load`'s to check)."""
     if not isinstance(doc, dict):
         return f"top level is a {type(doc).__name__}, expected an object"
-    if doc.get("schema") not in READABLE_BASELINE_SCHEMAS:
-        supported = ", ".join(map(str, READABLE_BASELINE_SCHEMAS))
-        return f"schema {doc.get('schema')!r} is not one of the supported {supported}"
     devices = doc.get("devices")
     if not isinstance(devices, dict):
         return "'devices' is missing or not an object"
@@ -141,16 +128,15 @@ def upgrade(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 
-def for_run(doc: dict[str, Any],
+def for_run(doc: BaselineFile | None,
             ident: identity.Identity) -> tuple[dict[str, dict[str, BaselineEntry]], dict[str, str]]:
     """What a run of identity ``ident`` is judged against: ``({measure: {cache: entry}}, {measure: key})``; ``doc``
-    is a loaded baseline file (:func:`load`), or ``{}`` for none."""
+    is a loaded baseline file (:func:`load`), or None for none."""
     keys = {m: identity.baseline_key(ident, m) for m in GROUPS}
-    devices = doc["devices"] if doc else {}
+    devices = doc.devices if doc is not None else {}
     entries: dict[str, dict[str, BaselineEntry]] = {}
     for measure, key in keys.items():
-        recorded = {c: BaselineEntry.from_json(e, f"baseline {key!r}: {c}") for c, e in devices[key].items()} \
-            if key in devices else {}
+        recorded = devices.get(key, {})
         entries[measure] = {c: e for c, e in recorded.items() if getattr(e, PRESENT[measure]) is not None}
     return entries, keys
 
@@ -283,59 +269,34 @@ MERGED_BY_GPU = ("gpu_passes", "gpu_by_op")
 
 
 def update(path: str | Path, entries: dict[str, dict[str, dict[str, Any]]]) -> None:
-    """Merge ``{key: {cache: entry}}`` into the file under a lock and write it atomically (mode kept).
-
-    Other keys and caches are kept; within an entry the given fields replace the recorded ones."""
+    """Merge ``{key: {cache: entry}}`` into the file under a lock on its folder and write it atomically (mode kept;
+    :func:`kvcache.analysing.jsonfile.update_json`). Other keys and caches are kept; within an entry the given
+    fields replace the recorded ones."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    with locked(p):
-        doc = load(p)
+    known = {f.name for f in fields(BaselineEntry)} - set(BOOKKEEPING)
+
+    def merged(doc: BaselineFile) -> BaselineFile:
         for key, by_cache in entries.items():
-            recorded = doc["devices"].setdefault(key, {})
+            recorded = doc.devices.setdefault(key, {})
             for cache, entry in by_cache.items():
-                target = recorded.setdefault(cache, {})
+                target = recorded.setdefault(cache, BaselineEntry.of())
                 for name in MERGED_BY_GPU:  # GPU classes the run did not predict keep their recorded figures
-                    if isinstance(entry.get(name), dict) and isinstance(target.get(name), dict):
-                        entry = {**entry, name: {**target[name], **entry[name]}}
-                target.update(entry)
-        problem = problem_of(doc)
-        if problem:
-            raise BaselineError(f"{p}: refusing to write a malformed baseline ({problem})")
-        write_json_atomically(p, doc)
+                    if isinstance(entry.get(name), dict) and isinstance(getattr(target, name), dict):
+                        entry = {**entry, name: {**getattr(target, name), **entry[name]}}
+                target.update(**{k: v for k, v in entry.items() if k in known})
+                target.extra.update({k: v for k, v in entry.items() if k not in known})
+        return doc
+
+    jsonfile.update_json(p, merged, load=load, write=write, lock=lambda q: jsonfile.folder_lock(q, BaselineError))
 
 
-@contextlib.contextmanager
-def locked(path: Path) -> Iterator[None]:
-    """An exclusive lock on the folder of ``path``'s target (symlinks followed; POSIX ``flock``), held while the
-    file is read and rewritten, so that concurrent writers serialise, through links or not; no lock where
-    ``fcntl`` is missing."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows
-        yield
-        return
-    folder = files.target(path).parent  # a symlinked baseline: where its target is written (write_json_atomically)
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError as exc:
-        raise BaselineError(f"{path}: cannot open its folder to lock it ({error_line(exc)})") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing releases the lock
-
-
-def write_json_atomically(path: Path, doc: dict[str, Any]) -> None:
-    """Write ``doc`` (indent 2, sorted keys) with :func:`kvcache.analysing.files.write_text_atomically`: a temp
-    file beside ``path``'s target (a symlink stays a link, its target is replaced), the mode kept; a signal
-    mid-write leaves the old file. A file that cannot be written is a BaselineError naming it."""
-    text = json.dumps(jsonable(doc), indent=2, sort_keys=True) + "\n"
-    try:
-        files.write_text_atomically(path, text)
-    except OSError as exc:
-        raise BaselineError(f"{files.path_shown(path)}: cannot write baseline ({error_line(exc)})") from None
-
-
-def error_line(exc: BaseException) -> str:
-    return " ".join(str(getattr(exc, "strerror", None) or exc).split())
+def write(path: Path, doc: BaselineFile) -> None:
+    """Write a baseline (indent 2, sorted keys) atomically (:func:`kvcache.analysing.jsonfile.write_json`: a temp
+    file beside ``path``'s target, a symlink stays a link, the mode kept, a signal mid-write leaves the old file);
+    one that is malformed, or a file that cannot be written, is a BaselineError naming it."""
+    raw = doc.to_json()
+    problem = problem_of(raw)
+    if problem:
+        raise BaselineError(f"{path}: refusing to write a malformed baseline ({problem})")
+    jsonfile.write_json(path, raw, indent=2, sort_keys=True, what="baseline", error=BaselineError)

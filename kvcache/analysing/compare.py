@@ -181,7 +181,8 @@ def baseline_of(run: Run, *, min_r2: float | None = None) -> dict[str, dict[str,
     """A run as a baseline, ``{measure: {cache: entry}}``: what recording it would keep, read back as the gate reads
     a baseline file (same rules; ``min_r2``, when given, in place of the run's own)."""
     entries, _ = baselines.entries_of_run(_with_min_r2(run.record, min_r2), run.datetime)
-    recorded, _ = baselines.for_run({"devices": entries}, identity.of_run(run.record))
+    as_file = baselines.BaselineFile.from_json({"devices": entries}, f"{run.path} as a baseline")
+    recorded, _ = baselines.for_run(as_file, identity.of_run(run.record))
     return recorded
 
 

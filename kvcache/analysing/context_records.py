@@ -8,10 +8,11 @@ reads as None (an empty list or object for a list or an object); whoever reads i
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import Field, dataclass, field, fields, make_dataclass
 from typing import Any
 
 from kvcache.analysing.jsonrecord import BOOKKEEPING, Reader, Record, extra_field, object_of
+from kvcache.analysing.settings import Settings
 
 #: The ``absent`` of a section made in code: every key not set is left out when written (see :class:`Section`).
 UNSET = frozenset({"*"})
@@ -31,54 +32,30 @@ class Section(Record):
             self.absent = frozenset(f.name for f in fields(self) if f.name not in BOOKKEEPING)  # type: ignore[misc]
 
 
-@dataclass
-class RunSettings(Section):
-    """``kv.settings``: the ``--kv-*`` settings of the run (:class:`kvcache.analysing.settings.Settings`, in the
-    same units: sizes in bytes, times in seconds, tolerances in passes or fractions). ``model`` is the model's
-    identity (:func:`kvcache.analysing.identity.model_key`), ``model_path`` the directory as given when it differs;
-    ``gpus`` is recorded only when ``--kv-gpus`` was given."""
+def _recorded(spec: Field[Any]) -> tuple[str, Any, Any]:
+    """A :class:`~kvcache.analysing.settings.Settings` field as ``kv.settings`` records it: a tuple as a list, an
+    object as an object (both empty when absent), any other value as itself (None when absent)."""
+    kind = str(spec.type)
+    if kind.startswith("tuple"):
+        return spec.name, "list[Any]", field(default_factory=list)
+    if kind.startswith("dict"):
+        return spec.name, "dict[str, Any]", field(default_factory=dict)
+    return spec.name, f"{kind} | None", None
 
-    model: str | None = None
-    device: str | None = None
-    dtype: str | None = None
-    caches: list[str] = field(default_factory=list)
-    contexts: list[int] = field(default_factory=list)  # tokens
-    counted_contexts: list[int] = field(default_factory=list)  # tokens
-    fill: str | None = None
-    warmup: int | None = None  # decode steps
-    steps: int | None = None  # decode steps
-    rounds: int | None = None
-    order: str | None = None
-    seed: int | None = None
-    copy_bytes: int | None = None
-    copy_repeats: int | None = None
-    max_drift: float | None = None
-    baseline: str | None = None
-    update_baseline: bool | None = None
-    tolerance: float | None = None
-    counted_tolerance: float | None = None
-    memory_tolerance: float | None = None
-    ops_tolerance: float | None = None
-    weight_passes_tolerance: float | None = None
-    ledger_tolerance: float | None = None
-    max_passes: dict[str, float] = field(default_factory=dict)  # cache -> passes
-    min_r2: float | None = None
-    confidence: float | None = None
-    resamples: int | None = None
-    gate: bool | None = None
-    strict: bool | None = None
-    remeasure: int | None = None
-    remeasure_seconds: float | None = None
-    ledger_steps: int | None = None
-    threads: int | None = None  # None: torch's default (--kv-threads auto), or not recorded
-    compile: str | None = None
-    driver: str | None = None
-    gpus: list[str] = field(default_factory=list)
-    batch: int | None = None
-    ragged: bool | None = None
-    model_path: str | None = None
-    extra: dict[str, Any] = extra_field()
-    absent: frozenset[str] = unset_field()
+
+#: ``kv.settings``: the ``--kv-*`` settings of the run (:class:`kvcache.analysing.settings.Settings`, in the same
+#: units: sizes in bytes, times in seconds, tolerances in passes or fractions). Its fields are ``Settings``'s, in
+#: its order (each an option of :mod:`kvcache.analysing.options`, or a figure no option sets), made here rather
+#: than declared twice, and ``model_path``: ``model`` is the model's identity
+#: (:func:`kvcache.analysing.identity.model_key`), ``model_path`` the directory as given when it differs; ``gpus``
+#: is recorded only when ``--kv-gpus`` was given.
+RunSettings = make_dataclass(
+    "RunSettings",
+    [*(_recorded(spec) for spec in fields(Settings)), ("model_path", "str | None", None),
+     ("extra", "dict[str, Any]", extra_field()), ("absent", "frozenset[str]", unset_field())],
+    bases=(Section,), namespace={"__doc__": "``kv.settings``: the ``--kv-*`` settings of the run, the fields of "
+                                            ":class:`kvcache.analysing.settings.Settings` and ``model_path``."})
+RunSettings.__module__ = __name__
 
 
 @dataclass

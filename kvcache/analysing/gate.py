@@ -65,6 +65,7 @@ from kvcache.analysing.judges import (
 from kvcache.analysing.measure_table import EXACT_VERDICTS, VERDICT_NAMES
 from kvcache.analysing.records import KV, Drift, Point, Speed, UnmeasuredDrift, Verdict
 from kvcache.analysing.rules import Rules
+from kvcache.analysing.settings import parse_max_passes  # noqa: F401 - its home is the options' parsers
 
 
 def speed_shift(speed: Speed | None, base_ms: float | None, max_fraction: float) -> Drift | None:
@@ -166,26 +167,3 @@ def failures(verdicts: dict[str, dict[str, Verdict]], *, drift: Drift | Unmeasur
     if strict and problem and not any("drift" in line for line in lines):
         lines.append(f"kv-cache drift (--kv-strict): {problem}")
     return lines
-
-
-def parse_max_passes(text: str) -> dict[str, float]:
-    """Parse ``--kv-max-passes cache=number,...`` into cache -> maximum passes (positive)."""
-    form = "expected cache=number,... (e.g. dynamic=4,static=1.5)"
-    limits: dict[str, float] = {}
-    for raw in text.split(","):
-        item = raw.strip()
-        if not item:
-            continue
-        cache, sep, value = (part.strip() for part in item.partition("="))
-        try:
-            number = float(value)
-        except ValueError:
-            number = math.nan
-        if not sep or not cache or not math.isfinite(number):
-            raise ValueError(f"--kv-max-passes: bad item {item!r}; {form}")
-        if number <= 0:
-            raise ValueError(f"--kv-max-passes: {item!r} is not positive; {form}")
-        if cache in limits:
-            raise ValueError(f"--kv-max-passes: {cache!r} given twice; {form}")
-        limits[cache] = number
-    return limits

@@ -25,23 +25,23 @@ for the PNGs).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import subprocess
-from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from kvcache.analysing import arguments, files, identity, measure_table
+from kvcache.analysing import arguments, files, identity, jsonfile, measure_table
 from kvcache.analysing.estimates import finite, interval
 from kvcache.analysing.export import finite_figure, why_no_figure
+from kvcache.analysing.file_records import FULL_SHA, STORE_SCHEMA, HistoryEntry
+from kvcache.analysing.jsonrecord import RecordError
 from kvcache.analysing.records import Run
 from kvcache.analysing.report.data import ReportError
 from kvcache.analysing.steps import Step, counted_steps, steps_markdown, timed_steps
 
-STORE_SCHEMA = 1
+
 #: The measures kept and plotted (the measure table's ``history`` rows), by name: also the PNG's file stem and the
 #: figure's key in a store entry (its interval: ``<name>_ci``; counted passes' per-op parts: ``by_op``).
 def trend_measures() -> dict[str, measure_table.Measure]:
@@ -80,7 +80,7 @@ def figures_of(run: Run, notes: list[str] | None = None) -> dict[str, dict[str, 
 
 
 def entry_of(run: Run, *, commit: str | None = None, release: str | None = None,
-             notes: list[str] | None = None) -> dict[str, Any]:
+             notes: list[str] | None = None) -> HistoryEntry:
     """One store line for ``run`` at ``commit`` (or ``release``); HistoryError when no class has a figure (the
     message says why: every class skipped, no counted traffic or fit)."""
     ident = identity.of_run(run.record)
@@ -90,90 +90,70 @@ def entry_of(run: Run, *, commit: str | None = None, release: str | None = None,
         raise HistoryError(f"{run.path}: no figure to add: {why_no_figure(run, list(trend_measures()), found_notes)}")
     if notes is not None:
         notes.extend(found_notes)
-    return {"schema": STORE_SCHEMA, "commit": commit, "release": release, "identity": ident.to_json(),
-            "setup": identity.describe(ident), "transformers": run.transformers, "datetime": run.datetime,
-            "run": Path(run.path).name, "caches": caches}
+    return HistoryEntry(schema=STORE_SCHEMA, commit=commit, release=release, identity=ident.to_json(),
+                        setup=identity.describe(ident), transformers=run.transformers, datetime=run.datetime,
+                        run=Path(run.path).name, caches=caches)
 
 
-def release_of(entry: dict[str, Any]) -> str:
+def release_of(entry: HistoryEntry) -> str:
     """An entry's release as the installer names it (``v5.23.0`` and ``5.23`` are ``5.23.0``, what an older store
     may hold), or as stored when it is not a release number."""
     try:
-        return arguments.release("--release", str(entry.get("release")))
+        return arguments.release("--release", str(entry.release))
     except ValueError:
-        return str(entry.get("release"))
+        return str(entry.release)
 
 
-def entry_key(entry: dict[str, Any]) -> tuple[str, str]:
+def entry_key(entry: HistoryEntry) -> tuple[str, str]:
     """What makes an entry unique: its commit (or release, normalised) and its identity."""
-    where = f"commit {entry['commit']}" if entry.get("commit") else f"release {release_of(entry)}"
-    return where, json.dumps(entry.get("identity"), sort_keys=True)
+    where = f"commit {entry.commit}" if entry.commit else f"release {release_of(entry)}"
+    return where, json.dumps(entry.identity, sort_keys=True)
 
 
-def label_of(entry: dict[str, Any]) -> str:
+def label_of(entry: HistoryEntry) -> str:
     """The entry's name on an axis: the commit's first 8 characters, or the release."""
-    return str(entry["commit"])[:8] if entry.get("commit") else release_of(entry)
+    return str(entry.commit)[:8] if entry.commit else release_of(entry)
 
 
-def read_store(path: str | Path) -> list[dict[str, Any]]:
-    """The entries of a store (a missing store has none); HistoryError naming the file and line when unreadable."""
+def read_store(path: str | Path) -> list[HistoryEntry]:
+    """The entries of a store (a missing store has none), each line read by :meth:`HistoryEntry.read`; HistoryError
+    naming the file and line when unreadable."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return []
-    except OSError as exc:
-        raise HistoryError(f"{p}: cannot read ({exc.strerror or exc})") from None
+    text = jsonfile.read_text(p, str(p), what="history store", error=HistoryError)
     entries = []
-    for n, line in enumerate(text.splitlines(), 1):
+    for n, line in enumerate((text or "").splitlines(), 1):
         if not line.strip():
             continue
         try:
-            entry = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise HistoryError(f"{p}:{n}: not JSON ({exc.msg})") from None
-        if not isinstance(entry, dict) or not isinstance(entry.get("caches"), dict) or \
-                not (entry.get("commit") or entry.get("release")):
-            raise HistoryError(f"{p}:{n}: not a history entry (no commit or release, or no caches)")
-        entries.append(entry)
+            entries.append(HistoryEntry.read(jsonfile.parse_json(line, f"{p}:{n}", what="history entry",
+                                                                 error=HistoryError), f"{p}:{n}"))
+        except RecordError as exc:
+            raise HistoryError(str(exc)) from None
     return entries
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """An exclusive lock on ``path``'s sibling ``.lock`` file, where the platform has ``fcntl``."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not on POSIX
-        yield
-        return
-    with open(path.with_name(path.name + ".lock"), "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def add(store: str | Path, entry: dict[str, Any]) -> None:
-    """Append ``entry`` to ``store`` atomically; HistoryError when the store has its key already."""
+def add(store: str | Path, entry: HistoryEntry) -> None:
+    """Append ``entry`` to ``store`` atomically, under a lock on its sibling ``.lock`` file
+    (:func:`kvcache.analysing.jsonfile.update_json`); HistoryError when the store has its key already."""
     path = files.target(store)
     if not path.parent.is_dir():
         raise HistoryError(f"--store {store}: folder {path.parent} does not exist")
-    with _locked(path):
-        entries = read_store(path)
+
+    def added(entries: list[HistoryEntry]) -> list[HistoryEntry]:
         where, ident = entry_key(entry)
         if any(entry_key(e) == (where, ident) for e in entries):
-            raise HistoryError(f"{store} already has an entry for {where} on {entry['setup']}; an entry is never "
+            raise HistoryError(f"{store} already has an entry for {where} on {entry.setup}; an entry is never "
                                "replaced (give another --commit or --release, or another store)")
-        text = "".join(json.dumps(e, sort_keys=True) + "\n" for e in [*entries, entry])
+        return [*entries, entry]
+
+    def write(p: Path, entries: list[HistoryEntry]) -> None:
+        text = "".join(jsonfile.dumps(e.to_json(), indent=None, sort_keys=True) for e in entries)
         try:
-            files.write_text_atomically(path, text)
+            files.write_text_atomically(p, text)
         except OSError as exc:
             raise HistoryError(f"--store {store}: cannot write ({exc.strerror or exc})") from None
 
-
-FULL_SHA = re.compile(r"[0-9a-fA-F]{40}|[0-9a-fA-F]{64}")
+    jsonfile.update_json(path, added, load=read_store, write=write, lock=jsonfile.sibling_lock)
 
 
 def _rev_parse(rev: str, cwd: str | Path | None) -> tuple[str, str]:
@@ -218,10 +198,10 @@ def release_key(release: str) -> tuple[tuple[int, Any], ...]:
     return (*((1, int(p)) if p.isdigit() else (-1, p.lower()) for p in parts), (0, ""))
 
 
-def ordered(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def ordered(entries: list[HistoryEntry]) -> list[HistoryEntry]:
     """The entries in plotting order: releases (a store of releases only) by version, whatever order they were
     added in; commits as added (the order they were measured in)."""
-    if entries and all(e.get("release") and not e.get("commit") for e in entries):
+    if entries and all(e.release and not e.commit for e in entries):
         return sorted(entries, key=lambda e: release_key(release_of(e)))
     return list(entries)
 
@@ -229,28 +209,28 @@ def ordered(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # --- steps ---------------------------------------------------------------------------------------------------
 
 
-def setup_of(entry: dict[str, Any], measure: str) -> str:
+def setup_of(entry: HistoryEntry, measure: str) -> str:
     """What an entry's ``measure`` is comparable across: its identity key for that measure (counted passes do not
     depend on which CPU ran them, so runs from runners with other CPUs make one line)."""
-    ident = entry.get("identity")
+    ident = entry.identity
     if not isinstance(ident, dict):
-        return str(entry.get("setup"))
+        return str(entry.setup)
     group = trend_measures()[measure].group or "counted"
     return identity.baseline_key(identity.Identity.from_json(ident, "history entry identity"), group)
 
 
-def trend_series(entries: list[dict[str, Any]], measure: str) -> dict[tuple[str, str], list[dict[str, Any]]]:
+def trend_series(entries: list[HistoryEntry], measure: str) -> dict[tuple[str, str], list[dict[str, Any]]]:
     """``{(setup, cache): [figures per entry, {} where the entry lacks the class or is of another setup]}``,
     setups by :func:`setup_of` for ``measure``."""
     out: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for i, entry in enumerate(entries):
-        for cache, figures in entry["caches"].items():
+        for cache, figures in entry.caches.items():
             row = out.setdefault((setup_of(entry, measure), str(cache)), [{} for _ in entries])
             row[i] = figures if isinstance(figures, dict) else {}
     return out
 
 
-def steps_of(entries: list[dict[str, Any]], measure: str) -> list[Step]:
+def steps_of(entries: list[HistoryEntry], measure: str) -> list[Step]:
     """The steps of every class's series of ``measure`` (see :func:`counted_steps`, :func:`timed_steps`)."""
     trend = trend_measures()[measure]
     exact = trend.exact
@@ -268,7 +248,7 @@ def steps_of(entries: list[dict[str, Any]], measure: str) -> list[Step]:
 # --- plot ----------------------------------------------------------------------------------------------------
 
 
-def plot(entries: list[dict[str, Any]], out: str | Path) -> tuple[list[Path], list[Step]]:
+def plot(entries: list[HistoryEntry], out: str | Path) -> tuple[list[Path], list[Step]]:
     """One PNG per measure the entries have, in ``out``, and ``steps.json`` and ``steps.md``; returns the PNGs and
     the steps. The steps need no matplotlib: without it they are written all the same, then :class:`HistoryError`
     names the PNGs that could not be drawn."""
@@ -321,7 +301,7 @@ def plot(entries: list[dict[str, Any]], out: str | Path) -> tuple[list[Path], li
         ax.margins(y=0.2)
         ax.set_ylabel(title.split(" (")[0])
         kind = "every change is a step" if exact else "a step where the levels' intervals do not overlap"
-        by = "commit" if any(e.get("commit") for e in entries) else "release"
+        by = "commit" if any(e.commit for e in entries) else "release"
         ax.set_title(f"{title} by {by}\n{'; '.join(setups)}; marked: {kind}", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=4, fontsize=8, frameon=False)

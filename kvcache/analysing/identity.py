@@ -37,6 +37,7 @@ from kvcache.analysing.context_records import Environment, RunSettings, Section,
 from kvcache.analysing.jsonrecord import BOOKKEEPING, extra_field
 from kvcache.analysing.measure_table import GROUPS
 from kvcache.analysing.presets import FAMILY_PRESETS, LAYERS_SUFFIX, PRESETS
+from kvcache.analysing.settings import Settings
 
 #: Every field of a run's identity, in display order.
 FIELDS = ("device_name", "device_type", "model", "dtype", "threads", "torch")
@@ -76,6 +77,20 @@ KEY_FORMS = {"torch": "torch {}"}
 
 #: Fields of a config.json that name where and with which release it was saved, not the model: left out of its hash.
 VOLATILE_CONFIG_FIELDS = ("_name_or_path", "transformers_version")
+
+
+def recorded_settings(settings: Settings) -> RunSettings:
+    """The settings as a run records them (``kv.settings``): ``model`` is the model's identity (:func:`model_key`: a
+    local directory as ``name@confighash``), and a directory's path as given is kept beside it as ``model_path``;
+    ``gpus`` only when ``--kv-gpus`` was given (a run without it keeps its settings as before)."""
+    values = {spec.name: getattr(settings, spec.name) for spec in fields(settings)}
+    values = {k: list(v) if isinstance(v, tuple) else dict(v) if isinstance(v, dict) else v for k, v in values.items()}
+    if not settings.gpus:
+        del values["gpus"]
+    values["model"] = model_key(settings.model)
+    if values["model"] != settings.model:
+        values["model_path"] = settings.model
+    return RunSettings.of(**values)
 
 
 def model_key(name: str) -> str:

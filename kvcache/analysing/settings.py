@@ -10,7 +10,7 @@ model presets (the class names, ``--kv-attn``, the dtype's names) is checked by 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from kvcache.analysing.options import BY_FLAG, CONFIDENCE, OPTIONS, RESAMPLES
@@ -137,14 +137,33 @@ def _threads(option: str, text: Any) -> int | None:
     return parse_threads(text)
 
 
-def _max_passes(option: str, text: Any) -> dict[str, float]:
-    """``cache=passes,...`` (:func:`kvcache.analysing.gate.parse_max_passes`); none (the default) imports nothing."""
-    if not str(text).strip():
-        return {}
-    from kvcache.analysing import gate
+def parse_max_passes(text: str) -> dict[str, float]:
+    """Parse ``--kv-max-passes cache=number,...`` into cache -> maximum passes (positive)."""
+    form = "expected cache=number,... (e.g. dynamic=4,static=1.5)"
+    limits: dict[str, float] = {}
+    for raw in text.split(","):
+        item = raw.strip()
+        if not item:
+            continue
+        cache, sep, value = (part.strip() for part in item.partition("="))
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not sep or not cache or not math.isfinite(number):
+            raise ValueError(f"--kv-max-passes: bad item {item!r}; {form}")
+        if number <= 0:
+            raise ValueError(f"--kv-max-passes: {item!r} is not positive; {form}")
+        if cache in limits:
+            raise ValueError(f"--kv-max-passes: {cache!r} given twice; {form}")
+        limits[cache] = number
+    return limits
 
+
+def _max_passes(option: str, text: Any) -> dict[str, float]:
+    """``cache=passes,...`` (:func:`parse_max_passes`)."""
     try:
-        return gate.parse_max_passes(str(text))
+        return parse_max_passes(str(text))
     except ValueError as exc:
         raise SettingsError(str(exc)) from None
 
@@ -269,20 +288,3 @@ class Settings:
         """Whether ledger points are profiled: not with ``--kv-ledger-steps 0``, nor under ``--kv-compile`` (the
         ledger times eager ATen ops, a compiled step runs fused kernels; the analysis says so per class)."""
         return self.ledger_steps > 0 and self.compile == "off"
-
-    def to_dict(self) -> dict[str, Any]:
-        """The settings as a run records them (``kv.settings``). ``model`` is the model's identity
-        (:func:`kvcache.analysing.identity.model_key`: a local directory as ``name@confighash``), and a directory's
-        path as given is kept beside it as ``model_path``."""
-        d = asdict(self)
-        d["caches"], d["contexts"], d["counted_contexts"] = list(self.caches), list(self.contexts), list(
-            self.counted_contexts)
-        d["gpus"] = list(self.gpus)
-        if not self.gpus:  # recorded only when given (--kv-gpus): a run without it keeps its settings as before
-            del d["gpus"]
-        from kvcache.analysing.identity import model_key  # hashes a local config: only when a run is recorded
-
-        d["model"] = model_key(self.model)
-        if d["model"] != self.model:
-            d["model_path"] = self.model
-        return d

@@ -16,11 +16,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kvcache.analysing import tables
 from kvcache.analysing.estimates import median
 from kvcache.analysing.measure_table import COUNTED_RESOLUTION
+
+if TYPE_CHECKING:
+    from kvcache.analysing.file_records import HistoryEntry
 
 #: Half-width, relative to the value, of the interval assumed for a timed figure recorded without one.
 NO_INTERVAL = 0.10
@@ -125,10 +128,10 @@ class Step:
         return self.after - self.before
 
 
-def steps_markdown(steps: list[Step], entries: list[dict[str, Any]], charts: list[Path]) -> str:
+def steps_markdown(steps: list[Step], entries: list[HistoryEntry], charts: list[Path]) -> str:
     """``steps.md``: the steps as a Markdown table (for a job summary; every cell escaped by the table renderer),
     with the charts drawn named."""
-    by = "commit" if any(e.get("commit") for e in entries) else "release"
+    by = "commit" if any(e.commit for e in entries) else "release"
     lines = [f"#### Trend across {len(entries)} {by}s", "",
              f"Charts: {', '.join(f'`{p.name}`' for p in charts) or 'none'}. Counted figures: every change is a "
              "step; timed: a step where the levels' intervals do not overlap.", ""]

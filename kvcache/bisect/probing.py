@@ -19,8 +19,9 @@ from importlib import machinery, metadata, util
 from pathlib import Path
 from typing import Any, Callable
 
-from kvcache.analysing import files
+from kvcache.analysing import jsonfile
 from kvcache.analysing import releases as installer
+from kvcache.analysing.file_records import ProbeEntry
 from kvcache.analysing.records import KV, RecordError, Skip, load_run
 from kvcache.bisect.server import ForkServer, ServerRefused
 
@@ -160,17 +161,18 @@ class ProbeCache:
         self.identity = identity
 
     def get(self, item: Revision) -> ProbeResult | None:
+        """The probe of ``item`` measured under this identity; None when there is none (a file that is not a probe
+        :meth:`put` wrote, or one of another identity, is measured again)."""
         if self.folder is None:
             return None
         try:
-            doc = json.loads((self.folder / f"{item.key}.json").read_text(encoding="utf-8"))
-            if doc["identity"] != self.identity_hash:
-                return None
-            kv = None if doc["kv"] is None else KV.from_json(doc["kv"], f"{item.key}.json: kv")
-            return ProbeResult(item, kv=kv, reason=doc["reason"], transformers=doc["transformers"],
-                         untrusted=list(doc["untrusted"]), cached=True, seconds=float(doc["seconds"]))
-        except (OSError, ValueError, KeyError, TypeError):  # no probe :meth:`put` wrote (RecordError is a ValueError)
+            entry = ProbeEntry.load(self.folder / f"{item.key}.json")
+        except (OSError, RecordError):
             return None
+        if entry.identity != self.identity_hash:
+            return None
+        return ProbeResult(item, kv=entry.kv, reason=entry.reason, transformers=entry.transformers,
+                           untrusted=list(entry.untrusted), cached=True, seconds=float(entry.seconds))
 
     def put(self, probe: ProbeResult) -> None:
         if self.folder is None or not probe.cacheable:
@@ -178,11 +180,12 @@ class ProbeCache:
         self.folder.mkdir(parents=True, exist_ok=True)
         identity = self.folder / "identity.json"
         if not identity.exists():
-            files.write_text_atomically(identity, json.dumps(self.identity, indent=1, sort_keys=True))
-        kv = None if probe.kv is None else probe.kv.to_json()
-        doc = {"identity": self.identity_hash, "item": probe.item.name, "kv": kv, "reason": probe.reason,
-               "transformers": probe.transformers, "untrusted": probe.untrusted, "seconds": round(probe.seconds, 1)}
-        files.write_text_atomically(self.folder / f"{probe.item.key}.json", json.dumps(doc))
+            jsonfile.write_json(identity, self.identity, sort_keys=True, newline=False, error=None)
+        entry = ProbeEntry(identity=self.identity_hash, item=probe.item.name, kv=probe.kv, reason=probe.reason,
+                           transformers=probe.transformers, untrusted=probe.untrusted,
+                           seconds=round(probe.seconds, 1))
+        jsonfile.write_json(self.folder / f"{probe.item.key}.json", entry.to_json(), indent=None, newline=False,
+                            error=None)
 
 
 # --- one probe: the counted suite against one commit's source or one release ------------------------------------

@@ -47,14 +47,12 @@ judged; a regression there is still 1), 130 interrupted.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from kvcache.ab import clock, extend
-from kvcache.ab.results import ab_summary, results, results_before_start
+from kvcache.ab.results import ABResult, ab_summary, results, results_before_start
 from kvcache.ab.schedule import ABSession, drive, start
 from kvcache.ab.sides import ABError, build_sides, refused
 from kvcache.analysing import arguments, files
@@ -202,15 +200,15 @@ def _ab_session(args: argparse.Namespace, common: list[str], tolerance: float, o
             args.more_rounds_within * 60, common, Path.cwd(), out_dir, dict(phases), say, Interrupted, held,
             lambda pooled: results(pooled, tolerance)))
         phases["more_rounds"] = clock.now() - mark
-    doc["ab_run"]["seconds"] = round(clock.now() - started, 1)
-    doc["ab_run"]["phase_seconds"] = {name: round(value, 1) for name, value in phases.items()}
+    doc.run.update(seconds=round(clock.now() - started, 1),
+                   phase_seconds={name: round(value, 1) for name, value in phases.items()})
     if args.json:
         write_ab_json(args.json, doc)
     for line in ab_summary(doc):
         print(line, flush=True)
     from kvcache.analysing import ab as judge
 
-    if judge.regressions(doc["ab"]):
+    if judge.regressions(doc.verdicts):
         return EXIT_REGRESSION
     if session.interrupted:
         return EXIT_INTERRUPTED
@@ -219,10 +217,10 @@ def _ab_session(args: argparse.Namespace, common: list[str], tolerance: float, o
     return EXIT_OK
 
 
-def write_ab_json(path: str, doc: dict[str, Any]) -> None:
-    from kvcache.analysing.records import jsonable
+def write_ab_json(path: str, result: ABResult) -> None:
+    from kvcache.analysing import jsonfile
 
-    files.write_text_atomically(path, json.dumps(jsonable(doc), indent=1))
+    jsonfile.write_json(path, result.to_json(), newline=False, error=None)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kvcache.analysing import arguments
+from kvcache.analysing.ab_records import ABDocument
 from kvcache.analysing.comment import GITHUB_LIMIT, build
 from kvcache.analysing.compare import mismatch
 from kvcache.analysing.files import write_text_atomically
@@ -64,10 +65,11 @@ def read_ab(path: str) -> dict[str, Any] | None:
         raise CommentError(f"{path}: cannot read ({exc.strerror or exc})") from None
     except json.JSONDecodeError as exc:
         raise CommentError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
-    ab = doc.get("ab") if isinstance(doc, dict) else None
-    if ab is not None and not isinstance(ab, dict):
-        raise CommentError(f"{path}: its 'ab' section is {type(ab).__name__}, not an object of cache classes")
-    return ab
+    try:
+        found = ABDocument.read(doc, path)
+    except RecordError as exc:
+        raise CommentError(str(exc)) from None
+    return None if found is None else found.ab
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -62,8 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for note in notes:
                 print(f"kvcache history: {note}", file=sys.stderr)
             history.add(args.store, entry)
-            print(f"kvcache history: added {history.entry_key(entry)[0]} ({entry['setup']}, "
-                  f"{len(entry['caches'])} classes) to {args.store}")
+            print(f"kvcache history: added {history.entry_key(entry)[0]} ({entry.setup}, "
+                  f"{len(entry.caches)} classes) to {args.store}")
         else:
             if arguments.paths_refused("kvcache history", reads=[("--store", args.store)],
                                        folders=[("--out", args.out, plot_files())]):

@@ -151,8 +151,7 @@ def backend_lines_of(name: str, traffic: Traffic) -> list[str]:
     from kvcache.analysing.records import KV
     from kvcache.analysing.summary import backend_lines
 
-    kv = KV.from_json({"schema": 2, "traffic": {name: traffic.to_json()}})
-    return backend_lines(kv)
+    return backend_lines(KV(traffic={name: traffic}))
 
 
 def kind_lines(traffic: Traffic) -> list[str]:

@@ -10,6 +10,7 @@ import pytest
 from kvcache.analysing.settings import Settings
 
 if TYPE_CHECKING:
+    from kvcache.analysing.file_records import BaselineFile
     from kvcache.analysing.jsonrecord import Record
     from kvcache.analysing.records import KV
     from kvcache.plugin.signals import Stopper
@@ -23,7 +24,7 @@ class KVState:
 
     def __init__(self, settings: Settings, worker: bool = False) -> None:
         self.settings = settings
-        self.baseline: dict[str, Any] = {}  # loaded by check_before_running
+        self.baseline: BaselineFile | None = None  # loaded by check_before_running
         self.checked = False  # check_before_running passed: the suite runs in this session
         self.worker = worker  # an xdist worker: measures and reports records, never analyses
         self._session: Any = None
@@ -58,11 +59,12 @@ class KVState:
 
     def analyse(self) -> KV:
         """The ``kv`` section of this session (made once, from the records gathered so far)."""
-        from kvcache.analysing import analysis
+        from kvcache.analysing import analysis, identity
 
         if self.kv is None:
             session = {**self.exit, "failed": sorted(set(self.failed))}
-            self.kv = analysis.analyse(self.records, self.settings.to_dict(), self.baseline, session)
+            self.kv = analysis.analyse(self.records, identity.recorded_settings(self.settings), self.baseline,
+                                       session)
         return self.kv
 
 

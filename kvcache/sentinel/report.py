@@ -14,6 +14,7 @@ from kvcache.bisect import search
 from kvcache.bisect.report import bisect_options
 
 if TYPE_CHECKING:
+    from kvcache.analysing.file_records import BisectStep
     from kvcache.bisect.probing import ProbeResult, Revision
     from kvcache.bisect.walk import Plan
     from kvcache.sentinel.figures import Watched
@@ -47,13 +48,13 @@ def reproduce(plan: Plan, cache: str, parent: str, bad: str) -> str:
             + (" -- " + " ".join(extra) if extra else ""))
 
 
-def step(watched: Watched, found: dict[str, Any], plan: Plan) -> dict[str, Any]:
-    """One change of one figure from a bisect's step (:func:`kvcache.bisect.report.step_json`)."""
-    bad = found["first_bad"] or (found.get("candidates") or [None])[-1]
-    return {**_figure(watched), "kind": "changed", "commit": found["first_bad"],
-            "candidates": found.get("candidates", []), "subject": found["subject"], "date": found["date"],
-            "parent": found["parent"], "before": found["before"], "after": found["after"], "change": found["change"],
-            "ops": found["ops"], "reproduce": reproduce(plan, watched.cache, found["parent"], bad) if bad else None}
+def step(watched: Watched, found: BisectStep, plan: Plan) -> dict[str, Any]:
+    """One change of one figure from a bisect's step (:func:`kvcache.bisect.report.step_record`)."""
+    bad = found.first_bad or (found.candidates or [None])[-1]
+    return {**_figure(watched), "kind": "changed", "commit": found.first_bad, "candidates": list(found.candidates),
+            "subject": found.subject, "date": found.date, "parent": found.parent, "before": found.before,
+            "after": found.after, "change": found.change, "ops": found.ops,
+            "reproduce": reproduce(plan, watched.cache, found.parent, bad) if bad else None}
 
 
 def unbisected(watched: Watched, before: float, plan: Plan, reason: str) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """What ``kvcache sentinel`` does once its arguments are parsed (:mod:`kvcache.commands.sentinel`): the state
-file (:class:`State`), the branch walked commit by commit (:func:`run_commits`) or the releases replayed
+file (:func:`read_state`), the branch walked commit by commit (:func:`run_commits`) or the releases replayed
 (:func:`run_releases`), each changed figure bisected to its commit, and the outputs written (:func:`finish`).
 Standard library only."""
 
@@ -8,12 +8,14 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from kvcache.analysing import files
+from kvcache.analysing import files, jsonfile
 from kvcache.analysing import releases as installer
+from kvcache.analysing.file_records import SentinelState
+from kvcache.analysing.jsonrecord import RecordError
 from kvcache.bisect import search
 from kvcache.bisect.plan import probe_caches, probe_suite, published_range
 from kvcache.bisect.probing import (
@@ -24,7 +26,7 @@ from kvcache.bisect.probing import (
     ProbeResult,
     Revision,
 )
-from kvcache.bisect.report import step_json
+from kvcache.bisect.report import step_record
 from kvcache.bisect.runners import (
     CommitRunner,
     ReleaseRunner,
@@ -40,54 +42,18 @@ from kvcache.sentinel import figures as figs
 from kvcache.sentinel import report
 
 EXIT_UNCHANGED, EXIT_CHANGED, EXIT_HEAD_UNMEASURED = 0, 1, 3
-STATE_FORMAT = 1
 
 
 # --- the state -----------------------------------------------------------------------------------------------------
 
 
-@dataclass
-class State:
-    """The last commit checked, its figures ({key: value}) and the changes reported and not recovered (each a
-    :func:`report.incident` dict), with what the state is bound to: the repository's origin, the branch, the suite
-    options and the probe identity they were measured with."""
-
-    commit: str
-    figures: dict[str, float]
-    options: list[str]
-    probe_identity: str
-    origin: str | None = None
-    branch: str = "main"
-    open: list[dict[str, Any]] = field(default_factory=list)
-    subject: str = ""
-    date: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return {"kvcache_sentinel_state": STATE_FORMAT, "origin": self.origin, "branch": self.branch,
-                "options": self.options, "probe_identity": self.probe_identity, "commit": self.commit,
-                "subject": self.subject, "date": self.date, "figures": self.figures, "open": self.open}
-
-    @classmethod
-    def read(cls, path: Path) -> State:
-        """The state in ``path``; BisectError (one line) when it cannot be read or is not a sentinel's state."""
-        try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError) as exc:
-            raise BisectError(f"--state {path} cannot be read: {exc}") from None
-        except ValueError as exc:
-            raise BisectError(f"--state {path} is not JSON: {exc}") from None
-        if not isinstance(doc, dict) or doc.get("kvcache_sentinel_state") != STATE_FORMAT:
-            raise BisectError(f"--state {path} is not a kvcache sentinel state (format {STATE_FORMAT})")
-        try:
-            state = cls(commit=str(doc["commit"]), figures={str(k): float(v) for k, v in doc["figures"].items()},
-                        options=[str(o) for o in doc["options"]], probe_identity=str(doc["probe_identity"]),
-                        origin=doc.get("origin"), branch=str(doc.get("branch", "main")),
-                        open=[dict(i) for i in doc.get("open", [])], subject=str(doc.get("subject", "")),
-                        date=str(doc.get("date", "")))
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise BisectError(f"--state {path} is not a kvcache sentinel state (its {exc} is missing or "
-                              "malformed)") from None
-        return state
+def read_state(path: Path) -> SentinelState:
+    """The state in ``path`` (:meth:`SentinelState.load`); BisectError (one line, exit 2) when it cannot be read, is
+    not a sentinel's state or is a damaged one."""
+    try:
+        return SentinelState.load(path, f"--state {path}")
+    except RecordError as exc:
+        raise BisectError(str(exc)) from None
 
 
 def origin_of(top: Path) -> str | None:
@@ -157,7 +123,7 @@ def check_range(plan: Plan, reference: dict[str, float], head_kv: Any, memo: dic
             found.steps.append(report.unbisected(watched, moved.before, figure_plan, "the walk found no change "
                                                  "between the ends (the last commit measures otherwise now)"))
             continue
-        found.steps += [report.step(watched, step_json(walk, step), figure_plan) for step in result.changes]
+        found.steps += [report.step(watched, step_record(walk, step), figure_plan) for step in result.changes]
     return found
 
 
@@ -185,7 +151,7 @@ def run_commits(args: argparse.Namespace, extra: list[str], workdir: Path, say: 
     cache = ProbeCache(cache_root, suite.identity())
     options = list(cache.identity["options"])
     state_path = Path(args.state)
-    state = State.read(state_path) if state_path.exists() else None
+    state = read_state(state_path) if state_path.exists() else None
     origin = origin_of(top)
     if state is not None:
         if args.since:
@@ -238,8 +204,9 @@ def run_commits(args: argparse.Namespace, extra: list[str], workdir: Path, say: 
         doc["figures"] = reference
         if not items:
             say(f"no new commit on {args.branch} since {start.short}: nothing to check")
-            new_state = State(last, reference, options, cache.identity_hash, origin, args.branch, opened,
-                              start.subject, author_date(top, last))
+            new_state = SentinelState(commit=last, figures=reference, options=options,
+                                  probe_identity=cache.identity_hash, origin=origin, branch=args.branch,
+                                  open=opened, subject=start.subject, date=author_date(top, last))
             return finish(args, doc, new_state, report.Found(), [], opened, EXIT_UNCHANGED, memo, say)
         probe = measure_end(walk, len(items) - 1, "head", say)
         if probe.kv is None:
@@ -250,15 +217,16 @@ def run_commits(args: argparse.Namespace, extra: list[str], workdir: Path, say: 
         for step in found.steps:
             step["date"] = author_date(top, step["commit"]) if step.get("commit") else ""
         still, recovered = report.settle(opened, found, head)
-        new_state = State(head, {k: w.value for k, w in found.head.items()}, options, cache.identity_hash, origin,
-                          args.branch, still, items[-1].subject, author_date(top, head))
+        new_state = SentinelState(commit=head, figures={k: w.value for k, w in found.head.items()}, options=options,
+                                  probe_identity=cache.identity_hash, origin=origin, branch=args.branch, open=still,
+                                  subject=items[-1].subject, date=author_date(top, head))
         code = EXIT_CHANGED if found.steps or recovered else EXIT_UNCHANGED
         return finish(args, doc, new_state, found, recovered, still, code, memo, say)
     finally:
         runner.close()
 
 
-def finish(args: argparse.Namespace, doc: dict[str, Any], state: State | None, found: report.Found,
+def finish(args: argparse.Namespace, doc: dict[str, Any], state: SentinelState | None, found: report.Found,
            recovered: list[dict[str, Any]], still: list[dict[str, Any]], code: int, memo: dict[str, ProbeResult],
            say: Callable[[str], None]) -> int:
     """Say what was found, write ``--json``, ``--issue-out`` and then the state; ``code``."""
@@ -272,7 +240,7 @@ def finish(args: argparse.Namespace, doc: dict[str, Any], state: State | None, f
         files.write_text_atomically(args.issue_out, report.issue_out_body(doc))
         say(f"written: {args.issue_out}")
     if state is not None and getattr(args, "state", None):
-        files.write_text_atomically(args.state, json.dumps(state.to_json(), indent=1) + "\n")
+        jsonfile.write_json(args.state, state.to_json(), error=None)
         say(f"state: {state.commit[:12]} recorded in {args.state}")
     return code
 

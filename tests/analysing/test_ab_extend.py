@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from kvcache.ab import clock, extend
+from kvcache.ab.results import ABResult
 from kvcache.ab.schedule import ABSession
 from kvcache.ab.sides import Hello, Side
 from kvcache.analysing import ab
-from kvcache.analysing.ab_records import ABItem
+from kvcache.analysing.ab_records import ABItem, ABRunSection, PairedVerdict, read_ab_section
 from kvcache.analysing.measured import from_wire, to_wire
 from kvcache.analysing.records import KV, SCHEMA, CopyMeasurement, Point, RunSettings
 
@@ -40,22 +41,22 @@ def judged(a: KV, b: KV) -> dict:
 
 def test_the_judges_reasons_that_more_rounds_can_help_and_those_they_cannot():
     straddles = judged(side(1e-9, 2e-3, seed=1, noise=0.3), side(1.1e-9, 2e-3, seed=2, noise=0.3))["dynamic"]
-    assert straddles["timed"]["status"] == "inconclusive", straddles["timed"]
+    assert straddles["timed"].status == "inconclusive", straddles["timed"]
     assert extend.why_more_rounds(straddles["timed"]) == extend.STRADDLES
     drift = judged(side(1e-9, 2e-3, seed=1), side(1.6e-9, 2e-3, seed=2, round_speed=(1.0, 1.15, 1.3)))["dynamic"]
-    assert "drift differs" in drift["timed"]["reason"] and extend.why_more_rounds(drift["timed"]) == extend.DRIFT
+    assert "drift differs" in drift["timed"].reason and extend.why_more_rounds(drift["timed"]) == extend.DRIFT
     few = judged(side(1e-9, 2e-3, seed=1), side(1e-9, 2e-3, seed=2, contexts=CONTEXTS[:1]))["dynamic"]
     assert extend.why_more_rounds(few["timed"]) == extend.FEW_CONTEXTS, few["timed"]
     # B's intercept below zero (the layout twin) and A's slope not above zero (A's fit does not grow): no help
     bent = judged(side(1e-9, 2e-3, seed=1), side(2e-9, -1e-3, seed=2))["dynamic"]
-    assert bent["timed"]["status"] == "regression" and extend.why_more_rounds(bent["timed"]) is None
-    assert "not above zero" in bent["intercept"]["reason"] and extend.why_more_rounds(bent["intercept"]) is None
+    assert bent["timed"].status == "regression" and extend.why_more_rounds(bent["timed"]) is None
+    assert "not above zero" in bent["intercept"].reason and extend.why_more_rounds(bent["intercept"]) is None
     flat = judged(side(0.0, 2e-3, seed=1, noise=0.05), side(1e-9, 2e-3, seed=2))["dynamic"]
-    assert "A's slope is not above zero" in flat["timed"]["reason"] and extend.why_more_rounds(flat["timed"]) is None
+    assert "A's slope is not above zero" in flat["timed"].reason and extend.why_more_rounds(flat["timed"]) is None
     none = judged(side(1e-9, 2e-3, seed=1), side(1e-9, 2e-3, seed=2, rounds=0))["dynamic"]
     assert extend.why_more_rounds(none["timed"]) is None  # no point of the class on side B: more rounds neither
     same = judged(side(1e-9, 2e-3, seed=1), side(1e-9, 2e-3, seed=2))["dynamic"]
-    assert same["timed"]["status"] == "pass" and extend.why_more_rounds(same["timed"]) is None
+    assert same["timed"].status == "pass" and extend.why_more_rounds(same["timed"]) is None
 
 
 def test_triggers_are_the_timed_verdicts_alone_and_a_skipped_class_has_no_more_contexts_to_give():
@@ -70,15 +71,17 @@ def test_triggers_are_the_timed_verdicts_alone_and_a_skipped_class_has_no_more_c
                "inplace": {"timed": {"status": "pass", "ratio_ci": [0.9, 1.05]},
                            "intercept": {"status": "inconclusive", "reason": "B/A intercept ×1.1 [0.8, 1.4] straddles "
                                          "×1.100", "ratio_ci": [0.8, 1.4]}}}
-    assert extend.triggers(section) == [f"dynamic timed ({extend.STRADDLES})", f"static timed ({extend.FEW_CONTEXTS})"]
-    assert extend.triggers(section, {"static"}) == [f"dynamic timed ({extend.STRADDLES})"]
-    assert extend.inconclusive(section) == ["dynamic timed", "static timed"]
+    verdicts = read_ab_section(section)
+    assert extend.triggers(verdicts) == [f"dynamic timed ({extend.STRADDLES})", f"static timed ({extend.FEW_CONTEXTS})"]
+    assert extend.triggers(verdicts, {"static"}) == [f"dynamic timed ({extend.STRADDLES})"]
+    assert extend.inconclusive(verdicts) == ["dynamic timed", "static timed"]
 
 
 def test_the_cost_of_an_extension_and_the_rounds_the_budget_allows():
     pairs = [{"role": "counted", "wall": 50.0}, {"role": "copy", "wall": 2.0}, *[{"role": "point", "wall": 10.0}] * 6,
              {"role": "copy", "wall": 4.0}, {"role": "ledger", "wall": 30.0}, {"role": "drift", "wall": 5.0}]
-    cost = extend.cost_of(pairs, 2, {"start": 20.0, "drive": 999.0, "finish": 6.0, "judge": 1.0})
+    cost = extend.cost_of([ABItem.from_json({"item": "x", **p}) for p in pairs], 2,
+                          {"start": 20.0, "drive": 999.0, "finish": 6.0, "judge": 1.0})
     assert cost == extend.Cost(fixed_s=20 + 6 + 1 + 5, per_round_s=60 / 2)  # counted, ledger, copy: not run
     assert cost.of(2) == 32 + 60 and cost.rounds_within(32 + 30 * 3 + 1) == 3 and cost.rounds_within(60) == 0
     assert extend.plan(2, cost, 1000, 0) == (2, None)  # the pool's rounds doubled
@@ -137,10 +140,11 @@ def verdict(status: str, why: str = "straddles") -> dict:
             "ratio_ci": None}
 
 
-def doc_of(timed: dict, intercept: dict | None = None, pairs: int = 4) -> dict:
-    return {"ab": {"dynamic": {"timed": timed, "intercept": intercept or verdict("pass")}},
-            "ab_run": {"pairs": [{"role": "point", "wall": 10.0}] * pairs + [{"role": "drift", "wall": 10.0}],
-                       "notes": []}, "kv": {}, "side_a": {"kv": {}}}
+def doc_of(timed: dict, intercept: dict | None = None, pairs: int = 4) -> ABResult:
+    verdicts = {"dynamic": {"timed": PairedVerdict.from_json(timed),
+                            "intercept": PairedVerdict.from_json(intercept or verdict("pass"))}}
+    items = [ABItem("x", "point", "a", {}, 10.0)] * pairs + [ABItem("x", "drift", "a", {}, 10.0)]
+    return ABResult(KV(), KV(), verdicts, ABRunSection.of(pairs=items, notes=[]), "now")
 
 
 class Fake:
@@ -168,9 +172,9 @@ class Fake:
         return extend.Extender(budget_s, [], Path("."), Path("."), {"start": 5.0, "finish": 5.0, "judge": 0.0},
                                self.said.append, KeyboardInterrupt, [], lambda session: self.docs.pop(0))
 
-    def run(self, budget_s: float) -> tuple[dict, extend.MoreRounds]:
+    def run(self, budget_s: float) -> tuple[ABResult, extend.MoreRounds]:
         doc = extend.more_rounds(self.session, self.docs.pop(0), self.extender(budget_s))
-        return doc, extend.MoreRounds.from_json(doc["ab_run"]["more_rounds"])
+        return doc, doc.run.more_rounds
 
 
 @pytest.fixture(autouse=True)
@@ -184,7 +188,7 @@ def test_a_decided_session_takes_no_more_rounds(monkeypatch):
     fake = Fake([doc_of(verdict("pass"))], monkeypatch)
     doc, record = fake.run(600)
     assert fake.runs == [] and record.stopped == "decided" and not record.gave_up and record.rounds == 2
-    assert doc["ab_run"]["notes"] == ["more rounds: none taken (every timed verdict decided)"] and not fake.said
+    assert doc.run.notes == ["more rounds: none taken (every timed verdict decided)"] and not fake.said
 
 
 def test_more_rounds_until_decided_pooled_with_the_first_session(monkeypatch):
@@ -196,8 +200,8 @@ def test_more_rounds_until_decided_pooled_with_the_first_session(monkeypatch):
     assert fake.said[0].startswith("kvcache ab: inconclusive: dynamic timed (the interval straddles the bound); "
                                    "taking 2 more round(s) of the timed items (extension 1 of at most 3, about ")
     assert "600 s of the 600 s budget left" in fake.said[0]
-    assert doc["ab_run"]["notes"][-1].startswith("more rounds: 1 extension(s), 2 more round(s) (4 in all), ")
-    assert doc["ab_run"]["notes"][-1].endswith("every timed verdict decided")
+    assert doc.run.notes[-1].startswith("more rounds: 1 extension(s), 2 more round(s) (4 in all), ")
+    assert doc.run.notes[-1].endswith("every timed verdict decided")
 
 
 def test_it_gives_up_after_the_most_extensions_with_the_rounds_doubling(monkeypatch):
@@ -205,7 +209,7 @@ def test_it_gives_up_after_the_most_extensions_with_the_rounds_doubling(monkeypa
     doc, record = fake.run(1e6)
     assert fake.runs == [2, 4, 8] and record.rounds == 16 and record.gave_up and record.stopped == "most extensions"
     assert record.inconclusive == ["dynamic timed"]
-    line = doc["ab_run"]["notes"][-1]
+    line = doc.run.notes[-1]
     assert line.startswith("more rounds: gave up after 3 extension(s), 14 more round(s) (16 in all), "), line
     assert line.endswith("still inconclusive: dynamic timed"), line
 
@@ -215,19 +219,19 @@ def test_it_gives_up_when_the_budget_pays_for_no_round_and_never_overruns(monkey
     fake = Fake([doc_of(verdict("inconclusive"))], monkeypatch)
     doc, record = fake.run(39)
     assert fake.runs == [] and record.gave_up and record.stopped == "budget" and not record.extensions
-    assert "one more round would take about 40 s, 39 s of the budget left" in doc["ab_run"]["notes"][-1]
+    assert "one more round would take about 40 s, 39 s of the budget left" in doc.run.notes[-1]
     fake = Fake([doc_of(verdict("inconclusive"))] * 2, monkeypatch)
     doc, record = fake.run(79)  # two rounds would take 60 s: one extension of 2, then 19 s left, not one round
     assert fake.runs == [2] and record.gave_up and record.stopped == "budget"
     assert record.extensions[0].estimate_s == 60 and record.seconds == 60
-    assert "one more round would take about 40 s, 19 s of the budget left" in doc["ab_run"]["notes"][-1]
+    assert "one more round would take about 40 s, 19 s of the budget left" in doc.run.notes[-1]
 
 
 def test_a_reason_more_rounds_cannot_help_takes_none_and_is_no_giving_up(monkeypatch):
     fake = Fake([doc_of(verdict("inconclusive", "flat"))], monkeypatch)
     doc, record = fake.run(600)
     assert fake.runs == [] and record.stopped == "cannot help" and not record.gave_up
-    assert doc["ab_run"]["notes"][-1] == ("more rounds: none taken (more rounds cannot decide dynamic timed: see the "
+    assert doc.run.notes[-1] == ("more rounds: none taken (more rounds cannot decide dynamic timed: see the "
                                           "reason)")
 
 
@@ -240,7 +244,7 @@ def test_a_failed_side_or_a_signal_between_the_sessions_takes_none(monkeypatch):
     ext = fake.extender(600)
     ext.held.append("SIGINT")
     doc = extend.more_rounds(fake.session, fake.docs.pop(0), ext)
-    assert fake.runs == [] and doc["ab_run"]["more_rounds"]["stopped"] == "interrupted"
+    assert fake.runs == [] and doc.run.more_rounds.stopped == "interrupted"
 
 
 def test_the_option_is_minutes_and_bad_values_are_one_line(capsys):

@@ -9,7 +9,7 @@ import json
 import numpy as np
 
 from kvcache.analysing import ab
-from kvcache.analysing.ab_records import PAIRED_STATUSES, ab_statuses, read_ab_section
+from kvcache.analysing.ab_records import PAIRED_STATUSES, ab_section_json, ab_statuses, read_ab_section
 from kvcache.analysing.records import KV, SCHEMA, Verdict
 
 CONTEXTS = (1024, 4096, 16384)
@@ -45,7 +45,8 @@ def side(slope_s_per_byte: float, intercept_s: float, *, seed: int, rounds: int 
 
 
 def judged(a: KV, b: KV, **kw) -> dict:
-    return ab.judge(a, b, resamples=400, **kw)["dynamic"]
+    """The class's verdicts as the ``ab`` section writes them."""
+    return ab_section_json(ab.judge(a, b, resamples=400, **kw))["dynamic"]
 
 
 def test_a_slower_slope_on_b_is_a_regression_and_the_verdict_has_the_judges_shape():
@@ -178,7 +179,9 @@ def test_counted_and_overhead_verdicts_are_kept_and_a_regression_is_listed():
     counted = {"dynamic": {"counted": Verdict(status="regression", reason="counted passes 5.00 above 3.05", value=5.0,
                                               allowed=3.05)}}
     found = ab.judge(a, b, resamples=200, counted=counted)
-    assert found["dynamic"]["counted"]["status"] == "regression"
+    assert found["dynamic"]["counted"] is counted["dynamic"]["counted"]  # kept as the gate judged it, no copy
+    assert ab_section_json(found)["dynamic"]["counted"] == counted["dynamic"]["counted"].to_json()
+    assert read_ab_section(ab_section_json(found))["dynamic"]["counted"].status == "regression"
     assert any("counted" in line for line in ab.regressions(found))
 
 
@@ -199,8 +202,12 @@ def test_an_ab_file_is_read_by_compare_as_its_two_sides(tmp_path):
 def test_the_section_reads_back_as_records_and_rows():
     """The ``ab`` section as written (JSON) reads back as PairedVerdict records, every key kept; the summary rows
     show its ratio and interval."""
-    section = json.loads(json.dumps(ab.judge(side(1e-9, 2e-3, seed=1), side(1.6e-9, 2e-3, seed=2), resamples=200)))
+    verdicts = ab.judge(side(1e-9, 2e-3, seed=1), side(1.6e-9, 2e-3, seed=2), resamples=200)
+    section = json.loads(json.dumps(ab_section_json(verdicts)))
+    assert list(section["dynamic"]) == ["timed", "intercept", "ledger"]  # the ledger's object even when empty
     timed = read_ab_section(section)["dynamic"]["timed"]
     assert timed.status == "regression" and timed.to_json() == section["dynamic"]["timed"]
-    (row,) = [r for r in ab.summary_rows(section) if r[1] == "timed"]
+    assert read_ab_section(section) == verdicts  # what was judged is what is read back
+    (row,) = [r for r in ab.summary_rows(read_ab_section(section)) if r[1] == "timed"]
+    assert ab.summary_rows(verdicts) == ab.summary_rows(read_ab_section(section))
     assert row[4] == ab.ratio_text(timed) and row[4].startswith("×1.") and row[5] == "regression"

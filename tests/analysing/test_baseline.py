@@ -66,7 +66,7 @@ def test_nothing_unjudgeable_enters_a_baseline(tmp_path, case, run, why):
     baseline.update(path, {DEVICE_KEY: {"dynamic": {"timed_passes": 3.1}}})
     entries, refused = baseline.record(path, run, "now")
     assert any(line.startswith("dynamic: timed passes not recorded") and why in line for line in refused), refused
-    doc = baseline.load(path)
+    doc = baseline.load(path).to_json()
     assert doc["devices"][DEVICE_KEY]["dynamic"]["timed_passes"] == 3.1  # the old entry stays
     assert doc["devices"][TYPE_KEY]["dynamic"]["counted_passes"] == 3.0  # counted passes are exact: recorded
     if case not in ("drift", "drift unchecked", "interrupted"):
@@ -79,7 +79,7 @@ def test_schema_1_files_load_and_are_upgraded_when_rewritten(tmp_path):
         "cpu: Intel Xeon (2 threads) | tiny | bfloat16": {"dynamic": {"timed_passes": 6.5, "counted_passes": 3.0}},
         "cpu | tiny | bfloat16": {"static": {"counted_passes": 1.0}}}}
     path.write_text(json.dumps(old))
-    doc = baseline.load(path)
+    doc = baseline.load(path).to_json()
     assert doc["schema"] == 2
     assert doc["devices"]["cpu | tiny | bfloat16"]["dynamic"]["counted_passes"] == 3.0
     assert "counted_passes" not in doc["devices"]["cpu: Intel Xeon (2 threads) | tiny | bfloat16"]["dynamic"]
@@ -123,7 +123,7 @@ def test_update_refuses_to_overwrite_a_corrupt_baseline(tmp_path):
 
 def test_writes_keep_the_file_mode_and_leave_no_temporary_file(tmp_path):
     path = tmp_path / "b.json"
-    path.write_text(json.dumps(baseline.empty()))
+    path.write_text(json.dumps(baseline.empty().to_json()))
     os.chmod(path, 0o644)
     baseline.update(path, {DEVICE_KEY: {"dynamic": {"timed_passes": 3.0}}})
     assert path.stat().st_mode & 0o777 == 0o644
@@ -150,7 +150,7 @@ def test_concurrent_writers_lose_no_update(tmp_path):
     procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(path), str(w), str(count)], cwd=ROOT)
              for w in range(writers)]
     assert [p.wait(timeout=120) for p in procs] == [0] * writers
-    recorded = baseline.load(path)["devices"]["cpu | tiny | bfloat16"]
+    recorded = baseline.load(path).to_json()["devices"]["cpu | tiny | bfloat16"]
     assert len(recorded) == writers * count
 
 
@@ -233,7 +233,7 @@ def test_timed_figures_out_of_range_are_not_recorded(tmp_path, case, run, why):
     baseline.update(path, {DEVICE_KEY: {"dynamic": {"timed_passes": 3.1, "timed_r2": 0.99}}})
     _, refused = baseline.record(path, run, "now")
     assert any(line.startswith("dynamic: timed passes not recorded") and why in line for line in refused), refused
-    recorded = baseline.load(path)["devices"][DEVICE_KEY]
+    recorded = baseline.load(path).to_json()["devices"][DEVICE_KEY]
     assert recorded["dynamic"]["timed_passes"] == 3.1 and recorded["dynamic"]["timed_r2"] == 0.99  # the old stays
     if case != "min_r2 NaN":  # a run's min_r2 judges every class of it
         assert recorded["static"]["timed_passes"] == 1.0
@@ -251,7 +251,7 @@ def test_a_negative_intercept_or_decode_speed_is_recorded_as_null_beside_the_pas
     _, refused = baseline.record(path, run, "now")
     assert any("dynamic: timed_intercept_ms is -0.697" in line and "recorded as null" in line for line in refused)
     assert any("dynamic: timed_weights_ms is -5.0" in line for line in refused), refused
-    recorded = baseline.load(path)["devices"][DEVICE_KEY]["dynamic"]
+    recorded = baseline.load(path).to_json()["devices"][DEVICE_KEY]["dynamic"]
     assert recorded["timed_passes"] == 3.0 and recorded["timed_intercept_ms"] is None
     assert recorded["timed_weights_ms"] is None
 
@@ -266,7 +266,7 @@ def test_counted_figures_out_of_range_are_not_recorded(tmp_path):
     assert "dynamic: counted passes not recorded: counted_passes is 1e+300, expected a finite number above 0 and at " \
            "most 10000, or null" in refused
     assert any(line.startswith("static: counted overhead not recorded: ops_per_step is 1e+30") for line in refused)
-    devices = baseline.load(path)["devices"]
+    devices = baseline.load(path).to_json()["devices"]
     assert "dynamic" not in devices[TYPE_KEY] and devices[TYPE_KEY]["static"]["counted_passes"] == 1.0
     overhead = identity.baseline_key(identity.of_run(KV.from_json(good)), "overhead")
     assert "static" not in devices[overhead] and devices[overhead]["dynamic"]["ops_per_step"] == 1680

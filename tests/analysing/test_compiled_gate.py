@@ -40,7 +40,7 @@ def test_compile_mode_is_part_of_the_identity_only_when_on():
 def test_the_gated_counted_figure_is_the_fused_one():
     kv = KV.from_json(compiled_kv())
     assert kv.traffic["dynamic"].counted().passes == 8.0
-    verdicts = run_verdicts(kv, {}, max_passes={"dynamic": 7.5})
+    verdicts = run_verdicts(kv, None, max_passes={"dynamic": 7.5})
     assert verdicts["dynamic"]["counted"].status == "regression"
     assert verdicts["dynamic"]["counted"].value == 8.0
     entries, _ = baseline.entries_of_run(kv, "now")
@@ -51,7 +51,7 @@ def test_the_gated_counted_figure_is_the_fused_one():
 def test_a_class_that_does_not_compile_is_not_measured_with_the_reason():
     kv = compiled_kv()
     kv["traffic"]["dynamic"]["compiled"] = {"mode": "default", "error": "does not compile (graph break)"}
-    verdict = run_verdicts(KV.from_json(kv), {})["dynamic"]["counted"]
+    verdict = run_verdicts(KV.from_json(kv), None)["dynamic"]["counted"]
     assert verdict.status == "not-measured" and "graph break" in verdict.reason
 
 
@@ -62,7 +62,7 @@ def test_a_recompile_in_the_timed_steps_makes_the_timed_verdict_inconclusive():
     cache = kv["points"][0]["cache"]
     kv["points"][0]["compiled"].update(recompiles=3, problem="3 recompile(s) during the timed steps")
     bound = kv["fit"][cache]["passes"] * 10
-    verdict = run_verdicts(KV.from_json(kv), {}, max_passes={cache: bound})[cache]["timed"]
+    verdict = run_verdicts(KV.from_json(kv), None, max_passes={cache: bound})[cache]["timed"]
     assert verdict.status == "inconclusive"
     assert "3 recompile(s) during the timed steps" in verdict.reason
     assert baseline.timed_problem(KV.from_json(kv), cache).startswith("compiled run:")

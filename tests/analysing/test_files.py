@@ -65,12 +65,12 @@ def test_a_symlink_is_written_through_with_the_temp_file_beside_its_target(tmp_p
 def test_a_symlinked_baseline_stays_a_link_and_its_target_is_updated(tmp_path):
     (tmp_path / "real").mkdir()
     target = tmp_path / "real" / "kv-baseline.json"
-    target.write_text(json.dumps(baseline.empty()))
+    target.write_text(json.dumps(baseline.empty().to_json()))
     link = tmp_path / "kv-baseline.json"
     link.symlink_to(target)
     baseline.update(link, {DEVICE_KEY: {"dynamic": {"timed_passes": 3.0}}})
     assert link.is_symlink()
-    assert baseline.load(target)["devices"][DEVICE_KEY]["dynamic"]["timed_passes"] == 3.0
+    assert baseline.load(target).to_json()["devices"][DEVICE_KEY]["dynamic"]["timed_passes"] == 3.0
 
 
 def test_an_interrupted_write_leaves_the_old_file(tmp_path, monkeypatch):
@@ -135,7 +135,7 @@ def test_same_file_through_links(tmp_path):
 def test_kvcache_baseline_refuses_an_immutable_baseline_naming_it(tmp_path, capsys, attribute):
     run = write_run(tmp_path / "run.json", make_run({"dynamic": 3.0}))
     path = tmp_path / "kv-baseline.json"
-    path.write_text(json.dumps(baseline.empty()))
+    path.write_text(json.dumps(baseline.empty().to_json()))
     attribute(path, "i")
     assert main(["baseline", str(run), "--baseline", str(path)]) == 2
     err = capsys.readouterr().err.strip()
@@ -174,7 +174,8 @@ def test_kvcache_baseline_writes_through_a_symlink(tmp_path, capsys):
     link = tmp_path / "b.json"
     link.symlink_to(target)  # dangling: the target is created
     assert main(["baseline", str(run), "--baseline", str(link)]) == 0
-    assert link.is_symlink() and baseline.load(target)["devices"][DEVICE_KEY]["dynamic"]["timed_passes"] == 3.0
+    assert link.is_symlink()
+    assert baseline.load(target).to_json()["devices"][DEVICE_KEY]["dynamic"]["timed_passes"] == 3.0
 
 
 def test_a_pipe_is_written_in_place(tmp_path):

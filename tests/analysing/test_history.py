@@ -52,8 +52,8 @@ def test_an_entry_is_never_replaced(runs, tmp_path, capsys):
     assert main(["history", "add", str(other), "--store", str(store), "--commit", ABC]) == 0
     assert main(["history", "add", runs["clean"], "--store", str(store), "--release", "5.24.0"]) == 0
     entries = history.read_store(store)
-    assert [(e["commit"], e["release"]) for e in entries] == [(ABC, None), (ABC, None), (None, "5.24.0")]
-    assert entries[0]["caches"]["dynamic"]["counted"] == 3.0 and entries[0]["caches"]["dynamic"]["by_op"]
+    assert [(e.commit, e.release) for e in entries] == [(ABC, None), (ABC, None), (None, "5.24.0")]
+    assert entries[0].caches["dynamic"]["counted"] == 3.0 and entries[0].caches["dynamic"]["by_op"]
 
 
 def test_the_commit_defaults_to_git_head_and_its_absence_is_one_line(runs, tmp_path, monkeypatch, capsys):
@@ -64,7 +64,7 @@ def test_the_commit_defaults_to_git_head_and_its_absence_is_one_line(runs, tmp_p
     assert "git rev-parse HEAD failed" in err and "--commit REV" in err and "\n" not in err
     monkeypatch.setattr(history, "git_head", lambda: "f" * 40)
     assert main(["history", "add", runs["clean"], "--store", "h.jsonl"]) == 0
-    assert history.read_store(tmp_path / "h.jsonl")[0]["commit"] == "f" * 40
+    assert history.read_store(tmp_path / "h.jsonl")[0].commit == "f" * 40
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -73,7 +73,7 @@ def test_the_commit_defaults_to_git_head_and_its_absence_is_one_line(runs, tmp_p
      "--commit 'no-such-rev' is not a commit of the repository here"),
     (["add", "{tmp}/none.json", "--store", "{tmp}/h.jsonl", "--commit", "a" * 40], "none.json: cannot read"),
     (["add", "{run}", "--store", "{tmp}/no/h.jsonl", "--commit", "a" * 40], "does not exist"),
-    (["plot", "--store", "{tmp}/bad.jsonl", "--out", "{tmp}/p"], "bad.jsonl:2: not JSON"),
+    (["plot", "--store", "{tmp}/bad.jsonl", "--out", "{tmp}/p"], "bad.jsonl:2: history entry is not JSON"),
     (["plot", "--store", "{tmp}/empty.jsonl", "--out", "{tmp}/p"], "no entries"),
 ])
 def test_bad_input_is_one_line_exit_2(runs, tmp_path, capsys, argv, message):
@@ -133,7 +133,7 @@ def test_a_commit_is_stored_as_its_full_sha(runs, tmp_path, monkeypatch, capsys)
     for rev in (full[:7], full):
         assert main(["history", "add", runs["clean"], "--store", str(store), "--commit", rev]) == 2
         assert f"already has an entry for commit {full}" in capsys.readouterr().err
-    assert [e["commit"] for e in history.read_store(store)] == [full]
+    assert [e.commit for e in history.read_store(store)] == [full]
 
 
 def test_releases_are_plotted_by_version_with_the_steps_in_markdown(runs, tmp_path, capsys):
@@ -142,7 +142,7 @@ def test_releases_are_plotted_by_version_with_the_steps_in_markdown(runs, tmp_pa
     store = tmp_path / "h.jsonl"
     for name, release in (("planted", "4.10.0"), ("clean", "4.9.1"), ("clean", "4.10.0rc1"), ("planted", "5.0.0")):
         assert main(["history", "add", runs[name], "--store", str(store), "--release", release]) == 0
-    assert [e["release"] for e in history.ordered(history.read_store(store))] == ["4.9.1", "4.10.0rc1", "4.10.0",
+    assert [e.release for e in history.ordered(history.read_store(store))] == ["4.9.1", "4.10.0rc1", "4.10.0",
                                                                                  "5.0.0"]
     assert main(["history", "plot", "--store", str(store), "--out", str(tmp_path / "plots")]) == 0
     assert "step: dynamic counted at 4.10.0: 3 -> 5 (+2)" in capsys.readouterr().out

@@ -83,7 +83,7 @@ def test_memory_is_keyed_like_the_overhead_and_recorded_beside_it():
     entry = entries[identity.baseline_key(ident, "memory")]["dynamic"]
     assert entry["memory_held_passes"] == 1.0 and entry["memory_allocated_by_op"] == {"cat": 1.0}
     assert "ops_per_step" in entry  # one entry per class holds both
-    found, keys = baseline.for_run({"schema": 2, "devices": entries}, ident)
+    found, keys = baseline.for_run(baseline.BaselineFile.from_json({"schema": 2, "devices": entries}), ident)
     assert found["memory"]["dynamic"].memory_peak_passes == 0.0167
 
 

@@ -8,6 +8,7 @@ from fakerun import make_run
 
 from kvcache.analysing import analysis, baseline, identity
 from kvcache.analysing.entries import BaselineEntry
+from kvcache.analysing.file_records import BaselineFile
 from kvcache.analysing.gate import failures
 from kvcache.analysing.judges import judge_intercept, judge_overhead
 from kvcache.analysing.records import KV, Fit, Traffic, Verdict
@@ -81,9 +82,10 @@ def test_a_new_torch_release_finds_no_overhead_baseline_rather_than_a_regression
         doc["devices"][key] = by_cache
     kv = run_kv()
     kv["traffic"]["dynamic"] = {**kv["traffic"]["dynamic"], "ops_per_step": 5000}
-    assert analysis.run_verdicts(KV.from_json(kv), doc)["dynamic"]["overhead"].status == "regression"
+    recorded = BaselineFile.from_json(doc)
+    assert analysis.run_verdicts(KV.from_json(kv), recorded)["dynamic"]["overhead"].status == "regression"
     kv["environment"] = {**kv["environment"], "torch": "2.14.0+cpu"}
-    verdict = analysis.run_verdicts(KV.from_json(kv), doc)["dynamic"]["overhead"]
+    verdict = analysis.run_verdicts(KV.from_json(kv), BaselineFile.from_json(doc))["dynamic"]["overhead"]
     assert verdict.status == "no-baseline" and "torch 2.14.0+cpu" in verdict.reason
 
 
@@ -108,11 +110,11 @@ def test_a_slower_intercept_fails_the_build_and_drift_makes_it_inconclusive():
     doc = {"schema": 2, "devices": {TIMED_KEY: {"dynamic": {"timed_passes": 3.0, "timed_intercept_ms": 20.0}}}}
     kv = run_kv()  # intercept 30 ms, its interval below
     kv["fit"]["dynamic"]["intercept_ci"] = [29.0, 31.0]
-    verdicts = analysis.run_verdicts(KV.from_json(kv), doc)
+    verdicts = analysis.run_verdicts(KV.from_json(kv), BaselineFile.from_json(doc))
     assert verdicts["dynamic"]["intercept"].status == "regression"
     assert any("dynamic intercept" in line for line in failures(verdicts))
     kv["drift"] = {**kv["drift"], "ok": False, "fraction": 0.3}
-    drifted = analysis.run_verdicts(KV.from_json(kv), doc)["dynamic"]["intercept"]
+    drifted = analysis.run_verdicts(KV.from_json(kv), BaselineFile.from_json(doc))["dynamic"]["intercept"]
     assert drifted.status == "inconclusive" and "drift" in drifted.reason
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kvrun import describe, run_python
@@ -24,6 +25,7 @@ DRIVER = """
 import json, sys
 import pytest
 from kvcache.analysing import measured, records
+from kvcache.analysing.context_records import RunSettings
 from kvcache.analysing.counted_records import Traffic
 from kvcache.analysing.timed_records import Point
 from kvcache.measuring.session import KVSession
@@ -58,6 +60,7 @@ def spy(cls):
 
 spy(Traffic)
 spy(Point)
+spy(RunSettings)
 
 class Json:  # the transport's json module, its texts counted
     def dumps(self, *args, **kwargs):
@@ -141,6 +144,58 @@ def test_the_timed_figure_keeps_its_steps_from_measurement_to_file(followed):
     drift = [entry for entry in log if entry[1] == "Point" and entry[2][3] == "drift"]
     assert [(name, edge) for name, _, _, edge in drift] == [("to_json", "process boundary"),
                                                            ("from_json", "process boundary")]
+
+
+def test_the_settings_are_a_record_from_the_options_to_the_file(followed):
+    """The session's settings reach the analysis as a ``RunSettings`` (``identity.recorded_settings``), never read
+    from a dict made of them: written once, into the file."""
+    result, run = followed
+    log = result["log"]
+    assert conversions(log, "to_json", "RunSettings") == ["file"]
+    assert conversions(log, "from_json", "RunSettings") == []
+    assert run["kv"]["settings"]["caches"] == ["dynamic"] and run["kv"]["settings"]["contexts"] == [256, 512, 1024]
+
+
+def ab_side(slope_s_per_byte: float, seed: int) -> Any:
+    """One side of an A/B pair: three contexts, three rounds of timed steps on a line (no torch)."""
+    import numpy as np
+
+    from kvcache.analysing.records import KV, SCHEMA
+
+    rng = np.random.default_rng(seed)
+
+    def samples(c: int) -> list[float]:
+        return [x * 1e3 for x in (2e-3 + slope_s_per_byte * c * 1000) * (1 + 0.01 * rng.standard_normal(10))]
+
+    points = [{"cache": "dynamic", "context": c, "round": r, "kv_bytes": c * 1000.0, "samples_ms": samples(c)}
+              for r in range(3) for c in (1024, 4096, 16384)]
+    return KV.from_json({"schema": SCHEMA, "points": points,
+                         "settings": {"max_drift": 0.10, "resamples": 200, "confidence": 0.95, "seed": 0}})
+
+
+def test_a_paired_verdict_is_a_record_until_the_ab_file_is_written(monkeypatch):
+    """``kvcache ab``'s verdicts: judged as records, summarised, listed as regressions and looked at for more rounds
+    as records, written to JSON once, into the ``--json`` document, and never read back."""
+    from kvcache.ab import extend
+    from kvcache.ab.results import ABResult, ab_summary
+    from kvcache.analysing import ab
+    from kvcache.analysing.ab_records import ABRunSection, PairedVerdict
+
+    log: list[str] = []
+    to_json, from_json = PairedVerdict.to_json, PairedVerdict.from_json.__func__
+    monkeypatch.setattr(PairedVerdict, "to_json", lambda self: log.append("to_json") or to_json(self))
+    monkeypatch.setattr(PairedVerdict, "from_json",
+                        classmethod(lambda cls, data, where="": log.append("from_json") or from_json(cls, data, where)))
+    a, b = ab_side(1e-9, 1), ab_side(1.6e-9, 2)
+    verdicts = ab.judge(a, b, resamples=200)
+    result = ABResult(a, b, verdicts, ABRunSection.of(items=1, pairs=[], notes=[], sides={}), "now")
+    assert verdicts["dynamic"]["timed"].status == "regression"
+    assert ab.regressions(verdicts) and extend.triggers(verdicts) == [] and extend.inconclusive(verdicts) == []
+    assert any("regression" in line for line in ab_summary(result))
+    assert log == []  # no verdict became JSON, nor was read from it, before the file
+    doc = result.to_json()
+    assert log == ["to_json"] * sum(len(measures) for measures in verdicts.values())
+    assert doc["ab"]["dynamic"]["timed"]["status"] == "regression"
 
 
 def test_json_texts_are_one_per_record_each_way_and_one_file(followed):

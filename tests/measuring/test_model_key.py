@@ -15,7 +15,7 @@ import pytest
 from kvcache.analysing import identity
 from kvcache.analysing.identity import model_key
 from kvcache.analysing.presets import PRESETS
-from kvcache.analysing.records import Environment, RunSettings
+from kvcache.analysing.records import Environment
 from kvcache.analysing.settings import Settings
 
 CONFIG = {"model_type": "llama", **PRESETS["tiny"], "transformers_version": "5.24.0"}
@@ -29,7 +29,7 @@ def model_dir(parent: Path, config: dict, name: str = "mymodel", **dumps) -> Pat
 
 
 def counted_key(settings: Settings) -> str:
-    return identity.baseline_key(identity.of(Environment(device_type="cpu"), RunSettings.from_json(settings.to_dict())),
+    return identity.baseline_key(identity.of(Environment(device_type="cpu"), identity.recorded_settings(settings)),
                         "counted")
 
 
@@ -61,14 +61,14 @@ def test_the_key_follows_the_config_not_its_formatting(tmp_path):
                                   "tiny@layers=3", "HuggingFaceTB/SmolLM2-135M"])
 def test_presets_and_hub_ids_keep_their_keys(name):
     assert model_key(name) == name
-    settings = Settings(model=name, dtype="bfloat16").to_dict()
+    settings = identity.recorded_settings(Settings(model=name, dtype="bfloat16")).to_json()
     assert settings["model"] == name and "model_path" not in settings
     assert counted_key(Settings(model=name)) == f"cpu | {name} | bfloat16"
 
 
 def test_a_runs_settings_carry_the_key_and_the_path(tmp_path):
     d = model_dir(tmp_path / "checkout", CONFIG)
-    settings = Settings(model=str(d)).to_dict()
+    settings = identity.recorded_settings(Settings(model=str(d))).to_json()
     assert settings["model"] == model_key(str(d)) and settings["model"].startswith("mymodel@")
     assert settings["model_path"] == str(d)
     assert counted_key(Settings(model=str(d))) == f"cpu | {model_key(str(d))} | bfloat16"

@@ -160,7 +160,7 @@ def test_history_of_three_recorded_runs_marks_the_step_with_its_commit(gated, ca
     assert (out / "counted.png").stat().st_size > 10_000
     assert f"step: mine counted at {head[:8]}" in capsys.readouterr().out
     entries = history.read_store(store)
-    assert [e["commit"] for e in entries] == [c for _, c in runs]
+    assert [e.commit for e in entries] == [c for _, c in runs]
 
 
 def test_export_of_the_head_run(gated, capsys):

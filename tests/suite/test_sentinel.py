@@ -126,6 +126,11 @@ def other_state(shas: dict[str, str], **change) -> dict:
     (["--repo", "{repo}"], '{"figures": {}}', "is not a kvcache sentinel state"),
     (["--repo", "{repo}"], '{"kvcache_sentinel_state": 1, "figures": {}}', "is not a kvcache sentinel state (its"),
     (["--repo", "{repo}"], {"commit": "f" * 40}, "is not in"),
+    # a damaged state (issue 49): refused before anything is measured, each one line, exit 2
+    (["--repo", "{repo}"], {"open": [{"figure": PASSES}]}, "(its open[0] before is None, not a finite number)"),
+    (["--repo", "{repo}"], {"open": [{"before": 3.0}]}, "(its open[0] has no figure"),
+    (["--repo", "{repo}"], {"figures": {PASSES: float("nan")}}, f"(its figures[{PASSES!r}] is nan, not a finite"),
+    (["--repo", "{repo}"], {"commit": "main"}, "(its commit 'main' is not a full commit sha"),
     (["--repo", "{repo}"], {"options": ["--kv-model", "tiny", "--kv-caches", "static", "--kv-device", "cpu"]},
      "was written for --kv-model tiny --kv-caches static"),
     (["--repo", "{repo}", "--json", "{state}"], {}, "are one file"),

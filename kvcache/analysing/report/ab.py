@@ -15,7 +15,7 @@ from typing import Any
 
 from kvcache.analysing import ab as judge
 from kvcache.analysing import tables
-from kvcache.analysing.ab_records import ABRunSection, read_ab_section
+from kvcache.analysing.ab_records import ABDocument, ABRunSection, read_ab_section
 from kvcache.analysing.estimates import finite
 from kvcache.analysing.jsonrecord import RecordError
 from kvcache.analysing.records import Run
@@ -42,14 +42,14 @@ def ab_file_of(path: str | Path) -> ABFile | None:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not isinstance(doc, dict) or not isinstance(doc.get("ab"), dict) or not isinstance(doc.get("side_a"), dict):
-        return None
     try:
-        run = ABRunSection.from_json(doc.get("ab_run") or {}, f"{path}: ab_run")
+        found = ABDocument.read(doc, str(path))
     except RecordError:
         return None
-    tolerance = finite(run.tolerance)
-    return ABFile(doc["ab"], run, Rules().tolerance if tolerance is None else tolerance)
+    if found is None or "side_a" in found.absent:
+        return None
+    tolerance = finite(found.ab_run.tolerance)
+    return ABFile(found.ab, found.ab_run, Rules().tolerance if tolerance is None else tolerance)
 
 
 def ratio_rows(ab: dict[str, Any]) -> list[tuple[str, float, float | None, float | None, str]]:
@@ -103,7 +103,8 @@ def ab_figure(run_a: Run, run_b: Run, ab: dict[str, Any], tolerance: float) -> A
 
 def ab_markdown(pair: ABFile) -> list[str]:
     """The report's A/B section (Markdown; every cell escaped)."""
-    table = tables.Table(["class", "measure", "A", "B", "B/A [interval]", "verdict"], judge.summary_rows(pair.ab))
+    table = tables.Table(["class", "measure", "A", "B", "B/A [interval]", "verdict"],
+                         judge.summary_rows(read_ab_section(pair.ab)))
     lines = ["", "## A/B: B against A, paired", ""]
     for name, side in pair.run.sides.items():
         text = (f"transformers {side.transformers}, torch {side.torch}, drift {tables.num(side.drift, '+.1%')}"
