@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import stat
 import tempfile
@@ -230,6 +231,63 @@ def write_text_atomically(path: str | Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+class OutputError(Exception):
+    """An output that could not be written (a full disk, ``/dev/full``): one line naming the option and the file.
+    A command's runner (:func:`kvcache.cli.run`) prints it and exits 2."""
+
+
+def write_output(option: str, path: str | Path, text: str) -> None:
+    """:func:`write_text_atomically`, with a failure turned into :class:`OutputError` (``--json out.json: cannot
+    write (No space left on device)``): the old file, if any, is left as it was."""
+    try:
+        write_text_atomically(path, text)
+    except OSError as exc:
+        raise OutputError(f"{option} {path}: cannot write ({_reason(exc)})") from None
+
+
+@contextlib.contextmanager
+def staged_folder(option: str, folder: str | Path, names: Iterable[str],
+                  keep: tuple[type[BaseException], ...] = ()) -> Iterator[Path]:
+    """An output folder written whole or not at all: the block writes into a temp folder made beside ``folder``'s
+    target (symlinks followed; one filesystem, so a rename never copies); when it ends, each file written is renamed
+    into ``folder`` (created when missing) and every other file of ``names`` (the command's own outputs: an older
+    run's) is removed from it. A write that fails (OSError) leaves ``folder`` as it was and is :class:`OutputError`
+    (``--out report: cannot write report.html (No space left on device)``), as any other error or a signal leaves
+    it, except an exception of ``keep``: the work's own error after whole files (no matplotlib: the tables are
+    written all the same), whose files are moved in before it goes on. Never a 0-byte report.html, a truncated PNG
+    or a folder mixing two runs."""
+    real = target(folder)
+    try:
+        real.parent.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(dir=real.parent, prefix=f".{real.name}.", suffix=".tmp"))
+    except OSError as exc:
+        raise OutputError(f"{option} {folder}: cannot write ({_reason(exc)})") from None
+
+    def move_in() -> None:
+        try:
+            real.mkdir(exist_ok=True)
+            made = sorted(p.name for p in stage.iterdir())
+            for name in made:
+                os.replace(stage / name, real / name)
+            for name in set(names) - set(made):
+                (real / name).unlink(missing_ok=True)
+        except OSError as exc:
+            raise OutputError(f"{option} {folder}: cannot write ({_reason(exc)})") from None
+
+    try:
+        try:
+            yield stage
+        except OSError as exc:
+            name = f" {Path(exc.filename).name}" if isinstance(exc.filename, (str, Path)) else ""
+            raise OutputError(f"{option} {folder}: cannot write{name} ({_reason(exc)})") from None
+        except keep:
+            move_in()
+            raise
+        move_in()
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
 
 
 def _special(real: Path) -> bool:

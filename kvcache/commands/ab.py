@@ -47,27 +47,19 @@ judged; a regression there is still 1), 130 interrupted.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from kvcache.ab import extend
-from kvcache.ab.results import ab_summary, results, results_before_start
-from kvcache.ab.schedule import ABSession, drive, start
-from kvcache.ab.sides import ABError, build_sides, refused
-from kvcache.analysing import arguments, files
+from kvcache import cli
+from kvcache.ab import session
+from kvcache.ab.session import EXIT_USAGE, Interrupted
+from kvcache.ab.sides import ABError, refused
+from kvcache.analysing import arguments
 from kvcache.analysing.options import option
 
-EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, EXIT_SIDE_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 #: The judge's relative tolerance (``--kv-tolerance``), whose default and accepted values ``--tolerance`` takes.
 TOLERANCE = option("--kv-tolerance")
-
-
-class Interrupted(Exception):
-    """SIGINT or SIGTERM reached this process."""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -122,108 +114,27 @@ def parse_tolerance(text: str) -> float:
 OUT_DIR_FILES = ("a.log", "b.log", "a-install.log", "b-install.log")
 
 
-def main(argv: list[str] | None = None) -> int:
-    own, common = arguments.split_extra(argv)
-    args = arguments.parse(parser(), own)
-    if isinstance(args, int):  # --help (0) or a usage error (2)
-        return args
+def main(argv: Sequence[str] | None = None) -> int:
+    return cli.run(parser, work, argv, extra=True, errors=(ABError,), stop=Interrupted)
+
+
+def work(args: argparse.Namespace, common: list[str]) -> int:
+    """The options checked (one line, exit 2, before anything runs), then the session
+    (:func:`kvcache.ab.session.run`)."""
 
     def say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
-    try:
-        tolerance = parse_tolerance(args.tolerance)
-        args.more_rounds_within = parse_minutes(args.more_rounds_within)
-        refused(common, "the common options (after --)")
-    except ABError as exc:
-        print(f"kvcache ab: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    tolerance = parse_tolerance(args.tolerance)
+    args.more_rounds_within = parse_minutes(args.more_rounds_within)
+    refused(common, "the common options (after --)")
     out_dir = Path(args.out_dir)
     folders = [("--out-dir", out_dir, OUT_DIR_FILES)]
     if args.a_release or args.b_release:
         folders.append(("--versions-dir", args.versions_dir, ()))
     if arguments.paths_refused("kvcache ab", writes=[("--json", args.json)], folders=folders):
         return EXIT_USAGE
-    with files.signals_stop("kvcache ab", Interrupted):
-        return _ab_session(args, common, tolerance, out_dir, say)
-
-
-def _ab_session(args: argparse.Namespace, common: list[str], tolerance: float, out_dir: Path,
-         say: Callable[[str], None]) -> int:
-    """The session, once the arguments are checked; a first SIGINT or SIGTERM raises :class:`Interrupted`, later
-    ones only print (:func:`kvcache.analysing.files.signals_stop`)."""
-    session: ABSession | None = None
-    sides = []
-    phases: dict[str, float] = {}  # wall seconds: start (both workers up), drive, finish (both exited), judge
-    started = time.monotonic()
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        sides = build_sides(args, out_dir, say)
-        session = ABSession(sides)
-        started = time.monotonic()  # releases installed: the session proper
-        start(session, common, Path.cwd())
-        phases["start"] = time.monotonic() - started
-        say(f"kvcache ab: {len(session.items)} items, each side's log in {out_dir}/")
-        drive(session, say)
-    except ABError as exc:
-        for side in sides:
-            side.kill()
-        print(f"kvcache ab: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except Interrupted as exc:
-        if session is not None:
-            session.interrupted = str(exc)
-        say(f"kvcache ab: {exc}: stopping both sides, keeping the finished pairs")
-    mark = time.monotonic()
-    phases["drive"] = mark - started - phases.get("start", 0.0)
-    stopped = session is None or session.interrupted or any(x.failure for x in session.sides)
-    extending = bool(args.more_rounds_within) and not stopped
-    # the results are written whatever arrives now; with more rounds to come, a signal means none
-    held: list[str] = []
-    if extending:
-        held = extend.hold_signals("kvcache ab")
-    else:
-        files.quiet_signals("kvcache ab")
-    for side in sides:
-        side.kill() if stopped else side.finish()
-    if session is None or not session.items:  # interrupted before the workers said hello: nothing was measured
-        interrupted = session.interrupted if session is not None else "a signal"
-        say(f"kvcache ab: interrupted by {interrupted} during start-up: nothing was measured")
-        if args.json:
-            write_ab_json(args.json, results_before_start(sides, str(interrupted), tolerance))
-            say(f"kvcache ab: {args.json} written (interrupted, no pairs)")
-        return EXIT_INTERRUPTED
-    phases["finish"], mark = time.monotonic() - mark, time.monotonic()
-    doc = results(session, tolerance)
-    phases["judge"] = time.monotonic() - mark
-    if extending:
-        assert session is not None
-        mark = time.monotonic()
-        doc = extend.more_rounds(session, doc, extend.Extender(
-            args.more_rounds_within * 60, common, Path.cwd(), out_dir, dict(phases), say, Interrupted, held,
-            lambda pooled: results(pooled, tolerance)))
-        phases["more_rounds"] = time.monotonic() - mark
-    doc["ab_run"]["seconds"] = round(time.monotonic() - started, 1)
-    doc["ab_run"]["phase_seconds"] = {name: round(value, 1) for name, value in phases.items()}
-    if args.json:
-        write_ab_json(args.json, doc)
-    for line in ab_summary(doc):
-        print(line, flush=True)
-    from kvcache.analysing import ab as judge
-
-    if judge.regressions(doc["ab"]):
-        return EXIT_REGRESSION
-    if session.interrupted:
-        return EXIT_INTERRUPTED
-    if any(side.failure for side in session.sides):
-        return EXIT_SIDE_FAILED
-    return EXIT_OK
-
-
-def write_ab_json(path: str, doc: dict[str, Any]) -> None:
-    from kvcache.analysing.records import jsonable
-
-    files.write_text_atomically(path, json.dumps(jsonable(doc), indent=1))
+    return session.run(args, common, tolerance, out_dir, say)
 
 
 if __name__ == "__main__":

@@ -53,13 +53,14 @@ import json
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-from kvcache.analysing import arguments, files
+from kvcache import cli
+from kvcache.analysing import files
 from kvcache.bisect import search
 from kvcache.bisect.plan import add_probe_options, make_plan
-from kvcache.bisect.probing import EXIT_INTERRUPTED, EXIT_USAGE, BisectError
+from kvcache.bisect.probing import EXIT_INTERRUPTED, BisectError
 from kvcache.bisect.report import report
 from kvcache.bisect.walk import Bisect
 
@@ -91,44 +92,31 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    own, extra = arguments.split_extra(argv)
-    args = arguments.parse(parser(), own)
-    if isinstance(args, int):  # --help (0) or a usage error (2)
-        return args
+    # SIGTERM cleans up (the worktree) as Ctrl-C does
+    return cli.run(parser, work, argv, extra=True, errors=(BisectError,), stop=KeyboardInterrupt)
+
+
+def work(args: argparse.Namespace, extra: list[str]) -> int:
+    """The bisect, once the arguments are parsed; a first SIGINT or SIGTERM raises KeyboardInterrupt."""
 
     def say(line: str) -> None:
         print(line, flush=True)
 
-    with files.signals_stop("kvcache bisect", KeyboardInterrupt):  # SIGTERM cleans up (the worktree) as Ctrl-C
-        return _run(args, extra, say)
-
-
-def _run(args: argparse.Namespace, extra: list[str], say: Callable[[str], None]) -> int:
-    """The bisect, once the arguments are parsed; a first SIGINT or SIGTERM raises KeyboardInterrupt, later ones
-    only print (:func:`kvcache.analysing.files.signals_stop`)."""
     workdir = Path(tempfile.mkdtemp(prefix="kvcache-bisect-"))
     plan = None
     try:
-        try:
-            plan = make_plan(args, extra, workdir, say)
-        except BisectError as exc:
-            print(f"kvcache bisect: {exc}", file=sys.stderr)
-            return EXIT_USAGE
+        plan = make_plan(args, extra, workdir, say)
         n = len(plan.items)
         say(f"kvcache bisect: {plan.where}: {n} {'releases' if plan.mode == 'releases' else 'commits'} after "
             f"{plan.ends[0].short} (good) up to {plan.ends[1].short} (bad); "
             f"{' '.join(plan.cache.identity['options'])}")
         bisect = Bisect(plan, say)
-        try:
-            result = bisect.run()
-        except BisectError as exc:
-            print(f"kvcache bisect: {exc}", file=sys.stderr)
-            return EXIT_USAGE
+        result = bisect.run()
         lines, doc = report(bisect, result)
         for line in lines:
             say(line)
         if args.json:
-            files.write_text_atomically(args.json, json.dumps(doc, indent=1) + "\n")
+            files.write_output("--json", args.json, json.dumps(doc, indent=1) + "\n")
             say(f"written: {args.json}")
         return result.exit
     except KeyboardInterrupt:

@@ -15,6 +15,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from kvcache import cli
 from kvcache.analysing import arguments
 from kvcache.analysing.compare import RULES_FROM, compare, mismatch
 from kvcache.analysing.compare_render import render_markdown, render_text
@@ -46,31 +47,21 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = arguments.parse(parser(), argv)
-    if isinstance(args, int):  # --help (0) or a usage error (2)
-        return args
+    return cli.run(parser, work, argv, errors=(RecordError,))
+
+
+def work(args: argparse.Namespace) -> int:
+    """The comparison printed; 1 on a regression."""
     try:
         rules = arguments.rules_given(args)
     except ValueError as exc:
-        print(f"kvcache compare: {exc}", file=sys.stderr)
-        return 2
-    runs = []
-    for path in args.runs:
-        try:
-            runs.extend(load_runs(path))  # an A/B run (kvcache ab --json) is its two sides
-        except RecordError as exc:
-            print(f"kvcache compare: {exc}", file=sys.stderr)
-            return 2
+        raise cli.UsageError(str(exc)) from None
+    runs = [run for path in args.runs for run in load_runs(path)]  # an A/B run (kvcache ab --json): its two sides
     problem = mismatch(runs)
     if problem and not args.allow_mismatch:
-        print(f"kvcache compare: refusing to compare runs that differ in {problem}; pass --allow-mismatch to "
-              "compare anyway", file=sys.stderr)
-        return 2
-    try:
-        comparison = compare(runs, **rules, rules_from=args.rules, require_classes=args.require_classes)
-    except RecordError as exc:  # a run's own settings cannot judge
-        print(f"kvcache compare: {exc}", file=sys.stderr)
-        return 2
+        raise cli.UsageError(f"refusing to compare runs that differ in {problem}; pass --allow-mismatch to compare "
+                             "anyway")
+    comparison = compare(runs, **rules, rules_from=args.rules, require_classes=args.require_classes)
     print(render_markdown(comparison) if args.markdown else render_text(comparison), flush=True)
     if args.markdown:  # stdout goes to the step summary; say it in the log too
         for regression in comparison.regressions:

@@ -35,9 +35,9 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from kvcache.analysing import arguments, files
+from kvcache import cli
 from kvcache.bisect.plan import add_probe_options
-from kvcache.bisect.probing import EXIT_INTERRUPTED, EXIT_USAGE, BisectError
+from kvcache.bisect.probing import EXIT_INTERRUPTED, BisectError
 from kvcache.sentinel.watching import run_commits, run_releases
 
 
@@ -64,11 +64,14 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    own, extra = arguments.split_extra(argv)
-    args = arguments.parse(parser(), own)
-    if isinstance(args, int):  # --help (0) or a usage error (2)
-        return args
+    # the first SIGINT/SIGTERM stops the run like Ctrl-C (the state untouched)
+    return cli.run(parser, work, argv, extra=True, stop=KeyboardInterrupt,
+                   errors=(BisectError, subprocess.SubprocessError))  # SubprocessError: a git that could not run
 
+
+def work(args: argparse.Namespace, extra: list[str]) -> int:
+    """The branch's new commits (or the releases) measured, each change bisected, the result and the state
+    written."""
     said: set[str] = set()
 
     def say(line: str) -> None:  # a probe's line once: each figure's walk shares the probes
@@ -81,18 +84,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if bool(args.releases) == bool(args.repo):
             raise BisectError("give --repo PATH --state FILE (a branch, commit by commit) or --releases FIRST..LAST")
-        # the first SIGINT/SIGTERM stops the run like Ctrl-C (the state untouched); later ones only print
-        with files.signals_stop("kvcache sentinel", KeyboardInterrupt):
-            return (run_releases if args.releases else run_commits)(args, extra, workdir, say)
-    except BisectError as exc:
-        print(f"kvcache sentinel: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return (run_releases if args.releases else run_commits)(args, extra, workdir, say)
     except KeyboardInterrupt:
         print("kvcache sentinel: interrupted; the state is as it was, finished probes stay cached", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except subprocess.SubprocessError as exc:  # a git that could not run at all
-        print(f"kvcache sentinel: {exc}", file=sys.stderr)
-        return EXIT_USAGE
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -266,13 +266,13 @@ def finish(args: argparse.Namespace, doc: dict[str, Any], state: State | None, f
     for line in report.terminal_lines(doc):
         say(line)
     if args.json:
-        files.write_text_atomically(args.json, json.dumps(doc, indent=1) + "\n")
+        files.write_output("--json", args.json, json.dumps(doc, indent=1) + "\n")
         say(f"written: {args.json}")
     if args.issue_out:
-        files.write_text_atomically(args.issue_out, report.issue_out_body(doc))
+        files.write_output("--issue-out", args.issue_out, report.issue_out_body(doc))
         say(f"written: {args.issue_out}")
     if state is not None and getattr(args, "state", None):
-        files.write_text_atomically(args.state, json.dumps(state.to_json(), indent=1) + "\n")
+        files.write_output("--state", args.state, json.dumps(state.to_json(), indent=1) + "\n")
         say(f"state: {state.commit[:12]} recorded in {args.state}")
     return code
 

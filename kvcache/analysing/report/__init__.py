@@ -60,25 +60,24 @@ def render(runs: list[Run], out_dir: Path) -> list[Path]:
     """Write report.md, report.html, latency.png, traffic.png (ledger.png when a run has a per-op ledger, memory.png
     when one has counted memory) into ``out_dir``; return their paths.
 
-    The Markdown and HTML are written first, so they exist even when matplotlib is missing (ReportError).
+    The Markdown and HTML are written first, so they exist even when matplotlib is missing (ReportError). A write
+    that fails raises its OSError (``kvcache report`` writes into a temp folder, moved into ``--out`` whole:
+    :func:`kvcache.analysing.files.staged_folder`).
     """
     out_dir = Path(out_dir)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        doc = build_doc(runs)
-        md = out_dir / "report.md"
-        md.write_text(to_markdown(doc), encoding="utf-8")
-        page = out_dir / "report.html"
-        page.write_text(render_html(runs, doc), encoding="utf-8")
-        written = [md, page]
-        written.append(plot_latency(runs, out_dir / "latency.png"))
-        written.append(plot_traffic(runs, out_dir / "traffic.png"))
-        ledger = plot_ledger(runs, out_dir / "ledger.png")
-        if ledger is not None:
-            written.append(ledger)
-        memory = plot_memory(runs, out_dir / "memory.png")
-        if memory is not None:
-            written.append(memory)
-    except OSError as exc:
-        raise ReportError(f"{exc.filename or out_dir}: cannot write ({exc.strerror or exc})") from None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    doc = build_doc(runs)
+    md = out_dir / "report.md"
+    md.write_text(to_markdown(doc), encoding="utf-8")
+    page = out_dir / "report.html"
+    page.write_text(render_html(runs, doc), encoding="utf-8")
+    written = [md, page]
+    written.append(plot_latency(runs, out_dir / "latency.png"))
+    written.append(plot_traffic(runs, out_dir / "traffic.png"))
+    ledger = plot_ledger(runs, out_dir / "ledger.png")
+    if ledger is not None:
+        written.append(ledger)
+    memory = plot_memory(runs, out_dir / "memory.png")
+    if memory is not None:
+        written.append(memory)
     return written

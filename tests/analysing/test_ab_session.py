@@ -1,0 +1,63 @@
+"""``kvcache ab``'s session (:mod:`kvcache.ab.session`) without workers: a ``--json`` that cannot be written (a full
+disk, ``/dev/full``) is one line naming it and exit 2, never a traceback and exit 1 ("a regression"), and the
+session's results are kept in a new file it names. No torch."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from kvcache.ab import session
+from kvcache.commands import ab as command
+
+DOC = {"ab": {"dynamic": {"timed": {"status": "regression"}}}, "ab_run": {"pairs": [], "notes": []}}
+FULL = Path("/dev/full")
+
+
+@pytest.fixture
+def measured(monkeypatch):
+    """A session that measured one item and whose judge finds a regression (exit 1 when written)."""
+
+    def start(ab_session, common, cwd):
+        ab_session.items.append("test_traffic[dynamic]")
+
+    monkeypatch.setattr(session, "build_sides", lambda args, out_dir, say: [])
+    monkeypatch.setattr(session, "start", start)
+    monkeypatch.setattr(session, "drive", lambda ab_session, say: None)
+    monkeypatch.setattr(session, "results", lambda ab_session, tolerance: json.loads(json.dumps(DOC)))
+    monkeypatch.setattr(session, "ab_summary", lambda doc: ["dynamic timed: regression"])
+    from kvcache.analysing import ab as judge
+
+    monkeypatch.setattr(judge, "regressions", lambda ab: ["dynamic timed"])
+
+
+def test_a_written_session_with_a_regression_exits_1(measured, tmp_path, capsys):
+    out = tmp_path / "ab.json"
+    assert command.main(["--out-dir", str(tmp_path / "ab"), "--json", str(out)]) == 1
+    assert json.loads(out.read_text())["ab"] == DOC["ab"]
+
+
+@pytest.mark.skipif(not FULL.exists(), reason="no /dev/full here")
+def test_a_json_that_cannot_be_written_is_one_line_exit_2_and_the_results_are_kept(measured, tmp_path, capsys):
+    out_dir = tmp_path / "ab"
+    assert command.main(["--out-dir", str(out_dir), "--json", str(FULL)]) == 2
+    captured = capsys.readouterr()
+    assert "dynamic timed: regression" in captured.out  # the summary is said all the same
+    errors = [line for line in captured.err.splitlines() if line.startswith("kvcache ab: --json")]
+    assert len(errors) == 1 and "Traceback" not in captured.err, captured.err
+    found = re.fullmatch(r"kvcache ab: --json /dev/full: cannot write \(No space left on device\); the session's "
+                         r"results are kept in (\S+)", errors[0])
+    assert found, errors[0]
+    kept = Path(found.group(1))
+    assert kept.parent == out_dir and json.loads(kept.read_text())["ab"] == DOC["ab"]
+
+
+@pytest.mark.skipif(not FULL.exists(), reason="no /dev/full here")
+def test_results_that_cannot_be_kept_anywhere_say_so(tmp_path, monkeypatch):
+    monkeypatch.setattr(session.tempfile, "gettempdir", lambda: str(tmp_path / "none"))
+    said = session.write_results(str(FULL), DOC, tmp_path / "missing")
+    assert said is not None and said.startswith("--json /dev/full: cannot write (No space left on device); nor")
+    assert "only the summary is left" in said
