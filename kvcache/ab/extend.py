@@ -53,6 +53,15 @@ ROLES = ("point", "drift")
 #: The most extensions of one session: each is one more look at the data (and one more chance for noise to cross a
 #: bound); the rounds double with each, so three looks reach eight times the first session's rounds.
 MAX_EXTENSIONS = 3
+
+
+def more_log(side: str, k: int) -> str:
+    """The name of side ``side``'s log of extension ``k`` (1, 2, ...) in ``--out-dir``: ``a-more-1.log``."""
+    return f"{side}-more-{k}.log"
+
+
+#: Every log the extensions may write into ``--out-dir`` (checked with the session's own before anything runs).
+MORE_LOGS = tuple(more_log(side, k) for k in range(1, MAX_EXTENSIONS + 1) for side in ("a", "b"))
 #: Why a verdict is inconclusive, as the judge (:mod:`kvcache.analysing.ab`) words it, and whether more rounds help.
 STRADDLES, DRIFT, FEW_CONTEXTS = "the interval straddles the bound", "paired drift", "too few paired contexts"
 _FEW = "context(s) measured on both sides"
@@ -326,7 +335,7 @@ def _run_extension(session: ABSession, rounds: int, k: int, ext: Extender,
     from kvcache.analysing import files
 
     sides = [Side(s.name, s.env, [*s.args, "--kv-rounds", str(rounds), "--kv-ab-roles", ",".join(ROLES)],
-                  ext.out_dir / f"{s.name}-more-{k}.log", release=s.release) for s in session.sides]
+                  ext.out_dir / more_log(s.name, k), release=s.release) for s in session.sides]
     more = ABSession(sides)
     phases: dict[str, float] = {}
     began = time.monotonic()

@@ -52,7 +52,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kvcache import cli
-from kvcache.ab import session
+from kvcache.ab import extend, session
 from kvcache.ab.session import EXIT_USAGE, Interrupted
 from kvcache.ab.sides import ABError, refused
 from kvcache.analysing import arguments
@@ -110,7 +110,8 @@ def parse_tolerance(text: str) -> float:
     return tolerance
 
 
-#: The files ``kvcache ab`` writes into ``--out-dir``: each side's log and its release's install log.
+#: The files ``kvcache ab`` writes into ``--out-dir``: each side's log and its release's install log; with
+#: ``--more-rounds-within``, each extension's logs too (:data:`kvcache.ab.extend.MORE_LOGS`).
 OUT_DIR_FILES = ("a.log", "b.log", "a-install.log", "b-install.log")
 
 
@@ -129,7 +130,8 @@ def work(args: argparse.Namespace, common: list[str]) -> int:
     args.more_rounds_within = parse_minutes(args.more_rounds_within)
     refused(common, "the common options (after --)")
     out_dir = Path(args.out_dir)
-    folders = [("--out-dir", out_dir, OUT_DIR_FILES)]
+    logs = OUT_DIR_FILES + (extend.MORE_LOGS if args.more_rounds_within else ())
+    folders = [("--out-dir", out_dir, logs)]
     if args.a_release or args.b_release:
         folders.append(("--versions-dir", args.versions_dir, ()))
     if arguments.paths_refused("kvcache ab", writes=[("--json", args.json)], folders=folders):

@@ -1,6 +1,7 @@
 """``kvcache ab``'s session (:mod:`kvcache.ab.session`) without workers: a ``--json`` that cannot be written (a full
 disk, ``/dev/full``) is one line naming it and exit 2, never a traceback and exit 1 ("a regression"), and the
-session's results are kept in a new file it names. No torch."""
+session's results are kept in a new file it names; ``--json`` may not be an extension's log in ``--out-dir``. No
+torch."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kvcache.ab import session
+from kvcache.ab import extend, session
 from kvcache.commands import ab as command
 
 DOC = {"ab": {"dynamic": {"timed": {"status": "regression"}}}, "ab_run": {"pairs": [], "notes": []}}
@@ -61,3 +62,13 @@ def test_results_that_cannot_be_kept_anywhere_say_so(tmp_path, monkeypatch):
     said = session.write_results(str(FULL), DOC, tmp_path / "missing")
     assert said is not None and said.startswith("--json /dev/full: cannot write (No space left on device); nor")
     assert "only the summary is left" in said
+
+
+def test_json_on_an_extension_log_in_out_dir_is_refused_before_anything_runs(tmp_path, capsys):
+    for log in ("a-more-1.log", f"b-more-{extend.MAX_EXTENSIONS}.log"):
+        assert log in extend.MORE_LOGS
+        argv = ["--out-dir", str(tmp_path), "--more-rounds-within", "5", "--json", str(tmp_path / log)]
+        assert command.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"--out-dir's {log}" in err and "are one file" in err, err
+        assert not (tmp_path / log).exists()
