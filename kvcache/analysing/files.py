@@ -11,6 +11,7 @@ cannot be replaced: it is written in place, as pytest-benchmark would.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
@@ -131,6 +132,23 @@ def quiet_signals(prog: str) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         if signal.getsignal(signum) is not signal.SIG_IGN:
             signal.signal(signum, say)
+    if not _IGNORED_AT_EXIT:
+        _IGNORED_AT_EXIT.append(True)
+        atexit.register(ignore_signals)
+
+
+#: Whether :func:`ignore_signals` is registered to run at exit (once per process).
+_IGNORED_AT_EXIT: list[bool] = []
+
+
+def ignore_signals() -> None:
+    """SIGINT and SIGTERM ignored from now on (``SIG_IGN``): what a stopping process does as it exits (registered
+    with :mod:`atexit` by :func:`quiet_signals`). The interpreter's shutdown puts a Python handler back to the
+    default, which a signal then dies of (130, 143); an ignored signal stays ignored, so the exit status stays the
+    one the command or the suite chose. Only from the main thread."""
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)
 
 
 @contextlib.contextmanager
