@@ -116,10 +116,10 @@ def folder_problem(path: str | Path) -> str | None:
 def quiet_signals(prog: str) -> None:
     """From now until the process exits, SIGINT and SIGTERM only print a line (``PROG: SIGTERM again: already
     stopping``): what a command or the suite installs once its first signal has been taken, so that a second
-    one, whenever it comes (the results being written, pytest's teardown, the interpreter's exit), neither
-    changes the exit status nor prints a traceback. A signal someone else ignores stays ignored; only from the
-    main thread (where handlers can be set). A later session in the same process (``pytest.main`` called again)
-    may replace these handlers with its own (:func:`is_quiet`)."""
+    one, whenever it comes (the results being written, pytest's teardown, the interpreter's exit: there both are
+    ignored, :func:`ignore_signals`), neither changes the exit status nor prints a traceback. A signal someone else
+    ignores stays ignored; only from the main thread (where handlers can be set). A later session in the same
+    process (``pytest.main`` called again) may replace these handlers with its own (:func:`is_quiet`)."""
     if threading.current_thread() is not threading.main_thread():
         return
 
