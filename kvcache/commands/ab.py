@@ -1,48 +1,6 @@
-"""``kvcache ab``: two environments measured side by side in one session, B judged against A from paired points.
-
-    kvcache ab [--a-env NAME=VALUE ...] [--b-env NAME=VALUE ...] [--a-args "..."] [--b-args "..."]
-               [--a-release X] [--b-release Y] [--versions-dir .versions] [--out-dir DIR] [--json OUT]
-               [--tolerance 0.10] [--more-rounds-within MINUTES] [-- COMMON PYTEST OPTIONS]
-
-Each side is one worker process, ``python -m pytest --pyargs kvcache.benchmarks -p kvcache.ab.worker COMMON
-SIDE-ARGS`` with the side's environment (this one's, plus its ``--x-env``; ``--x-release`` puts that Transformers
-release, installed side by side into ``--versions-dir`` by :mod:`kvcache.analysing.releases`, first on ``PYTHONPATH``).
-It is the suite as that side's own ``pytest`` runs it (its ``-p`` plugins, conftest files and Transformers), up for the
-whole session: one model build per side (:mod:`kvcache.ab.sides`). This command steps the two through the suite's
-items in the suite's own order (:mod:`kvcache.ab.schedule`): counted items on both sides at once (exact figures: time
-does not matter), and every other item (each round's copy bandwidth, each timed point, each profiled ledger point,
-the drift re-measurement) in stages: each side alone from its start to the end of its timed part (fill, warm-up,
-timed steps), one side and then the other, back to back, in ABBA order (which side goes first alternates from one
-item to the next), then both finish at once (counting a step, reading a profile). Classes are paired by name (a side
-that patches one registers it under the same name, ``replace=True``). Budget: the items, rounds and steps of one
-sweep (the common options), shared by both sides: each side's fills and timed parts take their time in one run, the
-counted items and what is left after the timed parts are run on both sides at once (docs/ab.md).
-
-Each side's records come back item by item and are analysed here (no torch) into that side's ``kv`` section;
-:mod:`kvcache.analysing.ab` judges B against A (:mod:`kvcache.ab.results`). Each worker's output goes to
-``--out-dir/a.log`` and ``b.log``.
-
-With ``--more-rounds-within MINUTES``, a paired timed verdict left inconclusive for a reason more rounds can help
-(the interval straddles the bound, paired drift, too few paired contexts) makes it run further rounds of the timed
-items on a new pair of workers, pool them with the first session's and judge again, within that budget; it says so
-before each extension, and says when it gives up (:mod:`kvcache.ab.extend`, ``ab_run.more_rounds``).
-
-Output: a summary like ``kvcache compare``'s, and with ``--json OUT`` one file that ``kvcache compare``, ``kvcache
-report`` and ``kvcache comment --ab`` read: pytest-benchmark-shaped with side B's ``kv`` section, side A's whole
-run under ``side_a``, the paired verdicts under ``ab`` (``ab.<cache>.timed``, ``.intercept``, ``.ledger.<op>``,
-``.counted``, ``.overhead``) and the session under ``ab_run`` (sides, pairs in order with each side's seconds alone,
-drift and copy bandwidth per side, which side failed, the seconds of each phase).
-
-Bad input (one line, exit 2, before anything is measured): a malformed option, a release that cannot be
-installed, a side whose environment cannot run the suite (its log's last line is quoted), sides that differ in
-model, dtype, device, threads, driver, batch, ragged or compile, or collected different items. Releases, torch,
-patches, plug-ins and environment variables may differ: that is what the sides are for.
-
-If a worker dies, or on Ctrl-C or SIGTERM, both workers are ended at once (an item in flight makes no pair), every
-item both sides finished is kept and judged, and the output says which side failed. Exit status: 0 no regression,
-1 a regression (paired timed, or counted/overhead), 2 bad input, 3 a side failed part-way (what both finished is
-judged; a regression there is still 1), 130 interrupted.
-"""
+"""``kvcache ab``: two environments measured side by side in one session, B judged against A from paired points. This
+module is the command's parser and its checks before anything runs; the session is :mod:`kvcache.ab.session`'s,
+the sides, the ABBA schedule, the results and the extensions :mod:`kvcache.ab`'s (docs/ab.md)."""
 
 from __future__ import annotations
 

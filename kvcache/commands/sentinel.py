@@ -1,29 +1,6 @@
-"""``kvcache sentinel``: watch a Transformers branch commit by commit; when a counted figure changed, name the commit.
-
-    kvcache sentinel --repo PATH [--branch main] --state FILE [--since REF] [--json OUT] [--issue-out FILE.md]
-                     [--model tiny] [--caches dynamic,static] [...] [-- PYTEST ARGS]
-    kvcache sentinel --releases FIRST..LAST [--versions-dir .versions] [--json OUT] [--issue-out FILE.md] [...]
-
-The state file holds the last commit checked and its counted figures (every figure the gate judges, by family:
-:mod:`kvcache.sentinel.figures`), and the changes reported and not yet recovered. A first run starts at ``--since``
-(measured). Each run measures the branch's head with ``kvcache bisect``'s probes (:mod:`kvcache.bisect.probing`: the
-counted suite against the commit's source, cached per commit and identity). No figure moved beyond the counted
-judge's tolerance for it: the head is recorded, exit 0. One moved: for each such figure ``kvcache bisect``'s walk
-(:class:`kvcache.bisect.walk.Bisect`) finds the first commit that changed it between the last commit checked and the
-head (commits that do not build are skipped, never blamed; two changes of one figure in a range are both named),
-``--issue-out`` gets a Markdown issue body (each commit: full sha, subject, author date, the figures before and
-after, the ops that changed, the command that reproduces it) and ``--json`` the same for tools; exit 1. A figure that
-comes back to where it was before a reported change is reported as recovered, and that change is closed.
-
-``--releases FIRST..LAST`` replays the newest patch of every minor release from FIRST's to LAST (``make versions``'
-list), each as if it were new, installed side by side by ``kvcache bisect --releases``' installer
-(:mod:`kvcache.analysing.releases`); no state.
-
-The state is written once, at the end, atomically (:func:`kvcache.analysing.files.write_text_atomically`): an
-interrupted run (Ctrl-C, SIGTERM: exit 130) leaves the previous state as it was. Exit status: 0 no figure changed,
-1 a figure changed (or recovered), 2 bad input (one line, the state untouched) or a starting commit that cannot be
-measured, 3 the head cannot be measured (nothing recorded), 130 interrupted.
-"""
+"""``kvcache sentinel``: watch a Transformers branch commit by commit (or replay releases); when a counted figure
+changed, name the commit. This module is the command's parser and its work; the state, the walk and the report are
+:mod:`kvcache.sentinel`'s (docs/sentinel.md)."""
 
 from __future__ import annotations
 
