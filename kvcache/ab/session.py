@@ -26,7 +26,7 @@ class Interrupted(Exception):
     """SIGINT or SIGTERM reached this process."""
 
 
-def run(args: argparse.Namespace, common: list[str], tolerance: float, out_dir: Path,
+def run_session(args: argparse.Namespace, common: list[str], tolerance: float, out_dir: Path,
         say: Callable[[str], None]) -> int:
     """The session; a first SIGINT or SIGTERM raises :class:`Interrupted` (the command's runner,
     :func:`kvcache.cli.run`), later ones only print (:func:`kvcache.analysing.files.signals_stop`)."""

@@ -79,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def work(args: argparse.Namespace, common: list[str]) -> int:
     """The options checked (one line, exit 2, before anything runs), then the session
-    (:func:`kvcache.ab.session.run`)."""
+    (:func:`kvcache.ab.session.run_session`)."""
 
     def say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
@@ -94,7 +94,7 @@ def work(args: argparse.Namespace, common: list[str]) -> int:
         folders.append(("--versions-dir", args.versions_dir, ()))
     if arguments.paths_refused("kvcache ab", writes=[("--json", args.json)], folders=folders):
         return EXIT_USAGE
-    return session.run(args, common, tolerance, out_dir, say)
+    return session.run_session(args, common, tolerance, out_dir, say)
 
 
 if __name__ == "__main__":
