@@ -1,21 +1,9 @@
 """``kvcache report``: charts and a Markdown/HTML report of one or more benchmark runs.
 
-Writes into ``--out DIR``: ``latency.png`` (median step time in ms against context in tokens, with IQR error
-bars, the fitted line and the model's trained context), ``traffic.png`` (counted passes per cache class, stacked
-by operation), ``ledger.png`` (per op, counted beside timed passes; runs with a per-op ledger), ``memory.png``
-(per class, MB held after the counted step and live at its peak against context; runs with counted memory),
-``report.md``
-(headline and tables, ready for a GitHub job summary) and ``report.html`` (one self-contained file: interactive
-chart and the same tables).
-
-Units: times in ms, bandwidths in GB/s (1e9 bytes/s, read + write), sizes in MB (1e6 bytes), context in tokens,
-passes = bytes moved per byte of KV cache. Needs numpy; the PNGs need matplotlib (imported lazily). Never
-imports torch. Missing parts of a run are named in the output, never fatal.
-
-By concern: :mod:`.data` (runs shaped into what is tabled and drawn), :mod:`.sections` (what the report says),
-:mod:`.documents` (the document model, Markdown and HTML renderers), :mod:`.charts` (the PNGs), :mod:`.page`
-(report.html, with report.css and report.js inlined).
-"""
+``latency.png``, ``traffic.png``, ``ledger.png`` and ``memory.png`` where the runs have them, ``report.md`` and
+``report.html`` (docs/reports.md), by concern: :mod:`.data` (runs shaped into what is tabled and drawn),
+:mod:`.sections` (what the report says), :mod:`.documents` (the document model, Markdown and HTML renderers),
+:mod:`.charts` (the PNGs), :mod:`.page` (report.html, its CSS and JS inlined). Never imports torch."""
 
 from __future__ import annotations
 
