@@ -1,12 +1,7 @@
-"""Files a run or a command writes (the ``--benchmark-json`` run, the baseline, every ``kvcache`` command's
-outputs): written atomically through symlinks, probed before anything runs, never two outputs (or an output and a
-file read) on one file; and the signals that arrive once a command is stopping. The one home of these rules for
-the suite and every command (:func:`paths_problem`, :func:`quiet_signals`). Analysing wing: stdlib only.
-
-A symlink is written through to its target: the temp file is made beside the target and replaces it, so the link
-stays a link and a reader sees the old or the new file, never part of one. A signal during the write leaves the
-old file in place (the temp file is removed). A target that is not a regular file (``/dev/stdout``, a named pipe)
-cannot be replaced: it is written in place, as pytest-benchmark would.
+"""Files a run or a command writes: written atomically through symlinks (an output folder through a temp folder
+beside it), probed before anything runs, never two outputs (or an output and a file read) on one file, a failed
+write one line (:class:`OutputError`); and the signals once a command or the suite is stopping. The one home of
+these rules for the suite and every command (docs/running.md, "Checks before a run"). Analysing wing: stdlib only.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""``kvcache compare RUN.json RUN.json ...``: runs side by side, the first as baseline; exit 1 on a regression.
-
-One row per cache class, one column group per run (:mod:`kvcache.analysing.compare_render`); every later run judged
-against the first by the gate's judge, by the rules it was judged with (:mod:`kvcache.analysing.compare`). The
-judge's rule options (``--tolerance``, ``--counted-tolerance``, ..., ``--min-r2``, ``--max-drift``) come from the
-options table (:func:`kvcache.analysing.arguments.add_rule_options`) and replace that rule for every run.
-``--require-classes``: a class with counted passes in the first run and none in a later one is a regression.
-Runs must have the same identity (:mod:`kvcache.analysing.identity`) unless ``--allow-mismatch``. Exit 0, 1 on a
-regression, 2 on unreadable input, bad options or runs that are not comparable. No torch here.
+"""``kvcache compare RUN.json RUN.json ...``: runs side by side, the first as baseline; exit 1 on a regression. This
+module is the command's parser (the judge's rule options from the options table) and its work; the comparison is
+:mod:`kvcache.analysing.compare`'s, its text :mod:`kvcache.analysing.compare_render`'s (docs/reports.md). No torch.
 """
 
 from __future__ import annotations
