@@ -72,3 +72,24 @@ def test_json_on_an_extension_log_in_out_dir_is_refused_before_anything_runs(tmp
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and f"--out-dir's {log}" in err and "are one file" in err, err
         assert not (tmp_path / log).exists()
+
+
+@pytest.mark.skipif(not FULL.exists(), reason="no /dev/full here")
+def test_stopped_during_start_up_with_a_json_that_cannot_be_written_exits_2(monkeypatch, tmp_path, capsys):
+    """Interrupted before the workers said hello: the document with no pairs is kept the same way, exit 2 (not
+    130: the file the caller asked for is not there)."""
+
+    def start(ab_session, common, cwd):
+        raise session.Interrupted("SIGTERM")
+
+    monkeypatch.setattr(session, "build_sides", lambda args, out_dir, say: [])
+    monkeypatch.setattr(session, "start", start)
+    monkeypatch.setattr(session, "results_before_start", lambda sides, interrupted, tolerance: {"ab_run": {
+        "interrupted": interrupted}})
+    out_dir = tmp_path / "ab"
+    assert command.main(["--out-dir", str(out_dir), "--json", str(FULL)]) == 2
+    err = capsys.readouterr().err
+    assert "kvcache ab: --json /dev/full: cannot write (No space left on device); the session's results are kept in" \
+        in err and "Traceback" not in err, err
+    kept = list(out_dir.glob("ab-unwritten-*.json"))
+    assert len(kept) == 1 and json.loads(kept[0].read_text()) == {"ab_run": {"interrupted": "SIGTERM"}}

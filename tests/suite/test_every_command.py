@@ -46,7 +46,7 @@ class Case:
     argv: list[str]
     says: tuple[str, ...] = ()
     exits: tuple[int, ...] = (2,)
-    needs: str | None = None  # "immutable": skipped where chattr +i cannot be set
+    needs: str | None = None  # "immutable", "/dev/full": skipped where chattr +i cannot be set, or no /dev/full
 
 
 class Files:
@@ -183,6 +183,9 @@ CASES: dict[str, dict[str, Callable[[Files], Case]]] = {
         "an --ab run of another model": lambda f: Case([s(f.run), s(f.other), "--ab", s(f.other_model)],
                                                        ("refusing to compare", "model")),
         "clean: an empty head": lambda f: Case([s(f.run), s(f.empty)], exits=(0,)),
+        "--out on a full disk": lambda f: Case([s(f.run), s(f.other), "--out", "/dev/full"],
+                                               ("--out /dev/full: cannot write (No space left on device)",),
+                                               needs="/dev/full"),
     },
     "history": {
         "--store is the run": lambda f: Case(["add", s(f.run), "--store", s(f.run), "--release", "5.23.0"],
@@ -224,6 +227,9 @@ CASES: dict[str, dict[str, Callable[[Files], Case]]] = {
                                                       ("no figure", "no timed fit")),
         "counted passes that are not numbers": lambda f: Case([s(f.nan), *GAB, "--measures", "counted"],
                                                               ("no figure",)),
+        "--out on a full disk": lambda f: Case([s(f.run), *GAB, "--out", "/dev/full"],
+                                               ("--out /dev/full: cannot write (No space left on device)",),
+                                               needs="/dev/full"),
     },
 }
 
@@ -259,6 +265,8 @@ def test_each_command_refuses_in_one_line_or_runs_clean_and_keeps_its_inputs(inp
     case = CASES[command][name](inputs)
     if case.needs == "immutable" and inputs.immutable is None:
         pytest.skip("chattr +i cannot be set here (filesystem or privileges)")
+    if case.needs == "/dev/full" and not Path("/dev/full").exists():
+        pytest.skip("no /dev/full here")
     code, out, err = run_command(capsys, command, case.argv)
     shown = f"kvcache {command} {' '.join(case.argv)}\nexit {code}\nstdout: {out[-2000:]}\nstderr: {err[-2000:]}"
     assert code in case.exits, shown
