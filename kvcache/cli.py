@@ -1,9 +1,13 @@
 """The ``kvcache`` command: ``kvcache COMMAND [ARGS...]`` runs the ``main`` of that command's module (:data:`COMMANDS`,
-one module per command, imported only when it runs), and the text helpers the commands share."""
+one module per command, imported only when it runs); :func:`run`, the runner every command's ``main`` is, and the
+text helpers the commands share."""
 
 from __future__ import annotations
 
+import argparse
 import sys
+from collections.abc import Callable, Sequence
+from typing import Any
 
 COMMANDS = {
     "traffic": ("kvcache.commands.traffic", "count the bytes one decode step moves, per op, and probe attention"),
@@ -41,6 +45,51 @@ def last_line(text: str, limit: int = 300) -> str:
     a command quotes of a subprocess that failed."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return (lines[-1] if lines else "(no output)")[:limit]
+
+
+class UsageError(Exception):
+    """Bad input a command's work finds after parsing (a value, a file, runs that are not comparable): one line,
+    ``PROG: message``, exit 2 (:func:`run`)."""
+
+
+#: A command's exit status when interrupted by a signal its runner turned into ``stop`` (:func:`run`).
+EXIT_INTERRUPTED = 130
+
+
+def run(parser: Callable[[], argparse.ArgumentParser], work: Callable[..., int], argv: Sequence[str] | None, *,
+        extra: bool = False, errors: tuple[type[BaseException], ...] = (),
+        stop: type[BaseException] | None = None) -> int:
+    """Run one command: what every ``kvcache`` command's ``main(argv)`` is, its module being its ``parser()`` and
+    its ``work``.
+
+    ``argv`` (``sys.argv[1:]`` when None), cut at its first ``--`` when ``extra`` (the rest is passed on as
+    ``work``'s second argument), is parsed by ``parser()`` (:func:`kvcache.analysing.arguments.parse`: ``--help``
+    returns 0, a usage error 2). Then ``work(args)`` (or ``work(args, extra)``) returns the exit status. Bad input
+    the work finds (:class:`UsageError`, or an exception of ``errors``) and an output it could not write
+    (:class:`kvcache.analysing.files.OutputError`) are one line, ``PROG: message``, and exit 2. With ``stop``, the
+    signal rule (:func:`kvcache.analysing.files.signals_stop`): the first SIGINT or SIGTERM raises ``stop(signal
+    name)`` in the work, every later one only prints, and they are ignored as the process exits, so the status is
+    the command's; a ``stop`` the work lets out is ``PROG: interrupted by SIGTERM``, exit 130."""
+    from kvcache.analysing import arguments, files
+
+    made = parser()
+    own, passed_on = arguments.split_extra(argv) if extra else (argv, [])
+    args = arguments.parse(made, own)
+    if isinstance(args, int):  # --help (0) or a usage error (2), printed by argparse
+        return args
+    given: list[Any] = [args, passed_on] if extra else [args]
+    try:
+        if stop is None:
+            return int(work(*given) or 0)
+        try:
+            with files.signals_stop(made.prog, stop):
+                return int(work(*given) or 0)
+        except stop as exc:
+            print(f"{made.prog}: interrupted by {exc}", file=sys.stderr)
+            return EXIT_INTERRUPTED
+    except (UsageError, files.OutputError, *errors) as exc:
+        print(f"{made.prog}: {exc}", file=sys.stderr)
+        return 2
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,31 +1,8 @@
-"""The package as a user gets it: build the sdist and the wheel (or take them from ``--dist``), check them, install
-the wheel into a clean virtual environment and run the README's "Gate your own cache class" steps against it, from a
-temporary directory outside this repository, so that nothing can be imported from the checkout. A file missing from
-the package fails here. Used by ``.ci/run`` and by the release workflow (``.github/workflows/release.yml``).
+"""The package as a user gets it: build the sdist and the wheel (or take them from ``--dist``), check their metadata
+and contents, install the wheel into a clean virtual environment and run the README's "Gate your own cache class"
+steps against it from outside this repository; each failure one line, exit 1 (docs/running.md)::
 
-    python scripts/check_wheel.py [--dist DIR] (--venv DIR | --reuse-site-packages PYTHON)
-
-Checks, in order (each failure is one line naming what is wrong; exit 1):
-
-1. metadata: ``twine check`` where twine is installed, and always this script's own reading of both distributions'
-   metadata (name, version, summary, the README as a Markdown long description, the extras, the ``kvcache`` script
-   and the ``pytest11`` entry point);
-2. contents: every file of ``kvcache/`` and ``benchmarks/`` (shipped as ``kvcache.benchmarks``) that the checkout
-   tracks, Python or data (``report.css``, ``report.js``, ``kv.schema.json``, ...), is in the wheel and the sdist;
-3. the README's steps, from the installed wheel: step 1's ``my_caches.py``, step 2's baseline command, step 3's
-   commit (in a fresh git repository), step 4's gate command (the last ``run:`` line of its workflow), which must
-   exit 0 with the counted verdict ``pass`` for ``mine``; then ``kvcache report`` on that run (the report inlines
-   its CSS and JS). The commands run as written, through ``bash``; only the model is chosen, through
-   ``PYTEST_ADDOPTS=--kv-model tiny`` (counted passes of ``dynamic`` and ``mine`` are 3.000 on both models, and
-   the default model would take a minute more).
-
-``--venv DIR``: the wheel is installed there with its ``bench`` and ``report`` extras (pip resolves what is missing;
-install torch first for the build you want), as the release workflow does. ``--reuse-site-packages PYTHON``: a new
-virtual environment whose only extra paths are PYTHON's site-packages (torch, transformers, pytest-benchmark), added
-by a ``.pth`` file, which runs none of the ``.pth`` files there (an editable install of this checkout stays inert);
-the wheel installed with ``--no-deps``, as ``.ci/run`` does. Either way ``kvcache`` and ``kvcache.benchmarks`` must
-be imported from that environment.
-"""
+    python scripts/check_wheel.py [--dist DIR] (--venv DIR | --reuse-site-packages PYTHON)"""
 
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
-"""The ledger's profiled step against the plain steps it takes between them, on the default model: per class and
-context, ``--steps`` profiled steps in blocks alternating with as many plain ones (``ledger.profile_steps``, as the
-suite's ledger runs them), medians in milliseconds, and the clock's cost per op that the profiled step has had taken
-out (:func:`kvcache.measuring.ledger.clock_cost_per_op`, measured in the same process just before; docs/results.md,
-"The clock's cost with cold caches"). One torch thread; nothing else should run meanwhile (these are timings)::
+"""The ledger's profiled step against the plain steps between them, and the clock's cost per op taken out of it.
+Per class and context, medians in milliseconds (one torch thread; timings: nothing else should run meanwhile);
+``--stand-ins``: the clock's calibration alone. Runs and figures: docs/results.md ("The clock's cost, op by op,
+with cold caches")::
 
-    .venv/bin/python scripts/clock_cost.py --dtype float32
-    .venv/bin/python scripts/clock_cost.py --dtype bfloat16 --caches static --sweep-bytes 0   # hot-cache calibration
-    .venv/bin/python scripts/clock_cost.py --stand-ins   # the calibration alone: per stand-in, and by sweep size
-"""
+    .venv/bin/python scripts/clock_cost.py --dtype bfloat16 [--sweep-bytes 0] [--stand-ins]"""
 
 from __future__ import annotations
 

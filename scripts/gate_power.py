@@ -1,26 +1,9 @@
-"""How well the timed gate tells a regression from noise, judged by the build's exit status on this machine.
-
-Test-only cache classes with a planted regression (``twin-planted``: one extra full copy of K/V per step, +2
-counted passes; ``twin-read``: one extra whole-cache read, +1) are judged against the timed baseline (whole
-step, intercept and per-op ledger) of their clean twin (``twin-clean``), over repeated runs:
-
-1. one calibration run of ``twin-clean`` records its baseline (``--kv-update-baseline``: timed and counted);
-2. the measured runs' baseline file holds that entry for ``twin-clean`` and, for every planted class
-   (``--planted``, default ``twin-planted,twin-read``), only the clean twin's *timed* figures: no counted entry, so
-   the counted gate (which would catch +2 passes every time) cannot fail it; what is judged is the timed
-   gate;
-3. ``--runs`` repetitions, each one separate ``pytest benchmarks`` run per class (``--kv-caches <class>``),
-   the classes interleaved across repetitions, gate on (no ``--kv-no-gate``) at one ``--tolerance``: the
-   exit status is what CI would see, drift included. ``--competing`` keeps one CPU-bound process running
-   beside the measured runs.
-
-Per run the table gives the exit status (green 0, red 1), the timed and ledger verdicts from the JSON
-(``kv.verdict``), the drift, the timed passes with their interval and the planted op's row of the ledger; the
-tally counts failed builds per class. Writes every
-run's JSON and log, ``runs.json`` (each run's command and exit status) and ``gate-power.md`` under ``--out``;
-``--summarize-only`` re-reads them. Time nothing else meanwhile. ``--ab`` is the A/B mode instead (``gate_power_ab.py``
-beside this script).
-"""
+"""How well the timed gate tells a regression from noise, judged by the build's exit status on this machine:
+test-only classes with a planted regression (``twin-planted``, ``twin-read``) judged, over ``--runs`` separate runs,
+against the timed baseline of their clean twin (``twin-clean``), with no counted entry to catch them. Writes every
+run's JSON and log, ``runs.json`` and ``gate-power.md`` under ``--out`` (``--summarize-only`` re-reads them);
+``--ab``: the A/B mode (``gate_power_ab.py``). The method and the figures: docs/gate.md ("How well the timed gate
+tells a regression from noise"). Time nothing else meanwhile."""
 
 from __future__ import annotations
 

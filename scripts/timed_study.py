@@ -1,18 +1,9 @@
-"""Timed against counted passes per class, dtype and thread count, with the per-op ledger beside the timed step:
-the study behind the recommended timed configuration on CPU (docs/results.md, "Where a CPU step is memory-bound").
+"""Timed against counted passes per class, dtype and thread count, with the per-op ledger beside the timed step: the
+study behind the recommended timed configuration on CPU. Runs the suite once per (dtype, threads), one after the
+other (timings: nothing else should run meanwhile), keeps each run file in --out and prints one table from them
+(its columns: docs/results.md, "Where a CPU step is memory-bound")::
 
-Runs the suite once per (dtype, threads) with the same classes and contexts, one after the other (nothing else
-should run meanwhile: these are timings), keeps each run file in --out, then prints one table from the files:
-
-    .venv/bin/python scripts/timed_study.py --dtypes bfloat16,float32 --threads 1,2 --out .timed-study
-    .venv/bin/python scripts/timed_study.py --out .timed-study --table-only   # the table from the files again
-
-Columns: timed passes of the whole step [95% CI] and counted passes; timed/counted; the ledger's profiled step
-(timed passes); per context, its median step against the median of the plain steps taken between the profiled
-ones on the same point (what the instrument did to the step) and against the timed rounds' median (that, plus
-whatever the machine did between the rounds and the ledger); the plain steps against the timed rounds (what the
-machine did: the same step, no instrument, minutes apart); the two ops that take most of the profiled step, with
-their timed and counted passes.
+    .venv/bin/python scripts/timed_study.py --dtypes bfloat16,float32 --threads 1,2 --out .timed-study [--table-only]
 """
 
 from __future__ import annotations

@@ -1,24 +1,9 @@
-"""Counted passes across Transformers releases on this machine (``make versions``); no torch (the runs are read as
-records, :mod:`kvcache.analysing.records`; ``counted.md`` is :mod:`kvcache.bisect.versions_table`'s).
+"""Counted passes across Transformers releases on this machine (``make versions``): each release installed side by
+side (:mod:`kvcache.analysing.releases`), the counted suite run on each, ``kvcache compare`` over the results and
+``counted.md`` (:mod:`kvcache.bisect.versions_table`); no torch (the runs are read as records). docs/releases.md::
 
     python scripts/versions.py [--releases 4.45.2,...] [--models M1,M2|families] [--out DIR] [--jobs 1] [--list]
-                               [-- PYTEST ARGS]
-
-Each release is installed once with its own huggingface_hub/tokenizers/safetensors into
-``.versions/<release>`` (``pip install --target``), constrained to this venv's versions of every other
-package (numpy included) so nothing there shadows the venv with something different; copies identical to
-the venv's are then removed, and torch never lands there (the installer is :mod:`kvcache.analysing.releases`, shared
-with ``kvcache bisect --releases``). A release given as ``4.45`` is read as ``4.45.0`` (said at the start, before
-anything is installed). The counted suite then runs with that directory first on PYTHONPATH, writing
-``<out>/counted-<release>.json`` and ``<out>/<release>.log``; a release that does not install or import is
-recorded as skipped with the reason. Finally ``kvcache compare`` (oldest
-release = baseline) writes ``<out>/compare.md``, and ``<out>/counted.md`` tabulates per release and class
-the counted passes (per layer kind where the model mixes them; fused and unfused under ``--kv-compile``),
-ATen ops per step and weight passes (releases with identical rows grouped). With ``--models`` each release
-runs once per model (``counted-<release>-<model>.json``), compare.md and counted.md get one section per
-model, and a model whose architecture the release lacks is skipped with the reason. Exit status:
-compare's (1 on a regression), or 1 when a release's suite failed without writing its JSON or no release ran.
-"""
+                               [-- PYTEST ARGS]"""
 
 from __future__ import annotations
 

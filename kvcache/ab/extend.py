@@ -1,30 +1,8 @@
-"""More rounds when a session is too noisy to decide (``kvcache ab --more-rounds-within MINUTES``).
-
-After the first session is judged, every class's paired ``timed`` verdict (its slope: the passes the A/B is there to
-judge) is looked at. An inconclusive one whose reason more rounds can help (:func:`why_more_rounds`: the interval
-straddles the bound, the paired drift is beyond ``--kv-max-drift``, too few paired contexts) makes this module start
-a further pair of workers, the same sides with ``--kv-rounds N`` and only the timed items (``--kv-ab-roles
-point,drift``: each round's timed points, the drift re-measurement; no copy bandwidth, no counted item, no ledger).
-Their records are pooled with the first session's, rounds renumbered after the last one so that (class, context,
-round) stays unique (:func:`renumbered`), and each side is analysed once from all its records and judged again. It
-repeats until every timed verdict is decided, none is left that more rounds can help, the budget cannot pay for one
-more round (the next extension's cost is estimated from the seconds already measured, :class:`Cost`, and one that
-would overrun is never started; every second of it is read from :func:`kvcache.ab.clock.now`), or
-:data:`MAX_EXTENSIONS` extensions were taken; then it says it gave up.
-
-Why pooling stays honest: each round's pair of a point still ran back to back (ABBA) in one pair of workers, and
-the paired bootstrap draws rounds per context, the same for both sides, so a round of another pair of workers is
-one more draw of the same kind; what differs between the pairs of workers (a new process, its pages) shows as
-spread between rounds and widens the interval, it cannot narrow it. The paired drift of the pool compares the first
-half of its rounds with the last half (the last extension's drift re-measurement last), so drift over the whole
-span is judged, each end from more pairs as the pool grows (:func:`kvcache.analysing.ab.paired_drift`). Each
-extension doubles the rounds pooled (or what the budget allows): few looks at the data, since every look is one more
-chance for noise to cross a bound (optional stopping).
-
-Why ``timed`` alone: an extension for an undecided ``intercept`` (the ms per step with an empty cache, which a
-neighbouring process moves most) would re-judge a ``timed`` verdict already decided, one more look at it, and spend
-the budget on a figure the planted copy does not move. The intercept is judged again on the pool when the timed
-verdict takes more rounds. Standard library only."""
+"""More rounds when a session is too noisy to decide (``kvcache ab --more-rounds-within MINUTES``): an inconclusive
+paired ``timed`` verdict that more rounds can help (:func:`why_more_rounds`) starts a further pair of workers on the
+timed items, their records pooled with the first session's (:func:`renumbered`, :func:`pool`) and judged again,
+within the budget (:class:`Cost`) and at most :data:`MAX_EXTENSIONS` times. Why pooling stays honest, and why
+``timed`` alone: docs/ab.md ("More rounds"). Standard library only."""
 
 from __future__ import annotations
 
@@ -55,6 +33,15 @@ ROLES = ("point", "drift")
 #: The most extensions of one session: each is one more look at the data (and one more chance for noise to cross a
 #: bound); the rounds double with each, so three looks reach eight times the first session's rounds.
 MAX_EXTENSIONS = 3
+
+
+def more_log(side: str, k: int) -> str:
+    """The name of side ``side``'s log of extension ``k`` (1, 2, ...) in ``--out-dir``: ``a-more-1.log``."""
+    return f"{side}-more-{k}.log"
+
+
+#: Every log the extensions may write into ``--out-dir`` (checked with the session's own before anything runs).
+MORE_LOGS = tuple(more_log(side, k) for k in range(1, MAX_EXTENSIONS + 1) for side in ("a", "b"))
 #: Why a verdict is inconclusive, as the judge (:mod:`kvcache.analysing.ab`) words it, and whether more rounds help.
 STRADDLES, DRIFT, FEW_CONTEXTS = "the interval straddles the bound", "paired drift", "too few paired contexts"
 _FEW = "context(s) measured on both sides"
@@ -327,7 +314,7 @@ def _run_extension(session: ABSession, rounds: int, k: int, ext: Extender,
     from kvcache.analysing import files
 
     sides = [Side(s.name, s.env, [*s.args, "--kv-rounds", str(rounds), "--kv-ab-roles", ",".join(ROLES)],
-                  ext.out_dir / f"{s.name}-more-{k}.log", release=s.release) for s in session.sides]
+                  ext.out_dir / more_log(s.name, k), release=s.release) for s in session.sides]
     more = ABSession(sides)
     phases: dict[str, float] = {}
     began = clock.now()

@@ -1,20 +1,7 @@
-"""One side of ``kvcache ab``: a pytest plugin (``-p kvcache.ab.worker --kv-ab-control R,W``) that turns an
-ordinary run of the suite into a worker the driver steps item by item.
-
-The run is the suite as the side's own ``pytest`` would run it (its environment, its ``-p`` plugins and conftest
-files, its Transformers): one process, one model build, for the whole A/B session. Once the items are collected,
-the worker writes one JSON line to file descriptor W: ``{"hello": {...}}`` with the item ids in measuring order and
-their roles (``counted``, ``point``, ``copy``, ``ledger``, ``drift``...), the side's settings (``kv.settings``), its
-environment (``kv.environment``: device, threads, releases) and baseline; then before each item it writes
-``{"ready": nodeid}`` and waits for a line on R: ``go`` runs the item, ``stage`` runs it in stages, ``stop`` (or the
-pipe closing: the driver is gone) ends the session there, as an interrupted one. In stages, the worker stops at each
-mark of :mod:`kvcache.measuring.stages` the item reaches, writes ``{"prepared": nodeid}`` (its untimed preparation
-done, its timed part next) or ``{"measured": nodeid}`` (its timed part done), and waits for ``go`` again; the driver
-lets each side's timed part run alone. After the item it writes ``{"done": nodeid, "failed": bool, "records":
-[...]}``: the measurement records the item produced, each the JSON text
-:func:`kvcache.analysing.measured.to_wire` wrote (what the driver analyses, so that a side that dies later loses
-nothing already sent). Standard library only at import; the suite's own plugin (:mod:`kvcache.plugin`) does the
-measuring.
+"""One side of ``kvcache ab``: a pytest plugin (``-p kvcache.ab.worker --kv-ab-control R,W``) that turns an ordinary
+run of the suite into a worker the driver steps item by item, over two pipes: a hello with the items and the side's
+settings, then per item ``ready``, the driver's ``go``/``stage``/``stop``, and ``done`` with the item's records (the
+protocol: docs/ab.md, "How it runs"). Standard library only at import; the suite's own plugin does the measuring.
 """
 
 from __future__ import annotations

@@ -1,44 +1,8 @@
 """The judge of an A/B run (``kvcache ab``): side B against side A from points measured in pairs, back to back in one
-session. No torch: two ``kv`` sections (:class:`~kvcache.analysing.records.KV`) in, the ``ab`` section (JSON) out.
-
-Timed figures (per class):
-
-- ``timed``: the ratio B/A of the slopes of step time against KV bytes (the seconds of timed passes, before the copy
-  bandwidth turns them into passes: both sides share the machine in the same minutes, and a side whose copy is slower
-  is slower), and ``intercept``: the ratio B/A of the fits' intercepts (ms per step with an empty cache);
-- from every (class, context, round) point measured on both sides; the interval is a paired bootstrap
-  (:func:`paired_ratios`): each resample draws, per context, rounds with replacement, the *same* rounds for both
-  sides (a round's two points ran back to back: what slowed one slowed the other), and within each drawn point
-  resamples its steps; with one round per context, the contexts are drawn with replacement too, the same for both
-  sides, as the suite's own fit does (:func:`kvcache.analysing.fit.context_draws`); deterministic (seed ``seed``).
-- **regression** when the interval's lower bound is above ``1 + tolerance``; **improvement** when its upper bound is
-  below ``1 / (1 + tolerance)`` (the same factor the other way: symmetric in log ratio, so a B as much faster as a
-  regression would be slower); **pass** when the upper bound is at most ``1 + tolerance`` (shown no slower beyond the
-  tolerance); otherwise **inconclusive** with the reason (the interval straddles the bound, A's fit does not grow,
-  B's figure is not above zero (an intercept below zero: the step time bends upward with the context, and a ratio
-  with it would call B faster), too few paired contexts, or drift that differs between the sides).
-- Drift is reported per side (its first timed point measured again at its end). Drift the sides share cancels in a
-  ratio of points measured back to back and changes no verdict; drift that differs between the sides is judged from
-  the pairs (:func:`paired_drift`: per context, how much the paired ratio B/A moved from the first half of its
-  measurements to the last half, the median over contexts): beyond ``max_drift`` (``--kv-max-drift``), timed verdicts
-  are inconclusive.
-
-``ledger.<op>``: the same ratio per op of the per-op timed ledger (profiled steps, one (class, context) on both sides
-back to back), contexts drawn with replacement and steps within each drawn context (docs/ab.md, "Notes"); the ops are
-the rows of either side's ``kv.ledger`` (aggregate rows such as ``(other ops)`` and ``(profiled step)`` are not judged).
-An op not shown above ``ledger_tolerance`` timed passes on either side (its interval's lower bound; a side that folded
-the op into ``(other ops)``, under ``ledger.KEEP``, shows nothing) is a pass whatever its ratio (noise of a small op, or
-of one whose time does not grow with the cache, such as ``linear``); an op only one side has is a regression (B) or an
-improvement (A) when its lower bound is above ``ledger_tolerance``.
-
-Counted passes and overhead are judged by the gate's own judge with A as the baseline
-(:func:`kvcache.analysing.compare.judge_against`, compare's tolerances): ``counted`` and ``overhead`` (and any
-other exact measure the gate judges, kept as it judged it).
-
-Each verdict (:class:`~kvcache.analysing.ab_records.PairedVerdict`): ``status``, ``reason``, ``value`` (the ratio),
-``allowed`` (``1 + tolerance``), ``ratio``, ``ratio_ci`` [low, high], and ``a``, ``b``: the two sides' figures (timed
-passes, intercept ms).
-"""
+session; two ``kv`` sections in, the ``ab`` section out (``timed``, ``intercept`` and ``ledger.<op>`` by the B/A
+ratio with a paired bootstrap interval, :func:`paired_ratios`, drift that differs between the sides by
+:func:`paired_drift`; ``counted`` and ``overhead`` by compare's judge with A as the baseline). The rules: docs/ab.md
+("The judge"). No torch."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""Session-end analysis: from the records a session's items produced to the ``kv`` section (fits, drift,
-per-point bandwidth, verdicts), as a :class:`~kvcache.analysing.records.KV`. Analysing wing: numpy and stdlib only,
-no torch.
-
-The records are the suite's own (:mod:`kvcache.analysing.measured`: ``kvcache.measuring.session`` makes them, the
-plugin gathers them from every item's report, from xdist workers too): copy measurements, timed points (timed or
-drift, with every step's seconds), classes counted, skips, profiled ledger points, failed items and the process's
-model and environment. Nothing here depends on what pytest-benchmark keeps, so fits and verdicts are the same
-whatever its storage options.
+"""Session-end analysis: from the records a session's items produced (:mod:`kvcache.analysing.measured`, gathered from
+every item's report, xdist workers included) to the ``kv`` section (fits, drift, per-point bandwidth, verdicts), as a
+:class:`~kvcache.analysing.records.KV`; nothing depends on what pytest-benchmark keeps. Numpy and stdlib, no torch.
 """
 
 from __future__ import annotations

@@ -1,38 +1,6 @@
-"""The baseline file: what a run is judged against, what may be recorded in it, and how it is written.
-Analysing wing: stdlib only.
-
-File (JSON, schema 2)::
-
-    {"schema": 2, "devices": {"<identity key>": {"<cache>": {
-        "timed_passes": float, "timed_r2": float, "timed_intercept_ms": float,     (under a timed key)
-        "timed_ledger": {op: timed passes}, "timed_weights_ms": float (the run's decode speed),
-        "counted_passes": float, "counted_by_op": {op: passes},                   (under a counted key)
-        "ops_per_step": int, "data_ops_per_step": int, "weight_passes": float,    (under an overhead key)
-        "fixed_bytes": int, "layers": int, "op_calls": {op: calls},
-        "memory_allocated_passes": float, "memory_peak_passes": float,             (under a memory key: the
-        "memory_held_passes": float, "memory_allocated_by_op": {op: passes},       overhead's, per torch release)
-        "recorded": iso-datetime, "transformers": str, "torch": str, "model": str, "dtype": str}}}}
-
-Keys come from :mod:`kvcache.analysing.identity`: ``"cpu | tiny | bfloat16"`` holds counted passes (any CPU),
-``"cpu: AMD EPYC (2 threads) | tiny | bfloat16"`` timed passes (that machine), ``"cpu | tiny | bfloat16 |
-torch 2.13.0+cpu"`` counted overhead (that torch release). Schema 1 files (counted passes also under machine
-keys) still load; they are upgraded in memory and written back as schema 2.
-
-Every figure an entry holds is finite and in its range (:data:`kvcache.analysing.entries.FIGURES`,
-:data:`~kvcache.analysing.entries.OP_FIGURES`; checked by :func:`~kvcache.analysing.entries.figure_problem`), whether
-it is read from a file (:func:`problem_of`: a file holding one out of range is refused, naming the entry and the
-value) or recorded from a run (:func:`entries_of_run`): passes above 0 and at most
-:data:`~kvcache.analysing.entries.MAX_PASSES`, R² from 0 to 1, intercept from 0 ms, decode speed above 0 ms, op counts
-whole and from 0. null stands for a figure that is not known.
-
-Nothing unjudgeable is recorded: timed passes only from a fit that would itself be judged (positive
-finite passes, R² from 0 to 1 and at least the run's own ``min_r2``, itself from 0 to 1, at least 3 distinct
-contexts, drift checked and within its limit, the session not interrupted, no failed point of that class);
-otherwise the old entry stays and :func:`entries_of_run` says why. A timed intercept, decode speed or ledger out
-of range is recorded as null (not judged against) beside the passes; counted passes or overhead with a figure out
-of range are not recorded. Writes are atomic, keep the file's mode and hold a lock on its folder, so concurrent
-writers lose no update.
-"""
+"""The baseline file: what a run is judged against, what may be recorded in it (nothing unjudgeable; every figure
+finite and in its range, :mod:`kvcache.analysing.entries`), and how it is written (atomically, its mode kept, under
+a lock on its folder). The file and its rules: docs/gate.md ("Baselines"). Analysing wing: stdlib only."""
 
 from __future__ import annotations
 

@@ -1,26 +1,8 @@
-"""The body of ``kvcache comment BASE.json HEAD.json`` (:mod:`kvcache.commands.comment`): one Markdown body for
-a pull request's comment.
-
-HEAD is judged against BASE by ``kvcache compare``'s judge (:func:`kvcache.analysing.compare.compare`, the
-session-end gate's rules) and tabled by the one table renderer (:func:`kvcache.analysing.tables.markdown`); this
-module only frames it for a pull request:
-
-- a first line with the verdict: *regression* (a measure the gate judges exactly regressed,
-  :data:`EXACT_REGRESSION_MEASURES`: counted passes, the counted overhead, ATen ops per step and weight passes, or
-  counted memory; or a class with counted passes in BASE has none in HEAD: skipped by its conftest, unsupported, not
-  run), *inconclusive* (no regression, but a judged figure could not be judged) or *clean*;
-- a table of classes × measures with BASE, HEAD and Δ: counted passes (bytes moved per KV-cache byte), ATen ops
-  per step, weight passes (bytes that do not grow with context per weight byte) and memory where a run has it
-  (allocated, peak and held passes: bytes per logical KV-cache byte), each marked as the gate judges it;
-- timed figures are judged only from an A/B run (an ``ab`` section: ``kvcache ab``'s paired verdicts,
-  ``ab.<cache>.timed`` and ``ab.<cache>.intercept``). Timed figures of two separate runs are shown in a table of
-  their own, marked informational: base and head measured one after the other drift apart;
-- the ops that grew, the reasons for inconclusive figures, a link to the full report;
-- a hidden marker (:data:`COMMENT_MARKER`) so that a workflow updates one comment instead of adding one per push;
-- at most ``limit`` characters (GitHub's limit, 65536, by default): longer bodies are cut at a line, with a note.
-
-Every string that comes from a run (class and op names, labels, reasons) is escaped for Markdown. No torch here.
-"""
+"""The body of ``kvcache comment BASE.json HEAD.json`` (:mod:`kvcache.commands.comment`): one Markdown body for a pull
+request's comment. HEAD is judged against BASE by ``kvcache compare``'s judge and tabled by the one table renderer;
+this module only frames it: the verdict line, the classes × measures table, timed figures judged only from an A/B
+run, the ops that grew, the reasons, the hidden marker (:data:`COMMENT_MARKER`), at most ``limit`` characters, every
+string from a run escaped (docs/pull-requests.md). No torch here."""
 
 from __future__ import annotations
 

@@ -1,17 +1,7 @@
-"""The comparison behind ``kvcache compare`` (:mod:`kvcache.commands.compare`): runs side by side, the first
-as the baseline, every later run judged against it. No torch here.
-
-Every later run is judged against the first by the session-end gate's own judge (:mod:`kvcache.analysing.gate`), as
-if the first run had been recorded as the baseline (:mod:`kvcache.analysing.baseline`'s rules: a first run whose
-timed fit could not be recorded is no timed baseline): counted passes, counted overhead (ATen ops per step, weight
-passes) and counted memory exactly, timed passes and the timed intercept by their interval, inconclusive on a poor
-fit or drift. Each later run is judged by the rules its own gate judged it with (its ``kv.settings``: every
-tolerance, ``min_r2``, ``max_passes``, ``max_drift``), so that compare and the gate give the same verdicts; a rule
-given to :func:`compare` replaces that rule for every run. ``require_classes``: a class with counted passes in the
-first run and none in a later one (skipped, unsupported, not run) is a regression of that run, named with its skip
-reason. Op counts and memory are compared only between runs on the same torch release (another release is shown,
-not judged). Environment variables recorded in the runs (``kv.environment.variables``) are listed where they differ.
-"""
+"""The comparison behind ``kvcache compare`` (:mod:`kvcache.commands.compare`): runs side by side, every later run
+judged against the first by the session-end gate's own judge, as if the first had been recorded as the baseline,
+by the rules each run's own gate judged it with (a rule given replaces that rule for every run). What is judged
+and how: docs/reports.md ("kvcache compare"). No torch here."""
 
 from __future__ import annotations
 

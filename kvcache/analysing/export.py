@@ -1,26 +1,7 @@
-"""``kvcache export RUN.json --format github-action-benchmark``: a run's figures for the tools teams already use.
-
-``github-action-benchmark`` (its ``customSmallerIsBetter`` tool) reads a JSON array of ``{name, unit, value,
-range?, extra?}``; pytest-benchmark's own JSON would give it only the timings (it ignores ``extra_info``). One
-entry per (class, measure), every figure one where smaller is better:
-
-- ``<class>: counted passes`` (unit ``passes``: bytes one decode step moves / KV-cache bytes, exact);
-- ``<class>: ATen ops per step`` (unit ``ops``) and ``<class>: weight passes`` (unit ``passes``: bytes that do not
-  grow with context / weight bytes), the counted overhead;
-- ``<class>: timed passes`` (unit ``passes``) and ``<class>: intercept`` (unit ``ms``, per step with an empty
-  cache), with ``range``, their bootstrap interval, as text;
-- ``<class>: memory allocated passes``, ``... peak passes``, ``... held passes`` (unit ``passes``: bytes one decode
-  step allocates, peaks at and leaves held / logical KV-cache bytes, exact) where the run records counted memory
-  (``kv.memory.<class>``; the memory verdict's rows of :mod:`kvcache.analysing.measure_table`).
-
-``name`` is stable across runs (the action draws one line per name); ``extra`` names the run's identity (model,
-dtype, device, Transformers and torch releases). A figure the run lacks is left out; one that is there but is not a
-finite number (NaN, infinite, text) is left out and named on stderr. ``--measures`` picks measures (``counted``
-alone charts the exact figures only). Exit 0, or 2 on unreadable input, bad options, an output on an input, or a
-run with no figure for the measures asked (every class skipped, ``--measures timed`` on a counted-only run: the
-message says why).
-No torch here.
-"""
+"""``kvcache export RUN.json --format github-action-benchmark``: a run's figures for the tools teams already use. One
+``{name, unit, value, range?, extra?}`` entry per (class, measure), every figure one where smaller is better
+(``customSmallerIsBetter``); a figure the run lacks is left out, one that is not a finite number left out and named.
+The entries, units and exit status: docs/pull-requests.md ("For github-action-benchmark"). No torch here."""
 
 from __future__ import annotations
 

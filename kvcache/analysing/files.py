@@ -1,18 +1,15 @@
-"""Files a run or a command writes (the ``--benchmark-json`` run, the baseline, every ``kvcache`` command's
-outputs): written atomically through symlinks, probed before anything runs, never two outputs (or an output and a
-file read) on one file; and the signals that arrive once a command is stopping. The one home of these rules for
-the suite and every command (:func:`paths_problem`, :func:`quiet_signals`). Analysing wing: stdlib only.
-
-A symlink is written through to its target: the temp file is made beside the target and replaces it, so the link
-stays a link and a reader sees the old or the new file, never part of one. A signal during the write leaves the
-old file in place (the temp file is removed). A target that is not a regular file (``/dev/stdout``, a named pipe)
-cannot be replaced: it is written in place, as pytest-benchmark would.
+"""Files a run or a command writes: written atomically through symlinks (an output folder through a temp folder
+beside it), probed before anything runs, never two outputs (or an output and a file read) on one file, a failed
+write one line (:class:`OutputError`); and the signals once a command or the suite is stopping. The one home of
+these rules for the suite and every command (docs/running.md, "Checks before a run"). Analysing wing: stdlib only.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
 import signal
 import stat
 import tempfile
@@ -114,10 +111,10 @@ def folder_problem(path: str | Path) -> str | None:
 def quiet_signals(prog: str) -> None:
     """From now until the process exits, SIGINT and SIGTERM only print a line (``PROG: SIGTERM again: already
     stopping``): what a command or the suite installs once its first signal has been taken, so that a second
-    one, whenever it comes (the results being written, pytest's teardown, the interpreter's exit), neither
-    changes the exit status nor prints a traceback. A signal someone else ignores stays ignored; only from the
-    main thread (where handlers can be set). A later session in the same process (``pytest.main`` called again)
-    may replace these handlers with its own (:func:`is_quiet`)."""
+    one, whenever it comes (the results being written, pytest's teardown, the interpreter's exit: there both are
+    ignored, :func:`ignore_signals`), neither changes the exit status nor prints a traceback. A signal someone else
+    ignores stays ignored; only from the main thread (where handlers can be set). A later session in the same
+    process (``pytest.main`` called again) may replace these handlers with its own (:func:`is_quiet`)."""
     if threading.current_thread() is not threading.main_thread():
         return
 
@@ -130,6 +127,23 @@ def quiet_signals(prog: str) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         if signal.getsignal(signum) is not signal.SIG_IGN:
             signal.signal(signum, say)
+    if not _IGNORED_AT_EXIT:
+        _IGNORED_AT_EXIT.append(True)
+        atexit.register(ignore_signals)
+
+
+#: Whether :func:`ignore_signals` is registered to run at exit (once per process).
+_IGNORED_AT_EXIT: list[bool] = []
+
+
+def ignore_signals() -> None:
+    """SIGINT and SIGTERM ignored from now on (``SIG_IGN``): what a stopping process does as it exits (registered
+    with :mod:`atexit` by :func:`quiet_signals`). The interpreter's shutdown puts a Python handler back to the
+    default, which a signal then dies of (130, 143); an ignored signal stays ignored, so the exit status stays the
+    one the command or the suite chose. Only from the main thread."""
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)
 
 
 @contextlib.contextmanager
@@ -230,6 +244,63 @@ def write_text_atomically(path: str | Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+class OutputError(Exception):
+    """An output that could not be written (a full disk, ``/dev/full``): one line naming the option and the file.
+    A command's runner (:func:`kvcache.cli.run`) prints it and exits 2."""
+
+
+def write_output(option: str, path: str | Path, text: str) -> None:
+    """:func:`write_text_atomically`, with a failure turned into :class:`OutputError` (``--json out.json: cannot
+    write (No space left on device)``): the old file, if any, is left as it was."""
+    try:
+        write_text_atomically(path, text)
+    except OSError as exc:
+        raise OutputError(f"{option} {path}: cannot write ({_reason(exc)})") from None
+
+
+@contextlib.contextmanager
+def staged_folder(option: str, folder: str | Path, names: Iterable[str],
+                  keep: tuple[type[BaseException], ...] = ()) -> Iterator[Path]:
+    """An output folder written whole or not at all: the block writes into a temp folder made beside ``folder``'s
+    target (symlinks followed; one filesystem, so a rename never copies); when it ends, each file written is renamed
+    into ``folder`` (created when missing) and every other file of ``names`` (the command's own outputs: an older
+    run's) is removed from it. A write that fails (OSError) leaves ``folder`` as it was and is :class:`OutputError`
+    (``--out report: cannot write report.html (No space left on device)``), as any other error or a signal leaves
+    it, except an exception of ``keep``: the work's own error after whole files (no matplotlib: the tables are
+    written all the same), whose files are moved in before it goes on. Never a 0-byte report.html, a truncated PNG
+    or a folder mixing two runs."""
+    real = target(folder)
+    try:
+        real.parent.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(dir=real.parent, prefix=f".{real.name}.", suffix=".tmp"))
+    except OSError as exc:
+        raise OutputError(f"{option} {folder}: cannot write ({_reason(exc)})") from None
+
+    def move_in() -> None:
+        try:
+            real.mkdir(exist_ok=True)
+            made = sorted(p.name for p in stage.iterdir())
+            for name in made:
+                os.replace(stage / name, real / name)
+            for name in set(names) - set(made):
+                (real / name).unlink(missing_ok=True)
+        except OSError as exc:
+            raise OutputError(f"{option} {folder}: cannot write ({_reason(exc)})") from None
+
+    try:
+        try:
+            yield stage
+        except OSError as exc:
+            name = f" {Path(exc.filename).name}" if isinstance(exc.filename, (str, Path)) else ""
+            raise OutputError(f"{option} {folder}: cannot write{name} ({_reason(exc)})") from None
+        except keep:
+            move_in()
+            raise
+        move_in()
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
 
 
 def _special(real: Path) -> bool:

@@ -1,49 +1,7 @@
-"""The one judge: every rule that turns measured passes and a baseline into verdicts, used by the
-session-end gate and by ``kvcache compare`` alike. Analysing wing: stdlib only.
-
-Verdicts are kept as ``kv.verdict.<cache>.<measure>`` (verdicts: :data:`kvcache.analysing.measure_table.VERDICTS`),
-each ``{status, value, allowed, reason}`` plus ``interval`` (timed, intercept), ``grew`` (counted: the ops whose
-passes rose) and ``parts`` (overhead, memory, the ledger). The build's exit status and its failure lines come from
-walking that tree (:func:`failures`).
-
-- Counted passes (bytes read + written by one decode step's ops per logical KV byte) are exact:
-  *regression* when above the baseline + ``counted_tolerance`` passes (or ``max_passes``).
-- Timed passes (copy bandwidth × latency slope) are judged by their bootstrap interval: *regression*
-  only when all of it is above baseline × (1 + ``tolerance``), *pass* only when all of it is within;
-  a poor fit, drift, a fit that gives no figure or a straddling interval is *inconclusive*, never a
-  pass and never red (unless ``strict``).
-- Counted passes per GPU class (``--kv-gpus``: the step under the SDPA backend torch's own rules select on that
-  class, ``kv.traffic.<cache>.gpus``) are judged like counted passes, each class against its own baseline figure
-  (``gpu_passes``, keyed by GPU class within the counted entry): measure ``gpus``, one part per class.
-- Counted overhead (exact, like counted passes): *regression* when ATen ops per step rise by more than
-  ``ops_tolerance`` per layer, or weight passes (bytes that do not grow with context / weight bytes) by more
-  than ``weight_passes_tolerance``. Its baseline is keyed by the torch release as well.
-- Counted memory (exact: bytes one decode step allocates, peaks at and leaves held, per logical KV byte,
-  ``kv.memory.<cache>``): *regression* when any of allocated, peak or held passes rises by more than
-  ``memory_tolerance`` above the baseline's; keyed by the torch release like the overhead, since allocation
-  behaviour may change with it. A class whose measured peak needs more cache sizes than its declared
-  ``memory_factor`` is named in the reason (it does not fail the build: the factor only decides which points fit).
-- The timed intercept (ms per step with an empty cache) is judged like timed passes, by its interval
-  against baseline × (1 + ``tolerance``), inconclusive on a poor fit or drift.
-- The per-op ledger (timed passes per op, ``kv.ledger``): each op that moves cache bytes (counted passes in
-  the run or the baseline) by its interval against the baseline's figure for that op, allowed
-  max(baseline × (1 + ``tolerance``), baseline + ``ledger_tolerance``); an op absent from the baseline is
-  matched to a vanished baseline op with the same counted passes (renamed between releases: its part's ``was``),
-  else judged against 0 + ``ledger_tolerance`` (its part is ``new``): a new op with clearly positive timed passes
-  is a regression. A known op above its allowed value is inconclusive, not red: a single op's timed passes vary
-  between sessions more than the whole step's (docs/gate.md), and the whole step's timed passes judge it. Drift
-  makes every op compared with a baseline figure inconclusive, but not a new op: a change of the machine's speed
-  scales an op's time, it cannot make an op appear; a new op is then judged against ``ledger_tolerance`` ×
-  (1 + the drift). Ops that move no cache bytes (weights, norms), the unattributed time and the other ops are
-  shown, not judged: their slopes are noise around 0 that one slow moment during the profiled steps can tilt.
-- Drift invalidates, it does not accuse: beyond ``max_drift`` the timed verdicts are inconclusive and
-  the build does not fail on it unless ``strict``. The same holds across sessions: when the run reads its
-  weights more than ``max_drift`` faster or slower than the run its timed baseline came from
-  (:func:`speed_shift`), its timed verdicts against that baseline are inconclusive.
-
-Each measure's judge is in :mod:`kvcache.analysing.judges`; this module applies them to every class of a run
-(:func:`judge_run`) and walks the verdicts (:func:`failures`, :func:`status_of`).
-"""
+"""The one judge: every rule that turns measured figures and a baseline into verdicts, for the session-end gate and
+``kvcache compare`` alike. Each measure's judge is :mod:`kvcache.analysing.judges`'; this module applies them to
+every class of a run (:func:`judge_run`: ``kv.verdict.<cache>.<measure>``) and walks the verdicts
+(:func:`failures`, :func:`status_of`: the exit status and its lines). The rules: docs/gate.md. Stdlib only."""
 
 from __future__ import annotations
 

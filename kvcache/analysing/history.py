@@ -1,27 +1,8 @@
-"""``kvcache history add|plot``: runs across commits or releases, and their trend.
-
-``kvcache history add RUN.json --store history.jsonl [--commit REV | --release VERSION]`` appends one entry, one
-JSON line: the run's figures per class (counted passes and their ops, ATen ops per step, weight passes, timed
-passes and intercept with their intervals), keyed by the commit (``--commit REV`` resolved to its full sha by
-``git rev-parse --verify REV^{commit}``; by default ``git rev-parse HEAD``) or the release
-together with the run's identity (:mod:`kvcache.analysing.identity`). An entry whose key is already in the store
-is refused (exit 2): results already recorded are never replaced. The store is rewritten atomically (a temp file
-replaces it) under a lock, so a reader sees the old or the new file, never part of one.
-
-``kvcache history plot --store history.jsonl --out DIR`` draws one trend PNG per measure (``counted.png``,
-``ops.png``, ``weight_passes.png``, ``timed.png``, ``intercept.png``), each class a line across the entries (commits in
-the order they were added; a store of releases by version, :func:`ordered`), and writes ``steps.json``, the steps
-found (asv's regressions feed, in short), and ``steps.md``, the same as a Markdown table for a job summary. Steps
-are marked with their commit or release (:mod:`kvcache.analysing.steps`):
-
-- counted figures (exact): every change is a step (every change the tables show: 0.001 passes, one op);
-- timed figures: asv's approach (a piecewise-constant fit with a penalty per segment) weighted by each entry's
-  interval, after which a step is kept only where the intervals of the two levels it separates do not overlap: a
-  move within the noise the intervals describe is not a step.
-
-Exit 0, or 2 on bad input (unreadable run or store, duplicate entry, no commit). No torch here (matplotlib, Agg,
-for the PNGs).
-"""
+"""``kvcache history add|plot``: runs across commits or releases, and their trend. ``add`` appends one entry (the
+run's figures per class, keyed by commit or release and identity; never replaced) to a JSON-lines store, rewritten
+atomically under a lock; ``plot`` draws one trend PNG per measure with the steps marked
+(:mod:`kvcache.analysing.steps`) and writes ``steps.json`` and ``steps.md`` (docs/pull-requests.md). No torch
+(matplotlib, Agg, for the PNGs)."""
 
 from __future__ import annotations
 

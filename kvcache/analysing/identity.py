@@ -1,28 +1,6 @@
-"""Run identity: what makes two runs (or a run and a baseline) comparable. Analysing wing: stdlib only.
-
-One definition, used by the baseline keys and by ``kvcache compare``'s mismatch check. Each measure
-keys on the fields that change it:
-
-- counted passes are bytes of tensor operations: they depend on the model, the dtype and the kind of
-  device (``cpu``, ``cuda``: kernels differ in what they are asked to move), not on which CPU or GPU
-  model of that kind ran them, nor on the thread count;
-- timed passes depend on the machine: the device's name (on a CPU it names the processor and the
-  thread count, ``cpu: Intel Xeon (2 threads)``), the model and the dtype;
-- counted overhead (ATen ops per step, weight passes) depends on what counted passes depend on and on the
-  torch release, whose operator decompositions change op counts: a run on another torch release finds no
-  baseline for it rather than a regression;
-- counted memory (bytes a step allocates, peaks at, holds) keys like counted overhead: what an op allocates may
-  change with the torch release.
-
-Fields that later measures add (compile mode, driver, batch, ...) are :data:`EXTRA_FIELDS`, each with
-its default (:class:`Identity`'s): a run at the default keeps its key, so baselines recorded before the field existed
-stay valid.
-
-Environment variables: only those of :data:`VARIABLES`, an explicit allowlist of variables known to change what
-a run computes (not merely where it caches or how many threads it uses), join the identity, as the extra field
-``env`` (``TRANSFORMERS_SDPA_FORCE_GQA=1``). The measuring side records the allowlisted variables that are set in
-``kv.environment.variables``; one at its default value, or unset, leaves the run's identity and keys as they
-were. Cache directories, thread variables (the thread count is already a field) and the like stay out.
+"""Run identity: what makes two runs (or a run and a baseline) comparable, the one definition behind the baseline
+keys and ``kvcache compare``'s mismatch check; each measure keys on the fields that change it (:class:`Identity`,
+:data:`EXTRA_FIELDS`, the allowlisted environment :data:`VARIABLES`). docs/gate.md ("Run identity"). Stdlib only.
 """
 
 from __future__ import annotations

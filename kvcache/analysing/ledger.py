@@ -1,21 +1,8 @@
-"""The per-op timed ledger, analysed: timed passes per op from profiled steps. Analysing wing: no torch.
-
-Input: the profiled steps of a session (``kv.ledger_points``, made by ``kvcache.measuring.ledger``): per (cache,
-context), the seconds of every profiled step and of each op in it. Per class and op, the op's seconds per step are
-fitted against KV bytes like a whole step (:func:`kvcache.analysing.fit.slope_passes`: slope × the session's copy
-bandwidth, a bootstrap interval; the figure may be zero or negative). Rows:
-
-- each op whose timed passes reach :data:`KEEP` in size, or that the counted breakdown names;
-- :data:`OTHER`: the remaining ops, summed per step;
-- :data:`UNATTRIBUTED`: the profiled step's time minus every op's (Python, dispatcher, hooks);
-- :data:`PROFILED_STEP`: the profiled step as a whole (= the sum of the rows above, timed op by op), with
-  ``over_plain``: per context, how much longer it took than the plain steps between the profiled ones;
-- :data:`PLAIN_STEP`: the plain steps taken between the profiled ones (no instrument), when every point has them.
-
-Output, ``kv.ledger.<cache>.<row>``, a :class:`~kvcache.analysing.timed_records.LedgerRow` (``timed``, ``timed_ci``, and
-``ms``: median milliseconds per step at the largest profiled context); the counted passes of the same op are in
-``kv.traffic.<cache>.by_op``.
-"""
+"""The per-op timed ledger, analysed: timed passes per op (``kv.ledger.<cache>.<row>``, a
+:class:`~kvcache.analysing.timed_records.LedgerRow`) from the profiled steps (``kv.ledger_points``), each op's
+seconds per step fitted against KV bytes like a whole step; rows for the named ops, :data:`OTHER`,
+:data:`UNATTRIBUTED`, :data:`PROFILED_STEP` (with ``over_plain``) and :data:`PLAIN_STEP` (docs/gate.md, "Per-op timed
+ledger"). Analysing wing: no torch."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
 """What a measuring process reports, as records (the measuring wing builds them; :mod:`kvcache.analysing.analysis`
-reads them): the process's model and environment (:class:`Context`), each copy-bandwidth measurement
-(:class:`~kvcache.analysing.timed_records.CopyMeasurement`), each timed point
-(:class:`~kvcache.analysing.timed_records.Point`), each class counted (:class:`ClassCount`), each skip
-(:class:`~kvcache.analysing.records.Skip`), each profiled ledger point
-(:class:`~kvcache.analysing.timed_records.LedgerPoint`) and each failed item (:class:`Failed`).
-
-They become JSON once, at the process boundary: :func:`to_wire` writes one as the JSON text of an object named by its
-``type`` (what travels in a pytest report's ``user_properties``, from an xdist worker or a ``kvcache ab`` side) and
-:func:`from_wire` reads it back on the controller. Stdlib only."""
+reads them): :class:`Context`, copy measurements, timed points, :class:`ClassCount`, skips, ledger points,
+:class:`Failed`. They become JSON once, at the process boundary (:func:`to_wire`, :func:`from_wire`: what travels in a
+pytest report from an xdist worker or a ``kvcache ab`` side). Stdlib only."""
 
 from __future__ import annotations
 

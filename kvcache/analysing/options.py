@@ -1,13 +1,7 @@
-"""The ``--kv-*`` options: one table, the one home of every default.
-
-Each :class:`Option` names its flag, its default as typed on the command line, the
-:class:`kvcache.analysing.settings.Settings` field it sets and whether it is a judge's rule. From this table come the
-pytest options (``kvcache.plugin``), the defaults of ``Settings`` and of the judge's
-:class:`kvcache.analysing.rules.Rules`, the tolerance options of ``kvcache compare`` (and of the commands built on it)
-and the options page of the documentation (``python -m kvcache.analysing.options > docs/options.md``).
-``tests/analysing/test_options.py`` keeps them equal.
-Stdlib only.
-"""
+"""The ``--kv-*`` options: one table (:class:`Option`), the one home of every default. From it come the pytest
+options, the defaults of ``Settings`` and of the judge's ``Rules``, the rule options of ``kvcache compare`` and
+docs/options.md (``python -m kvcache.analysing.options > docs/options.md``; ``tests/analysing/test_options.py``
+keeps them equal). Stdlib only."""
 
 from __future__ import annotations
 

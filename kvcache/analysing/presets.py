@@ -1,13 +1,7 @@
 """The ``--kv-model`` and ``--kv-dtype`` names: the presets (their config values), the model-family presets,
-``@layers=N`` and checking a name (a name's key in a run's identity: :func:`kvcache.analysing.identity.model_key`).
-Standard library only: the measuring wing builds the models (:mod:`kvcache.measuring.configs`) and the torch dtype of
-a name (:func:`kvcache.measuring.geometry.torch_dtype`).
-
-The default preset is SmolLM2-135M's geometry as a ``LlamaForCausalLM`` with random weights (seeded, built
-offline): random weights move the same bytes as trained ones. ``tiny`` keeps the head geometry with 2 layers for
-fast CI; ``smollm2-135m-mha`` has as many KV heads as query heads (nothing to expand). A local directory with a
-``config.json`` (weights loaded when present) or a hub id also works (:mod:`kvcache.measuring.configs`).
-"""
+``@layers=N`` and checking a name. The default preset is SmolLM2-135M's geometry with seeded random weights (they
+move the same bytes as trained ones); ``tiny`` keeps its heads with 2 layers (docs/models.md). Standard library
+only: the measuring wing builds the models (:mod:`kvcache.measuring.configs`)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,7 @@
-"""Transformers releases side by side: the one installer behind ``scripts/versions.py`` (``make versions``),
-``kvcache bisect --releases`` and A/B runs of two releases. Standard library only (it runs pip, it imports
-neither torch nor transformers).
-
-A release is installed once into ``<root>/<release>`` with ``pip install --target``, with its own
-huggingface_hub/tokenizers/safetensors (:data:`FAMILY`) and every other package constrained to this
-interpreter's version (numpy included), so that nothing there shadows the environment with something different;
-copies identical to the environment's are then removed, and torch never lands there (:data:`NEVER`). A run then
-puts that directory first on ``PYTHONPATH`` (:func:`release_env`). A finished install is marked by
-``<root>/<release>/.kvcache-installed``; an unfinished one never is (it is built in a temporary folder beside
-it and renamed at the end), so an interrupted install is redone, never used.
-"""
+"""Transformers releases side by side: the one installer behind ``make versions``, ``kvcache bisect --releases`` and
+A/B runs of two releases. Each release goes into ``<root>/<release>`` with its own :data:`FAMILY`, torch never
+(:data:`NEVER`), marked finished only when whole; :func:`release_env` puts it first on ``PYTHONPATH``
+(docs/releases.md). Standard library only: it runs pip, it imports neither torch nor transformers."""
 
 from __future__ import annotations
 

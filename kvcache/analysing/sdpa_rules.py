@@ -1,29 +1,8 @@
 """Which ``scaled_dot_product_attention`` backend torch would select on a CUDA GPU class, and why every backend ahead
-of it was rejected: a Python transcription of torch's own rules, so that a CPU run can say what a GPU runs.
-
-Pure Python (no torch import): a call is described by plain facts (:class:`TensorFacts`, :class:`SdpaCall`: shapes,
-strides, storage offsets, dtypes by name, the mask, ``is_causal``, dropout, ``enable_gqa``), a GPU class by its compute
-capability (:data:`GPUS`), and :func:`select` answers like torch's ``select_sdp_backend`` with the words of torch's
-debug warnings as the reasons.
-
-Source: ``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp`` (priority order, ``can_use_flash_attention``,
-``can_use_mem_efficient_attention``, ``can_use_cudnn_attention`` and their ``check_*`` filters) and
-``aten/src/ATen/native/transformers/sdp_utils_cpp.h`` (the shared filters), pytorch/pytorch, read at commit
-001f694aef6f922b4fdf6d27d59162d27bf3df58 (the project's source index does not hold a release tag's commit). Every
-rule below names its function there.
-
-Several torch releases (:data:`RULES`, ``t4@2.12`` in ``--kv-gpus``): one transcription, and per release the few facts
-that differ, each naming its source and evidence (:class:`ReleaseRules`): whether the memory-efficient backend takes
-grouped-query heads (pytorch PR #191085, in 2.14, not in the installed 2.13.0), when cuDNN goes first, and the release's
-default CUDA wheel (:class:`Wheel`). A GPU class without a release suffix is predicted under the installed torch
-release's rules (:func:`installed_release`). docs/gpu-backends.md has the evidence and the limits.
-
-What a CPU cannot know is assumed from the release's default CUDA wheel (:data:`WHEEL` for 2.13): cuDNN enabled, its
-runtime version, the cuDNN frontend supporting head dim 256, flash and memory-efficient attention compiled in, the
-default backend switches (all enabled, math reductions in float32, FA3 off, deterministic algorithms off,
-``TORCH_CUDNN_SDPA_DEPRIORITIZED`` unset). Pointer alignment: the CUDA caching allocator aligns base pointers to 256
-bytes, so alignment is the storage offset's (as torch's own comment says), which a CPU run knows exactly.
-"""
+of it was rejected: a pure-Python transcription of torch's own rules (``sdp_utils.cpp``; each rule names its
+function there), per torch release (:data:`RULES`, :class:`ReleaseRules`), so that a CPU run can say what a GPU runs.
+:func:`select` answers like torch's ``select_sdp_backend``; the source commit, what a CPU cannot know and is assumed
+(:data:`WHEEL`), the evidence and the limits: docs/gpu-backends.md."""
 
 from __future__ import annotations
 

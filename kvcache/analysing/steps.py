@@ -1,14 +1,7 @@
 """Steps in a series of figures across commits or releases (``kvcache history plot``'s markers and steps.json):
-
-- exact (counted) figures: :func:`counted_steps`, every change by at least the resolution the tables show;
-- timed figures: :func:`timed_steps`, asv's approach (``asv/step_detect.py``: a piecewise-constant fit with a
-  penalty per segment, :func:`segments`) weighted by each figure's interval, after which a step is kept only where
-  the intervals of the two levels it separates do not overlap: a move within the noise the intervals describe is
-  not a step.
-
-Unit-free: a step is ``(index, before, after)`` in the unit of the series; :class:`Step` names it, and
-:func:`steps_markdown` tables steps for a job summary. No torch, no numpy needed here.
-"""
+exact figures change at every step the tables show (:func:`counted_steps`); timed ones by asv's approach weighted by
+each figure's interval, a step kept only where the two levels' intervals do not overlap (:func:`timed_steps`,
+:func:`segments`). Unit-free (:class:`Step`; :func:`steps_markdown` for a job summary). No torch, no numpy."""
 
 from __future__ import annotations
 

@@ -1,15 +1,7 @@
-"""The pure part of ``kvcache bisect``: which figure of a counted run is bisected, when a probe counts as changed,
-and which commit to probe next, from the records of each probe's run (:mod:`kvcache.analysing.records`) and the
-counted judge's tolerances (:mod:`kvcache.analysing.rules`, :mod:`kvcache.analysing.judges`); no torch, and
-nothing here runs anything.
-
-Counted figures are exact, so every probe gives a definite answer. A probe is *bad* when its figure differs from the
-reference (the good end, or the last change found) by more than the counted judge's tolerance for that figure, in the
-direction of the bad end; otherwise *good*. A probe that could not be measured is *skip*: never blamed, like
-``git bisect skip``.
-
-Indices: the commits of the range are ``0 .. n-1`` oldest first, ``n-1`` is the bad end; the good end is ``-1``.
-"""
+"""The pure part of ``kvcache bisect``: which figure of a counted run is bisected, when a probe counts as changed
+(*bad*: beyond the counted judge's tolerance towards the bad end; *good*; *skip*: never blamed), and which commit to
+probe next. Indices: the range's commits ``0 .. n-1`` oldest first, the bad end ``n-1``, the good end ``-1``. No
+torch, and nothing here runs anything (docs/bisect.md)."""
 
 from __future__ import annotations
 

@@ -1,18 +1,7 @@
 """A fork server for the probes of ``kvcache bisect`` (POSIX): ``python -m kvcache.bisect.server MODULES-JSON``, and
-its client, :class:`ForkServer`.
-
-Importing torch, pytest and their dependencies is the same for every commit (docs/bisect.md says what it costs).
-This process imports them once (the modules named in its argument, never transformers, which is what differs) and
-says whether it is safe to fork: its first answer is ``{"ready": true,
-"threads": N, "cuda": B, "transformers": B}``, and the client uses it only when one thread is alive (a fork copies
-other threads' locks half-held) and CUDA is not initialised (a forked child cannot use it); otherwise every probe is
-a new interpreter. For each request on stdin (one JSON line: ``args``, ``cwd``, ``env``, ``path``, ``log``,
-``timeout`` in seconds) it forks a child, in a process group of its own, that puts ``path`` first on ``sys.path``,
-takes ``env`` as its whole environment, sends its output to ``log`` and runs ``pytest.main(args)``: what ``python -m
-pytest ARGS`` with that environment would do, minus the imports. It answers ``{"pid": N}`` when the child starts and
-``{"rc": R, "timed_out": B}`` when it ends (R negative: killed by signal -R). The server itself kills the child's
-group: when ``timeout`` passes, on a ``{"kill": true}`` line, when its stdin ends, and when its parent is gone
-(``getppid()`` changed); then it exits in the last two cases. Standard library only.
+its client, :class:`ForkServer`. It imports torch, pytest and their dependencies once (never transformers) and forks
+a child per probe, in a process group of its own, that runs ``pytest.main``; used only when forking is safe (one
+thread, no CUDA). The protocol and when it kills a child: docs/bisect.md ("How it probes"). Standard library only.
 """
 
 from __future__ import annotations

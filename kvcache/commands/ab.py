@@ -1,70 +1,23 @@
-"""``kvcache ab``: two environments measured side by side in one session, B judged against A from paired points.
-
-    kvcache ab [--a-env NAME=VALUE ...] [--b-env NAME=VALUE ...] [--a-args "..."] [--b-args "..."]
-               [--a-release X] [--b-release Y] [--versions-dir .versions] [--out-dir DIR] [--json OUT]
-               [--tolerance 0.10] [--more-rounds-within MINUTES] [-- COMMON PYTEST OPTIONS]
-
-Each side is one worker process, ``python -m pytest --pyargs kvcache.benchmarks -p kvcache.ab.worker COMMON
-SIDE-ARGS`` with the side's environment (this one's, plus its ``--x-env``; ``--x-release`` puts that Transformers
-release, installed side by side into ``--versions-dir`` by :mod:`kvcache.analysing.releases`, first on ``PYTHONPATH``).
-It is the suite as that side's own ``pytest`` runs it (its ``-p`` plugins, conftest files and Transformers), up for the
-whole session: one model build per side (:mod:`kvcache.ab.sides`). This command steps the two through the suite's
-items in the suite's own order (:mod:`kvcache.ab.schedule`): counted items on both sides at once (exact figures: time
-does not matter), and every other item (each round's copy bandwidth, each timed point, each profiled ledger point,
-the drift re-measurement) in stages: each side alone from its start to the end of its timed part (fill, warm-up,
-timed steps), one side and then the other, back to back, in ABBA order (which side goes first alternates from one
-item to the next), then both finish at once (counting a step, reading a profile). Classes are paired by name (a side
-that patches one registers it under the same name, ``replace=True``). Budget: the items, rounds and steps of one
-sweep (the common options), shared by both sides: each side's fills and timed parts take their time in one run, the
-counted items and what is left after the timed parts are run on both sides at once (docs/ab.md).
-
-Each side's records come back item by item and are analysed here (no torch) into that side's ``kv`` section;
-:mod:`kvcache.analysing.ab` judges B against A (:mod:`kvcache.ab.results`). Each worker's output goes to
-``--out-dir/a.log`` and ``b.log``.
-
-With ``--more-rounds-within MINUTES``, a paired timed verdict left inconclusive for a reason more rounds can help
-(the interval straddles the bound, paired drift, too few paired contexts) makes it run further rounds of the timed
-items on a new pair of workers, pool them with the first session's and judge again, within that budget; it says so
-before each extension, and says when it gives up (:mod:`kvcache.ab.extend`, ``ab_run.more_rounds``).
-
-Output: a summary like ``kvcache compare``'s, and with ``--json OUT`` one file that ``kvcache compare``, ``kvcache
-report`` and ``kvcache comment --ab`` read: pytest-benchmark-shaped with side B's ``kv`` section, side A's whole
-run under ``side_a``, the paired verdicts under ``ab`` (``ab.<cache>.timed``, ``.intercept``, ``.ledger.<op>``,
-``.counted``, ``.overhead``) and the session under ``ab_run`` (sides, pairs in order with each side's seconds alone,
-drift and copy bandwidth per side, which side failed, the seconds of each phase).
-
-Bad input (one line, exit 2, before anything is measured): a malformed option, a release that cannot be
-installed, a side whose environment cannot run the suite (its log's last line is quoted), sides that differ in
-model, dtype, device, threads, driver, batch, ragged or compile, or collected different items. Releases, torch,
-patches, plug-ins and environment variables may differ: that is what the sides are for.
-
-If a worker dies, or on Ctrl-C or SIGTERM, both workers are ended at once (an item in flight makes no pair), every
-item both sides finished is kept and judged, and the output says which side failed. Exit status: 0 no regression,
-1 a regression (paired timed, or counted/overhead), 2 bad input, 3 a side failed part-way (what both finished is
-judged; a regression there is still 1), 130 interrupted.
-"""
+"""``kvcache ab``: two environments measured side by side in one session, B judged against A from paired points. This
+module is the command's parser and its checks before anything runs; the session is :mod:`kvcache.ab.session`'s,
+the sides, the ABBA schedule, the results and the extensions :mod:`kvcache.ab`'s (docs/ab.md)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
 
-from kvcache.ab import clock, extend
-from kvcache.ab.results import ABResult, ab_summary, results, results_before_start
-from kvcache.ab.schedule import ABSession, drive, start
-from kvcache.ab.sides import ABError, build_sides, refused
-from kvcache.analysing import arguments, files
+from kvcache import cli
+from kvcache.ab import extend, session
+from kvcache.ab.session import EXIT_USAGE, Interrupted
+from kvcache.ab.sides import ABError, refused
+from kvcache.analysing import arguments
 from kvcache.analysing.options import option
 
-EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, EXIT_SIDE_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 #: The judge's relative tolerance (``--kv-tolerance``), whose default and accepted values ``--tolerance`` takes.
 TOLERANCE = option("--kv-tolerance")
-
-
-class Interrupted(Exception):
-    """SIGINT or SIGTERM reached this process."""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -115,112 +68,33 @@ def parse_tolerance(text: str) -> float:
     return tolerance
 
 
-#: The files ``kvcache ab`` writes into ``--out-dir``: each side's log and its release's install log.
+#: The files ``kvcache ab`` writes into ``--out-dir``: each side's log and its release's install log; with
+#: ``--more-rounds-within``, each extension's logs too (:data:`kvcache.ab.extend.MORE_LOGS`).
 OUT_DIR_FILES = ("a.log", "b.log", "a-install.log", "b-install.log")
 
 
-def main(argv: list[str] | None = None) -> int:
-    own, common = arguments.split_extra(argv)
-    args = arguments.parse(parser(), own)
-    if isinstance(args, int):  # --help (0) or a usage error (2)
-        return args
+def main(argv: Sequence[str] | None = None) -> int:
+    return cli.run(parser, work, argv, extra=True, errors=(ABError,), stop=Interrupted)
+
+
+def work(args: argparse.Namespace, common: list[str]) -> int:
+    """The options checked (one line, exit 2, before anything runs), then the session
+    (:func:`kvcache.ab.session.run_session`)."""
 
     def say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
-    try:
-        tolerance = parse_tolerance(args.tolerance)
-        args.more_rounds_within = parse_minutes(args.more_rounds_within)
-        refused(common, "the common options (after --)")
-    except ABError as exc:
-        print(f"kvcache ab: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    tolerance = parse_tolerance(args.tolerance)
+    args.more_rounds_within = parse_minutes(args.more_rounds_within)
+    refused(common, "the common options (after --)")
     out_dir = Path(args.out_dir)
-    folders = [("--out-dir", out_dir, OUT_DIR_FILES)]
+    logs = OUT_DIR_FILES + (extend.MORE_LOGS if args.more_rounds_within else ())
+    folders = [("--out-dir", out_dir, logs)]
     if args.a_release or args.b_release:
         folders.append(("--versions-dir", args.versions_dir, ()))
     if arguments.paths_refused("kvcache ab", writes=[("--json", args.json)], folders=folders):
         return EXIT_USAGE
-    with files.signals_stop("kvcache ab", Interrupted):
-        return _ab_session(args, common, tolerance, out_dir, say)
-
-
-def _ab_session(args: argparse.Namespace, common: list[str], tolerance: float, out_dir: Path,
-         say: Callable[[str], None]) -> int:
-    """The session, once the arguments are checked; a first SIGINT or SIGTERM raises :class:`Interrupted`, later
-    ones only print (:func:`kvcache.analysing.files.signals_stop`)."""
-    session: ABSession | None = None
-    sides = []
-    phases: dict[str, float] = {}  # wall seconds: start (both workers up), drive, finish (both exited), judge
-    started = clock.now()
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        sides = build_sides(args, out_dir, say)
-        session = ABSession(sides)
-        started = clock.now()  # releases installed: the session proper
-        start(session, common, Path.cwd())
-        phases["start"] = clock.now() - started
-        say(f"kvcache ab: {len(session.items)} items, each side's log in {out_dir}/")
-        drive(session, say)
-    except ABError as exc:
-        for side in sides:
-            side.kill()
-        print(f"kvcache ab: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except Interrupted as exc:
-        if session is not None:
-            session.interrupted = str(exc)
-        say(f"kvcache ab: {exc}: stopping both sides, keeping the finished pairs")
-    mark = clock.now()
-    phases["drive"] = mark - started - phases.get("start", 0.0)
-    stopped = session is None or session.interrupted or any(x.failure for x in session.sides)
-    extending = bool(args.more_rounds_within) and not stopped
-    # the results are written whatever arrives now; with more rounds to come, a signal means none
-    held: list[str] = []
-    if extending:
-        held = extend.hold_signals("kvcache ab")
-    else:
-        files.quiet_signals("kvcache ab")
-    for side in sides:
-        side.kill() if stopped else side.finish()
-    if session is None or not session.items:  # interrupted before the workers said hello: nothing was measured
-        interrupted = session.interrupted if session is not None else "a signal"
-        say(f"kvcache ab: interrupted by {interrupted} during start-up: nothing was measured")
-        if args.json:
-            write_ab_json(args.json, results_before_start(sides, str(interrupted), tolerance))
-            say(f"kvcache ab: {args.json} written (interrupted, no pairs)")
-        return EXIT_INTERRUPTED
-    phases["finish"], mark = clock.now() - mark, clock.now()
-    doc = results(session, tolerance)
-    phases["judge"] = clock.now() - mark
-    if extending:
-        assert session is not None
-        mark = clock.now()
-        doc = extend.more_rounds(session, doc, extend.Extender(
-            args.more_rounds_within * 60, common, Path.cwd(), out_dir, dict(phases), say, Interrupted, held,
-            lambda pooled: results(pooled, tolerance)))
-        phases["more_rounds"] = clock.now() - mark
-    doc.run.update(seconds=round(clock.now() - started, 1),
-                   phase_seconds={name: round(value, 1) for name, value in phases.items()})
-    if args.json:
-        write_ab_json(args.json, doc)
-    for line in ab_summary(doc):
-        print(line, flush=True)
-    from kvcache.analysing import ab as judge
-
-    if judge.regressions(doc.verdicts):
-        return EXIT_REGRESSION
-    if session.interrupted:
-        return EXIT_INTERRUPTED
-    if any(side.failure for side in session.sides):
-        return EXIT_SIDE_FAILED
-    return EXIT_OK
-
-
-def write_ab_json(path: str, result: ABResult) -> None:
-    from kvcache.analysing import jsonfile
-
-    jsonfile.write_json(path, result.to_json(), newline=False, error=None)
+    return session.run_session(args, common, tolerance, out_dir, say)
 
 
 if __name__ == "__main__":

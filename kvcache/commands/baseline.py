@@ -9,6 +9,7 @@ import datetime
 import sys
 from collections.abc import Sequence
 
+from kvcache import cli
 from kvcache.analysing import arguments
 from kvcache.analysing import baseline as baselines
 from kvcache.analysing.records import RecordError, load_run
@@ -28,9 +29,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = arguments.parse(parser(), argv)
-    if isinstance(args, int):  # --help (0) or a usage error (2)
-        return args
+    return cli.run(parser, work, argv)
+
+
+def work(args: argparse.Namespace) -> int:
+    """The run's figures recorded in the baseline file, each printed."""
     if arguments.paths_refused("kvcache baseline", reads=[("RUN.json", args.run)],
                                writes=[("--baseline", args.baseline)]):
         return 2

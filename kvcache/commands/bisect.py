@@ -1,50 +1,6 @@
-"""``kvcache bisect``: which commit of Transformers (or which release) changed a counted figure.
-
-    kvcache bisect --repo PATH --good REV --bad REV [--measure passes] [--class NAME] [--model tiny]
-                   [--caches dynamic,static] [--attention NAME] [--driver loop] [--batch 1] [--json OUT]
-                   [--cache-dir DIR] [-- PYTEST ARGS]
-    kvcache bisect --releases 5.22.2..5.24.0 [--versions-dir .versions] [...the same options]
-
-Each probe runs the counted suite (``pytest --pyargs kvcache.benchmarks -m counted``, ``--kv-device cpu`` unless
-a device is given after ``--``) in a process of its own against one commit's source: a git worktree of the
-repository (a temporary folder, detached, removed at the end) whose ``src/`` goes first on ``PYTHONPATH``: no
-install, no network. A commit git cannot check out is skipped with its reason. The probes are forked from one
-server process that imported torch and pytest once (:mod:`kvcache.bisect.server`; not used when a thread besides
-the main one is alive after its imports or CUDA is initialised there, nor with ``--no-fork-server``: then a new
-interpreter each).
-With ``--releases`` a probe is a published release instead, installed side by side into
-``--versions-dir/<release>`` by the one installer (:mod:`kvcache.analysing.releases`; this environment's own release is
-used as it is). This command never imports torch: it reads each probe's run JSON (``kv.traffic``, ``kv.memory``).
-
-Counted figures are exact: a probe is *bad* when its figure differs from the good end's by more than the counted
-judge's tolerance (:func:`kvcache.bisect.search.tolerance`) in the direction of the bad end, *good* otherwise, and a
-commit that cannot be imported or run is *skipped* with its reason, never blamed. The figure (``--measure``):
-counted passes (default), ATen ops per step, weight passes, or memory held/peak/allocated per step where the run
-has it; of ``--class``, or by default of the first class whose figure differs between the ends (the others are
-listed with their own ends). When the first bad commit does not account for the whole difference, the bisect goes
-on from it in the rest of the range. Commits are those of ``git rev-list --first-parent good..bad``; where ``good``
-is not an ancestor of ``bad`` (patch tags on release branches) their merge base is the good end, and that is said.
-
-A commit between two releases reports the next release's number (``5.24.0.dev0``). Where the compat layer can only
-gate on that number (:class:`kvcache.measuring.compat.InstalledVersion`), the probe is listed as not to be trusted,
-with the gates it took.
-
-ProbeResult results (figures and skips, not timeouts) are cached by (commit or release, identity: the suite options with
-the device, the pytest arguments after ``--`` with the content of a plugin module or file they name, torch, Python,
-the packages a probe imports besides Transformers and the source of the whole kvcache package) in
-``$XDG_CACHE_HOME/kvcache-passes/bisect`` (``~/.cache/...``) or ``--cache-dir``, so a second bisect over the same
-range costs nothing. ``--json OUT`` writes everything: ``first_bad`` (the full sha, or the release), ``before``,
-``after``, ``measure``, ``probes``, ``changes``, ``others``.
-
-Exit status: 0 the first bad commit was found, 1 the two ends show no change (said after probing them), 2 bad input
-(one line, before anything runs) or an end that cannot be measured, 3 only skipped commits are left where the
-change is (they are listed), 130 interrupted (finished probes stay cached).
-
-The parts: :mod:`kvcache.bisect.probing` (a probe, the suite it runs, the cache), :mod:`kvcache.bisect.runners` (git,
-releases), :mod:`kvcache.bisect.server` (the fork server), :mod:`kvcache.bisect.report` (the output),
-:mod:`kvcache.bisect.search` (the judging and the search) and :mod:`kvcache.bisect.walk` (the walk over the range);
-this module parses the arguments, prints the result and returns the exit status.
-"""
+"""``kvcache bisect``: which commit of Transformers (or which release) changed a counted figure. This module is the
+command's parser and its work: the arguments, the output and the exit status (docs/bisect.md); a probe, its cache,
+the search and the walk over the range are :mod:`kvcache.bisect`'s. Never imports torch."""
 
 from __future__ import annotations
 
@@ -53,13 +9,14 @@ import json
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-from kvcache.analysing import arguments, files
+from kvcache import cli
+from kvcache.analysing import files
 from kvcache.bisect import search
 from kvcache.bisect.plan import add_probe_options, make_plan
-from kvcache.bisect.probing import EXIT_INTERRUPTED, EXIT_USAGE, BisectError
+from kvcache.bisect.probing import EXIT_INTERRUPTED, BisectError
 from kvcache.bisect.report import report
 from kvcache.bisect.walk import Bisect
 
@@ -91,44 +48,31 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    own, extra = arguments.split_extra(argv)
-    args = arguments.parse(parser(), own)
-    if isinstance(args, int):  # --help (0) or a usage error (2)
-        return args
+    # SIGTERM cleans up (the worktree) as Ctrl-C does
+    return cli.run(parser, work, argv, extra=True, errors=(BisectError,), stop=KeyboardInterrupt)
+
+
+def work(args: argparse.Namespace, extra: list[str]) -> int:
+    """The bisect, once the arguments are parsed; a first SIGINT or SIGTERM raises KeyboardInterrupt."""
 
     def say(line: str) -> None:
         print(line, flush=True)
 
-    with files.signals_stop("kvcache bisect", KeyboardInterrupt):  # SIGTERM cleans up (the worktree) as Ctrl-C
-        return _run(args, extra, say)
-
-
-def _run(args: argparse.Namespace, extra: list[str], say: Callable[[str], None]) -> int:
-    """The bisect, once the arguments are parsed; a first SIGINT or SIGTERM raises KeyboardInterrupt, later ones
-    only print (:func:`kvcache.analysing.files.signals_stop`)."""
     workdir = Path(tempfile.mkdtemp(prefix="kvcache-bisect-"))
     plan = None
     try:
-        try:
-            plan = make_plan(args, extra, workdir, say)
-        except BisectError as exc:
-            print(f"kvcache bisect: {exc}", file=sys.stderr)
-            return EXIT_USAGE
+        plan = make_plan(args, extra, workdir, say)
         n = len(plan.items)
         say(f"kvcache bisect: {plan.where}: {n} {'releases' if plan.mode == 'releases' else 'commits'} after "
             f"{plan.ends[0].short} (good) up to {plan.ends[1].short} (bad); "
             f"{' '.join(plan.cache.identity['options'])}")
         bisect = Bisect(plan, say)
-        try:
-            result = bisect.run()
-        except BisectError as exc:
-            print(f"kvcache bisect: {exc}", file=sys.stderr)
-            return EXIT_USAGE
+        result = bisect.run()
         lines, doc = report(bisect, result)
         for line in lines:
             say(line)
         if args.json:
-            files.write_text_atomically(args.json, json.dumps(doc, indent=1) + "\n")
+            files.write_output("--json", args.json, json.dumps(doc, indent=1) + "\n")
             say(f"written: {args.json}")
         return result.exit
     except KeyboardInterrupt:

@@ -17,11 +17,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kvcache import cli
 from kvcache.analysing import arguments
 from kvcache.analysing.ab_records import ABDocument
 from kvcache.analysing.comment import GITHUB_LIMIT, build
 from kvcache.analysing.compare import mismatch
-from kvcache.analysing.files import write_text_atomically
+from kvcache.analysing.files import write_output
 from kvcache.analysing.records import RecordError, load_run, load_runs
 
 
@@ -73,48 +74,35 @@ def read_ab(path: str) -> dict[str, Any] | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = arguments.parse(parser(), argv)
-    if isinstance(args, int):  # --help (0) or a usage error (2)
-        return args
+    return cli.run(parser, work, argv, errors=(CommentError, RecordError))
+
+
+def work(args: argparse.Namespace) -> int:
+    """The body, to ``--out`` or stdout."""
     if arguments.paths_refused("kvcache comment", reads=[("BASE.json", args.base), ("HEAD.json", args.head),
                                                          ("--ab", args.ab)], writes=[("--out", args.out)]):
         return 2
-    try:
-        if args.max_chars < 1000:
-            raise CommentError(f"--max-chars {args.max_chars} is too small; give at least 1000 (GitHub allows "
-                               f"{GITHUB_LIMIT})")
-        if args.report_url is not None:
-            try:
-                arguments.http_url("--report-url", args.report_url)
-            except ValueError as exc:
-                raise CommentError(str(exc)) from None
+    if args.max_chars < 1000:
+        raise CommentError(f"--max-chars {args.max_chars} is too small; give at least 1000 (GitHub allows "
+                           f"{GITHUB_LIMIT})")
+    if args.report_url is not None:
         try:
-            base, head = load_run(args.base), load_run(args.head)
-            sides = load_runs(args.ab) if args.ab else []  # an A/B run's two sides: the same identity as BASE's
-        except RecordError as exc:
+            arguments.http_url("--report-url", args.report_url)
+        except ValueError as exc:
             raise CommentError(str(exc)) from None
-        problem = mismatch([base, head, *sides])
-        if problem and not args.allow_mismatch:
-            raise CommentError(f"refusing to compare runs that differ in {problem}; pass --allow-mismatch to "
-                               "compare anyway")
-        ab = read_ab(args.ab) if args.ab else read_ab(args.head)
-        if args.ab and ab is None:
-            raise CommentError(f"{args.ab}: no 'ab' section; is it kvcache ab's --json output?")
-    except CommentError as exc:
-        print(f"kvcache comment: {exc}", file=sys.stderr)
-        return 2
-    try:
-        verdict, body = build(base, head, ab=ab, report_url=args.report_url, limit=args.max_chars,
-                              labels=(args.base_label, args.head_label))
-    except RecordError as exc:  # a run whose settings cannot judge
-        print(f"kvcache comment: {exc}", file=sys.stderr)
-        return 2
+    base, head = load_run(args.base), load_run(args.head)
+    sides = load_runs(args.ab) if args.ab else []  # an A/B run's two sides: the same identity as BASE's
+    problem = mismatch([base, head, *sides])
+    if problem and not args.allow_mismatch:
+        raise CommentError(f"refusing to compare runs that differ in {problem}; pass --allow-mismatch to "
+                           "compare anyway")
+    ab = read_ab(args.ab) if args.ab else read_ab(args.head)
+    if args.ab and ab is None:
+        raise CommentError(f"{args.ab}: no 'ab' section; is it kvcache ab's --json output?")
+    verdict, body = build(base, head, ab=ab, report_url=args.report_url, limit=args.max_chars,
+                          labels=(args.base_label, args.head_label))  # RecordError: settings that cannot judge
     if args.out:
-        try:
-            write_text_atomically(args.out, body)
-        except OSError as exc:
-            print(f"kvcache comment: --out {args.out}: cannot write ({exc.strerror or exc})", file=sys.stderr)
-            return 2
+        write_output("--out", args.out, body)
         print(f"kvcache comment: {verdict}; body written to {args.out} ({len(body)} characters)", file=sys.stderr)
     else:
         sys.stdout.write(body)

@@ -1,12 +1,6 @@
-"""``kvcache compare RUN.json RUN.json ...``: runs side by side, the first as baseline; exit 1 on a regression.
-
-One row per cache class, one column group per run (:mod:`kvcache.analysing.compare_render`); every later run judged
-against the first by the gate's judge, by the rules it was judged with (:mod:`kvcache.analysing.compare`). The
-judge's rule options (``--tolerance``, ``--counted-tolerance``, ..., ``--min-r2``, ``--max-drift``) come from the
-options table (:func:`kvcache.analysing.arguments.add_rule_options`) and replace that rule for every run.
-``--require-classes``: a class with counted passes in the first run and none in a later one is a regression.
-Runs must have the same identity (:mod:`kvcache.analysing.identity`) unless ``--allow-mismatch``. Exit 0, 1 on a
-regression, 2 on unreadable input, bad options or runs that are not comparable. No torch here.
+"""``kvcache compare RUN.json RUN.json ...``: runs side by side, the first as baseline; exit 1 on a regression. This
+module is the command's parser (the judge's rule options from the options table) and its work; the comparison is
+:mod:`kvcache.analysing.compare`'s, its text :mod:`kvcache.analysing.compare_render`'s (docs/reports.md). No torch.
 """
 
 from __future__ import annotations
@@ -15,6 +9,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from kvcache import cli
 from kvcache.analysing import arguments
 from kvcache.analysing.compare import RULES_FROM, compare, mismatch
 from kvcache.analysing.compare_render import render_markdown, render_text
@@ -46,31 +41,21 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = arguments.parse(parser(), argv)
-    if isinstance(args, int):  # --help (0) or a usage error (2)
-        return args
+    return cli.run(parser, work, argv, errors=(RecordError,))
+
+
+def work(args: argparse.Namespace) -> int:
+    """The comparison printed; 1 on a regression."""
     try:
         rules = arguments.rules_given(args)
     except ValueError as exc:
-        print(f"kvcache compare: {exc}", file=sys.stderr)
-        return 2
-    runs = []
-    for path in args.runs:
-        try:
-            runs.extend(load_runs(path))  # an A/B run (kvcache ab --json) is its two sides
-        except RecordError as exc:
-            print(f"kvcache compare: {exc}", file=sys.stderr)
-            return 2
+        raise cli.UsageError(str(exc)) from None
+    runs = [run for path in args.runs for run in load_runs(path)]  # an A/B run (kvcache ab --json): its two sides
     problem = mismatch(runs)
     if problem and not args.allow_mismatch:
-        print(f"kvcache compare: refusing to compare runs that differ in {problem}; pass --allow-mismatch to "
-              "compare anyway", file=sys.stderr)
-        return 2
-    try:
-        comparison = compare(runs, **rules, rules_from=args.rules, require_classes=args.require_classes)
-    except RecordError as exc:  # a run's own settings cannot judge
-        print(f"kvcache compare: {exc}", file=sys.stderr)
-        return 2
+        raise cli.UsageError(f"refusing to compare runs that differ in {problem}; pass --allow-mismatch to compare "
+                             "anyway")
+    comparison = compare(runs, **rules, rules_from=args.rules, require_classes=args.require_classes)
     print(render_markdown(comparison) if args.markdown else render_text(comparison), flush=True)
     if args.markdown:  # stdout goes to the step summary; say it in the log too
         for regression in comparison.regressions:

@@ -8,9 +8,10 @@ import json
 import sys
 from collections.abc import Sequence
 
+from kvcache import cli
 from kvcache.analysing import arguments
 from kvcache.analysing.export import FORMATS, export_names, github_action_benchmark, why_no_figure
-from kvcache.analysing.files import write_text_atomically
+from kvcache.analysing.files import write_output
 from kvcache.analysing.records import RecordError, load_run
 
 
@@ -34,9 +35,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = arguments.parse(parser(), argv)
-    if isinstance(args, int):  # --help (0) or a usage error (2)
-        return args
+    return cli.run(parser, work, argv, errors=(RecordError,))
+
+
+def work(args: argparse.Namespace) -> int:
+    """The run's figures in ``--format``, to ``--out`` or stdout."""
     if args.format not in FORMATS:
         print(f"kvcache export: --format {args.format!r} is not known; choose from {', '.join(FORMATS)}",
               file=sys.stderr)
@@ -49,11 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if arguments.paths_refused("kvcache export", reads=[("RUN.json", args.run)], writes=[("--out", args.out)]):
         return 2
-    try:
-        run = load_run(args.run)
-    except RecordError as exc:
-        print(f"kvcache export: {exc}", file=sys.stderr)
-        return 2
+    run = load_run(args.run)
     notes: list[str] = []
     entries = github_action_benchmark(run, measures, notes)
     if not entries:  # one line saying why
@@ -64,11 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kvcache export: {note}", file=sys.stderr)
     text = json.dumps(entries, indent=2) + "\n"
     if args.out:
-        try:
-            write_text_atomically(args.out, text)
-        except OSError as exc:
-            print(f"kvcache export: --out {args.out}: cannot write ({exc.strerror or exc})", file=sys.stderr)
-            return 2
+        write_output("--out", args.out, text)
     else:
         sys.stdout.write(text)
     return 0

@@ -7,7 +7,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from kvcache.analysing import arguments, history
+from kvcache import cli
+from kvcache.analysing import arguments, files, history
 from kvcache.analysing.history import HistoryError, plot_files
 from kvcache.analysing.records import RecordError, load_run
 
@@ -38,49 +39,46 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = arguments.parse(parser(), argv)
-    if isinstance(args, int):  # --help (0) or a usage error (2)
-        return args
-    try:
-        if args.action == "add":
-            if args.commit is not None and (not args.commit.strip() or any(c.isspace() for c in args.commit)):
-                raise HistoryError(f"--commit {args.commit!r} must be one word, not empty")
-            try:
-                release = None if args.release is None else arguments.release("--release", args.release)
-            except ValueError as exc:
-                raise HistoryError(str(exc)) from None
-            if arguments.paths_refused("kvcache history", reads=[("RUN.json", args.run)],
-                                       writes=[("--store", args.store)]):
-                return 2
-            try:
-                run = load_run(args.run)
-            except RecordError as exc:
-                raise HistoryError(str(exc)) from None
-            commit = history.resolve_commit(args.commit) if args.commit else None if release else history.git_head()
-            notes: list[str] = []
-            entry = history.entry_of(run, commit=commit, release=release, notes=notes)
-            for note in notes:
-                print(f"kvcache history: {note}", file=sys.stderr)
-            history.add(args.store, entry)
-            print(f"kvcache history: added {history.entry_key(entry)[0]} ({entry.setup}, "
-                  f"{len(entry.caches)} classes) to {args.store}")
-        else:
-            if arguments.paths_refused("kvcache history", reads=[("--store", args.store)],
-                                       folders=[("--out", args.out, plot_files())]):
-                return 2
-            entries = history.ordered(history.read_store(args.store))
-            if not entries:
-                raise HistoryError(f"--store {args.store}: no entries (add some with kvcache history add)")
-            try:
-                written, steps = history.plot(entries, args.out)
-            except OSError as exc:
-                raise HistoryError(f"--out {args.out}: cannot write ({exc.strerror or exc})") from None
-            for step in steps:
-                print(f"step: {step.cache} {step.measure} at {step.label}: {step.before:.4g} -> {step.after:.4g} "
-                      f"({step.delta:+.4g})")
-            print(f"kvcache history: {len(entries)} entries, {len(steps)} steps; wrote "
-                  f"{', '.join(p.name for p in written)}, steps.json and steps.md to {args.out}")
-    except HistoryError as exc:
-        print(f"kvcache history: {exc}", file=sys.stderr)
+    return cli.run(parser, work, argv, errors=(HistoryError, RecordError))
+
+
+def work(args: argparse.Namespace) -> int:
+    """``add``: one entry appended to the store; ``plot``: the trend PNGs and the steps, written into a temp folder
+    beside ``--out`` and moved into it whole (:func:`kvcache.analysing.files.staged_folder`)."""
+    if args.action == "add":
+        if args.commit is not None and (not args.commit.strip() or any(c.isspace() for c in args.commit)):
+            raise HistoryError(f"--commit {args.commit!r} must be one word, not empty")
+        try:
+            release = None if args.release is None else arguments.release("--release", args.release)
+        except ValueError as exc:
+            raise HistoryError(str(exc)) from None
+        if arguments.paths_refused("kvcache history", reads=[("RUN.json", args.run)],
+                                   writes=[("--store", args.store)]):
+            return 2
+        run = load_run(args.run)
+        commit = history.resolve_commit(args.commit) if args.commit else None if release else history.git_head()
+        notes: list[str] = []
+        entry = history.entry_of(run, commit=commit, release=release, notes=notes)
+        for note in notes:
+            print(f"kvcache history: {note}", file=sys.stderr)
+        history.add(args.store, entry)
+        print(f"kvcache history: added {history.entry_key(entry)[0]} ({entry.setup}, "
+              f"{len(entry.caches)} classes) to {args.store}")
+        return 0
+    if arguments.paths_refused("kvcache history", reads=[("--store", args.store)],
+                               folders=[("--out", args.out, plot_files())]):
         return 2
+    entries = history.ordered(history.read_store(args.store))
+    if not entries:
+        raise HistoryError(f"--store {args.store}: no entries (add some with kvcache history add)")
+    try:
+        with files.staged_folder("--out", args.out, plot_files(), keep=(HistoryError,)) as stage:
+            written, steps = history.plot(entries, stage)
+    except HistoryError as exc:  # no matplotlib: named by --out, not the temp folder
+        raise HistoryError(str(exc).replace(str(stage), str(args.out))) from None
+    for step in steps:
+        print(f"step: {step.cache} {step.measure} at {step.label}: {step.before:.4g} -> {step.after:.4g} "
+              f"({step.delta:+.4g})")
+    print(f"kvcache history: {len(entries)} entries, {len(steps)} steps; wrote "
+          f"{', '.join(p.name for p in written)}, steps.json and steps.md to {args.out}")
     return 0

@@ -4,11 +4,11 @@ and how it is drawn are :mod:`kvcache.analysing.report`'s."""
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from kvcache.analysing import arguments, report
+from kvcache import cli
+from kvcache.analysing import arguments, files, report
 from kvcache.analysing.compare import mismatch
 from kvcache.analysing.records import RecordError, load_runs
 from kvcache.analysing.report import REPORT_FILES, render
@@ -27,23 +27,23 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``kvcache report RUN.json [RUN.json ...] --out DIR``; exit 2 on unreadable input or output."""
-    args = arguments.parse(parser(), argv)
-    if isinstance(args, int):  # --help (0) or a usage error (2)
-        return args
+    return cli.run(parser, work, argv, errors=(RecordError, ReportError))
+
+
+def work(args: argparse.Namespace) -> int:
+    """The report written into a temp folder beside ``--out``, then moved into it whole
+    (:func:`kvcache.analysing.files.staged_folder`); each file's path printed."""
     if arguments.paths_refused("kvcache report", reads=[("RUN.json", path) for path in args.runs],
                                folders=[("--out", args.out, REPORT_FILES)]):
         return 2
-    try:
-        runs = [run for path in args.runs for run in load_runs(path)]  # an A/B run: its two sides
-        problem = mismatch(runs)
-        if problem and not args.allow_mismatch:
-            raise ReportError(f"refusing to report runs that differ in {problem} side by side; pass "
-                              "--allow-mismatch to report them anyway")
-        paths = render(runs, args.out)
-        paths += [p for path in args.runs for p in write_ab(path, runs, args.out)]  # kvcache ab --json: the pair
-    except (RecordError, ReportError) as exc:
-        print(f"kvcache report: {exc}", file=sys.stderr)
-        return 2
+    runs = [run for path in args.runs for run in load_runs(path)]  # an A/B run: its two sides
+    problem = mismatch(runs)
+    if problem and not args.allow_mismatch:
+        raise ReportError(f"refusing to report runs that differ in {problem} side by side; pass "
+                          "--allow-mismatch to report them anyway")
+    with files.staged_folder("--out", args.out, REPORT_FILES, keep=(ReportError,)) as stage:
+        paths = render(runs, stage)
+        paths += [p for path in args.runs for p in write_ab(path, runs, stage)]  # kvcache ab --json: the pair
     for path in paths:
-        print(path)
+        print(args.out / path.name)
     return 0

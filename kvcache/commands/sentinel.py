@@ -1,29 +1,6 @@
-"""``kvcache sentinel``: watch a Transformers branch commit by commit; when a counted figure changed, name the commit.
-
-    kvcache sentinel --repo PATH [--branch main] --state FILE [--since REF] [--json OUT] [--issue-out FILE.md]
-                     [--model tiny] [--caches dynamic,static] [...] [-- PYTEST ARGS]
-    kvcache sentinel --releases FIRST..LAST [--versions-dir .versions] [--json OUT] [--issue-out FILE.md] [...]
-
-The state file holds the last commit checked and its counted figures (every figure the gate judges, by family:
-:mod:`kvcache.sentinel.figures`), and the changes reported and not yet recovered. A first run starts at ``--since``
-(measured). Each run measures the branch's head with ``kvcache bisect``'s probes (:mod:`kvcache.bisect.probing`: the
-counted suite against the commit's source, cached per commit and identity). No figure moved beyond the counted
-judge's tolerance for it: the head is recorded, exit 0. One moved: for each such figure ``kvcache bisect``'s walk
-(:class:`kvcache.bisect.walk.Bisect`) finds the first commit that changed it between the last commit checked and the
-head (commits that do not build are skipped, never blamed; two changes of one figure in a range are both named),
-``--issue-out`` gets a Markdown issue body (each commit: full sha, subject, author date, the figures before and
-after, the ops that changed, the command that reproduces it) and ``--json`` the same for tools; exit 1. A figure that
-comes back to where it was before a reported change is reported as recovered, and that change is closed.
-
-``--releases FIRST..LAST`` replays the newest patch of every minor release from FIRST's to LAST (``make versions``'
-list), each as if it were new, installed side by side by ``kvcache bisect --releases``' installer
-(:mod:`kvcache.analysing.releases`); no state.
-
-The state is written once, at the end, atomically (:func:`kvcache.analysing.files.write_text_atomically`): an
-interrupted run (Ctrl-C, SIGTERM: exit 130) leaves the previous state as it was. Exit status: 0 no figure changed,
-1 a figure changed (or recovered), 2 bad input (one line, the state untouched) or a starting commit that cannot be
-measured, 3 the head cannot be measured (nothing recorded), 130 interrupted.
-"""
+"""``kvcache sentinel``: watch a Transformers branch commit by commit (or replay releases); when a counted figure
+changed, name the commit. This module is the command's parser and its work; the state, the walk and the report are
+:mod:`kvcache.sentinel`'s (docs/sentinel.md)."""
 
 from __future__ import annotations
 
@@ -35,9 +12,9 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from kvcache.analysing import arguments, files
+from kvcache import cli
 from kvcache.bisect.plan import add_probe_options
-from kvcache.bisect.probing import EXIT_INTERRUPTED, EXIT_USAGE, BisectError
+from kvcache.bisect.probing import EXIT_INTERRUPTED, BisectError
 from kvcache.sentinel.watching import run_commits, run_releases
 
 
@@ -64,11 +41,14 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    own, extra = arguments.split_extra(argv)
-    args = arguments.parse(parser(), own)
-    if isinstance(args, int):  # --help (0) or a usage error (2)
-        return args
+    # the first SIGINT/SIGTERM stops the run like Ctrl-C (the state untouched)
+    return cli.run(parser, work, argv, extra=True, stop=KeyboardInterrupt,
+                   errors=(BisectError, subprocess.SubprocessError))  # SubprocessError: a git that could not run
 
+
+def work(args: argparse.Namespace, extra: list[str]) -> int:
+    """The branch's new commits (or the releases) measured, each change bisected, the result and the state
+    written."""
     said: set[str] = set()
 
     def say(line: str) -> None:  # a probe's line once: each figure's walk shares the probes
@@ -81,18 +61,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if bool(args.releases) == bool(args.repo):
             raise BisectError("give --repo PATH --state FILE (a branch, commit by commit) or --releases FIRST..LAST")
-        # the first SIGINT/SIGTERM stops the run like Ctrl-C (the state untouched); later ones only print
-        with files.signals_stop("kvcache sentinel", KeyboardInterrupt):
-            return (run_releases if args.releases else run_commits)(args, extra, workdir, say)
-    except BisectError as exc:
-        print(f"kvcache sentinel: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return (run_releases if args.releases else run_commits)(args, extra, workdir, say)
     except KeyboardInterrupt:
         print("kvcache sentinel: interrupted; the state is as it was, finished probes stay cached", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except subprocess.SubprocessError as exc:  # a git that could not run at all
-        print(f"kvcache sentinel: {exc}", file=sys.stderr)
-        return EXIT_USAGE
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

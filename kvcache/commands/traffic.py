@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from kvcache.analysing import arguments
+from kvcache import cli
 from kvcache.analysing.records import Probe, Traffic
 from kvcache.analysing.settings import SettingsError, parse_ints
 from kvcache.analysing.summary import attention_copies
@@ -42,14 +42,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = arguments.parse(parser(), argv)
-    if isinstance(args, int):  # --help (0) or a usage error (2)
-        return args
-    try:
-        warmup = parse_warmup(args.warmup)  # before torch is imported: a bad value answers at once
-    except SettingsError as exc:
-        print(f"kvcache traffic: {exc}", file=sys.stderr)
-        return 2
+    return cli.run(parser, work, argv, errors=(SettingsError,))
+
+
+def work(args: argparse.Namespace) -> int:
+    """Each class counted and printed (or the JSON of them all)."""
+    warmup = parse_warmup(args.warmup)  # before torch is imported: a bad value answers at once
 
     from kvcache.analysing import presets
     from kvcache.analysing.settings import PARSERS, Settings

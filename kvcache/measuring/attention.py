@@ -1,23 +1,9 @@
-"""Attention implementations crossed with cache classes (``--kv-attn``).
-
-A record of a cache class run under an attention implementation other than the default (``sdpa``, what the suite
-builds every model with) is keyed ``<cache>@<attention>`` (``dynamic@eager``, ``static@flex_attention``,
-``paged@paged|eager``); under the default it keeps the class's own name, so a run without ``--kv-attn`` is exactly
-what it was. Such a key resolves to a :class:`~kvcache.measuring.cachespec.CacheSpec` derived from the class's
-(:func:`derived`): the same cache, ``attention`` set to the implementation, and a ``prepare`` that raises
-:class:`compat.Unsupported` (the key is skipped with the reason) when it cannot run here.
-
-Accepted names (:func:`known`): every implementation the installed release knows (``eager``, the keys of its
-``AttentionInterface`` / ``ALL_ATTENTION_FUNCTIONS``, ``paged|<name>`` where it takes that prefix), the names any
-release since 4.45 knew (skipped with the reason where this one lacks them), a Hub kernel ``owner/repo[@rev][:fn]``
-(skipped without the ``kernels`` package or with the Hub offline), and whatever a ``-p`` module, a ``conftest.py`` or
-an entry point in the group ``kvcache_passes.attention`` (:data:`ATTENTION_ENTRY_POINTS`) registered in
-``AttentionInterface`` before the run starts.
-An entry point's object is a function called with no argument that registers (e.g. calls
-``AttentionInterface.register(name, fn)``), like the cache entry points of ``kvcache_passes.caches``.
-
-Transformers is imported only when a non-default name is asked about, never to parse a plain run's options.
-"""
+"""Attention implementations crossed with cache classes (``--kv-attn``): a class under an implementation other than
+the default ``sdpa`` is keyed ``<cache>@<attention>`` (``dynamic@eager``) and resolves to a
+:class:`~kvcache.measuring.cachespec.CacheSpec` derived from the class's (:func:`derived`); :func:`known` names the
+accepted implementations (the release's, those of releases since 4.45, Hub kernels, and those registered by ``-p``
+modules, conftest files or the ``kvcache_passes.attention`` entry points). Transformers is imported only when a
+non-default name is asked about. docs/attention.md."""
 
 from __future__ import annotations
 

@@ -1,27 +1,9 @@
 """Counted traffic of a decode step under each SDPA backend a CUDA GPU can run, and under the backend each GPU class
-would select (``kv.traffic.<cache>.backends`` and ``.gpus``), counted on any device.
-
-While a step is counted, ``torch.nn.functional.scaled_dot_product_attention`` (which Transformers looks up at call
-time) is replaced by :class:`Emulation`, which records each call's parameters (:class:`sdpa_rules.SdpaCall`) and runs
-what torch's ``scaled_dot_product_attention`` (``aten/src/ATen/native/transformers/attention.cpp``, torch 2.13) does
-on CUDA for the backend chosen, with real ATen ops, so that the traffic counter charges them by its usual rules:
-
-- ``math``: ``convert_boolean_attn_mask`` (a boolean mask becomes an additive one: ``logical_not``, ``where``), then
-  ``_scaled_dot_product_attention_math`` decomposed (its CompositeImplicit body called with autograd and inference
-  mode off, so every ATen op reaches the counter: the float32 upcast of fp16/bf16 inputs unless
-  ``torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True)``, the scale multiplied into q and k, K/V repeated
-  to the query heads under ``enable_gqa``, ``bmm``, ``_safe_softmax``, the cast back);
-- ``flash``: ``pad_last_dim<8>`` of q, k and v when the head dim is not a multiple of 8 (``constant_pad_nd``), the
-  kernel, the output sliced back;
-- ``efficient``: the mask converted, then ``preprocess_mask``: expanded to (B, H, L, S) and, when S is not a multiple
-  of 16, ``pad_bias<16>`` (padded, a copy, then sliced back); the kernel;
-- ``cudnn``: the mask converted (``convert_boolean_attn_mask_cudnn``), the kernel. torch's cuDNN wrapper in
-  ``cuda/attention.cu`` was not read: nothing else is charged for it.
-
-A fused kernel is charged as the suite charges every fused SDPA kernel: each distinct input read once (K/V once,
-grouped-query heads included: logical traffic), its outputs written; on a CPU the kernel that stands in for it is
-torch's CPU flash kernel, given exactly the tensors the CUDA kernel would be given.
-"""
+would select (``kv.traffic.<cache>.backends`` and ``.gpus``), counted on any device: while a step is counted,
+``scaled_dot_product_attention`` is replaced by :class:`Emulation`, which records each call
+(:class:`sdpa_rules.SdpaCall`) and runs what torch does on CUDA for the chosen backend with real ATen ops, so the
+counter charges them by its usual rules. What each backend runs, and how a fused kernel is charged:
+docs/gpu-backends.md."""
 
 from __future__ import annotations
 

@@ -1,14 +1,7 @@
-"""The batch a decode step serves (``--kv-batch N``, ``--kv-ragged``): how many sequences, how many tokens
-each holds, and the KV bytes that makes. Plain arithmetic over a :class:`~kvcache.measuring.geometry.ModelSpec`
-(no torch), shared by the decode loop, the generate driver and the paged class.
-
-Two denominators, both logical KV bytes in the model's dtype (``ModelSpec.kv_bytes`` per sequence, so sliding
-layers stop at their window):
-
-- **live**: summed over sequences, the tokens each one really holds. Passes per live byte are the gated figure.
-- **allocated**: what a rectangular (left-padded) batch cache holds: every sequence padded to the longest.
-  With uniform lengths the two are equal; with ragged lengths their ratio is the padding waste.
-"""
+"""The batch a decode step serves (``--kv-batch N``, ``--kv-ragged``): how many sequences, how many tokens each
+holds, and the logical KV bytes that makes, *live* (what the sequences hold: the gated denominator) and
+*allocated* (the left-padded rectangle; their ratio is the padding waste). Plain arithmetic over a
+:class:`~kvcache.measuring.geometry.ModelSpec`, no torch (docs/drivers.md)."""
 
 from __future__ import annotations
 

@@ -1,20 +1,7 @@
-"""The cache registry: every cache class the suite can sweep, count and probe, by name.
-
-Built in: ``dynamic``, ``static``, ``inplace``, ``static-sliced``, ``offloaded``, ``offloaded-static``,
-``quantized-fp8``, ``quantized-quanto``, ``quantized-hqq``, ``sink``, ``paged``. The test-only twins (``twin-clean``,
-``twin-planted``) are registered by the suite's ``benchmarks/conftest.py``, not here. A class the
-installed release or packages cannot provide is skipped with the reason.
-
-Add your own without editing this project (the public names live in :mod:`kvcache.caches`)::
-
-    from kvcache.caches import register_cache
-
-    register_cache("mine", lambda req: MyCache(req.config, max_len=req.max_tokens),
-                   description="my cache")
-
-or, from an installed package, an entry point in the group ``kvcache_passes.caches`` whose object is
-a :class:`CacheSpec` or a function that calls :func:`register_cache`.
-"""
+"""The cache registry: every cache class the suite can sweep, count and probe, by name, the built-in classes among
+them (a class the installed release or packages cannot provide is skipped with the reason; the test-only twins are
+registered by ``benchmarks/conftest.py``). Add your own through :mod:`kvcache.caches` or a ``kvcache_passes.caches``
+entry point (docs/cache-classes.md)."""
 
 from __future__ import annotations
 

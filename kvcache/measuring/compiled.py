@@ -1,20 +1,8 @@
-"""Compiled decode (``--kv-compile``): the decode forward under ``torch.compile``, and what a compiled step did.
-
-:class:`CompiledModel` is the model with ``torch.compile(model.forward, fullgraph=True)`` in place of its forward
-(inductor in the chosen mode, through :class:`CountingBackend`, which counts every compiled graph's calls and,
-for counting compiles, captures each graph's post-grad FX graph and its kernels' bytes:
-:mod:`kvcache.measuring.kernel_bytes`).
-Tensors of caches that keep their buffers from step to step (``cache.is_compileable``) are marked as static
-addresses (:func:`mark_static`). ``reduce-overhead`` (CUDA graphs) runs on CUDA only (:func:`unavailable_reason`);
-``max-autotune`` runs as ``max-autotune-no-cudagraphs`` elsewhere (:func:`effective_mode`). Dynamo's counters
-(graphs compiled, graph breaks: :func:`dynamo_state`) tell a compile or recompile apart from a step that ran its
-graph; the recompile limit is raised to what the session needs and hitting it raises (:func:`configure`).
-
-A ``TorchDispatchMode`` active when dynamo meets a frame makes dynamo skip it: no dispatch mode is ever active
-while a compiled frame is entered (the unfused count enters its counter inside the graph call, after dynamo
-dispatched the frame). The session's use of it is :mod:`kvcache.measuring.compiled_session`, the counted compiled
-step :mod:`kvcache.measuring.compiled_count`; how and why, in docs/compiled.md.
-"""
+"""Compiled decode (``--kv-compile``): the decode forward under ``torch.compile`` (:class:`CompiledModel`,
+:class:`CountingBackend`, which counts each compiled graph's calls and captures its kernels' bytes for counting
+compiles), and what a compiled step did (dynamo's counters: :func:`dynamo_state`). No dispatch mode is active when a
+compiled frame is entered. Its use in a session: :mod:`.compiled_session`, :mod:`.compiled_count`; how and why:
+docs/compiled.md."""
 
 from __future__ import annotations
 

@@ -1,14 +1,7 @@
 """The counted traffic of a compiled step (``kv.traffic.<cache>.compiled``), two ways, each from its own compile with
-static shapes at each counted context (a dynamic graph's byte counts hold at its example sizes only):
-
-- *unfused*: the post-grad FX graph inductor lowers, run as plain ATen ops with the step's real inputs under
-  :class:`kvcache.measuring.traffic.TrafficCounter` (the suite's own rules, per ATen op);
-- *fused*: the bytes each kernel inductor generated reads and writes (:mod:`kvcache.measuring.kernel_bytes`),
-  summed over the graphs one step runs.
-
-The capture pass has no ``uuid``, so inductor's FX-graph and AOT-autograd caches are bypassed for counting compiles
-(a cache hit would skip both the capture and the byte count); compiled kernels still come from the on-disk cache.
-"""
+static shapes at each counted context: *unfused* (inductor's post-grad FX graph run as plain ATen ops under the
+traffic counter) and *fused* (the bytes each generated kernel reads and writes, :mod:`.kernel_bytes`). Counting
+compiles bypass inductor's FX-graph and AOT-autograd caches (a hit would skip the capture). docs/compiled.md."""
 
 from __future__ import annotations
 

@@ -1,16 +1,6 @@
-"""Caches without the extra copies: what the write-up patched into library internals, as classes.
-
-- :class:`InplaceCache` (``inplace``): a dynamic cache with a preallocated buffer per layer; each new
-  token is written in place and attention gets a view of the filled part, so no step copies the old
-  cache. Past the buffer it doubles, copying the filled part once (2 passes, amortised over the
-  tokens that filled it).
-- :class:`StaticSlicedCache` + :func:`sliced_sdpa` (``static-sliced``): a static cache whose ``update``
-  returns views of the filled slots only, and an attention function that cuts the mask to those slots
-  and runs grouped-query attention natively (the query heads of each KV head packed as rows for
-  single-token decode), so K/V are never expanded to all query heads.
-
-Both assume tokens are written in order from position 0 (generation without cropping).
-"""
+"""Caches without the extra copies, as classes: :class:`InplaceCache` (``inplace``: the new token written in place,
+attention given a view of the filled part) and :class:`StaticSlicedCache` with :func:`sliced_sdpa`
+(``static-sliced``: views of the filled slots, grouped-query attention run natively). docs/cache-classes.md."""
 
 from __future__ import annotations
 

@@ -1,19 +1,7 @@
-"""The generate driver (``--kv-driver generate``): the decode steps of a real ``model.generate()`` call.
-
-A :class:`GeneratePoint` is a :class:`~kvcache.measuring.decode.DecodePoint` (same cache, same untimed fill,
-same batch) whose steps are taken by ``model.generate`` instead of the suite's loop: greedy, a fixed number of
-new tokens, no end-of-sequence token (so no early stop and no logits processor), generate's automatic
-compilation switched off. The cache already holds ``context`` slots, so every forward generate makes is a
-single-token decode step; ``input_ids`` are the context's (unused) prefix and the next token, with the
-padding mask of a ragged batch.
-
-Steps are marked by hooks, not by re-implementing generate: a forward pre-hook on the model marks the start of
-the first step, and a stopping criterion (called once per step, after the step's token is chosen and appended)
-marks the end of each. Each mark waits for the device first. A step is therefore everything generate does
-between two marks: preparing inputs, the forward, updating the mask and cache bookkeeping, logits processing,
-appending the token, the stopping criteria. Counting one step enters the traffic counter at one mark and leaves
-it at the next (both in the calling thread; no compiled frame is involved, so the counting trap of compiled
-decode does not arise).
+"""The generate driver (``--kv-driver generate``): the decode steps of a real ``model.generate()`` call. A
+:class:`GeneratePoint` is a :class:`~kvcache.measuring.decode.DecodePoint` whose steps are taken by
+``model.generate`` (greedy, a fixed number of new tokens, no early stop, no automatic compilation), marked by hooks:
+a forward pre-hook before the first step, a stopping criterion after each. What a step then holds: docs/drivers.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """Fused bytes per kernel: what each kernel inductor generated (and each extern call) reads and writes, per scheduler
-node, from the loads and stores it really does (:func:`kernel_buffers`), never what it is only ordered by.
-
-Inductor's own ``GraphLowering.count_bytes()`` is kept beside it (``inductor_bytes``) but is not the figure: it also
-charges a node for its ordering-only dependencies (``WeakDep``; the ``StarDep`` a mutation adds on the buffer it
-mutates), and charges every dependency of a fused node the whole buffer. The count runs where inductor computes its
-own (:func:`kernel_counts` wraps ``count_bytes``, which ``compile_fx`` calls when the ``inductor_metrics`` log
-artifact is on), with the graph's scheduler and size hints still live. On a release where it cannot count, the
-reason is reported, never zero bytes. Checked against the generated code by tests/measuring/test_fused_kernels.py.
-"""
+node, from the loads and stores it really does (:func:`kernel_buffers`), not inductor's own ``count_bytes()`` (kept
+beside it as ``inductor_bytes``: it also charges ordering-only dependencies). Counted where inductor counts its own
+(:func:`kernel_counts`); a release where it cannot count reports why, never zero bytes (docs/compiled.md)."""
 
 from __future__ import annotations
 

@@ -1,25 +1,8 @@
-"""The per-op timed ledger: where a decode step's time goes, op by op, under the counter's names.
-
-Timed-per-op steps run in rounds of their own (never inside the timed rounds, whose figures stay free of any
-instrument): ``steps`` single-token steps, each right after a plain one (no instrument, timed like a timed
-round's step: the monotonic clock around the step and the device sync) on the same point (:func:`blocks`), so that
-what the instrument does to the step is measured where it happens, at every context. Each op of a profiled step
-(an ATen op with no ATen op above it: what :mod:`kvcache.measuring.traffic`'s counter is charged for) is charged
-its time including the kernels it calls (``scaled_dot_product_attention``'s fused CPU kernel, ``clone``'s
-``copy_``), under the counter's display name.
-The step's own time minus the attributed ops is the step's unattributed time (Python, the dispatcher, hooks),
-which the analysis (:mod:`kvcache.analysing.ledger`) derives.
-
-- On CPU, :class:`OpClock` times the ops: a dispatch mode (the counter's own interception) that reads the
-  monotonic clock around each op and keeps nothing but a sum per (op, step). torch.profiler is not used on CPU:
-  its event buffers, allocated from the heap between the step's own large allocations, kept glibc from reusing
-  the cache a DynamicCache ``cat`` had just freed, so every profiled step took its new cache from fresh pages
-  (about 80,000 page faults a step at 16k tokens on the default model, against a few thousand unprofiled), and
-  the profiled ``cat`` cost many times its bytes (docs/results.md, "The ledger that did not add up").
-- On CUDA, ``torch.profiler``: each op is charged the device time of the kernels it launches; the step's time is
-  CPU time up to and including the closing device sync.
-
-Seconds per step, per op: fitted against KV bytes by the analysis like the whole step.
+"""The per-op timed ledger: where a decode step's time goes, op by op, under the counter's names. Profiled steps,
+each after a plain one on the same point, in rounds of their own; each op (an ATen op with no ATen op above it) is
+charged its seconds per step including the kernels it calls: on CPU by :class:`OpClock` (the monotonic clock around
+each op, less the clock's own cost), on CUDA by ``torch.profiler`` (device time). Seconds per step, per op; the
+analysis is :mod:`kvcache.analysing.ledger`'s, the method and its history docs/gate.md's ("Per-op timed ledger").
 """
 
 from __future__ import annotations
@@ -263,10 +246,8 @@ def clock_cost_per_op(counts: dict[str, int] | None = None, calls: int = CALIBRA
 
     Before each call, ``sweep_bytes`` (default: the level-2 cache, :func:`l2_bytes`) are copied outside the timing,
     so that the call finds the caches as a decode step leaves them: every few ops of a step stream weights or K/V
-    through the cache, and the clock's own data (the interpreter's, the mode's) is gone from it by the next op. On
-    the developers' AMD EPYC, hot caches and a mix of five ops gave 5.3 us an op, and left the default model's
-    profiled steps 3-10% above the plain ones between them (docs/results.md, "The clock's cost, op by op, with
-    cold caches")."""
+    through the cache, and the clock's own data (the interpreter's, the mode's) is gone from it by the next op
+    (measured: docs/results.md, "The clock's cost, op by op, with cold caches")."""
     ops = calibration_ops()
     weights = {name: 1 for name in ops} if counts is None else {n: c for n, c in counts.items() if n in ops and c}
     if not weights:

@@ -1,32 +1,8 @@
-"""Counted memory: the bytes one decode step allocates, peaks at and leaves held, from the storages themselves.
-
-A :class:`MemoryTracker` watches exactly the step whose bytes are counted: it listens for the traffic counter's
-region (:class:`kvcache.measuring.traffic.TrafficCounter`, its first entry and exit), which hands it every ATen op it
-dispatches.
-Every storage an ATen op returns that is no input's storage and that the tracker has not seen is a new allocation of
-``storage.nbytes()`` bytes, charged to that op; every storage an op reads or writes that was made before the step is
-noted with its bytes (it was live when the step started). A ``weakref.finalize`` on each storage (torch keeps one
-Python object per storage for as long as the storage lives) tells the moment the allocator gets it back. So the
-tracker knows, after every op, how the live bytes stand against the step's start: deterministic on any device, op by
-op, with no sampling. Per counted step, in bytes:
-
-- ``allocated``: bytes newly allocated by the step's ops (``by_op``: per op);
-- ``peak``: the step's high-water mark of live bytes above what was live when it started (``peak_by_op``: the bytes
-  live at that moment that the step allocated, by the op that allocated them);
-- ``held``: bytes live after the step (after a garbage collection) in the storages it made or touched: the cache's
-  K/V, the weights (a constant), what the step made and something still holds; ``before``: the bytes of the storages
-  from before the step that it touched (all live when it started).
-
-What it does not see: a kernel's scratch space allocated and freed inside that one op (never an op's output), and a
-storage the step neither makes nor touches (a leak that keeps K/V of many steps back is seen only in the one it
-replaces each step). On CUDA the allocator's own statistics (``torch.cuda.memory_stats``) are kept beside them
-(``allocator``): they see kernel workspaces too.
-
-:func:`memory_passes` turns steps at two contexts into slopes per logical KV byte, like counted passes;
-:func:`kind_memory` does it per layer kind, from the bytes charged while each decoder layer ran (the traffic
-counter's ``layer.<i>`` scopes): allocated there, and held after the step in the storages first seen there (a
-layer's K/V: made there, or from before the step and first read there).
-"""
+"""Counted memory: the bytes one decode step allocates, peaks at and leaves held, from the storages themselves. A
+:class:`MemoryTracker` follows the traffic counter's step op by op (new storages charged to the op that made them,
+a ``weakref.finalize`` on each telling when it is freed); :func:`memory_passes` and :func:`kind_memory` turn steps at
+two contexts into slopes per logical KV byte, per class and per layer kind. What it sees and does not:
+docs/memory.md."""
 
 from __future__ import annotations
 

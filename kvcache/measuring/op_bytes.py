@@ -1,25 +1,8 @@
-"""What one ATen operation reads and writes: the rules counted traffic charges every dispatched op by
-(:func:`charge`; :class:`kvcache.measuring.traffic.TrafficCounter` applies them). They count *logical* traffic,
-in bytes:
-
-1. A view (view, expand, slice, transpose, reshape of a viewable tensor, detach, ...: an output that
-   shares storage with an input, written by nothing) moves nothing.
-2. A write into part of a tensor (``copy_`` into a slice, ``index_copy_``, ``index_put_``,
-   ``slice_scatter_``-style in-place ops listed in ``PARTIAL_WRITES``) reads its sources and writes
-   only the elements it stores, not the whole destination, and does not read the destination.
-3. A broadcast input (stride 0 along a dimension) is read once: an input costs the bytes of the
-   distinct memory it spans, ``itemsize × Π size[d] over dims with stride[d] != 0``.
-4. A lookup (``embedding``, ``index_select``, advanced indexing ``index``) reads its indices and the rows it
-   selects, not the whole table: a decode step's embedding reads one row of the vocabulary matrix, and a paged
-   cache's gather of the live rows reads those rows, not the whole block pool.
-5. Any other op reads each distinct tensor input once and writes each output (an in-place op writes
-   the tensor it mutates); allocation without initialisation (``empty``) writes nothing.
-
-Logical traffic is what the operations ask for, not what the hardware does: a fused kernel that
-re-reads data internally (attention tiles, cache misses) is counted once, and data served from caches
-is counted as if it came from memory. Counted passes are therefore a floor that the timed passes sit
-on top of; both are bytes moved (read + write), not bytes stored.
-"""
+"""What one ATen operation reads and writes: the rules counted traffic charges every dispatched op by (:func:`charge`;
+:class:`kvcache.measuring.traffic.TrafficCounter` applies them), in bytes of *logical* traffic: a view moves
+nothing, a partial write (``PARTIAL_WRITES``) writes only what it stores, a broadcast input is read once, a lookup
+reads its indices and the rows it selects, any other op reads each distinct input once and writes each output. The
+rules and what logical traffic means: docs/how-it-measures.md ("Counted traffic: the rules")."""
 
 from __future__ import annotations
 

@@ -1,26 +1,8 @@
 """The ``paged`` class: continuous batching's ``PagedAttentionCache``, stepped one decode token per live sequence.
-
-:class:`PagedPoint` has the interface of :class:`~kvcache.measuring.decode.DecodePoint` (build, step, timed_step,
-warm_up, release) over ``batch.size`` concurrent sequences (``batch.lengths(context)`` tokens each, so ragged
-batches work). It drives the model's forward itself, in the calling thread (the traffic counter is a dispatch mode
-and must see every op of a step): never ``generate_batch``'s background thread or its scheduler. What it uses of
-the installed release is what continuous batching uses there (:mod:`kvcache.measuring.paged_api`): the release's
-own cache, sized and allocated by the release's own configuration and allocator; the release's attention
-implementation for SDPA over a paged cache, so that the cache's own ``update`` writes the new K/V at
-``write_index`` and gathers every live sequence's K/V at ``read_index`` for attention, every layer, every step (the
-gather this class exists to measure); and the forward keywords the release's batch preparation hands the model.
-Which release passes what is in docs/releases.md.
-
-Per step nothing waits for the device: the sequences' lengths are host integers the point advances itself (every
-sequence grows by one token a step), the read index is sliced from a slot table made once at build (one device
-tensor per layer group), the write index looked up in it at the device-resident positions, the cumulative key
-lengths advanced on the device, and the next tokens are the greedy argmax of the step's logits, kept there.
-
-Sequence ``i`` is filled (and its first token drawn) from a generator seeded ``seed + i``, as a DecodePoint with
-that seed and its length would be: at batch 1 the two decode the same tokens, and in a batch every sequence decodes
-what it decodes alone. Releases before 4.53 have no continuous batching and are skipped with the reason
-(:func:`unsupported_reason`). Layer kinds: full attention only (the registry says so).
-"""
+:class:`PagedPoint` has :class:`~kvcache.measuring.decode.DecodePoint`'s interface over ``batch.size`` sequences
+and drives the forward itself, in the calling thread (the counter must see every op), with what the installed
+release's continuous batching uses (:mod:`kvcache.measuring.paged_api`). How it steps, seeds and what it skips:
+docs/drivers.md; which release passes what: docs/releases.md."""
 
 from __future__ import annotations
 

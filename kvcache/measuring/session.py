@@ -71,8 +71,6 @@ class KVSession:
     device: Device
     _model: Any = None
     _spec: ModelSpec | None = None
-    copies: list[CopyMeasurement] = field(default_factory=list)
-    traffic: dict[str, Traffic] = field(default_factory=dict)  # class -> kv.traffic.<cache>
     probes: dict[str, Probe] = field(default_factory=dict)  # class -> kv.probe.<cache>
     memories: dict[str, Memory] = field(default_factory=dict)  # class -> kv.memory.<cache>
     skipped: list[Skip] = field(default_factory=list)
@@ -80,7 +78,6 @@ class KVSession:
     context_sent: bool = False
     counted_bytes: dict[tuple[str, int], float | None] = field(default_factory=dict)  # (class, context) -> bytes
     first_point: PointId | None = None
-    used: bool = False
     warmed: bool = False
     medians: RoundMedians = field(default_factory=RoundMedians)
     remeasure_order: list[tuple[str, int]] | None = None
@@ -149,10 +146,8 @@ class KVSession:
     # --- points ---
     def measure_copy(self, label: str) -> CopyMeasurement:
         """The device's copy bandwidth now (``label``: when in the session), one ``kv.copy.measurements[]`` entry."""
-        self.used = True
         result = measure_copy(self.device, nbytes=self.settings.copy_bytes, repeats=self.settings.copy_repeats,
                               label=label)
-        self.copies.append(result)
         self.emit(result)
         return result
 
@@ -169,7 +164,6 @@ class KVSession:
         """A filled, warmed-up point, or :class:`Skipped` with the reason (recorded for the report);
         ``compiled_forward``: on the model with its forward compiled (``--kv-compile``); ``staged``: the point of a
         timed measurement, whose preparation ends (:func:`stages.prepared`) between its fill and its warm-up."""
-        self.used = True
         spec = caches.get(cache)
         reason = caches.cache_unavailable_reason(spec, self.device.type) or (
             self.compiled.unavailable_reason() if compiled_forward else None)
@@ -339,7 +333,6 @@ class KVSession:
         with ``--kv-compile`` its compiled step counted too (full-attention models); emits the ``traffic`` record and
         returns ``kv.traffic.<cache>``."""
         counted = self.counting.count(cache)
-        self.traffic[cache] = counted.traffic
         self.probes[cache] = counted.probe
         if counted.memory is not None:
             self.memories[cache] = counted.memory

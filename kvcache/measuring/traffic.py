@@ -1,17 +1,7 @@
-"""Counted traffic: the bytes each tensor operation of one decode step reads and writes, and the counted passes
-they make.
-
-Every ATen operation the step runs is intercepted at torch's dispatch level
-(:class:`torch.utils._python_dispatch.TorchDispatchMode`; no source is patched) and charged by the rules of
-:mod:`kvcache.measuring.op_bytes` (logical traffic, in bytes), per op name (:func:`op_name`).
-
-Scopes: a counter given modules (``scopes={module: label}``) also charges each op to the label of every
-module whose ``forward`` is running when the op is dispatched (``"forward"`` for the model's own call,
-``"layer.3"`` for a decoder layer), so that one count answers both "the whole step" and "inside the
-model's forward" or "inside layer 3".
-
-Counted passes (:func:`counted_passes`, :func:`kind_passes`) are slopes between steps counted at two or more
-contexts: Δ(bytes the step moves) / Δ(KV-cache bytes held).
+"""Counted traffic: the bytes each tensor operation of one decode step reads and writes, and the counted passes they
+make. :class:`TrafficCounter` intercepts every ATen op at torch's dispatch level and charges it by
+:mod:`kvcache.measuring.op_bytes`' rules, per op name and per module scope (``forward``, ``layer.3``);
+:func:`counted_passes` and :func:`kind_passes` are slopes between contexts: Δ(bytes moved) / Δ(KV-cache bytes held).
 """
 
 from __future__ import annotations

@@ -1,24 +1,8 @@
-"""The pytest plugin, installed as the ``pytest11`` entry point ``kvcache.plugin``: ``--kv-*`` options,
-parametrization and order of the benchmarks, fixtures, and the session-end analysis, report and gate.
-
-Installed, it loads in every pytest run of the environment, so it costs nothing and checks nothing unless the
-run is the suite's (:func:`pytest_configure`): options and markers are declared, nothing else is imported.
-With a ``--kv-*`` option given, the options are checked at start-up; when the run's arguments reach the
-suite (``pytest benchmarks`` here, ``pytest --pyargs kvcache.benchmarks`` anywhere), so are the device, the
-paths the run writes, the copy tensor, the model's config and the baseline. Every bad input is a one-line
-usage error (exit 4) before anything runs.
-
-pytest reads the hooks and fixtures from this module; each hook lives in the module of its concern:
-
-- :mod:`~kvcache.plugin.options`: the ``--kv-*`` options and the settings read from them;
-- :mod:`~kvcache.plugin.startup`: the session's state made and every input checked before anything runs;
-- :mod:`~kvcache.plugin.discovery`: where the suite is, and what each of its items measures;
-- :mod:`~kvcache.plugin.schedule`: which suite files are collected, their parameters and the measuring order;
-- :mod:`~kvcache.plugin.transport`: each item's measurements, as records in its report, gathered in one place;
-- :mod:`~kvcache.plugin.signals`: SIGINT and SIGTERM stop the run without losing what was measured;
-- :mod:`~kvcache.plugin.finish`: the analysis, the baseline, the gate, the run file and the terminal summary;
-- :mod:`~kvcache.plugin.state`: the session's state, shared by all of them.
-"""
+"""The pytest plugin, installed as the ``pytest11`` entry point ``kvcache.plugin``: ``--kv-*`` options, parametrization
+and order of the benchmarks, fixtures, and the session-end analysis, report and gate. Outside the suite it imports
+nothing and checks nothing (:func:`pytest_configure`). pytest reads the hooks and fixtures from here; each hook lives
+in the module of its concern (:mod:`.options`, :mod:`.startup`, :mod:`.discovery`, :mod:`.schedule`,
+:mod:`.transport`, :mod:`.signals`, :mod:`.finish`, :mod:`.state`: docs/architecture.md)."""
 
 from __future__ import annotations
 

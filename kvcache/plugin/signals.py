@@ -22,8 +22,9 @@ class Stopper:
     the baseline are whole files, the interrupted mark stays) and the exit status is not 0. SIGKILL still stops
     at once, losing what was not written. Installed from the main thread, only over Python's default handlers;
     the previous handlers come back at unconfigure when no signal came. After one, every later signal only prints
-    until the process exits (:func:`kvcache.analysing.files.quiet_signals`): pytest's teardown after unconfigure
-    (its ``gc.collect``, the plugins' unconfigure) is not interrupted, the exit status stays 2, no traceback."""
+    until the process exits (:func:`kvcache.analysing.files.quiet_signals`), and is ignored during the
+    interpreter's shutdown: pytest's teardown after unconfigure (its ``gc.collect``, the plugins' unconfigure) is
+    not interrupted, the exit status stays 2, no traceback."""
 
     SIGNALS = ("SIGINT", "SIGTERM")
 

@@ -1,14 +1,7 @@
-"""The figures ``kvcache sentinel`` watches and when one changed: every counted figure the gate judges, found in a run's
-``kv`` section through the measure table's ``watched`` rows (:mod:`kvcache.analysing.measure_table`), each judged
-with the counted judge's tolerance for it (:func:`kvcache.bisect.search.tolerance`).
-Standard library only; nothing here runs anything.
-
-A figure is keyed by where it sits in the run's ``kv`` section: ``traffic.dynamic.passes`` (counted passes of
-``dynamic``), ``traffic.dynamic@eager.passes`` (the same class under eager attention: ``--kv-attn`` keys a class by
-its attention implementation), ``traffic.static.ops_per_step``, ``memory.dynamic.held_passes``,
-``traffic.dynamic.gpus.T4.passes``. A family joins by being present in the runs: a family whose records a run does
-not have gives no figure, and a class, an attention implementation or a GPU class is every key the run has there.
-"""
+"""The figures ``kvcache sentinel`` watches and when one changed: every counted figure the gate judges, keyed by where
+it sits in a run's ``kv`` section (``traffic.dynamic.passes``, ``memory.dynamic.held_passes``), found through the
+measure table's ``watched`` rows (:mod:`kvcache.analysing.measure_table`; a figure joins by being present in the
+runs) and judged with the counted judge's tolerance for it. Standard library only; nothing here runs anything."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from kvcache.analysing import files, jsonfile
+from kvcache.analysing import files
 from kvcache.analysing import releases as installer
 from kvcache.analysing.file_records import SentinelState
 from kvcache.analysing.jsonrecord import RecordError
@@ -234,13 +234,13 @@ def finish(args: argparse.Namespace, doc: dict[str, Any], state: SentinelState |
     for line in report.terminal_lines(doc):
         say(line)
     if args.json:
-        files.write_text_atomically(args.json, json.dumps(doc, indent=1) + "\n")
+        files.write_output("--json", args.json, json.dumps(doc, indent=1) + "\n")
         say(f"written: {args.json}")
     if args.issue_out:
-        files.write_text_atomically(args.issue_out, report.issue_out_body(doc))
+        files.write_output("--issue-out", args.issue_out, report.issue_out_body(doc))
         say(f"written: {args.issue_out}")
     if state is not None and getattr(args, "state", None):
-        jsonfile.write_json(args.state, state.to_json(), error=None)
+        files.write_output("--state", args.state, json.dumps(state.to_json(), indent=1) + "\n")
         say(f"state: {state.commit[:12]} recorded in {args.state}")
     return code
 

@@ -179,3 +179,31 @@ def test_add_leaves_its_lock_file_beside_the_store_as_documented(runs, tmp_path)
     assert lock.exists() and lock.stat().st_size == 0
     page = Path(__file__).resolve().parents[2] / "docs" / "pull-requests.md"
     assert "`history.jsonl.lock`" in page.read_text(encoding="utf-8")
+
+
+def test_a_plot_whose_write_fails_leaves_the_folder_as_it_was(runs, tmp_path, monkeypatch, capsys):
+    """A full disk as steps.md is written: the PNGs and steps.json of the plot before stay (none half-replaced), no
+    temp folder is left, and the one-line error names --out (exit 2)."""
+    import errno
+
+    from kvcache.analysing import files
+
+    store, out = tmp_path / "h.jsonl", tmp_path / "trend"
+    assert main(["history", "add", runs["clean"], "--store", str(store), "--release", "5.23.0"]) == 0
+    assert main(["history", "plot", "--store", str(store), "--out", str(out)]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert main(["history", "add", runs["planted"], "--store", str(store), "--release", "5.24.0"]) == 0
+    capsys.readouterr()
+    write = files.write_text_atomically
+
+    def full(path, text):
+        if Path(path).name == "steps.md":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        write(path, text)
+
+    monkeypatch.setattr(files, "write_text_atomically", full)
+    assert main(["history", "plot", "--store", str(store), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"kvcache history: --out {out}: cannot write (No space left on device)\n", err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["h.jsonl", "h.jsonl.lock", "trend"]

@@ -131,9 +131,9 @@ def test_analysing_modules_import_with_torch_absent():
     assert done.returncode == 0, done.stderr
 
 
-#: Names that many modules define on purpose, each for the same role: a command's ``main`` and ``parser``, pytest's
-#: hooks, a ``-p`` plug-in's ``register``.
-ROLE_NAMES = ("main", "parser", "register")
+#: Names that many modules define on purpose, each for the same role: a command's ``main``, ``parser`` and ``work``,
+#: pytest's hooks, a ``-p`` plug-in's ``register``.
+ROLE_NAMES = ("main", "parser", "work", "register")
 
 
 def top_level_names(path: Path) -> set[str]:

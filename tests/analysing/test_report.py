@@ -279,3 +279,33 @@ def test_recorded_run_report(tmp_path):
     assert f"{held:,.0f}" in md
     for name in ("latency.png", "traffic.png", "report.html"):
         assert (out / name).stat().st_size > 0
+
+
+def test_a_write_that_fails_leaves_the_report_folder_as_it_was(tmp_path, capsys, monkeypatch):
+    """A full disk while the PNGs are drawn: the folder keeps the last whole report (no report.md of one run beside
+    the PNGs of another, no 0-byte file), no temp folder is left, and the one-line error names --out (exit 2)."""
+    import errno
+
+    out = tmp_path / "rep"
+    first = write_run(tmp_path / "first.json", make_run())
+    assert report_command.main([str(first), "--out", str(out)]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    (out / "memory.png").write_bytes(b"an older run's chart")  # a file of the command's own, from an older run
+    before["memory.png"] = (out / "memory.png").read_bytes()
+
+    def full(runs, path):
+        Path(path).write_bytes(b"\x89PNG")  # part of a file, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(report, "plot_traffic", full)
+    second = write_run(tmp_path / "second.json", make_run(transformers="5.25.0", seed=1))
+    assert report_command.main([str(second), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"kvcache report: --out {out}: cannot write traffic.png (No space left on device)\n", err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["first.json", "rep", "second.json"]  # no temp folder
+
+    monkeypatch.undo()
+    assert report_command.main([str(second), "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == sorted(OUTPUTS)  # the older run's memory.png is gone
+    assert "5.25.0" in (out / "report.md").read_text()

@@ -157,6 +157,12 @@ def test_bisect_names_the_planted_commit_and_skips_the_broken_one(planted):
     assert all(p["cached"] for p in second["probes"]), second["probes"]
     assert git(repo, "worktree", "list").count("\n") == 0  # only the repository itself: no worktree left
 
+    full = bisect(*args[:-1], "/dev/full", cwd=root)  # the final write fails: one line, exit 2 (not 1, "no change")
+    assert full.returncode == 2, full.stdout + full.stderr
+    assert full.stderr.strip() == "kvcache bisect: --json /dev/full: cannot write (No space left on device)", \
+        full.stderr
+    assert f"first bad commit: {shas['planted']}" in full.stdout  # the result is said all the same
+
 
 @pytest.mark.parametrize(("args", "says"), [
     (["--repo", "{root}/nothing-here", "--good", "a", "--bad", "b"], "is not a folder"),

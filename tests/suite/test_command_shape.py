@@ -1,6 +1,7 @@
 """Every ``kvcache`` command has one shape: its module (:data:`kvcache.cli.COMMANDS`) is ``kvcache.commands.<name>``,
-with ``parser()`` (its ``argparse.ArgumentParser``, ``prog`` ``kvcache <name>``) and ``main(argv)``, which parses
-through :func:`kvcache.analysing.arguments.parse`: ``--help`` returns 0 and a usage error 2, never a SystemExit."""
+its ``parser()`` (an ``argparse.ArgumentParser``, ``prog`` ``kvcache <name>``) and its ``work(args)`` (or
+``work(args, extra)``, the arguments after ``--``), and ``main(argv)`` is one call of the runner,
+:func:`kvcache.cli.run`: the parse, ``--help`` 0, a usage error 2 (never a SystemExit), the signal rule."""
 
 from __future__ import annotations
 
@@ -25,6 +26,20 @@ def test_a_command_is_a_module_of_kvcache_commands_with_parser_and_main(name):
     assert made.prog == f"kvcache {name}"
     parameters = list(inspect.signature(module.main).parameters)
     assert parameters == ["argv"], f"{module_name}.main{inspect.signature(module.main)}"
+    work = list(inspect.signature(module.work).parameters)
+    assert work in (["args"], ["args", "extra"], ["args", "common"]), f"{module_name}.work{work}"
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_main_is_one_call_of_the_runner(name):
+    """The parse, the usage-error exit and the signal rule live in the runner, not in each command."""
+    module = importlib.import_module(cli.COMMANDS[name][0])
+    body = [line.strip() for line in inspect.getsource(module.main).splitlines()[1:]]
+    code = [line for line in body if line and not line.startswith(("#", '"""', "``"))]
+    assert code and code[0].startswith("return cli.run(parser, work, argv"), code
+    source = inspect.getsource(module)
+    for repeated in ("arguments.parse(", "arguments.split_extra(", "signals_stop("):
+        assert repeated not in source, f"{name}: {repeated} is the runner's"
 
 
 @pytest.mark.parametrize("name", COMMANDS)

@@ -46,7 +46,7 @@ class Case:
     argv: list[str]
     says: tuple[str, ...] = ()
     exits: tuple[int, ...] = (2,)
-    needs: str | None = None  # "immutable": skipped where chattr +i cannot be set
+    needs: str | None = None  # "immutable", "/dev/full": skipped where chattr +i cannot be set, or no /dev/full
 
 
 class Files:
@@ -183,6 +183,9 @@ CASES: dict[str, dict[str, Callable[[Files], Case]]] = {
         "an --ab run of another model": lambda f: Case([s(f.run), s(f.other), "--ab", s(f.other_model)],
                                                        ("refusing to compare", "model")),
         "clean: an empty head": lambda f: Case([s(f.run), s(f.empty)], exits=(0,)),
+        "--out on a full disk": lambda f: Case([s(f.run), s(f.other), "--out", "/dev/full"],
+                                               ("--out /dev/full: cannot write (No space left on device)",),
+                                               needs="/dev/full"),
     },
     "history": {
         "--store is the run": lambda f: Case(["add", s(f.run), "--store", s(f.run), "--release", "5.23.0"],
@@ -224,6 +227,9 @@ CASES: dict[str, dict[str, Callable[[Files], Case]]] = {
                                                       ("no figure", "no timed fit")),
         "counted passes that are not numbers": lambda f: Case([s(f.nan), *GAB, "--measures", "counted"],
                                                               ("no figure",)),
+        "--out on a full disk": lambda f: Case([s(f.run), *GAB, "--out", "/dev/full"],
+                                               ("--out /dev/full: cannot write (No space left on device)",),
+                                               needs="/dev/full"),
     },
 }
 
@@ -259,6 +265,8 @@ def test_each_command_refuses_in_one_line_or_runs_clean_and_keeps_its_inputs(inp
     case = CASES[command][name](inputs)
     if case.needs == "immutable" and inputs.immutable is None:
         pytest.skip("chattr +i cannot be set here (filesystem or privileges)")
+    if case.needs == "/dev/full" and not Path("/dev/full").exists():
+        pytest.skip("no /dev/full here")
     code, out, err = run_command(capsys, command, case.argv)
     shown = f"kvcache {command} {' '.join(case.argv)}\nexit {code}\nstdout: {out[-2000:]}\nstderr: {err[-2000:]}"
     assert code in case.exits, shown
@@ -330,13 +338,14 @@ def test_signals_after_the_first_only_print_until_the_command_exits(capfd):
             signal.signal(sig, handler)
 
 
-def suite_stopped_twice(tmp: Path, signame: str) -> subprocess.CompletedProcess:
+def suite_stopped_twice(tmp: Path, signame: str, second: str = "unconfigure") -> subprocess.CompletedProcess:
     """The counted suite on tiny, sent ``signame`` at its second counted item and again in pytest's teardown
-    (after the suite's own unconfigure: where a second Ctrl-C a second later lands)."""
+    (after the suite's own unconfigure: where a second Ctrl-C a second later lands) or, ``second`` "shutdown", in
+    the interpreter's shutdown (after Python has put its signal handlers back to the default)."""
     cmd = [sys.executable, "-m", "pytest", "benchmarks", "-p", "no:cacheprovider", "-q", "-m", "counted",
            "--kv-model", "tiny", "--kv-caches", "dynamic,static", "-p", "kv_signals", "--kv-test-signal", signame,
-           "--kv-test-first", "counted", "--kv-test-second", "unconfigure", "--kv-baseline",
-           str(tmp / "none.json"), "--benchmark-json", str(tmp / f"{signame}.json")]
+           "--kv-test-first", "counted", "--kv-test-second", second, "--kv-baseline",
+           str(tmp / "none.json"), "--benchmark-json", str(tmp / f"{signame}-{second}.json")]
     return subprocess.run(cmd, cwd=ROOT, env=environment([PLUGINS]), capture_output=True, text=True, timeout=300)
 
 
@@ -373,6 +382,8 @@ def long_runs(tmp_path_factory):
     with ThreadPoolExecutor(max_workers=2) as pool:
         jobs = {"SIGTERM": pool.submit(suite_stopped_twice, tmp, "SIGTERM"),
                 "SIGINT": pool.submit(suite_stopped_twice, tmp, "SIGINT"),
+                "SIGTERM-shutdown": pool.submit(suite_stopped_twice, tmp, "SIGTERM", "shutdown"),
+                "SIGINT-shutdown": pool.submit(suite_stopped_twice, tmp, "SIGINT", "shutdown"),
                 "ab": pool.submit(ab_stopped_at_start_up, tmp),
                 "ab-bogus": pool.submit(ab_with_a_bad_common_option, tmp)}
         return tmp, {name: job.result() for name, job in jobs.items()}
@@ -385,8 +396,57 @@ def test_the_suite_stopped_twice_exits_2_without_a_traceback_even_in_its_teardow
     text = output(done)
     assert "Traceback" not in text and "INTERNALERROR" not in text, describe(done)
     assert f"kvcache: {signame} again: already stopping" in text, describe(done)
-    session = json.loads((tmp / f"{signame}.json").read_text())["kv"]["session"]
+    session = json.loads((tmp / f"{signame}-unconfigure.json").read_text())["kv"]["session"]
     assert session["interrupted"] is True and session["exit"] == f"interrupted by {signame}", session
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+def test_a_second_signal_during_the_interpreters_shutdown_keeps_exit_2(long_runs, signame):
+    """Python puts its signal handlers back to the default as it shuts down: a handled signal would then kill the
+    process (143, 130). Once stopping, the suite ignores both signals as it exits (an ignored one stays ignored)."""
+    tmp, done = long_runs[0], long_runs[1][f"{signame}-shutdown"]
+    assert done.returncode == 2, describe(done)
+    assert "Traceback" not in output(done) and "INTERNALERROR" not in output(done), describe(done)
+    session = json.loads((tmp / f"{signame}-shutdown.json").read_text())["kv"]["session"]
+    assert session["exit"] == f"interrupted by {signame}", session
+
+
+COMMAND_STOPPED = """
+import os, signal, sys
+from kvcache import cli
+sys.path.insert(0, {plugins!r})
+from kv_signals import _AtShutdown
+
+class Stop(Exception):
+    pass
+
+def parser():
+    import argparse
+    return argparse.ArgumentParser(prog="kvcache test")
+
+def work(args):
+    try:
+        os.kill(os.getpid(), signal.{signame})
+        signal.pause()  # the handler raises Stop here
+    except Stop as exc:
+        print(f"stopped by {{exc}}", flush=True)
+        return 130
+    return 0
+
+late = _AtShutdown(signal.{signame})  # finalised as __main__'s globals are cleared: after the handlers' reset
+sys.exit(cli.run(parser, work, [], stop=Stop))
+"""
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+def test_a_command_stopped_keeps_its_exit_status_through_a_signal_at_shutdown(signame):
+    """The runner's signal rule (:func:`kvcache.cli.run`): the first signal stops the work, and one that lands
+    during the interpreter's shutdown (the second signal here, sent from a finaliser) leaves the status alone."""
+    code = COMMAND_STOPPED.format(plugins=str(PLUGINS), signame=signame)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=environment(), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 130, describe(done)
+    assert done.stdout == f"stopped by {signame}\n" and "Traceback" not in done.stderr, describe(done)
 
 
 def test_ab_stopped_during_start_up_writes_its_json_and_exits_130(long_runs):

@@ -84,6 +84,12 @@ def test_sentinel_names_each_change_skips_what_does_not_build_and_sees_a_revert_
     assert "no new commit on main" in again.stdout
     assert json.loads(out.read_text())["changes"] == [] and state.read_bytes() == before
 
+    full = sentinel(*common[:-1], "/dev/full", cwd=root)  # the final write fails: exit 2, not 0 or 1 (a green job)
+    assert full.returncode == 2, full.stdout + full.stderr
+    assert full.stderr.strip() == "kvcache sentinel: --json /dev/full: cannot write (No space left on device)", \
+        full.stderr
+    assert state.read_bytes() == before
+
     git(repo, "revert", "--no-edit", shas["viewed"])
     git(repo, "revert", "--no-edit", shas["planted"])
 

@@ -1,21 +1,9 @@
 """``kvcache report``: charts and a Markdown/HTML report of one or more benchmark runs.
 
-Writes into ``--out DIR``: ``latency.png`` (median step time in ms against context in tokens, with IQR error
-bars, the fitted line and the model's trained context), ``traffic.png`` (counted passes per cache class, stacked
-by operation), ``ledger.png`` (per op, counted beside timed passes; runs with a per-op ledger), ``memory.png``
-(per class, MB held after the counted step and live at its peak against context; runs with counted memory),
-``report.md``
-(headline and tables, ready for a GitHub job summary) and ``report.html`` (one self-contained file: interactive
-chart and the same tables).
-
-Units: times in ms, bandwidths in GB/s (1e9 bytes/s, read + write), sizes in MB (1e6 bytes), context in tokens,
-passes = bytes moved per byte of KV cache. Needs numpy; the PNGs need matplotlib (imported lazily). Never
-imports torch. Missing parts of a run are named in the output, never fatal.
-
-By concern: :mod:`.data` (runs shaped into what is tabled and drawn), :mod:`.sections` (what the report says),
-:mod:`.documents` (the document model, Markdown and HTML renderers), :mod:`.charts` (the PNGs), :mod:`.page`
-(report.html, with report.css and report.js inlined).
-"""
+``latency.png``, ``traffic.png``, ``ledger.png`` and ``memory.png`` where the runs have them, ``report.md`` and
+``report.html`` (docs/reports.md), by concern: :mod:`.data` (runs shaped into what is tabled and drawn),
+:mod:`.sections` (what the report says), :mod:`.documents` (the document model, Markdown and HTML renderers),
+:mod:`.charts` (the PNGs), :mod:`.page` (report.html, its CSS and JS inlined). Never imports torch."""
 
 from __future__ import annotations
 
@@ -60,25 +48,24 @@ def render(runs: list[Run], out_dir: Path) -> list[Path]:
     """Write report.md, report.html, latency.png, traffic.png (ledger.png when a run has a per-op ledger, memory.png
     when one has counted memory) into ``out_dir``; return their paths.
 
-    The Markdown and HTML are written first, so they exist even when matplotlib is missing (ReportError).
+    The Markdown and HTML are written first, so they exist even when matplotlib is missing (ReportError). A write
+    that fails raises its OSError (``kvcache report`` writes into a temp folder, moved into ``--out`` whole:
+    :func:`kvcache.analysing.files.staged_folder`).
     """
     out_dir = Path(out_dir)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        doc = build_doc(runs)
-        md = out_dir / "report.md"
-        md.write_text(to_markdown(doc), encoding="utf-8")
-        page = out_dir / "report.html"
-        page.write_text(render_html(runs, doc), encoding="utf-8")
-        written = [md, page]
-        written.append(plot_latency(runs, out_dir / "latency.png"))
-        written.append(plot_traffic(runs, out_dir / "traffic.png"))
-        ledger = plot_ledger(runs, out_dir / "ledger.png")
-        if ledger is not None:
-            written.append(ledger)
-        memory = plot_memory(runs, out_dir / "memory.png")
-        if memory is not None:
-            written.append(memory)
-    except OSError as exc:
-        raise ReportError(f"{exc.filename or out_dir}: cannot write ({exc.strerror or exc})") from None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    doc = build_doc(runs)
+    md = out_dir / "report.md"
+    md.write_text(to_markdown(doc), encoding="utf-8")
+    page = out_dir / "report.html"
+    page.write_text(render_html(runs, doc), encoding="utf-8")
+    written = [md, page]
+    written.append(plot_latency(runs, out_dir / "latency.png"))
+    written.append(plot_traffic(runs, out_dir / "traffic.png"))
+    ledger = plot_ledger(runs, out_dir / "ledger.png")
+    if ledger is not None:
+        written.append(ledger)
+    memory = plot_memory(runs, out_dir / "memory.png")
+    if memory is not None:
+        written.append(memory)
     return written

@@ -1,16 +1,6 @@
-"""latency.png, traffic.png, ledger.png and memory.png (matplotlib, imported lazily, Agg backend).
-
-latency.png: median step time (ms) against context (tokens), one panel per run, each point with its IQR, the
-fitted line and the trained context; the legend sits below each panel, off the data. traffic.png: counted
-passes per cache class stacked by op, in rows of at most BARS_PER_ROW bars (RUNS_PER_ROW runs), so 20+ runs
-stay readable. ledger.png (runs with a per-op ledger only): per class, each op's counted passes beside its timed
-passes (with the interval), so where the time goes lines up with what is moved. memory.png (runs with counted memory
-only): per class, the bytes held after the counted step and live at its peak against context. Every title names the
-run, its model and dtype.
-
-Text from a run (names of runs, models, caches and ops) is drawn as it is: mathtext is off while a figure is built
-and saved (:func:`_plain_text`), so a ``$`` in a name can neither typeset nor break the chart.
-"""
+"""latency.png, traffic.png, ledger.png and memory.png (matplotlib, imported lazily, Agg backend; what each shows:
+docs/reports.md). Text from a run is drawn as it is: mathtext is off while a figure is built and saved
+(:func:`_plain_text`), so a ``$`` in a name can neither typeset nor break the chart."""
 
 from __future__ import annotations
 

@@ -8,7 +8,9 @@ at moments chosen so that the test is deterministic.
   ``pytest_keyboard_interrupt`` hook), ``update_json`` (while the session's results are being written:
   pytest-benchmark's ``pytest_benchmark_update_json``, just before it writes the JSON), ``sessionfinish``
   (the JSON written, the analysis done, the baseline not yet recorded), ``unconfigure`` (pytest's teardown, after
-  the suite's own unconfigure has run: what a second Ctrl-C a second after the first lands in), or ``none``.
+  the suite's own unconfigure has run: what a second Ctrl-C a second after the first lands in), ``shutdown``
+  (during the interpreter's shutdown, once it has put Python's signal handlers back to the default: from the
+  finaliser of an object this module holds, as its globals are cleared), or ``none``.
 """
 
 import os
@@ -62,8 +64,21 @@ def pytest_sessionfinish(session):
         _send(session.config)
 
 
+class _AtShutdown:
+    """Sends the signal when it is finalised: as the interpreter clears this module's globals, after the
+    interpreter has restored the default signal handlers (where a signal that is only handled by Python kills)."""
+
+    def __init__(self, signum):
+        self.signum = signum
+
+    def __del__(self):
+        os.kill(os.getpid(), self.signum)
+
+
 def pytest_configure(config):
     _CONFIG[:] = [config]
+    if config.getoption("kv_test_second") == "shutdown":
+        globals()["_SHUTDOWN"] = _AtShutdown(getattr(signal, config.getoption("kv_test_signal")))
 
 
 @pytest.hookimpl(trylast=True)
