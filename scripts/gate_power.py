@@ -163,7 +163,7 @@ def rejudge(out: Path, r: dict[str, Any]) -> None:
     a function of the run's records and the baseline): its verdicts and the exit status its build would have now
     (1 on a failure line, else 0). For a series whose runs straddled a change of the judge."""
     from kvcache.analysing import analysis
-    from kvcache.analysing import baseline as baselines
+    from kvcache.analysing.judge import baseline as baselines
 
     kv = r["kv"]
     if kv is None:

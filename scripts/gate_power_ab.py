@@ -15,10 +15,10 @@ from typing import Any
 
 from gate_power_series import build, rotations, run_series, setup_text  # the script beside this one
 
-from kvcache.analysing import ab as judge
 from kvcache.analysing import tables
-from kvcache.analysing.ab_records import ABRunSection, ABSide, MoreRounds, PairedVerdict, read_ab_section
+from kvcache.analysing.judge import paired as judge
 from kvcache.analysing.records import KV
+from kvcache.analysing.records.ab_document import ABRunSection, ABSide, MoreRounds, PairedVerdict, read_ab_section
 
 #: B sides of the A/B mode: name -> (pytest arguments of side B, whether its counted and overhead gates count).
 AB_SIDES = {

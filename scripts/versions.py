@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SINCE = "4.45"
 # The release list: newest patch of every minor from 4.45 on, as of writing. `make versions` uses it when
 # `pip index versions` fails; .github/workflows/versions.yml's matrix lists the same releases (checked by
-# tests/analysing/test_versions_list.py). Add a new release here and there together.
+# tests/without_torch/test_versions_list.py). Add a new release here and there together.
 RELEASES = (
     "4.45.2 4.46.3 4.47.1 4.48.3 4.49.0 4.50.3 4.51.3 4.52.4 4.53.3 4.54.1 4.55.4 4.56.2 4.57.6 "
     "5.0.0 5.1.0 5.2.0 5.3.0 5.4.0 5.5.4 5.6.2 5.7.0 5.8.1 5.9.0 5.10.4 5.11.0 5.12.1 5.13.1 5.14.1 "

@@ -23,7 +23,8 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from kvcache.analysing import analysis, bandwidth, judges
+from kvcache.analysing import analysis, bandwidth
+from kvcache.analysing.judge import judges
 from kvcache.analysing.records import KV, SCHEMA, Environment, RunSettings
 
 BYTES_PER_TOKEN = 23_040
@@ -53,7 +54,7 @@ def make_run(
 ) -> dict[str, Any]:
     """A run dict; ``caches`` maps class -> true timed passes, ``counted`` class -> counted passes; ``memory``: with
     counted memory (``kv.memory``) for every counted class, as the plugin writes it."""
-    from kvcache.analysing import identity
+    from kvcache.analysing.records import identity
     from kvcache.analysing.settings import Settings
 
     caches = {"dynamic": 3.0, "static": 1.0} if caches is None else caches
@@ -200,7 +201,7 @@ def without(run: dict[str, Any], *keys: str) -> dict[str, Any]:
 
 def records_of(run: dict[str, Any]) -> list[dict[str, Any]]:
     """The records a session would have produced for ``run``, as the objects that travel to the controller
-    (:func:`kvcache.analysing.measured.to_wire`): its context, copy measurements, timed and drift points (every
+    (:func:`kvcache.analysing.records.measured.to_wire`): its context, copy measurements, timed and drift points (every
     step's seconds: from ``kv.points`` where the run has them, the suite's own timing, else from pytest-benchmark's
     ``stats.data``), traffic, skips, the ledger's profiled steps and failed classes."""
     kv = run["kv"]
@@ -233,10 +234,10 @@ def analysed(run: dict[str, Any], *, resamples: int | None = 200, baseline: dict
     ``kv.fit``. ``resamples`` (bootstrap resamples; None keeps the run's own setting) and ``baseline`` (a
     baseline file's contents; none by default) are the analysis's."""
     from kvcache.analysing.analysis import analyse
-    from kvcache.analysing.file_records import BaselineFile
-    from kvcache.analysing.identity import recorded_settings
-    from kvcache.analysing.measured import from_wire
     from kvcache.analysing.records import RunSettings
+    from kvcache.analysing.records.file_formats import BaselineFile
+    from kvcache.analysing.records.identity import recorded_settings
+    from kvcache.analysing.records.measured import from_wire
     from kvcache.analysing.settings import Settings
 
     kv = run["kv"]

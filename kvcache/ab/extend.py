@@ -18,9 +18,9 @@ from kvcache.ab import clock
 from kvcache.ab.results import ABResult
 from kvcache.ab.schedule import ABSession, drive, start
 from kvcache.ab.sides import ABError, Side
-from kvcache.analysing.ab_records import ABItem, Extension, MoreRounds, PairedVerdict
-from kvcache.analysing.measured import from_wire, to_wire
-from kvcache.analysing.timed_records import Point
+from kvcache.analysing.records.ab_document import ABItem, Extension, MoreRounds, PairedVerdict
+from kvcache.analysing.records.measured import from_wire, to_wire
+from kvcache.analysing.records.timed import Point
 
 #: The verdicts more rounds are taken for: each class's timed slope (not the intercept, nor the ledger, which has one
 #: profiled point a context).
@@ -42,7 +42,8 @@ def more_log(side: str, k: int) -> str:
 
 #: Every log the extensions may write into ``--out-dir`` (checked with the session's own before anything runs).
 MORE_LOGS = tuple(more_log(side, k) for k in range(1, MAX_EXTENSIONS + 1) for side in ("a", "b"))
-#: Why a verdict is inconclusive, as the judge (:mod:`kvcache.analysing.ab`) words it, and whether more rounds help.
+#: Why a verdict is inconclusive, as the judge (:mod:`kvcache.analysing.judge.paired`) words it, and whether more
+#: rounds help.
 STRADDLES, DRIFT, FEW_CONTEXTS = "the interval straddles the bound", "paired drift", "too few paired contexts"
 _FEW = "context(s) measured on both sides"
 
@@ -66,7 +67,7 @@ def why_more_rounds(verdict: PairedVerdict) -> str | None:
 
 def timed_verdicts(verdicts: dict[str, dict[str, Any]]) -> list[tuple[str, str, PairedVerdict]]:
     """``(cache, measure, verdict)`` of every paired timed verdict of an ``ab`` section's verdicts
-    (:func:`kvcache.analysing.ab.judge`; :data:`EXTENDED_MEASURES`)."""
+    (:func:`kvcache.analysing.judge.paired.judge`; :data:`EXTENDED_MEASURES`)."""
     return [(cache, measure, measures[measure]) for cache, measures in verdicts.items()
             for measure in EXTENDED_MEASURES if isinstance(measures.get(measure), PairedVerdict)]
 

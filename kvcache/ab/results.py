@@ -1,5 +1,6 @@
 """The output of ``kvcache ab``: each side's records analysed into its ``kv`` section
-(:mod:`kvcache.analysing.analysis`, no torch), B judged against A (:mod:`kvcache.analysing.ab`; counted and overhead
+(:mod:`kvcache.analysing.analysis`, no torch), B judged against A (:mod:`kvcache.analysing.judge.paired`; counted and
+overhead
 by compare's judge), the output document (:func:`results`) and the terminal summary (:func:`summary`)."""
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from typing import Any
 
 from kvcache.ab.schedule import ABSession
 from kvcache.ab.sides import Side
-from kvcache.analysing.ab_records import ABRunSection, ABSide, CopyFigure, ab_section_json
-from kvcache.analysing.jsonrecord import Record
 from kvcache.analysing.records import KV, Run, Session
+from kvcache.analysing.records.ab_document import ABRunSection, ABSide, CopyFigure, ab_section_json
+from kvcache.analysing.records.jsonrecord import Record
 
 FORMAT = 1  # the format of the ab_run section
 
@@ -21,7 +22,8 @@ FORMAT = 1  # the format of the ab_run section
 @dataclass
 class ABResult:
     """What ``kvcache ab`` found, as records until it is written: each side's ``kv`` section, the paired verdicts
-    (``{cache: {measure: verdict}}``, :func:`kvcache.analysing.ab.judge`), the session (``ab_run``) and when it was
+    (``{cache: {measure: verdict}}``, :func:`kvcache.analysing.judge.paired.judge`), the session (``ab_run``) and when
+    it was
     judged; :meth:`to_json` is the ``--json`` document (:func:`results`)."""
 
     kv_a: KV
@@ -47,7 +49,7 @@ class ABResult:
 def side_record(side: Side, interrupted: bool, exit_text: str) -> KV:
     """The side's ``kv`` section, analysed from the records its worker sent back."""
     from kvcache.analysing import analysis
-    from kvcache.analysing.measured import from_wire
+    from kvcache.analysing.records.measured import from_wire
 
     records = [from_wire(text) for text in side.records]
     return analysis.analyse(records, side.hello.settings, side.hello.baseline,
@@ -62,7 +64,7 @@ def run_of(kv: KV, path: str) -> Run:
 
 def described(side: Side, kv: KV) -> ABSide:
     """``ab_run.sides.<name>``: the side's arguments, releases, log, failure, drift and copy bandwidths."""
-    from kvcache.analysing import ab as judge
+    from kvcache.analysing.judge import paired as judge
 
     copies = [CopyFigure(label=m.label, gbps=m.gbps) for m in (kv.copy.measurements if kv.copy is not None else [])]
     return ABSide(args=side.args, release=side.release, transformers=side.hello.environment.transformers,
@@ -72,8 +74,8 @@ def described(side: Side, kv: KV) -> ABSide:
 
 def results(session: ABSession, tolerance: float) -> ABResult:
     """What the session found (:class:`ABResult`): each side analysed, B judged against A."""
-    from kvcache.analysing import ab as judge
     from kvcache.analysing import compare
+    from kvcache.analysing.judge import paired as judge
 
     a, b = session.sides
     broken = [side for side in session.sides if side.failure]
@@ -118,8 +120,8 @@ def results_before_start(sides: list[Side], interrupted: str, tolerance: float) 
 def ab_summary(result: ABResult) -> list[str]:
     """The terminal summary of a :func:`results` result: sides, drift and copy bandwidth per side, the verdict
     table, failures."""
-    from kvcache.analysing import ab as judge
     from kvcache.analysing import tables
+    from kvcache.analysing.judge import paired as judge
 
     run = result.run
     lines = ["kvcache ab: B against A, points paired back to back (ABBA)"]

@@ -14,7 +14,7 @@ from typing import Callable
 
 from kvcache.ab import clock
 from kvcache.ab.sides import ABError, Hello, Side
-from kvcache.analysing.ab_records import ABItem
+from kvcache.analysing.records.ab_document import ABItem
 
 CONCURRENT_ROLES = ("counted", "other")  # items whose figures do not depend on time: both sides at once
 STAGES = ("prepared", "measured", "done")  # where a worker stops in an item run in stages (the last: its records)

@@ -14,7 +14,8 @@ from kvcache.ab import clock, extend
 from kvcache.ab.results import ABResult, ab_summary, results, results_before_start
 from kvcache.ab.schedule import ABSession, drive, start
 from kvcache.ab.sides import ABError, build_sides
-from kvcache.analysing import files, jsonfile
+from kvcache.analysing import files
+from kvcache.analysing.records import jsonfile
 
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, EXIT_SIDE_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -89,7 +90,7 @@ def run_session(args: argparse.Namespace, common: list[str], tolerance: float, o
     if problem:  # after the summary: what was measured is said, and kept where the message says
         print(f"kvcache ab: {problem}", file=sys.stderr)
         return EXIT_USAGE
-    from kvcache.analysing import ab as judge
+    from kvcache.analysing.judge import paired as judge
 
     if judge.regressions(doc.verdicts):
         return EXIT_REGRESSION

@@ -17,8 +17,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import IO, Any, Callable
 
-from kvcache.analysing.context_records import Environment, RunSettings
-from kvcache.analysing.file_records import BaselineFile
+from kvcache.analysing.records.context import Environment, RunSettings
+from kvcache.analysing.records.file_formats import BaselineFile
 from kvcache.cli import last_line
 
 STOP_WAIT = 120  # seconds a worker gets to end its session after its last item before it is killed

@@ -25,7 +25,7 @@ class Control:
             raise pytest.UsageError(f"--kv-ab-control {spec!r}: expected two file descriptors R,W") from None
         self.requests = os.fdopen(read_fd, "r", buffering=1)
         self.answers = os.fdopen(write_fd, "w", buffering=1)
-        self.records: list[str] = []  # the JSON text of each record (kvcache.analysing.measured.to_wire)
+        self.records: list[str] = []  # the JSON text of each record (kvcache.analysing.records.measured.to_wire)
         self.failed = False
         self.item: str | None = None  # the node id of the item running in stages, None when not in stages
 
@@ -73,7 +73,7 @@ def _identity(config: pytest.Config) -> dict[str, Any]:
         return {"settings": {}, "environment": {}, "baseline": None}
     session = state.session
     env = session.environment()
-    from kvcache.analysing.identity import recorded_settings
+    from kvcache.analysing.records.identity import recorded_settings
 
     settings = recorded_settings(state.settings).to_json()  # JSON: the pipe to the driver is the process boundary
     baseline = state.baseline.to_json() if state.baseline is not None else None  # JSON: the pipe, as the settings

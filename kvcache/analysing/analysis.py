@@ -1,4 +1,5 @@
-"""Session-end analysis: from the records a session's items produced (:mod:`kvcache.analysing.measured`, gathered from
+"""Session-end analysis: from the records a session's items produced (:mod:`kvcache.analysing.records.measured`,
+gathered from
 every item's report, xdist workers included) to the ``kv`` section (fits, drift, per-point bandwidth, verdicts), as a
 :class:`~kvcache.analysing.records.KV`; nothing depends on what pytest-benchmark keeps. Numpy and stdlib, no torch.
 """
@@ -8,16 +9,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from kvcache.analysing import baseline as baselines
-from kvcache.analysing import gate, identity
 from kvcache.analysing import ledger as ledgers
 from kvcache.analysing.bandwidth import achieved_fraction, achieved_gbps, crossovers
 from kvcache.analysing.estimates import median
-from kvcache.analysing.file_records import BaselineFile
 from kvcache.analysing.fit import FitError, fit_passes, measure_drift
-from kvcache.analysing.jsonrecord import Record
-from kvcache.analysing.judges import drift_problem
-from kvcache.analysing.measured import ClassCount, Context, Failed
+from kvcache.analysing.judge import baseline as baselines
+from kvcache.analysing.judge import gate
+from kvcache.analysing.judge.judges import drift_problem
+from kvcache.analysing.judge.rules import Rules
 from kvcache.analysing.records import (
     KV,
     Copy,
@@ -33,15 +32,18 @@ from kvcache.analysing.records import (
     Skip,
     UnmeasuredDrift,
     Verdict,
+    identity,
 )
-from kvcache.analysing.rules import Rules
+from kvcache.analysing.records.file_formats import BaselineFile
+from kvcache.analysing.records.jsonrecord import Record
+from kvcache.analysing.records.measured import ClassCount, Context, Failed
 
 
 def analyse(records: list[Record], settings: RunSettings, baseline: BaselineFile | None,
             session: dict[str, Any]) -> KV:
     """The ``kv`` section of one run (docs/records.md) from the records its measuring processes reported
-    (:mod:`kvcache.analysing.measured`), judged against ``baseline`` (a loaded baseline file, None for none).
-    ``settings``: the run's ``--kv-*`` settings (:func:`kvcache.analysing.identity.recorded_settings`);
+    (:mod:`kvcache.analysing.records.measured`), judged against ``baseline`` (a loaded baseline file, None for none).
+    ``settings``: the run's ``--kv-*`` settings (:func:`kvcache.analysing.records.identity.recorded_settings`);
     ``session``: ``{interrupted, exit, failed}``. The caller writes it with ``KV.to_json``."""
     contexts = [r for r in records if isinstance(r, Context)]
     model, env = (contexts[0].model, contexts[0].environment) if contexts else (ModelGeometry(), Environment())
@@ -99,7 +101,7 @@ def run_verdicts(kv: KV, baseline: BaselineFile | None, **rules: Any) -> dict[st
 
 
 def gate_failures(kv: KV) -> list[str]:
-    """One line per reason the build fails (see :func:`kvcache.analysing.gate.failures`)."""
+    """One line per reason the build fails (see :func:`kvcache.analysing.judge.gate.failures`)."""
     return gate.failures(kv.verdict, drift=kv.drift, strict=bool(kv.settings.strict))
 
 

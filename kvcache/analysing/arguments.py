@@ -14,8 +14,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from kvcache.analysing import files
+from kvcache.analysing.judge.rules import Rules
 from kvcache.analysing.options import OPTIONS, Option
-from kvcache.analysing.rules import Rules
 
 #: The judge's rules, in the table's order: each is an option of the commands that judge (``--tolerance``, ...).
 RULE_OPTIONS: tuple[Option, ...] = tuple(o for o in OPTIONS if o.rule)
@@ -50,7 +50,7 @@ def rule_help(option: Option) -> str:
 
 def add_rule_options(parser: argparse.ArgumentParser) -> None:
     """One option per rule of the table (:data:`RULE_OPTIONS`: ``--tolerance``, ..., ``--min-r2``, ``--max-drift``),
-    a number stored under the :class:`~kvcache.analysing.rules.Rules` field it sets; None when not given."""
+    a number stored under the :class:`~kvcache.analysing.judge.rules.Rules` field it sets; None when not given."""
     for option in RULE_OPTIONS:
         parser.add_argument(option.compare_flag, dest=option.setting, type=float,
                             help=rule_help(option))

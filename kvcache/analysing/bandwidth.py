@@ -4,10 +4,10 @@ the cache's bytes or a step's cache traffic equal the weights' bytes. Stdlib onl
 
 from __future__ import annotations
 
-from kvcache.analysing.context_records import ModelGeometry
-from kvcache.analysing.counted_records import Memory, Traffic
 from kvcache.analysing.estimates import finite
-from kvcache.analysing.timed_records import CacheCrossovers, Crossovers, Fit, FitFailure
+from kvcache.analysing.records.context import ModelGeometry
+from kvcache.analysing.records.counted import Memory, Traffic
+from kvcache.analysing.records.timed import CacheCrossovers, Crossovers, Fit, FitFailure
 
 
 def achieved_gbps(counted_bytes: float | None, median_step_s: float | None) -> float | None:

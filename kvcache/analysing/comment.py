@@ -12,14 +12,15 @@ from typing import Any
 from urllib.parse import quote
 
 from kvcache.analysing import compare as comparing
-from kvcache.analysing import identity, judges, measure_table, tables
-from kvcache.analysing.ab_records import PairedVerdict, read_ab_section
+from kvcache.analysing import tables
 from kvcache.analysing.compare import Cell, Comparison, Regression
 from kvcache.analysing.compare_render import cell_texts, with_interval
 from kvcache.analysing.estimates import finite, interval
-from kvcache.analysing.measure_table import EXACT_VERDICTS, VERDICT_LABELS, of_verdict
-from kvcache.analysing.records import Fit, Run, Verdict
-from kvcache.analysing.rules import Rules
+from kvcache.analysing.judge import judges, measure_table
+from kvcache.analysing.judge.measure_table import EXACT_VERDICTS, VERDICT_LABELS, of_verdict
+from kvcache.analysing.judge.rules import Rules
+from kvcache.analysing.records import Fit, Run, Verdict, identity
+from kvcache.analysing.records.ab_document import PairedVerdict, read_ab_section
 from kvcache.analysing.tables import MISSING, Table, num
 
 #: The hidden marker a workflow finds its own comment by (list the comments, PATCH the one that has it).
@@ -32,7 +33,8 @@ HEADLINE = {
     INCONCLUSIVE: "? KV-cache passes: inconclusive",
     CLEAN: "✓ KV-cache passes: no regression",
 }
-#: The verdicts of exact figures (:data:`kvcache.analysing.measure_table.EXACT_VERDICTS`), as compare's regression lines
+#: The verdicts of exact figures (:data:`kvcache.analysing.judge.measure_table.EXACT_VERDICTS`), as compare's
+#: regression lines
 #: name them: they decide the comment's verdict.
 EXACT_REGRESSION_MEASURES = tuple(VERDICT_LABELS[m] for m in EXACT_VERDICTS)
 CHANGE_WORDS = {comparing.REGRESSED: "▲ regression", comparing.IMPROVED: "▼ better",
@@ -156,7 +158,8 @@ def _part_row(cache: str, head: Cell, measure: str, part: str, label: str, bv: f
 
 
 def paired(ab: dict[str, Any] | None) -> dict[str, dict[str, PairedVerdict]]:
-    """``{cache: {measure: paired verdict}}`` of an A/B run's ``ab`` section (:mod:`kvcache.analysing.ab`), the
+    """``{cache: {measure: paired verdict}}`` of an A/B run's ``ab`` section (:mod:`kvcache.analysing.judge.paired`),
+    the
     measures the comment shows (:data:`AB_MEASURES`); {} for none."""
     section = read_ab_section(ab) if ab else {}
     return {cache: {m: v for m, v in measures.items() if m in AB_MEASURES} for cache, measures in section.items()}

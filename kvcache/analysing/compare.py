@@ -10,14 +10,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kvcache.analysing import baseline as baselines
-from kvcache.analysing import gate, identity, measure_table, tables
-from kvcache.analysing.entries import BaselineEntry
+from kvcache.analysing import tables
 from kvcache.analysing.estimates import finite, interval
-from kvcache.analysing.measure_table import GROUPS, VERDICT_LABELS
+from kvcache.analysing.judge import baseline as baselines
+from kvcache.analysing.judge import gate, measure_table
+from kvcache.analysing.judge.entries import BaselineEntry
+from kvcache.analysing.judge.measure_table import GROUPS, VERDICT_LABELS
+from kvcache.analysing.judge.rules import Rules
 from kvcache.analysing.options import RULE_DEFAULTS, option
-from kvcache.analysing.records import KV, RecordError, Run, Verdict
-from kvcache.analysing.rules import Rules
+from kvcache.analysing.records import KV, RecordError, Run, Verdict, identity
 
 # Changes against the baseline.
 SAME, REGRESSED, IMPROVED, INCONCLUSIVE = "same", "regressed", "improved", "inconclusive"
@@ -42,7 +43,8 @@ class RunInfo:
 class Cell:
     """One cache class in one run; ``present`` False means the class is absent (``reason`` says why, if known).
 
-    ``figures``: the value of every compared measure (:func:`kvcache.analysing.measure_table.selected`, ``compared``) by
+    ``figures``: the value of every compared measure (:func:`kvcache.analysing.judge.measure_table.selected`,
+    ``compared``) by
     its name, a per-key one as ``{key: value}`` (``gpu``: counted passes per GPU class); ``intervals`` their bootstrap
     intervals; ``verdict`` the run's own gate status of the class. ``changes`` are SAME/REGRESSED/IMPROVED/
     INCONCLUSIVE against the baseline by measure (none where there is nothing to compare: the baseline itself, or a

@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from kvcache.analysing import measure_table, tables
+from kvcache.analysing import tables
 from kvcache.analysing.compare import IMPROVED, INCONCLUSIVE, REGRESSED, SAME, Cell, Comparison, LedgerCell
+from kvcache.analysing.judge import measure_table
 from kvcache.analysing.tables import MISSING, Table, escape_markdown, num
 
 MARKS = {SAME: "", REGRESSED: "▲", IMPROVED: "▼", INCONCLUSIVE: "?"}
@@ -22,7 +23,8 @@ VERDICT_COLUMN = "verdict"
 
 
 def columns() -> list[str]:
-    """Every column a comparison may show: each compared measure (:mod:`kvcache.analysing.measure_table`), then the
+    """Every column a comparison may show: each compared measure (:mod:`kvcache.analysing.judge.measure_table`), then
+    the
     run's own verdict of the class."""
     return [m.name for m in measure_table.selected("compared")] + [VERDICT_COLUMN]
 

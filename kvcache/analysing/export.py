@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kvcache.analysing import identity, measure_table
 from kvcache.analysing.estimates import finite, interval
-from kvcache.analysing.records import Fit, FitFailure, Run
+from kvcache.analysing.judge import measure_table
+from kvcache.analysing.records import Fit, FitFailure, Run, identity
 
 FORMATS = ("github-action-benchmark",)
 #: The measures exported (the measure table's ``exported`` rows), by name; ``memory`` names the memory verdict's

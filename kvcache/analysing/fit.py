@@ -17,9 +17,9 @@ import numpy as np
 
 from kvcache.analysing.bandwidth import crossover_context
 from kvcache.analysing.estimates import bootstrap_medians, finite, median, percentile_interval
-from kvcache.analysing.jsonrecord import jsonable
 from kvcache.analysing.options import CONFIDENCE, RESAMPLES
-from kvcache.analysing.timed_records import Drift, Fit, FitFailure, Point
+from kvcache.analysing.records.jsonrecord import jsonable
+from kvcache.analysing.records.timed import Drift, Fit, FitFailure, Point
 
 GB = 1e9
 MS_PER_S = 1e3
@@ -79,7 +79,7 @@ def fit_passes(
     The point estimate fits every (context, round) point's median step time (s) against its
     ``kv_bytes``; the copy bandwidth is the median of ``copy_samples_gbps``. The intervals come from a
     seeded hierarchical bootstrap (rounds within each context, then steps within each round, plus the
-    copy samples), see :func:`bootstrap_lines`. The figure is a :class:`~kvcache.analysing.timed_records.Fit`: passes =
+    copy samples), see :func:`bootstrap_lines`. The figure is a :class:`~kvcache.analysing.records.timed.Fit`: passes =
     slope (s/byte) × copy bandwidth (bytes/s), ``intercept_ms`` the step with an empty cache (ms),
     ``effective_gbps`` 1 / slope (GB/s), ``*_ci`` bootstrap percentile intervals at ``confidence`` (a resampled line
     may fall, so the passes interval may reach 0 or below and a bandwidth bound be None), ``weight_read_ms`` the time

@@ -1,7 +1,7 @@
 """``kvcache history add|plot``: runs across commits or releases, and their trend. ``add`` appends one entry (the
 run's figures per class, keyed by commit or release and identity; never replaced) to a JSON-lines store, rewritten
 atomically under a lock; ``plot`` draws one trend PNG per measure with the steps marked
-(:mod:`kvcache.analysing.steps`) and writes ``steps.json`` and ``steps.md`` (docs/pull-requests.md). No torch
+(:mod:`kvcache.analysing.step_detect`) and writes ``steps.json`` and ``steps.md`` (docs/pull-requests.md). No torch
 (matplotlib, Agg, for the PNGs)."""
 
 from __future__ import annotations
@@ -13,14 +13,15 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from kvcache.analysing import arguments, files, identity, jsonfile, measure_table
+from kvcache.analysing import arguments, files
 from kvcache.analysing.estimates import finite, interval
 from kvcache.analysing.export import finite_figure, why_no_figure
-from kvcache.analysing.file_records import FULL_SHA, STORE_SCHEMA, HistoryEntry
-from kvcache.analysing.jsonrecord import RecordError
-from kvcache.analysing.records import Run
+from kvcache.analysing.judge import measure_table
+from kvcache.analysing.records import Run, identity, jsonfile
+from kvcache.analysing.records.file_formats import FULL_SHA, STORE_SCHEMA, HistoryEntry
+from kvcache.analysing.records.jsonrecord import RecordError
 from kvcache.analysing.report.data import ReportError
-from kvcache.analysing.steps import Step, counted_steps, steps_markdown, timed_steps
+from kvcache.analysing.step_detect import Step, counted_steps, steps_markdown, timed_steps
 
 
 #: The measures kept and plotted (the measure table's ``history`` rows), by name: also the PNG's file stem and the
@@ -115,7 +116,7 @@ def read_store(path: str | Path) -> list[HistoryEntry]:
 
 def add(store: str | Path, entry: HistoryEntry) -> None:
     """Append ``entry`` to ``store`` atomically, under a lock on its sibling ``.lock`` file
-    (:func:`kvcache.analysing.jsonfile.update_json`); HistoryError when the store has its key already."""
+    (:func:`kvcache.analysing.records.jsonfile.update_json`); HistoryError when the store has its key already."""
     path = files.target(store)
     if not path.parent.is_dir():
         raise HistoryError(f"--store {store}: folder {path.parent} does not exist")

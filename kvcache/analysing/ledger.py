@@ -1,17 +1,17 @@
 """The per-op timed ledger, analysed: timed passes per op (``kv.ledger.<cache>.<row>``, a
-:class:`~kvcache.analysing.timed_records.LedgerRow`) from the profiled steps (``kv.ledger_points``), each op's
+:class:`~kvcache.analysing.records.timed.LedgerRow`) from the profiled steps (``kv.ledger_points``), each op's
 seconds per step fitted against KV bytes like a whole step; rows for the named ops, :data:`OTHER`,
 :data:`UNATTRIBUTED`, :data:`PROFILED_STEP` (with ``over_plain``) and :data:`PLAIN_STEP` (docs/gate.md, "Per-op timed
 ledger"). Analysing wing: no torch."""
 
 from __future__ import annotations
 
-from kvcache.analysing.context_records import RunSettings
-from kvcache.analysing.counted_records import Traffic
 from kvcache.analysing.estimates import median
 from kvcache.analysing.fit import FitError, slope_passes
 from kvcache.analysing.options import CONFIDENCE, RESAMPLES
-from kvcache.analysing.timed_records import LedgerPoint, LedgerRow, Point, Speed
+from kvcache.analysing.records.context import RunSettings
+from kvcache.analysing.records.counted import Traffic
+from kvcache.analysing.records.timed import LedgerPoint, LedgerRow, Point, Speed
 
 OTHER = "(other ops)"
 UNATTRIBUTED = "(unattributed)"

@@ -1,6 +1,6 @@
 """The ``--kv-*`` options: one table (:class:`Option`), the one home of every default. From it come the pytest
 options, the defaults of ``Settings`` and of the judge's ``Rules``, the rule options of ``kvcache compare`` and
-docs/options.md (``python -m kvcache.analysing.options > docs/options.md``; ``tests/analysing/test_options.py``
+docs/options.md (``python -m kvcache.analysing.options > docs/options.md``; ``tests/without_torch/test_options.py``
 keeps them equal). Stdlib only."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ class Option:
     unless given); ``setting`` is the :class:`~kvcache.analysing.settings.Settings` field it sets, through the
     option's parser (:data:`kvcache.analysing.settings.PARSERS`: ``--kv-copy-mib`` sets ``copy_bytes`` in bytes,
     ``--kv-no-gate`` sets ``gate`` false; ``""`` when it sets none directly, as ``--kv-attn``); ``rule``: the judge
-    reads it (:class:`~kvcache.analysing.rules.Rules`), so ``kvcache compare`` takes it too, without the ``kv-`` prefix;
+    reads it (:class:`~kvcache.analysing.judge.rules.Rules`), so ``kvcache compare`` takes it too, without the ``kv-``
+    prefix;
     ``accepts`` says, in a few words, which values are accepted."""
 
     flag: str

@@ -17,7 +17,7 @@ from kvcache.analysing.options import BY_FLAG, CONFIDENCE, OPTIONS, RESAMPLES
 
 ORDERS = ("interleaved", "ascending")
 FILLS = ("synthetic", "prefill")
-COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")  # kvcache.measuring.compiled.MODES
+COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")  # kvcache.measuring.compiled.forward.MODES
 DRIVERS = ("loop", "generate")  # --kv-driver: the suite's own decode loop, or model.generate()
 
 

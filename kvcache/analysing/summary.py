@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvcache.analysing import identity, measure_table, tables
+from kvcache.analysing import tables
 from kvcache.analysing.estimates import finite, median
+from kvcache.analysing.judge import measure_table
 from kvcache.analysing.ledger import ADDS_UP, PROFILED_STEP
 from kvcache.analysing.records import (
     KV,
@@ -21,6 +22,7 @@ from kvcache.analysing.records import (
     Memory,
     UnmeasuredDrift,
     Verdict,
+    identity,
 )
 from kvcache.analysing.tables import MISSING, Table, num
 

@@ -19,10 +19,9 @@ from importlib import machinery, metadata, util
 from pathlib import Path
 from typing import Any, Callable
 
-from kvcache.analysing import jsonfile
 from kvcache.analysing import releases as installer
-from kvcache.analysing.file_records import ProbeEntry
-from kvcache.analysing.records import KV, RecordError, Skip, load_run
+from kvcache.analysing.records import KV, RecordError, Skip, jsonfile, load_run
+from kvcache.analysing.records.file_formats import ProbeEntry
 from kvcache.bisect.server import ForkServer, ServerRefused
 
 EXIT_FOUND, EXIT_SAME, EXIT_USAGE, EXIT_AMBIGUOUS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -247,7 +246,7 @@ class Suite:
         return opts + list(self.extra)
 
     def identity(self) -> dict[str, Any]:
-        from kvcache.analysing.identity import model_key  # standard library only
+        from kvcache.analysing.records.identity import model_key  # standard library only
 
         opts = self.options()
         opts = [*opts[:1], model_key(self.model), *opts[2:len(opts) - len(self.extra)], *extra_identity(self.extra)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kvcache.analysing.file_records import BisectStep
+from kvcache.analysing.records.file_formats import BisectStep
 from kvcache.bisect import search
 from kvcache.bisect.probing import DEFAULT_CACHES, EXIT_AMBIGUOUS
 

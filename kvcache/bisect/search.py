@@ -9,12 +9,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from kvcache.analysing import measure_table
 from kvcache.analysing.compare import skip_reason
-from kvcache.analysing.judges import COUNTED_RELATIVE_SLACK
+from kvcache.analysing.judge import measure_table
+from kvcache.analysing.judge.judges import COUNTED_RELATIVE_SLACK
+from kvcache.analysing.judge.rules import Rules
 from kvcache.analysing.options import MIN_OP_PASSES, option
 from kvcache.analysing.records import KV
-from kvcache.analysing.rules import Rules
 from kvcache.analysing.sdpa_rules import BACKENDS, GPUS
 from kvcache.analysing.tables import MISSING
 
@@ -23,7 +23,7 @@ GOOD, BAD, SKIP = "good", "bad", "skip"
 
 @dataclass(frozen=True)
 class Followed:
-    """A figure a bisect follows: a row of the measure table (:mod:`kvcache.analysing.measure_table`, its
+    """A figure a bisect follows: a row of the measure table (:mod:`kvcache.analysing.judge.measure_table`, its
     ``bisected`` rows) and, for a figure per key, the key (a GPU class, an SDPA backend): ``gpu:t4``."""
 
     measure: measure_table.Measure

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from kvcache import cli
 from kvcache.analysing import arguments
-from kvcache.analysing import baseline as baselines
+from kvcache.analysing.judge import baseline as baselines
 from kvcache.analysing.records import RecordError, load_run
 
 

@@ -19,11 +19,11 @@ from typing import Any
 
 from kvcache import cli
 from kvcache.analysing import arguments
-from kvcache.analysing.ab_records import ABDocument
 from kvcache.analysing.comment import GITHUB_LIMIT, build
 from kvcache.analysing.compare import mismatch
 from kvcache.analysing.files import write_output
 from kvcache.analysing.records import RecordError, load_run, load_runs
+from kvcache.analysing.records.ab_document import ABDocument
 
 
 class CommentError(ValueError):

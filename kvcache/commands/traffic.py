@@ -20,7 +20,7 @@ from kvcache.analysing.tables import by_op
 from kvcache.cli import description
 
 #: ``--warmup`` values: the counted traffic takes at most this many decode steps before the counted one
-#: (kvcache.measuring.counting.COUNT_WARMUP), so each value is honoured exactly.
+#: (kvcache.measuring.counting.class_count.COUNT_WARMUP), so each value is honoured exactly.
 WARMUP_CHOICES = (0, 1, 2)
 
 

@@ -13,7 +13,7 @@ import os
 import re
 from typing import Any
 
-from kvcache.analysing.counted_records import Probe
+from kvcache.analysing.records.counted import Probe
 from kvcache.measuring.cachespec import CacheSpec, EntryPoints, Unsupported
 
 DEFAULT = "sdpa"  # what kvcache.measuring.compat.from_config builds every model with: its records keep plain names
@@ -159,7 +159,7 @@ def copies_factor(probe: Probe | None, heads: int, kv_heads: int, layer_bytes: l
     while that layer attends: ``heads / kv_heads`` × the largest layer's share of the KV bytes (``layer_bytes``: KV
     bytes per token of each layer). 0 where nothing was expanded. The class's declared ``memory_factor`` does not
     cover these (they belong to the attention, not the cache), so the memory check adds them
-    (:func:`kvcache.measuring.memory.memory_passes`)."""
+    (:func:`kvcache.measuring.counting.memory.memory_passes`)."""
     if probe is None or not probe.expansions or kv_heads <= 0 or not layer_bytes or sum(layer_bytes) <= 0:
         return 0.0
     return heads / kv_heads * max(layer_bytes) / sum(layer_bytes)

@@ -11,9 +11,10 @@ from typing import Any, Callable
 
 import torch
 
-from kvcache.measuring import attention, compat, traffic
+from kvcache.measuring import attention, compat
 from kvcache.measuring.batch import BatchShape
 from kvcache.measuring.cachespec import CacheRequest, CacheSpec
+from kvcache.measuring.counting import traffic
 from kvcache.measuring.devices import Device
 from kvcache.measuring.geometry import ModelSpec
 

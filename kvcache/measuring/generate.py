@@ -14,8 +14,8 @@ from typing import Any, Callable
 import torch
 
 from kvcache.measuring import compat
+from kvcache.measuring.counting.traffic import TrafficCount, TrafficCounter
 from kvcache.measuring.decode import DecodePoint
-from kvcache.measuring.traffic import TrafficCount, TrafficCounter
 
 PAD_TOKEN = 0  # generate wants a pad token; with no end-of-sequence token it never pads
 

@@ -16,7 +16,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kvcache.measuring import stages
-from kvcache.measuring.traffic import DISPLAY, op_name
+from kvcache.measuring.counting.traffic import DISPLAY, op_name
 
 STEP_RANGE = "kvcache-step"  # the profiler range (record_function) around each profiled step (CUDA)
 US = 1e-6  # seconds per microsecond (the profiler's unit)

@@ -140,7 +140,7 @@ def model_memory(settings: Settings) -> ModelMemory:
     from kvcache.analysing.presets import FAMILY_PRESETS, split_layers
     from kvcache.measuring import caches, decode
     from kvcache.measuring.configs import load_config
-    from kvcache.measuring.counting import COUNT_WARMUP
+    from kvcache.measuring.counting.class_count import COUNT_WARMUP
     from kvcache.measuring.geometry import spec_from_config
 
     config, weights = load_config(settings.model)

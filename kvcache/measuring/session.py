@@ -1,10 +1,12 @@
 """The measuring side of one pytest session (or one xdist worker): the device, the model (built once), and
-the records its items produce (:mod:`kvcache.analysing.measured`: the process's context, copy measurements, timed
+the records its items produce (:mod:`kvcache.analysing.records.measured`: the process's context, copy measurements,
+timed
 points, classes counted, profiled ledger points, skips), which the plugin sends with each item's report
 (:mod:`kvcache.plugin.transport`) and :mod:`kvcache.analysing.analysis` turns into the ``kv`` section.
 
 :class:`KVSession` orchestrates: it opens points and times them; a class's counted traffic is
-:mod:`kvcache.measuring.counting`'s, compiled decode's lifecycle :mod:`kvcache.measuring.compiled_session`'s, and
+:mod:`kvcache.measuring.counting.class_count`'s, compiled decode's lifecycle
+:mod:`kvcache.measuring.compiled.lifecycle`'s, and
 the order of re-measuring :mod:`kvcache.measuring.noise`'s."""
 
 from __future__ import annotations
@@ -20,22 +22,21 @@ import pytest
 import torch
 import transformers
 
-from kvcache.analysing import identity
 from kvcache.analysing.bandwidth import achieved_gbps
-from kvcache.analysing.context_records import Environment, ModelGeometry
-from kvcache.analysing.counted_records import Memory, Probe, Traffic
 from kvcache.analysing.estimates import median
-from kvcache.analysing.jsonrecord import Record
-from kvcache.analysing.measured import Context
-from kvcache.analysing.records import Skip
+from kvcache.analysing.records import Skip, identity
+from kvcache.analysing.records.context import Environment, ModelGeometry
+from kvcache.analysing.records.counted import Memory, Probe, Traffic
+from kvcache.analysing.records.jsonrecord import Record
+from kvcache.analysing.records.measured import Context
+from kvcache.analysing.records.timed import CopyMeasurement, LedgerPoint, Point
 from kvcache.analysing.settings import Settings
-from kvcache.analysing.timed_records import CopyMeasurement, LedgerPoint, Point
 from kvcache.measuring import caches, decode, ledger, stages
 from kvcache.measuring.bandwidth import measure_copy
 from kvcache.measuring.batch import BatchShape
-from kvcache.measuring.compiled_session import CompiledDecode
+from kvcache.measuring.compiled.lifecycle import CompiledDecode
 from kvcache.measuring.configs import load_config
-from kvcache.measuring.counting import Counting
+from kvcache.measuring.counting.class_count import Counting
 from kvcache.measuring.devices import Device
 from kvcache.measuring.generate import GeneratePoint, leading_steps
 from kvcache.measuring.geometry import ModelSpec, spec_from_config
@@ -46,7 +47,7 @@ from kvcache.measuring.noise import RoundMedians
 @dataclass(frozen=True)
 class PointId:
     """Which timed benchmark to run: a cache class at a context (tokens) in a round (what it measures is a
-    :class:`~kvcache.analysing.timed_records.Point`)."""
+    :class:`~kvcache.analysing.records.timed.Point`)."""
 
     cache: str
     context: int
@@ -114,7 +115,7 @@ class KVSession:
 
     def environment(self) -> dict[str, Any]:
         """``kv.environment``: the machine and libraries, Python, platform, torch threads, and ``variables``: the
-        environment variables known to change what runs (:data:`kvcache.analysing.identity.VARIABLES`, e.g.
+        environment variables known to change what runs (:data:`kvcache.analysing.records.identity.VARIABLES`, e.g.
         ``TRANSFORMERS_SDPA_FORCE_GQA``) that are set, {NAME: value}; absent when none is."""
         env = {**self.machine(), "python": platform.python_version(), "platform": platform.platform(),
                "threads": torch.get_num_threads()}
@@ -132,7 +133,7 @@ class KVSession:
     # --- records ---
     def emit(self, record: Record) -> None:
         """Queue a record for the current item's report (the plugin drains :attr:`pending`); the first one
-        of a process is preceded by the model and environment (:class:`~kvcache.analysing.measured.Context`)."""
+        of a process is preceded by the model and environment (:class:`~kvcache.analysing.records.measured.Context`)."""
         if not self.context_sent:
             self.context_sent = True
             self.pending.append(Context.of(model=ModelGeometry.from_json(self.spec().to_dict(), "kv.model"),
@@ -329,7 +330,8 @@ class KVSession:
 
     # --- counted ---
     def count(self, cache: str) -> Traffic:
-        """Counted passes of ``cache``, its attention probe and counted memory (:mod:`kvcache.measuring.counting`);
+        """Counted passes of ``cache``, its attention probe and counted memory
+        (:mod:`kvcache.measuring.counting.class_count`);
         with ``--kv-compile`` its compiled step counted too (full-attention models); emits the ``traffic`` record and
         returns ``kv.traffic.<cache>``."""
         counted = self.counting.count(cache)

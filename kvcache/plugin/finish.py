@@ -35,7 +35,7 @@ def record_baseline(session: pytest.Session, state: KVState) -> None:
     """``--kv-update-baseline``: merge this run's passes into the baseline file, each outcome a note of the summary;
     a file that cannot be written fails the session. Nothing is recorded when a signal came after the analysis
     said the session finished."""
-    from kvcache.analysing import baseline as baselines
+    from kvcache.analysing.judge import baseline as baselines
 
     kv, path, stopper = state.analyse(), state.settings.baseline, state.stopper
     if stopper is not None and stopper.received and not (kv.session is not None and kv.session.interrupted):

@@ -46,7 +46,7 @@ def check_before_running(config: pytest.Config, state: KVState) -> None:
     """What would otherwise fail part-way or after the sweep: the device, the paths the run writes, the copy
     tensor against free memory, the model's config, the baseline, timed points under xdist. A problem is a
     one-line ``pytest.UsageError``. Then SIGINT and SIGTERM are handled by a :class:`Stopper`."""
-    from kvcache.analysing import baseline as baselines
+    from kvcache.analysing.judge import baseline as baselines
     from kvcache.analysing.presets import ModelError
     from kvcache.measuring import preflight
     from kvcache.measuring.configs import load_config

@@ -10,9 +10,9 @@ import pytest
 from kvcache.analysing.settings import Settings
 
 if TYPE_CHECKING:
-    from kvcache.analysing.file_records import BaselineFile
-    from kvcache.analysing.jsonrecord import Record
     from kvcache.analysing.records import KV
+    from kvcache.analysing.records.file_formats import BaselineFile
+    from kvcache.analysing.records.jsonrecord import Record
     from kvcache.plugin.signals import Stopper
 
 STATE = pytest.StashKey["KVState"]()
@@ -28,7 +28,7 @@ class KVState:
         self.checked = False  # check_before_running passed: the suite runs in this session
         self.worker = worker  # an xdist worker: measures and reports records, never analyses
         self._session: Any = None
-        self.records: list[Record] = []  # every item's (kvcache.analysing.measured), here or from xdist workers
+        self.records: list[Record] = []  # every item's (kvcache.analysing.records.measured), here or from xdist workers
         self.failed: list[str] = []  # classes with a failed point
         self.exit: dict[str, Any] = {"interrupted": False, "exit": "running"}  # how the session ended (kv.session)
         self.kv: KV | None = None  # the analysis, once made
@@ -59,7 +59,8 @@ class KVState:
 
     def analyse(self) -> KV:
         """The ``kv`` section of this session (made once, from the records gathered so far)."""
-        from kvcache.analysing import analysis, identity
+        from kvcache.analysing import analysis
+        from kvcache.analysing.records import identity
 
         if self.kv is None:
             session = {**self.exit, "failed": sorted(set(self.failed))}

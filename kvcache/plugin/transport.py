@@ -1,9 +1,10 @@
-"""Records from each item to one place: the records an item produced (:mod:`kvcache.analysing.measured`) travel in
-its report (``user_properties`` named :data:`RECORD`), so the session-end analysis sees every item, from xdist
+"""Records from each item to one place: the records an item produced (:mod:`kvcache.analysing.records.measured`)
+travel in its report (``user_properties`` named :data:`RECORD`), so the session-end analysis sees every item, from xdist
 workers too, whatever pytest-benchmark keeps or saves; :class:`RecordGatherer` collects them into the session's state.
 
-This is the process boundary: each record travels as one JSON text (:func:`~kvcache.analysing.measured.to_wire`),
-read back on the controller (:func:`~kvcache.analysing.measured.from_wire`), in this process too, so a run
+This is the process boundary: each record travels as one JSON text
+(:func:`~kvcache.analysing.records.measured.to_wire`),
+read back on the controller (:func:`~kvcache.analysing.records.measured.from_wire`), in this process too, so a run
 analyses the same records with or without xdist."""
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
     state = item.config.stash.get(STATE, None)
     if state is None or not state.started:
         return
-    from kvcache.analysing.measured import Failed, to_wire
+    from kvcache.analysing.records.measured import Failed, to_wire
 
     report = outcome.get_result()
     for record in state.session.take_records():
@@ -59,7 +60,7 @@ class RecordGatherer:
         for name, value in getattr(report, "user_properties", ()):
             if name != RECORD:
                 continue
-            from kvcache.analysing.measured import Failed, from_wire
+            from kvcache.analysing.records.measured import Failed, from_wire
 
             record = from_wire(value)
             self.state.records.append(record)  # a failed class's record carries its reason to kv.session.reasons

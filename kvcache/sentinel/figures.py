@@ -1,6 +1,6 @@
 """The figures ``kvcache sentinel`` watches and when one changed: every counted figure the gate judges, keyed by where
 it sits in a run's ``kv`` section (``traffic.dynamic.passes``, ``memory.dynamic.held_passes``), found through the
-measure table's ``watched`` rows (:mod:`kvcache.analysing.measure_table`; a figure joins by being present in the
+measure table's ``watched`` rows (:mod:`kvcache.analysing.judge.measure_table`; a figure joins by being present in the
 runs) and judged with the counted judge's tolerance for it. Standard library only; nothing here runs anything."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvcache.analysing import measure_table
+from kvcache.analysing.judge import measure_table
 from kvcache.analysing.records import KV
 from kvcache.bisect import search
 

@@ -14,7 +14,7 @@ from kvcache.bisect import search
 from kvcache.bisect.report import bisect_options
 
 if TYPE_CHECKING:
-    from kvcache.analysing.file_records import BisectStep
+    from kvcache.analysing.records.file_formats import BisectStep
     from kvcache.bisect.probing import ProbeResult, Revision
     from kvcache.bisect.walk import Plan
     from kvcache.sentinel.figures import Watched

@@ -14,8 +14,8 @@ from typing import Any, Callable
 
 from kvcache.analysing import files
 from kvcache.analysing import releases as installer
-from kvcache.analysing.file_records import SentinelState
-from kvcache.analysing.jsonrecord import RecordError
+from kvcache.analysing.records.file_formats import SentinelState
+from kvcache.analysing.records.jsonrecord import RecordError
 from kvcache.bisect import search
 from kvcache.bisect.plan import probe_caches, probe_suite, published_range
 from kvcache.bisect.probing import (

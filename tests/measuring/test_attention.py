@@ -15,10 +15,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from kvcache.measuring import attention, caches, compat, decode, traffic  # noqa: E402
+from kvcache.measuring import attention, caches, compat, decode  # noqa: E402
+from kvcache.measuring.counting import traffic  # noqa: E402
+from kvcache.measuring.counting.probe import probe  # noqa: E402
 from kvcache.measuring.devices import Device  # noqa: E402
 from kvcache.measuring.models import build_model  # noqa: E402
-from kvcache.measuring.probe import probe  # noqa: E402
 from kvcache.testing.classes import lively  # noqa: E402
 
 CPU = Device.from_choice("cpu")

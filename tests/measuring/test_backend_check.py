@@ -1,5 +1,5 @@
 """scripts/gpu-check's comparison of torch's SDPA backend choice with the transcribed rules
-(``kvcache.measuring.backend_check``), exercised on a CPU with a fake selection in place of torch's
+(``kvcache.measuring.counting.backend_check``), exercised on a CPU with a fake selection in place of torch's
 ``_fused_sdp_choice`` (the real one needs a CUDA device)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from kvcache.analysing import sdpa_rules  # noqa: E402
-from kvcache.measuring import backend_check, backends  # noqa: E402
+from kvcache.measuring.counting import backend_check, backends  # noqa: E402
 
 
 def as_rules_say(capability):

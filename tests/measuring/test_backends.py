@@ -1,4 +1,5 @@
-"""The SDPA backends counted on CPU (``kvcache.measuring.backends``): torch's math composite decomposed into its ATen
+"""The SDPA backends counted on CPU (``kvcache.measuring.counting.backends``): torch's math composite decomposed into
+its ATen
 ops (the float32 upcast included), the fused kernels charged by what the CUDA wrapper gives them, and the backend
 each GPU class selects (``--kv-gpus``), on ``tiny`` (2 layers, SmolLM2's heads), transformers 5.24, bf16."""
 
@@ -10,10 +11,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from kvcache.analysing.settings import Settings  # noqa: E402
-from kvcache.measuring import backends  # noqa: E402
+from kvcache.measuring.counting import backends  # noqa: E402
+from kvcache.measuring.counting.traffic import count  # noqa: E402
 from kvcache.measuring.devices import Device  # noqa: E402
 from kvcache.measuring.session import KVSession  # noqa: E402
-from kvcache.measuring.traffic import count  # noqa: E402
 
 
 @pytest.fixture(scope="module")

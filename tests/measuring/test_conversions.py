@@ -1,6 +1,6 @@
 """One counted figure and one timed figure followed from their measurement to the ``--benchmark-json`` file, every
 change of form counted: a figure is a record from the moment it is measured, and becomes JSON only at the process
-boundary (:func:`kvcache.analysing.measured.to_wire` on the measuring side, ``from_wire`` on the controller, one
+boundary (:func:`kvcache.analysing.records.measured.to_wire` on the measuring side, ``from_wire`` on the controller, one
 JSON text each way) and at the file (``KV.to_json``, then one text written).
 
 The run is the real suite on ``tiny`` (one class, three contexts, one round) in a subprocess whose record machinery
@@ -24,10 +24,11 @@ FOLLOWED = ("dynamic", 256, 0)  # the timed figure followed: this point's steps
 DRIVER = """
 import json, sys
 import pytest
-from kvcache.analysing import measured, records
-from kvcache.analysing.context_records import RunSettings
-from kvcache.analysing.counted_records import Traffic
-from kvcache.analysing.timed_records import Point
+from kvcache.analysing.records import measured
+from kvcache.analysing import records
+from kvcache.analysing.records.context import RunSettings
+from kvcache.analysing.records.counted import Traffic
+from kvcache.analysing.records.timed import Point
 from kvcache.measuring.session import KVSession
 from kvcache.plugin import finish
 
@@ -178,8 +179,8 @@ def test_a_paired_verdict_is_a_record_until_the_ab_file_is_written(monkeypatch):
     as records, written to JSON once, into the ``--json`` document, and never read back."""
     from kvcache.ab import extend
     from kvcache.ab.results import ABResult, ab_summary
-    from kvcache.analysing import ab
-    from kvcache.analysing.ab_records import ABRunSection, PairedVerdict
+    from kvcache.analysing.judge import paired as ab
+    from kvcache.analysing.records.ab_document import ABRunSection, PairedVerdict
 
     log: list[str] = []
     to_json, from_json = PairedVerdict.to_json, PairedVerdict.from_json.__func__

@@ -8,8 +8,11 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from kvcache.analysing import identity  # noqa: E402
-from kvcache.analysing.records import Environment, RunSettings  # noqa: E402
+from kvcache.analysing.records import (  # noqa: E402
+    Environment,
+    RunSettings,
+    identity,  # noqa: E402
+)
 from kvcache.analysing.settings import Settings  # noqa: E402
 from kvcache.measuring.devices import Device  # noqa: E402
 from kvcache.measuring.session import KVSession  # noqa: E402

@@ -1,4 +1,4 @@
-"""kvcache.measuring.kernel_bytes: fused bytes per kernel, checked against the code inductor generates.
+"""kvcache.measuring.compiled.kernel_bytes: fused bytes per kernel, checked against the code inductor generates.
 
 A two-layer toy of a static-cache decode step (one int64 position counter shared by both layers, each layer
 storing one token into its K and V buffers at that position, then attending over them; the counter incremented in
@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("torch._inductor")
 
-from kvcache.measuring import compiled  # noqa: E402
+from kvcache.measuring.compiled import forward as compiled  # noqa: E402
 
 HEADS, LENGTH, DIM = 2, 64, 16
 F32, I64 = 4, 8

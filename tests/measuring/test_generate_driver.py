@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvcache.measuring import caches, decode, traffic
+from kvcache.measuring import caches, decode
 from kvcache.measuring.batch import BatchShape
+from kvcache.measuring.counting import traffic
 from kvcache.measuring.devices import Device
 from kvcache.measuring.generate import GeneratePoint
 from kvcache.measuring.models import build_model

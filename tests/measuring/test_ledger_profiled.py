@@ -7,7 +7,8 @@ import statistics
 
 import pytest
 
-from kvcache.measuring import caches, decode, ledger, traffic
+from kvcache.measuring import caches, decode, ledger
+from kvcache.measuring.counting import traffic
 from kvcache.measuring.devices import Device
 from kvcache.measuring.models import build_model
 

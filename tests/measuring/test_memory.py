@@ -1,4 +1,5 @@
-"""Counted memory (:mod:`kvcache.measuring.memory`): bytes a decode step allocates, peaks at and holds, per KV byte.
+"""Counted memory (:mod:`kvcache.measuring.counting.memory`): bytes a decode step allocates, peaks at and holds, per KV
+byte.
 
 Figures on ``tiny`` (2 layers; one layer's K and V are half the KV bytes, its K a quarter), counted at 256 and 512:
 
@@ -18,7 +19,7 @@ import torch
 
 from kvcache.analysing.records import MemoryStep
 from kvcache.analysing.settings import Settings
-from kvcache.measuring import memory
+from kvcache.measuring.counting import memory
 from kvcache.measuring.devices import Device
 from kvcache.measuring.session import KVSession
 
@@ -90,7 +91,7 @@ def test_a_class_needing_more_than_its_memory_factor_is_named(counted):
 
 def test_tracker_charges_new_storages_and_sees_them_freed():
     tracker = memory.MemoryTracker()
-    from kvcache.measuring import traffic
+    from kvcache.measuring.counting import traffic
 
     with tracker:
         a = torch.ones(1000)  # 4000 bytes, before the counted region
@@ -110,7 +111,7 @@ def test_a_storage_inherits_nothing_from_a_freed_one_with_its_id():
     """CPython gives a freed storage's id to the next storage made: the scope a dead storage was first seen in must
     not be charged the bytes of a later one (it was: a token made outside every layer, held after the step, was
     charged to whichever layer's dead scratch tensor had had its id, 8 bytes in about half of all runs)."""
-    from kvcache.measuring import traffic
+    from kvcache.measuring.counting import traffic
 
     class Double(torch.nn.Module):
         def forward(self, x):

@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from kvcache.analysing import identity
-from kvcache.analysing.identity import model_key
 from kvcache.analysing.presets import PRESETS
-from kvcache.analysing.records import Environment
+from kvcache.analysing.records import Environment, identity
+from kvcache.analysing.records.identity import model_key
 from kvcache.analysing.settings import Settings
 
 CONFIG = {"model_type": "llama", **PRESETS["tiny"], "transformers_version": "5.24.0"}
@@ -82,7 +81,7 @@ def test_names_are_checked_and_keyed_without_torch(tmp_path):
     scripts/versions.py reads the presets) where torch and transformers are absent."""
     d = model_dir(tmp_path, CONFIG)
     code = ("import sys\nfor blocked in ('torch', 'transformers'):\n    sys.modules[blocked] = None\n"
-            "from kvcache.analysing import identity, presets\n"
+            "from kvcache.analysing import presets\nfrom kvcache.analysing.records import identity\n"
             "presets.check_name('gemma3-270m@layers=12'); presets.check_name(sys.argv[1])\n"
             "print(identity.model_key('tiny'), identity.model_key(sys.argv[1]) == sys.argv[2])")
     done = subprocess.run([sys.executable, "-c", code, str(d), model_key(str(d))], capture_output=True, text=True,

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kvcache.analysing.settings import Settings
-from kvcache.measuring import traffic
+from kvcache.measuring.counting import traffic
 from kvcache.measuring.devices import Device
 from kvcache.measuring.session import KVSession
 from kvcache.testing import classes

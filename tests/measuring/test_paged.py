@@ -17,8 +17,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from kvcache.measuring import caches, compat, decode, paged_api, paged_point, traffic  # noqa: E402
+from kvcache.measuring import caches, compat, decode, paged_api, paged_point  # noqa: E402
 from kvcache.measuring.batch import BatchShape  # noqa: E402
+from kvcache.measuring.counting import traffic  # noqa: E402
 from kvcache.measuring.devices import Device  # noqa: E402
 from kvcache.measuring.models import build_model  # noqa: E402
 from kvcache.testing.classes import lively  # noqa: E402

@@ -1,4 +1,5 @@
-"""kvcache.measuring.traffic: the dispatch-level byte counter on operations whose traffic is known by construction,
+"""kvcache.measuring.counting.traffic: the dispatch-level byte counter on operations whose traffic is known by
+construction,
 then counted passes of whole decode steps on the ``tiny`` preset (a planted copy, determinism, the
 built-in classes)."""
 
@@ -9,10 +10,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from kvcache.analysing import judges  # noqa: E402
+from kvcache.analysing.judge import judges  # noqa: E402
 from kvcache.analysing.records import Counted  # noqa: E402
 from kvcache.analysing.settings import Settings  # noqa: E402
-from kvcache.measuring import traffic  # noqa: E402
+from kvcache.measuring.counting import traffic  # noqa: E402
 from kvcache.measuring.devices import Device  # noqa: E402
 from kvcache.measuring.session import KVSession  # noqa: E402
 

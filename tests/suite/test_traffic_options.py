@@ -24,7 +24,7 @@ def test_warmup_out_of_range_is_a_usage_error(capsys, value, says):
 
 
 def test_warmup_choices_are_what_the_counted_traffic_takes():
-    from kvcache.measuring.counting import COUNT_WARMUP
+    from kvcache.measuring.counting.class_count import COUNT_WARMUP
 
     assert traffic_cli.WARMUP_CHOICES == tuple(range(COUNT_WARMUP + 1))
 

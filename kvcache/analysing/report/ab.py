@@ -13,15 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvcache.analysing import ab as judge
 from kvcache.analysing import tables
-from kvcache.analysing.ab_records import ABDocument, ABRunSection, read_ab_section
 from kvcache.analysing.estimates import finite
-from kvcache.analysing.jsonrecord import RecordError
+from kvcache.analysing.judge import paired as judge
+from kvcache.analysing.judge.rules import Rules
 from kvcache.analysing.records import Run
+from kvcache.analysing.records.ab_document import ABDocument, ABRunSection, read_ab_section
+from kvcache.analysing.records.jsonrecord import RecordError
 from kvcache.analysing.report.charts import _plain_text, _pyplot, _save
 from kvcache.analysing.report.data import cache_colours, per_context, points_by_cache
-from kvcache.analysing.rules import Rules
 
 
 @dataclass(frozen=True)

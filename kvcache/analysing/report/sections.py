@@ -226,7 +226,8 @@ def backends_section(doc: Doc, kv: KV, caches: list[str]) -> None:
             rows.append([cache, backend, num(finite(entry.passes)),
                          tables.by_op(entry.by_op) if entry.passes is not None else entry.error or ""])
     optional_section(doc, "SDPA backends", "The step counted with every scaled_dot_product_attention call run as torch "
-                     "runs it on CUDA under each backend (kvcache.measuring.backends): counted passes and per op.",
+                     "runs it on CUDA under each backend (kvcache.measuring.counting.backends): counted passes and "
+                     "per op.",
                      ["cache", "backend", "counted passes", "passes by op (or why not)"], rows)
     rows = []
     for cache in caches:

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from kvcache.analysing.measured import from_wire, to_wire
-from kvcache.analysing.timed_records import Point
+from kvcache.analysing.records.measured import from_wire, to_wire
+from kvcache.analysing.records.timed import Point
 
 SLOWER = "KV_AB_FIGURES_SLOWER"
 RECORD = "kv_record"  # kvcache.plugin.transport.RECORD: the records an item's report carries

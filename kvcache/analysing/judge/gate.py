@@ -1,0 +1,127 @@
+"""The one judge: every rule that turns measured figures and a baseline into verdicts, for the session-end gate and
+``kvcache compare`` alike. Each measure's judge is :mod:`kvcache.analysing.judge.judges`'; this module applies them to
+every class of a run (:func:`judge_run`: ``kv.verdict.<cache>.<measure>``) and walks the verdicts
+(:func:`failures`, :func:`status_of`: the exit status and its lines). The rules: docs/gate.md. Stdlib only."""
+
+from __future__ import annotations
+
+import math
+
+from kvcache.analysing.judge.entries import BaselineEntry
+from kvcache.analysing.judge.judges import (
+    PRIORITY,
+    allowed_passes,
+    drift_problem,
+    judge_counted,
+    judge_gpus,
+    judge_intercept,
+    judge_ledger,
+    judge_memory,
+    judge_overhead,
+    judge_timed,
+)
+from kvcache.analysing.judge.measure_table import EXACT_VERDICTS, VERDICT_NAMES
+from kvcache.analysing.judge.rules import Rules
+from kvcache.analysing.records import KV, Drift, Point, Speed, UnmeasuredDrift, Verdict
+from kvcache.analysing.settings import parse_max_passes  # noqa: F401 - its home is the options' parsers
+
+
+def speed_shift(speed: Speed | None, base_ms: float | None, max_fraction: float) -> Drift | None:
+    """A drift-like record when this run reads its weights (``kv.speed.weights_ms``: median ms per step of the
+    ``linear`` ops in the ledger's profiled steps, which do not depend on the cache) more than ``max_fraction``
+    slower or faster than the run its timed baseline came from (``timed_weights_ms``): the machine's decode speed
+    changed between the two sessions, which the copy bandwidth need not show. None when within, or unknown."""
+    run_ms = speed.weights_ms if speed is not None else None
+    if not run_ms or not base_ms or not math.isfinite(run_ms) or not math.isfinite(base_ms):
+        return None
+    fraction = run_ms / base_ms - 1
+    if abs(fraction) <= max_fraction:
+        return None
+    return Drift(ok=False, fraction=fraction, max_fraction=max_fraction,
+                 problem=f"this run reads its weights {fraction:+.0%} per step against the run the timed baseline "
+                         f"came from ({run_ms:.1f} vs {base_ms:.1f} ms, beyond ±{max_fraction:.0%}, --kv-max-drift): "
+                         "the machine's decode speed changed between the sessions")
+
+
+def compile_problems(points: list[Point], cache: str) -> list[str]:
+    """Why a compiled class's timed figure cannot be trusted: its points' ``compiled.problem`` (a recompile inside
+    the timed steps, a step that ran eagerly), each named once with its context."""
+    problems: dict[str, None] = {}
+    for p in points:
+        if p.cache == cache and p.compiled is not None and p.compiled.problem:
+            problems.setdefault(f"at {p.context} tokens: {p.compiled.problem}")
+    return list(problems)
+
+
+def judge_run(kv: KV, baseline: dict[str, dict[str, BaselineEntry]], rules: Rules,
+              keys: dict[str, str]) -> dict[str, dict[str, Verdict]]:
+    """Verdicts of every class of a run: ``{cache: {measure: verdict}}``.
+
+    ``baseline`` is ``{measure: {cache: entry}}`` (:func:`kvcache.analysing.judge.baseline.for_run`), ``keys`` the
+    baseline key of each measure (for messages).
+    """
+    out = {}
+    for cache in dict.fromkeys([*kv.settings.caches, *kv.fit, *kv.traffic, *kv.memory]):
+        def entry(measure: str, cache: str = cache) -> BaselineEntry | None:
+            return baseline[measure].get(cache) if measure in baseline else None
+
+        bound = rules.max_passes.get(cache)
+        counted_base, timed_base, traffic, fit = entry("counted"), entry("timed"), kv.traffic.get(cache), \
+            kv.fit.get(cache)
+        counted = judge_counted(
+            traffic.counted() if traffic is not None else None, key=keys["counted"],
+            base_by_op=counted_base.counted_by_op if counted_base is not None else None,
+            allowed=allowed_passes(counted_base.counted_passes if counted_base is not None else None,
+                                   rules.counted_tolerance, bound, relative=False))
+        drift: Drift | UnmeasuredDrift | None = kv.drift
+        if not drift_problem(drift):  # within the session it held: did the machine change since the baseline?
+            drift = speed_shift(kv.speed, timed_base.timed_weights_ms if timed_base is not None else None,
+                                rules.max_drift) or drift
+        timed = judge_timed(fit, rules=rules, drift=drift, key=keys["timed"], allowed=allowed_passes(
+            timed_base.timed_passes if timed_base is not None else None, rules.tolerance, bound, relative=True))
+        overhead = judge_overhead(traffic, entry("overhead"), rules=rules, key=keys["overhead"])
+        intercept_base = timed_base.timed_intercept_ms if timed_base is not None else None
+        intercept = judge_intercept(fit, rules=rules, drift=drift, key=keys["timed"],
+                                    allowed=None if intercept_base is None else intercept_base * (1 + rules.tolerance))
+        problems = compile_problems(kv.points, cache)
+        for verdict in (timed, intercept):
+            if problems and verdict.status != "not-measured":
+                if verdict.status in ("pass", "regression"):
+                    verdict.status, verdict.reason = "inconclusive", ""
+                verdict.reason = "; ".join([*([verdict.reason] if verdict.reason else []), *problems])
+        ledger = judge_ledger(
+            kv.ledger.get(cache), timed_base.timed_ledger if timed_base is not None else None, rules=rules,
+            drift=drift, key=keys["timed"], counted_by_op=traffic.by_op if traffic is not None else None,
+            base_counted_by_op=counted_base.counted_by_op if counted_base is not None else None)
+        judged = {"counted": counted, "timed": timed, "overhead": overhead, "intercept": intercept,
+                  "ledger": ledger}  # the gate's judge of each verdict of the measure table (a test keeps them equal)
+        if (traffic is not None and traffic.gpus) or (counted_base is not None and counted_base.gpu_passes):
+            judged["gpus"] = judge_gpus(traffic.gpu_counted() if traffic is not None else {}, counted_base,
+                                        tolerance=rules.counted_tolerance, key=keys["counted"])
+        memory, memory_base = kv.memory.get(cache), entry("memory")
+        if memory is not None or memory_base is not None:  # a run from before counted memory has no verdict of it
+            judged["memory"] = judge_memory(memory, memory_base, rules=rules,
+                                            key=keys.get("memory", keys["overhead"]))
+        out[cache] = {name: judged[name] for name in VERDICT_NAMES if name in judged}
+    return out
+
+
+def status_of(verdicts: dict[str, Verdict]) -> str:
+    """One status for a class (for tables): the highest-priority status of its measures."""
+    statuses = [v.status for v in verdicts.values()]
+    return max(statuses, key=lambda s: PRIORITY.get(s, 0)) if statuses else "not-measured"
+
+
+def failures(verdicts: dict[str, dict[str, Verdict]], *, drift: Drift | UnmeasuredDrift | None = None,
+             strict: bool = False) -> list[str]:
+    """One line per reason the build fails, walking ``kv.verdict.<cache>.<measure>``: every regression;
+    with ``strict`` also every inconclusive timed verdict and a drift beyond its limit."""
+    lines = []
+    for cache, measures in verdicts.items():
+        for measure, v in measures.items():
+            if v.status == "regression" or (strict and measure not in EXACT_VERDICTS and v.status == "inconclusive"):
+                lines.append(f"kv-cache {v.status}: {cache} {measure}: {v.reason}")
+    problem = drift_problem(drift)
+    if strict and problem and not any("drift" in line for line in lines):
+        lines.append(f"kv-cache drift (--kv-strict): {problem}")
+    return lines

@@ -1,0 +1,273 @@
+"""Counted traffic of a cache class on a session's model: one decode step counted at each counted context (the
+bytes its tensor ops read and write: :mod:`kvcache.measuring.counting.traffic`), the attention probe of the largest
+(:mod:`kvcache.measuring.counting.probe`) and the memory of each counted step
+(:mod:`kvcache.measuring.counting.memory`). For a model
+with sliding-window or linear-attention layers, passes per layer kind too, and two steps past every window. What it
+gives are the ``kv.traffic``, ``kv.probe`` and ``kv.memory`` records of the class
+(:class:`~kvcache.analysing.records.measured.ClassCount`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvcache.analysing import sdpa_rules
+from kvcache.analysing.records.counted import (
+    BackendCount,
+    GpuPrediction,
+    Memory,
+    MemoryBeyond,
+    MemorySlopes,
+    MemoryStep,
+    Probe,
+    ServedBatch,
+    Traffic,
+    TrafficBeyond,
+)
+from kvcache.analysing.records.measured import ClassCount
+from kvcache.measuring import attention, caches, compat
+from kvcache.measuring.attention import DEFAULT as SDPA
+from kvcache.measuring.counting import backends, memory, traffic
+from kvcache.measuring.counting.probe import probe
+from kvcache.measuring.generate import leading_steps
+
+COUNT_WARMUP = 2  # decode steps before a counted one: enough for lazy initialisation; bytes do not change after
+
+
+@dataclass
+class CountedSteps:
+    """One counted step of a class at each context: its traffic, the tokens its attention read, the bytes the
+    cache stores there, the step's memory (where measured) and the attention probe (of the step at ``probe_at``)."""
+
+    counts: dict[int, traffic.TrafficCount] = field(default_factory=dict)
+    tokens: dict[int, int] = field(default_factory=dict)
+    stored: dict[int, int] = field(default_factory=dict)
+    memory: dict[int, MemoryStep] = field(default_factory=dict)
+    scopes: dict[int, memory.ScopeBytes] = field(default_factory=dict)
+    probe: Probe | None = None
+
+
+@dataclass
+class EmulatedRun:
+    """Steps counted with SDPA emulated (:mod:`kvcache.measuring.counting.backends`): counts and tokens per context, the
+    calls seen and the backend each ran under."""
+
+    counts: dict[int, traffic.TrafficCount] = field(default_factory=dict)
+    tokens: dict[int, int] = field(default_factory=dict)
+    calls: list[Any] = field(default_factory=list)
+    chosen: list[str] = field(default_factory=list)
+
+
+class Counting:
+    """Counts classes on the points a session opens. ``session`` (a :class:`kvcache.measuring.session.KVSession`)
+    gives the settings, the model (``model()``, ``spec()``), the batch and the logical KV bytes it holds
+    (``held``), and opens filled, warmed-up points (``open``: a class that cannot run raises its skip)."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+
+    def count(self, cache: str) -> ClassCount:
+        """Counted passes of ``cache`` (steps counted at the counted contexts), its attention probe and counted
+        memory; for a model whose layers are not all full attention, passes per layer kind (:meth:`_add_kinds`)."""
+        s = self.session
+        model, spec = s.model()
+        contexts = tuple(s.settings.counted_contexts)
+        scopes: dict[Any, str] = {model: traffic.FORWARD}
+        if spec.mixed:  # below every window (ModelSpec.counted_contexts), ops charged per decoder layer too
+            contexts = spec.counted_contexts(contexts)
+            scopes.update(traffic.layer_scopes(model))
+        steps = self._steps(cache, contexts, probe_at=max(contexts), scopes=scopes)
+        held = {c: s.held(c, steps.tokens[c]) for c in contexts}
+        result = traffic.counted_passes(steps.counts, spec.bytes_per_token, kv_bytes=held, layers=spec.layers,
+                                        weight_bytes=spec.weight_bytes)
+        self._add_held_and_stored(cache, steps, result)
+        measured = self._memory(cache, steps)
+        if spec.mixed:
+            self._add_kinds(cache, steps, scopes, result, measured)
+        self._add_backends(cache, contexts, steps.probe, result)
+        return ClassCount.of(cache=cache, traffic=result, probe=steps.probe, memory=measured)
+
+    def not_emulated(self, cache: str, probe: Probe | None) -> str | None:
+        """Why the SDPA backends of ``cache``'s step are not counted (and no GPU class predicted), or None: its
+        attention is not SDPA, its step calls none, or the step is not the suite's own eager loop."""
+        s = self.session
+        attention = caches.get(cache).attention
+        if attention != SDPA:
+            return (f"not predicted: its attention is {attention}, not sdpa (torch's SDPA backend rules say nothing "
+                    "of it)")
+        if probe is not None and not probe.calls:
+            return "not predicted: its step calls no scaled_dot_product_attention"
+        if s.generating:
+            return ("not predicted: --kv-driver generate counts the step inside generate(); backends are counted on "
+                    "the loop")
+        return None
+
+    def _add_backends(self, cache: str, contexts: tuple[int, ...], probe: Probe | None,
+                      result: Traffic) -> None:
+        """``backends`` {backend: :class:`BackendCount`}: the step counted at each counted context with every SDPA
+        call run as torch runs it on CUDA under that backend (:mod:`kvcache.measuring.counting.backends`); a backend
+        torch's
+        rules reject for the step's calls on every GPU class under every transcribed torch release has ``passes`` None
+        and ``error`` (their words). ``gpus`` (``--kv-gpus``) {class: :class:`GpuPrediction`}: the backend torch would
+        select for the step's calls on that class (:mod:`kvcache.analysing.sdpa_rules`), and the passes counted under
+        it."""
+        s = self.session
+        gpus = tuple(getattr(s.settings, "gpus", ()) or ())
+        why = self.not_emulated(cache, probe)
+        if why:
+            if gpus:
+                result.update(gpus={gpu: GpuPrediction.of(backend=None, rejected={}, passes=None, by_op={}, error=why)
+                                    for gpu in gpus})
+            return
+        warm = min(s.settings.warmup, COUNT_WARMUP)
+        _, spec = s.model()
+        points = {c: s.open(cache, c, warmup=warm, steps=len(sdpa_rules.BACKENDS) + len(gpus) + 1) for c in contexts}
+        try:
+            runs = {backend: self._emulated(points, warm, backends.always(backend))
+                    for backend in sdpa_rules.BACKENDS}
+            calls = [call for run in runs.values() for call in run.calls]
+            counted = {backend: self._backend_entry(backend, run, calls, spec) for backend, run in runs.items()}
+            result.update(backends=counted)
+            if gpus:
+                result.update(gpus={gpu: self._gpu_entry(gpu, points, warm, runs["math"].calls, counted, spec)
+                                    for gpu in gpus})
+        finally:
+            for dp in points.values():
+                dp.release()
+
+    def _emulated(self, points: dict[int, Any], warm: int, chooser: backends.Chooser) -> EmulatedRun:
+        """One step of every point counted with SDPA emulated by ``chooser``; the tokens each step's attention read."""
+        run = EmulatedRun()
+        for context, dp in points.items():
+            emulation = backends.Emulation(chooser)
+            with emulation.active():
+                run.counts[context] = dp.count_step(warm)
+            run.tokens[context] = dp.position
+            run.calls.extend(emulation.calls)
+            run.chosen.extend(emulation.chosen)
+        return run
+
+    def _passes(self, run: EmulatedRun, spec: Any) -> Traffic:
+        held = {c: self.session.held(c, run.tokens[c]) for c in run.counts}
+        return traffic.counted_passes(run.counts, spec.bytes_per_token, kv_bytes=held)
+
+    def _backend_entry(self, backend: str, run: EmulatedRun, calls: list[sdpa_rules.SdpaCall],
+                       spec: Any) -> BackendCount:
+        why = sdpa_rules.rejected_everywhere(backend, calls) if calls else None
+        if why:
+            return BackendCount.of(passes=None, by_op={}, error=why)
+        counted = self._passes(run, spec)
+        return BackendCount.of(passes=counted.passes, by_op=counted.by_op)
+
+    def _gpu_entry(self, gpu: str, points: dict[int, Any], warm: int, calls: list[sdpa_rules.SdpaCall],
+                   counted: dict[str, BackendCount], spec: Any) -> GpuPrediction:
+        """One GPU class: the backend its rules select for the step's calls (every call of every counted step),
+        ``rejected`` {backend ahead of it: torch's reason} of the first call, and the passes counted under it (the
+        backend's own count when every call selects it, else the step counted with each call under its own)."""
+        selections = [sdpa_rules.select(call, gpu) for call in calls]
+        chosen = {sel.backend for sel in selections}
+        first = selections[0] if selections else sdpa_rules.Selection("math")
+        if len(chosen) == 1:
+            own = counted[first.backend]
+            return GpuPrediction.of(backend=first.backend, rejected=dict(first.rejected), passes=own.passes,
+                                    by_op=own.by_op)
+        mixed = self._emulated(points, warm, backends.by_rules(gpu))
+        count = self._passes(mixed, spec)
+        return GpuPrediction.of(backend="mixed", rejected=dict(first.rejected), passes=count.passes,
+                                by_op=count.by_op,
+                                by_call={b: mixed.chosen.count(b) for b in sdpa_rules.BACKENDS if b in mixed.chosen})
+
+    def _steps(self, cache: str, contexts: tuple[int, ...], *, probe_at: int | None = None,
+               scopes: dict[Any, str] | None = None) -> CountedSteps:
+        """One counted step of ``cache`` at each context (ops charged to the modules of ``scopes`` too), after
+        ``min(--kv-warmup, COUNT_WARMUP)`` uncounted ones; with the memory of the counted step."""
+        s = self.session
+        _, spec = s.model()
+        warm = min(s.settings.warmup, COUNT_WARMUP)
+        out = CountedSteps()
+        for context in contexts:
+            tracker = memory.MemoryTracker(s.device.type)  # the memory of the counted step (its region only)
+            with tracker:
+                if s.generating:  # warmed up inside the counted generate call
+                    dp = s.open(cache, context, warmup=0, steps=leading_steps(warm) + 1)
+                else:
+                    dp = s.open(cache, context, warmup=warm, steps=1)
+                out.counts[context] = dp.count_step(warm, scopes)
+            if tracker.step is not None:
+                out.memory[context], out.scopes[context] = tracker.step, tracker.scopes
+            out.tokens[context] = dp.position  # after the step: the tokens its attention read
+            out.stored[context] = compat.stored_bytes(dp.cache)
+            if context == probe_at:
+                out.probe = probe(dp.step, spec.heads, spec.kv_heads).record()
+            dp.release()
+        return out
+
+    def _add_held_and_stored(self, cache: str, steps: CountedSteps, result: Traffic) -> None:
+        """Set ``kv_bytes`` {context: logical KV bytes the batch holds}; with a left-padded batch also
+        ``allocated_bytes``, ``allocated_passes`` (per byte of the padded rectangle: equal to passes without
+        padding) and ``batch``; ``stored_bytes`` {context: bytes stored} and ``stored_passes`` (Δ step bytes /
+        Δ bytes stored; None when storage did not grow)."""
+        s = self.session
+        spec, counts, tokens, stored = s.spec(), steps.counts, steps.tokens, steps.stored
+        contexts = sorted(counts)
+        lo, hi = contexts[0], contexts[-1]
+        result.update(kv_bytes={str(c): s.held(c, tokens[c]) for c in contexts})
+        if s.batch.size > 1 and caches.get(cache).pads:
+            allocated = {c: s.batch.allocated_bytes(spec, c, tokens[c] - c) for c in contexts}
+            result.update(allocated_bytes={str(c): allocated[c] for c in contexts},
+                          allocated_passes=(counts[hi].total - counts[lo].total) / (allocated[hi] - allocated[lo]),
+                          batch=ServedBatch.of(size=s.batch.size, ragged=s.batch.ragged))
+        if stored:
+            delta = stored[hi] - stored[lo]
+            result.update(stored_bytes={str(c): stored[c] for c in contexts},
+                          stored_passes=(counts[hi].total - counts[lo].total) / delta if delta > 0 else None)
+
+    def _memory(self, cache: str, steps: CountedSteps) -> Memory | None:
+        """``kv.memory.<cache>`` from the memory of the counted steps (:func:`memory.memory_passes`): slopes per
+        live KV byte, and with a left-padded batch per allocated KV byte too (``per_allocated``); None when fewer
+        than two steps were measured."""
+        measured = steps.memory
+        if len(measured) < 2:
+            return None
+        s = self.session
+        spec, cache_spec = s.spec(), caches.get(cache)
+        held = {c: s.held(c, steps.tokens[c]) for c in measured}
+        layer_bytes = [layer.bytes_per_token for layer in spec.layer_kv] or [1] * spec.layers
+        copies = attention.copies_factor(steps.probe, spec.heads, spec.kv_heads, layer_bytes)
+        out = memory.memory_passes(measured, held, declared_factor=cache_spec.memory_factor, attention_factor=copies)
+        if s.batch.size > 1 and cache_spec.pads:
+            allocated = {c: s.batch.allocated_bytes(spec, c, steps.tokens[c] - c) for c in measured}
+            per = memory.memory_passes(measured, allocated)
+            out.update(per_allocated=MemorySlopes.of(allocated_passes=per.allocated_passes,
+                                                     peak_passes=per.peak_passes, held_passes=per.held_passes))
+        return out
+
+    def _add_kinds(self, cache: str, steps: CountedSteps, scopes: dict[Any, str], result: Traffic,
+                   measured: Memory | None) -> None:
+        """Passes per layer kind (``kinds``), against the logical KV bytes each kind holds (sliding layers stop at
+        their window, linear state does not grow); then two steps past every window (``beyond``), where sliding
+        layers must have stopped growing, in traffic and (``measured``) in held memory."""
+        s = self.session
+        spec = s.spec()
+        contexts = tuple(steps.counts)  # the counted contexts, in order
+        kind_layers = spec.kind_layers()
+        kinds_held = {kind: {c: s.held(c, steps.tokens[c], kind) for c in contexts} for kind in kind_layers}
+        windows = {kind: value["window"] for kind, value in spec.kinds_dict().items()}
+        far = spec.beyond_windows(contexts)
+        beyond = beyond_held = None
+        if far:
+            past = self._steps(cache, far, scopes=scopes)
+            beyond = past.counts
+            beyond_held = {kind: {c: s.held(c, past.tokens[c], kind) for c in far} for kind in kind_layers}
+            far_kv = {str(c): s.held(c, past.tokens[c]) for c in far}
+            result.update(beyond=TrafficBeyond.of(contexts=list(far), kv_bytes=far_kv,
+                                                  step_bytes={str(c): beyond[c].total for c in far}))
+            if measured and len(past.memory) == len(far):  # past every window: a sliding layer must hold no more
+                held_far = {c: past.memory[c].held for c in far}
+                measured.update(beyond=MemoryBeyond.of(contexts=list(far), held={str(c): held_far[c] for c in far},
+                                                       held_growth_bytes=held_far[far[-1]] - held_far[far[0]],
+                                                       kv_bytes=far_kv))
+        if measured and len(steps.memory) == len(contexts):
+            measured.update(kinds=memory.kind_memory(steps.scopes, kind_layers, kinds_held))
+        result.update(kinds=traffic.kind_passes(steps.counts, kind_layers, kinds_held, windows=windows, beyond=beyond,
+                                                beyond_held=beyond_held))
