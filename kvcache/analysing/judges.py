@@ -157,7 +157,9 @@ def judge_interval(fit: Fit | FitFailure | None, value_name: str, interval_name:
 def judge_counted(counted: Counted | None, *, allowed: float | None, base_by_op: dict[str, float] | None,
                   key: str) -> Verdict:
     """Judge a class's counted passes (:meth:`~kvcache.analysing.counted_records.Traffic.counted`): regression
-    when above ``allowed``; the verdict names the ops that grew when the baseline has a per-op breakdown."""
+    when above ``allowed``, or when not a finite number (NaN, infinite, text: a counted figure is exact, so one that
+    cannot be judged is no pass, and inconclusive would let it through: --kv-strict leaves exact measures alone); the
+    verdict names the ops that grew when the baseline has a per-op breakdown."""
     if counted is None or counted.passes is None:
         if counted is not None and counted.why_missing:
             return Verdict("not-measured", f"no fused count of the compiled step: {counted.why_missing}")
@@ -166,8 +168,10 @@ def judge_counted(counted: Counted | None, *, allowed: float | None, base_by_op:
     verdict = Verdict("pass", "", value=passes, allowed=allowed)
     if allowed is None:
         verdict.status, verdict.reason = "no-baseline", no_baseline_reason(key)
-    elif finite(passes) is None:  # NaN, infinite, or not a number at all (a hand-edited run)
-        verdict.status, verdict.reason = "inconclusive", f"counted passes is {passes!r}, not a finite number"
+    elif finite(passes) is None:  # NaN, infinite, or not a number at all (a hand-edited run): never a pass
+        verdict.status = "regression"
+        verdict.reason = (f"counted passes is {passes!r}, not a finite number, where {fmt(allowed)} is allowed: an "
+                          "exact figure that cannot be judged fails")
     elif passes > allowed * (1 + COUNTED_RELATIVE_SLACK):
         verdict.status = "regression"
         verdict.reason = f"counted passes {fmt(passes)} is above the allowed {fmt(allowed)}"
