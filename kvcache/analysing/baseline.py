@@ -63,6 +63,10 @@ READABLE_BASELINE_SCHEMAS = (1, 2)
 PASSES_KEYS = ("timed_passes", "counted_passes")
 NUMBER_KEYS = (*PASSES_KEYS, "timed_intercept_ms", "ops_per_step", "data_ops_per_step", "weight_passes")
 
+#: ``--kv-baseline none``: the run has no baseline file (nothing read, nothing recorded).
+NO_BASELINE = "none"
+
+
 class BaselineError(ValueError):
     """A baseline file that cannot be used; the message is one line naming the file."""
 
@@ -72,8 +76,11 @@ def empty() -> dict[str, Any]:
 
 
 def load(path: str | Path) -> dict[str, Any]:
-    """Read a baseline file (schema 1 or 2, upgraded to 2); a missing file is an empty baseline, anything
-    unusable a BaselineError."""
+    """Read a baseline file (schema 1 or 2, upgraded to 2); a missing file (or :data:`NO_BASELINE`) is an empty
+    baseline, anything unusable a BaselineError. A path given explicitly must exist: the plug-in checks that before
+    it loads (:func:`kvcache.plugin.startup.baseline_problem`)."""
+    if str(path) == NO_BASELINE:
+        return empty()
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")

@@ -336,7 +336,7 @@ def suite_stopped_twice(tmp: Path, signame: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "pytest", "benchmarks", "-p", "no:cacheprovider", "-q", "-m", "counted",
            "--kv-model", "tiny", "--kv-caches", "dynamic,static", "-p", "kv_signals", "--kv-test-signal", signame,
            "--kv-test-first", "counted", "--kv-test-second", "unconfigure", "--kv-baseline",
-           str(tmp / "none.json"), "--benchmark-json", str(tmp / f"{signame}.json")]
+           "none", "--benchmark-json", str(tmp / f"{signame}.json")]
     return subprocess.run(cmd, cwd=ROOT, env=environment([PLUGINS]), capture_output=True, text=True, timeout=300)
 
 
