@@ -139,9 +139,7 @@ class Comparison:
 
 def skip_reason(kv: KV, cache: str) -> str | None:
     """Why ``cache`` did not run (``kv.skipped``): the reason of a whole-class skip first, else of a skipped point."""
-    entries = [s for s in kv.skipped if str(s.cache) == cache]
-    whole = [s for s in entries if s.context is None]
-    return next((str(s.reason) for s in whole or entries if s.reason), None)
+    return gate.skip_reason(kv, cache)
 
 
 def cell_of(run: Run, cache: str) -> Cell:

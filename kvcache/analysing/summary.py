@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvcache.analysing import identity, measure_table, tables
+from kvcache.analysing import gate, identity, measure_table, tables
 from kvcache.analysing.estimates import finite, median
 from kvcache.analysing.ledger import ADDS_UP, PROFILED_STEP
 from kvcache.analysing.records import (
@@ -41,6 +41,14 @@ def measured_verdicts(kv: KV) -> dict[str, dict[str, Verdict]]:
     """Verdicts of the classes with at least one measure measured (skipped classes are listed as skips)."""
     return {cache: verdicts for cache, verdicts in kv.verdict.items()
             if any(v.status != "not-measured" for v in verdicts.values())}
+
+
+def table_verdicts(kv: KV) -> dict[str, dict[str, Verdict]]:
+    """The verdict table's classes: those measured (:func:`measured_verdicts`) and the skipped classes the baseline
+    holds figures for (:func:`kvcache.analysing.gate.unmeasured_baselined`: a row not-measured with the skip reason,
+    so that a baselined class cannot drop out of the gate unseen)."""
+    return {cache: verdicts for cache, verdicts in kv.verdict.items()
+            if any(v.status != "not-measured" or gate.unmeasured_baselined(v) for v in verdicts.values())}
 
 
 def verdict_table(verdicts: dict[str, dict[str, Verdict]]) -> tuple[Table, tables.Notes]:
@@ -350,7 +358,7 @@ def lines(kv: KV) -> list[str]:
                        "achieved = counted bytes of the whole step / median step time; of copy = its share of the copy"
                        " bandwidth")
     out += [f"skipped {s.cache}{f' at {s.context}' if s.context else ''}: {s.reason}" for s in kv.skipped]
-    measured = measured_verdicts(kv)
+    measured = table_verdicts(kv)
     if measured:
         table, notes = verdict_table(measured)
         out += ["", *tables.text(table), *(f"  {note}" for note in notes.lines())]
