@@ -92,6 +92,8 @@ def load(path: str | Path) -> dict[str, Any]:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise BaselineError(f"{p}: baseline is not JSON ({exc.msg} at line {exc.lineno})") from None
+    except ValueError:  # an integer beyond Python's limit of digits (4300)
+        raise BaselineError(f"{p}: not a kvcache baseline (an integer of more than 4300 digits)") from None
     problem = problem_of(doc)
     if problem:
         raise BaselineError(f"{p}: not a kvcache baseline ({problem})")

@@ -37,6 +37,7 @@ from typing import Any
 from kvcache.analysing import arguments, files, identity, measure_table
 from kvcache.analysing.estimates import finite, interval
 from kvcache.analysing.export import finite_figure, why_no_figure
+from kvcache.analysing.jsonrecord import too_large_number
 from kvcache.analysing.records import Run
 from kvcache.analysing.report.data import ReportError
 from kvcache.analysing.steps import Step, counted_steps, steps_markdown, timed_steps
@@ -132,6 +133,11 @@ def read_store(path: str | Path) -> list[dict[str, Any]]:
             entry = json.loads(line)
         except json.JSONDecodeError as exc:
             raise HistoryError(f"{p}:{n}: not JSON ({exc.msg})") from None
+        except ValueError:  # an integer beyond Python's limit of digits (4300)
+            raise HistoryError(f"{p}:{n}: not a history entry (an integer of more than 4300 digits)") from None
+        problem = too_large_number(entry)
+        if problem:  # stored before history add refused it: every plot of the store crashed on it
+            raise HistoryError(f"{p}:{n}: {problem}")
         if not isinstance(entry, dict) or not isinstance(entry.get("caches"), dict) or \
                 not (entry.get("commit") or entry.get("release")):
             raise HistoryError(f"{p}:{n}: not a history entry (no commit or release, or no caches)")
