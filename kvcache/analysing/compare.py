@@ -27,6 +27,7 @@ from kvcache.analysing import baseline as baselines
 from kvcache.analysing import gate, identity, measure_table, tables
 from kvcache.analysing.entries import BaselineEntry
 from kvcache.analysing.estimates import finite, interval
+from kvcache.analysing.gate import skip_reason  # why a class did not run; bisect's search takes it from here too
 from kvcache.analysing.measure_table import GROUPS, VERDICT_LABELS
 from kvcache.analysing.options import RULE_DEFAULTS, option
 from kvcache.analysing.records import KV, Part, RecordError, Run, Verdict
@@ -135,11 +136,6 @@ class Comparison:
 
 
 # --- one run --------------------------------------------------------------------------------------------------
-
-
-def skip_reason(kv: KV, cache: str) -> str | None:
-    """Why ``cache`` did not run (``kv.skipped``): the reason of a whole-class skip first, else of a skipped point."""
-    return gate.skip_reason(kv, cache)
 
 
 def cell_of(run: Run, cache: str) -> Cell:
