@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvcache.analysing import gate, identity, measure_table, tables
+from kvcache.analysing import gate, identity, judges, measure_table, tables
 from kvcache.analysing.estimates import finite, median
 from kvcache.analysing.ledger import ADDS_UP, PROFILED_STEP
 from kvcache.analysing.records import (
@@ -77,10 +77,20 @@ def fit_rows(kv: KV) -> list[list[str]]:
             rows.append([cache, MISSING, MISSING, timed, MISSING, num(counted), MISSING, MISSING])
             continue
         ratio = fit.passes / counted if finite(fit.passes) and finite(counted) else None
+        poor = " poor fit" if judges.poor_fit(fit.r2, judges.min_r2_of(kv.settings)) else ""
         rows.append([cache, tables.figure(fit.intercept_ms, fit.intercept_ci), num(fit.effective_gbps, ".1f"),
-                     tables.figure(fit.passes, fit.passes_ci), num(fit.r2, ".3f"), num(counted), num(ratio),
+                     tables.figure(fit.passes, fit.passes_ci), num(fit.r2, ".3f") + poor, num(counted), num(ratio),
                      num(fit.crossover_tokens, ",.0f")])
     return rows
+
+
+def poor_fit_lines(kv: KV) -> list[str]:
+    """One line per class whose timed fit is poor (:func:`kvcache.analysing.judges.poor_fit`: R² below
+    ``--kv-min-r2``), with or without a baseline: its timed figures are not to be quoted."""
+    min_r2 = judges.min_r2_of(kv.settings)
+    return [f"timed {cache}: {problem}: its timed passes and intercept are not to be quoted"
+            for cache, fit in kv.fit.items() if isinstance(fit, Fit)
+            for problem in [judges.poor_fit(fit.r2, min_r2)] if problem]
 
 
 def overhead_rows(kv: KV) -> list[list[str]]:
@@ -332,6 +342,7 @@ def lines(kv: KV) -> list[str]:
     if kv.verdict:
         out += noted_table(FIT_HEADER, fit_rows(kv), "effective GB/s = KV bytes per extra second of step time; passes "
                            "= copy GB/s / effective GB/s; counted = bytes read + written per KV byte, logical")
+    out += poor_fit_lines(kv)
     out += crossover_lines(kv.crossovers)
     out += drift_line(kv.drift)
     for cache, t in kv.traffic.items():
