@@ -201,7 +201,7 @@ def run_release(release: str, args: argparse.Namespace, constraints: Path, insta
         if target is not None:
             # No gate, no baseline in the runs: releases are compared with each other by `kvcache compare`.
             cmd = [sys.executable, "-m", "pytest", "benchmarks", "-m", "counted", "--kv-model", DEFAULT_MODEL,
-                   "--kv-caches", "all", "--kv-no-gate", "--kv-baseline", str(args.out / "no-baseline.json"),
+                   "--kv-caches", "all", "--kv-no-gate", "--kv-baseline", "none",
                    "-p", "no:cacheprovider",
                    "--benchmark-json", str(json_path), "-q", *args.pytest_args,
                    *(["--kv-model", model] if model is not None else [])]

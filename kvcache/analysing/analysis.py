@@ -106,12 +106,17 @@ def gate_failures(kv: KV) -> list[str]:
 
 
 def warnings(kv: KV) -> list[str]:
-    """Loud lines that do not fail the build: drift beyond its limit (unless --kv-strict made it a failure)."""
+    """Loud lines that do not fail the build: drift beyond its limit, a skipped class the baseline holds figures for
+    (unless --kv-strict made them failures)."""
+    out = []
     problem = drift_problem(kv.drift)
     if problem and not kv.settings.strict:
-        return [f"kv-cache drift: {problem}; timed verdicts are inconclusive (the build does not fail on drift "
-                "alone; --kv-strict makes it fail)"]
-    return []
+        out.append(f"kv-cache drift: {problem}; timed verdicts are inconclusive (the build does not fail on drift "
+                   "alone; --kv-strict makes it fail)")
+    if not kv.settings.strict:  # a skipped class the baseline holds: not judged, said aloud
+        out += [f"kv-cache not-measured: {cache} {measure}: {v.reason}" for cache, measures in kv.verdict.items()
+                for measure, v in measures.items() if gate.unmeasured_baselined(v)]
+    return out
 
 
 def _skips(records: list[Skip]) -> list[Skip]:

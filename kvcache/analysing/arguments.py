@@ -94,16 +94,19 @@ def http_url(option: str, text: str) -> str:
 
 def release(option: str, text: str) -> str:
     """A Transformers release named on the command line, normalised by the installer's rule
-    (:func:`kvcache.analysing.releases.normalise`: ``v5.23.0`` and ``5.23`` are ``5.23.0``), so that one release has
-    one name wherever it is stored; a pre-release keeps its suffix (``v5.0rc1`` is ``5.0.0rc1``). ValueError (one line
-    naming ``option``) for a name that is not a release number."""
+    (:func:`kvcache.analysing.releases.normalise`: ``v5.23.0``, ``5.23``, ``5.23.0.0`` and ``05.023.0`` are
+    ``5.23.0``), so that one release has one name wherever it is stored; a pre-release keeps its suffix (``v5.0rc1``
+    is ``5.0.0rc1``, ``5.0rc01`` too). ValueError (one line naming ``option``) for a name that is not a release
+    number."""
     from kvcache.analysing.releases import ReleaseError, normalise
 
     given = text.strip()
-    found = re.fullmatch(r"[vV]?(\d+(?:\.\d+)+)((?:a|b|rc)\d+)?(\.dev\d+)?", given)
+    found = re.fullmatch(r"[vV]?(\d+(?:\.\d+)+)(?:(a|b|rc)(\d+))?(?:\.dev(\d+))?", given)
     try:
         if found is None:
             raise ReleaseError(f"not a release number: {text!r} (e.g. 5.24.0, v5.24.0, 5.24 or 5.0.0rc1)")
-        return normalise(found.group(1))[0] + (found.group(2) or "") + (found.group(3) or "")
+        final, kind, number, dev = found.groups()  # suffix numbers without leading zeros too: rc01 is rc1
+        return (normalise(final)[0] + (f"{kind}{int(number)}" if kind else "") +
+                (f".dev{int(dev)}" if dev is not None else ""))
     except ReleaseError as exc:
         raise ValueError(f"{option}: {exc}") from None

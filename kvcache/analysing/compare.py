@@ -15,10 +15,11 @@ from kvcache.analysing.estimates import finite, interval
 from kvcache.analysing.judge import baseline as baselines
 from kvcache.analysing.judge import gate, measure_table
 from kvcache.analysing.judge.entries import BaselineEntry
+from kvcache.analysing.judge.gate import skip_reason  # why a class did not run; bisect's search takes it from here too
 from kvcache.analysing.judge.measure_table import GROUPS, VERDICT_LABELS
 from kvcache.analysing.judge.rules import Rules
 from kvcache.analysing.options import RULE_DEFAULTS, option
-from kvcache.analysing.records import KV, RecordError, Run, Verdict, identity
+from kvcache.analysing.records import KV, Part, RecordError, Run, Verdict, identity
 
 # Changes against the baseline.
 SAME, REGRESSED, IMPROVED, INCONCLUSIVE = "same", "regressed", "improved", "inconclusive"
@@ -126,13 +127,6 @@ class Comparison:
 # --- one run --------------------------------------------------------------------------------------------------
 
 
-def skip_reason(kv: KV, cache: str) -> str | None:
-    """Why ``cache`` did not run (``kv.skipped``): the reason of a whole-class skip first, else of a skipped point."""
-    entries = [s for s in kv.skipped if str(s.cache) == cache]
-    whole = [s for s in entries if s.context is None]
-    return next((str(s.reason) for s in whole or entries if s.reason), None)
-
-
 def cell_of(run: Run, cache: str) -> Cell:
     """The figures of ``cache`` in ``run`` (no changes yet: :func:`_against` adds them)."""
     kv = run.record
@@ -224,7 +218,8 @@ def compare(runs: Sequence[Run], *, rules_from: str = "each", require_classes: b
     (:data:`kvcache.analysing.options.RULE_DEFAULTS`: ``tolerance``, ``counted_tolerance``, ``min_r2``, ...); one
     given (not None) replaces every run's own. ``require_classes``: every class with counted passes in the first run
     must have counted passes in each later run; one that has none (skipped, unsupported, not run) is a regression
-    of its counted passes (:func:`missing_classes`). RecordError when a run's settings cannot judge."""
+    of its counted passes (:func:`missing_classes`), and so is each GPU class the first run has counted passes for
+    and a later one lacks (:func:`missing_gpu_figures`). RecordError when a run's settings cannot judge."""
     if not runs:
         raise ValueError("compare needs at least one run")
     unknown = sorted(set(rules) - set(RULE_DEFAULTS))
@@ -252,7 +247,7 @@ def compare(runs: Sequence[Run], *, rules_from: str = "each", require_classes: b
             comparison.regressions += regressions
         comparison.cells[cache] = row
     if require_classes:
-        comparison.regressions += missing_classes(comparison)
+        comparison.regressions += missing_classes(comparison) + missing_gpu_figures(comparison)
     comparison.ledger = ledger_cells(runs, judged)
     return comparison
 
@@ -330,14 +325,48 @@ def missing_classes(comparison: Comparison) -> list[Regression]:
         for info, cell in zip(comparison.runs[1:], later):
             if cell.present and cell.counted is not None:
                 continue
+            counted = cell.judged["counted"] if cell.judged and "counted" in cell.judged else None
+            if counted is not None and counted.status == "regression":  # not a number: the judge failed it already
+                continue
             if not cell.present:
                 why = f"skipped: {cell.reason}" if cell.reason else "not in this run (no skip reason recorded)"
             else:
-                counted = cell.judged["counted"] if cell.judged and "counted" in cell.judged else None
                 why = f"no counted passes: {(counted.reason if counted else '') or 'not measured'}"
             out.append(Regression(cache, info.label, VERDICT_LABELS["counted"],
                                   f"the class is required (it has {first.counted:.2f} counted passes in the first "
                                   f"run) and this run has none: {why}"))
+    return out
+
+
+def missing_gpu_figures(comparison: Comparison) -> list[Regression]:
+    """A regression of counted passes per GPU class for every GPU class a class has a figure for in the first run
+    (``kv.traffic.<cache>.gpus``, --kv-gpus) and none in a later run that has the class (the GPU class not predicted,
+    its figure null or left out): a pull request's head cannot drop a GPU class from its own gate any more than a
+    class. The head's ``gpus`` verdict is marked too (its part a regression), so that the tables show it. A figure
+    that is there but not a number is failed by the judge itself; a class the later run lacks, by
+    :func:`missing_classes`."""
+    out = []
+    for cache in comparison.caches:
+        first, *later = comparison.cells[cache]
+        base = {gpu: passes for gpu, passes in (first.gpus or {}).items() if passes is not None}
+        for info, cell in zip(comparison.runs[1:], later):
+            if not base or not cell.present or cell.counted is None:
+                continue
+            verdict = (cell.judged or {}).get("gpus")
+            lost = [gpu for gpu in base if (cell.gpus or {}).get(gpu) is None and not (
+                verdict is not None and part_status(verdict, gpu) == "regression")]
+            for gpu in lost:
+                part = verdict.parts.get(gpu) if verdict is not None and verdict.parts else None
+                why = (part.reason if part is not None and part.reason else None) or (
+                    "not predicted" if cell.gpus and gpu in cell.gpus else "not in this run")
+                reason = (f"{gpu}: the GPU class is required (it has {base[gpu]:.2f} counted passes in the first run) "
+                          f"and this run has none: {why}")
+                out.append(Regression(cache, info.label, VERDICT_LABELS["gpus"], reason))
+                if verdict is not None:
+                    was = verdict.reason if verdict.status != "pass" else ""
+                    verdict.status = "regression"
+                    verdict.parts = {**(verdict.parts or {}), gpu: Part("regression", reason=reason)}
+                    verdict.reason = "; ".join(r for r in (reason, was) if r)
     return out
 
 

@@ -23,10 +23,14 @@ def median(values: Iterable[Any]) -> float:
 
 
 def finite(value: Any) -> float | None:
-    """``value`` as a float when it is a finite number; None for None, bools, text, NaN and infinities."""
+    """``value`` as a float when it is a finite number; None for None, bools, text, NaN, infinities and integers too
+    large for a float (``10**400``)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return None
-    return float(value) if math.isfinite(value) else None
+    try:
+        return float(value) if math.isfinite(value) else None
+    except OverflowError:
+        return None
 
 
 def interval(value: Any) -> tuple[float, float] | None:

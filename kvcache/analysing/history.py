@@ -19,7 +19,7 @@ from kvcache.analysing.export import finite_figure, why_no_figure
 from kvcache.analysing.judge import measure_table
 from kvcache.analysing.records import Run, identity, jsonfile
 from kvcache.analysing.records.file_formats import FULL_SHA, STORE_SCHEMA, HistoryEntry
-from kvcache.analysing.records.jsonrecord import RecordError
+from kvcache.analysing.records.jsonrecord import RecordError, too_large_number
 from kvcache.analysing.report.data import ReportError
 from kvcache.analysing.step_detect import Step, counted_steps, steps_markdown, timed_steps
 
@@ -107,8 +107,11 @@ def read_store(path: str | Path) -> list[HistoryEntry]:
         if not line.strip():
             continue
         try:
-            entries.append(HistoryEntry.read(jsonfile.parse_json(line, f"{p}:{n}", what="history entry",
-                                                                 error=HistoryError), f"{p}:{n}"))
+            raw = jsonfile.parse_json(line, f"{p}:{n}", what="history entry", error=HistoryError)
+            problem = too_large_number(raw)
+            if problem:  # stored before history add refused it: every plot of the store crashed on it
+                raise HistoryError(f"{p}:{n}: {problem}")
+            entries.append(HistoryEntry.read(raw, f"{p}:{n}"))
         except RecordError as exc:
             raise HistoryError(str(exc)) from None
     return entries

@@ -78,7 +78,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("--kv-remeasure", 0, "after the rounds, measure the N noisiest points once more (default 0)", "remeasure"),
     Option("--kv-remeasure-seconds", 120, "time bound of those re-measurements (default 120 s)", "remeasure_seconds"),
     Option("--kv-baseline", "kv-baseline.json", "baseline file of passes per device (default kv-baseline.json in the "
-           "root directory)", "baseline"),
+           "root directory; none: no baseline); a file given that does not exist is an error unless "
+           "--kv-update-baseline creates it", "baseline"),
     Option("--kv-update-baseline", None, "write this run's passes into the baseline file", "update_baseline"),
     Option("--kv-no-gate", None, "report everything without failing the build", "gate"),
     Option("--kv-strict", None, "inconclusive timed verdicts (drift beyond --kv-max-drift included) fail the build "

@@ -48,16 +48,21 @@ def newest_per_minor(versions: list[str], since: str) -> list[str]:
 
 
 def normalise(text: str) -> tuple[str, str | None]:
-    """``(release, note)``: a release number as pip publishes it. ``4.45`` is read as ``4.45.0`` and ``v5.23.0`` (a
-    git tag) as ``5.23.0``, with a note saying so (None when taken as given); anything else that is not a final
+    """``(release, note)``: a release number as pip publishes it, one name per release (PEP 440 equality: ``5.23``,
+    ``5.23.0.0`` and ``05.023.0`` are one release). ``4.45`` is read as ``4.45.0``, ``v5.23.0`` (a git tag) as
+    ``5.23.0``, each part without leading zeros (``05.023.0``: ``5.23.0``) and without zero parts after the third
+    (``5.23.0.0``: ``5.23.0``), with a note saying so (None when taken as given); anything else that is not a final
     release number is a :class:`ReleaseError`. (``pip install transformers==4.45`` installs 4.45.0, which then
-    reports ``4.45.0``: a run asked for ``4.45`` would not recognise its own release.)"""
+    reports ``4.45.0``: a run asked for ``4.45`` would not recognise its own release, and a history stored
+    ``5.23.0.0`` beside ``5.23.0`` as two releases: a step that is none.)"""
     given = text.strip()
     release = given[1:] if given[:1] in ("v", "V") else given
-    if re.fullmatch(r"\d+\.\d+", release):
-        release += ".0"
     if not FINAL.match(release):
         raise ReleaseError(f"not a final release number: {text!r} (e.g. 4.45.2)")
+    parts = [int(part) for part in release.split(".")]
+    while len(parts) > 3 and parts[-1] == 0:
+        parts.pop()
+    release = ".".join(map(str, parts + [0] * (3 - len(parts))))
     return release, (None if release == given else f"{given} is read as {release}")
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from kvcache.analysing import tables
 from kvcache.analysing.estimates import finite, median
-from kvcache.analysing.judge import measure_table
+from kvcache.analysing.judge import gate, judges, measure_table
 from kvcache.analysing.ledger import ADDS_UP, PROFILED_STEP
 from kvcache.analysing.records import (
     KV,
@@ -45,6 +45,14 @@ def measured_verdicts(kv: KV) -> dict[str, dict[str, Verdict]]:
             if any(v.status != "not-measured" for v in verdicts.values())}
 
 
+def table_verdicts(kv: KV) -> dict[str, dict[str, Verdict]]:
+    """The verdict table's classes: those measured (:func:`measured_verdicts`) and the skipped classes the baseline
+    holds figures for (:func:`kvcache.analysing.judge.gate.unmeasured_baselined`: a row not-measured with the skip
+    reason, so that a baselined class cannot drop out of the gate unseen)."""
+    return {cache: verdicts for cache, verdicts in kv.verdict.items()
+            if any(v.status != "not-measured" or gate.unmeasured_baselined(v) for v in verdicts.values())}
+
+
 def verdict_table(verdicts: dict[str, dict[str, Verdict]]) -> tuple[Table, tables.Notes]:
     """One row per class, one column per measure (:data:`SUMMARY_MEASURES`): each cell the status (pass, regression,
     inconclusive, no-baseline, not-measured) and the number of its reason, ``no-baseline [2]``; and the reasons,
@@ -71,10 +79,20 @@ def fit_rows(kv: KV) -> list[list[str]]:
             rows.append([cache, MISSING, MISSING, timed, MISSING, num(counted), MISSING, MISSING])
             continue
         ratio = fit.passes / counted if finite(fit.passes) and finite(counted) else None
+        poor = " poor fit" if judges.poor_fit(fit.r2, judges.min_r2_of(kv.settings)) else ""
         rows.append([cache, tables.figure(fit.intercept_ms, fit.intercept_ci), num(fit.effective_gbps, ".1f"),
-                     tables.figure(fit.passes, fit.passes_ci), num(fit.r2, ".3f"), num(counted), num(ratio),
+                     tables.figure(fit.passes, fit.passes_ci), num(fit.r2, ".3f") + poor, num(counted), num(ratio),
                      num(fit.crossover_tokens, ",.0f")])
     return rows
+
+
+def poor_fit_lines(kv: KV) -> list[str]:
+    """One line per class whose timed fit is poor (:func:`kvcache.analysing.judge.judges.poor_fit`: R² below
+    ``--kv-min-r2``), with or without a baseline: its timed figures are not to be quoted."""
+    min_r2 = judges.min_r2_of(kv.settings)
+    return [f"timed {cache}: {problem}: its timed passes and intercept are not to be quoted"
+            for cache, fit in kv.fit.items() if isinstance(fit, Fit)
+            for problem in [judges.poor_fit(fit.r2, min_r2)] if problem]
 
 
 def overhead_rows(kv: KV) -> list[list[str]]:
@@ -326,6 +344,7 @@ def lines(kv: KV) -> list[str]:
     if kv.verdict:
         out += noted_table(FIT_HEADER, fit_rows(kv), "effective GB/s = KV bytes per extra second of step time; passes "
                            "= copy GB/s / effective GB/s; counted = bytes read + written per KV byte, logical")
+    out += poor_fit_lines(kv)
     out += crossover_lines(kv.crossovers)
     out += drift_line(kv.drift)
     for cache, t in kv.traffic.items():
@@ -352,7 +371,7 @@ def lines(kv: KV) -> list[str]:
                        "achieved = counted bytes of the whole step / median step time; of copy = its share of the copy"
                        " bandwidth")
     out += [f"skipped {s.cache}{f' at {s.context}' if s.context else ''}: {s.reason}" for s in kv.skipped]
-    measured = measured_verdicts(kv)
+    measured = table_verdicts(kv)
     if measured:
         table, notes = verdict_table(measured)
         out += ["", *tables.text(table), *(f"  {note}" for note in notes.lines())]

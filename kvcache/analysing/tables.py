@@ -124,6 +124,27 @@ _MD_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
 _NO_MENTION = "@&#8203;"  # @ then a zero-width space: renders as @, mentions nobody
 
 
+#: Bidirectional formatting characters (the override U+202E among them: it shows a class name ``abc`` written
+#: backwards, or a reason's end before its start): shown as their code, never obeyed.
+_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def shown_code(ch: str) -> str | None:
+    """A control character (NUL, ESC, DEL, C1; not tab or a line break: the renderers handle those) or a
+    bidirectional formatting character as its code, ``\\x00``, ``\\u202e``: visible and inert in Markdown, HTML and
+    a terminal; None for any other character. Both escapes (:func:`escape_markdown`,
+    :func:`kvcache.analysing.report.documents.html_text`) show them so."""
+    code = ord(ch)
+    if ch in _BIDI or (code < 0x20 and ch not in "\t\n\r") or 0x7f <= code <= 0x9f:
+        return f"\\x{code:02x}" if code <= 0xff else f"\\u{code:04x}"
+    return None
+
+
+def visible(text: object) -> str:
+    """``text`` with every character :func:`shown_code` names shown as its code (no other escaping)."""
+    return "".join(shown_code(ch) or ch for ch in str(text))
+
+
 #: A list mark at the start of a line, a space after it: ``- x``, ``+ x``, ``12. x``, ``3) x`` (group 2 the mark).
 _LEADING_BLOCK_MARK = re.compile(r"^(\s*|\s*\d+)([-+]|(?<=\d)[.)])(?=\s)")
 
@@ -141,12 +162,17 @@ def escape_markdown(text: object) -> str:
       is left alone (GitHub never reads it as emphasis, so ``index_copy`` stays readable).
     - Line breaks become spaces, and a leading list or ordered-list mark (``-``, ``+``, ``1.``, ``1)``) is
       backslash-escaped: where the text starts a line (a paragraph), it never starts a block of its own (``#`` and
-      ``>`` are escaped already). A bare URL may still be auto-linked by GitHub: it shows as itself."""
+      ``>`` are escaped already). A bare URL may still be auto-linked by GitHub: it shows as itself.
+    - Control characters (NUL, ESC, ...) and bidirectional formatting characters (U+202E, the right-to-left
+      override, ...) are shown as their code, ``\\x00``, ``\\u202e`` (:func:`shown_code`), never passed on raw."""
     chars = " ".join(str(text).splitlines())
     out = []
     for i, ch in enumerate(chars):
         after = chars[i + 1:i + 2]
-        if ch in _MD_ENTITIES:
+        code = shown_code(ch)
+        if code is not None:
+            out.append("\\" + code)  # the code's backslash escaped: it renders as itself
+        elif ch in _MD_ENTITIES:
             out.append(_MD_ENTITIES[ch])
         elif ch == "@":
             out.append(_NO_MENTION)

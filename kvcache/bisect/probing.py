@@ -261,7 +261,7 @@ class Suite:
         folder.mkdir(parents=True, exist_ok=True)
         out, gates, log_path = folder / "run.json", folder / "gates.json", folder / "log.txt"
         cmd = [sys.executable, "-m", "pytest", *suite_location(), "-m", "counted", *self.options(),
-               "--kv-no-gate", "--kv-baseline", str(folder / "no-baseline.json"), "--benchmark-json", str(out),
+               "--kv-no-gate", "--kv-baseline", "none", "--benchmark-json", str(out),
                "-p", "no:cacheprovider", "-p", "kvcache.plugin", "-p", "kvcache.bisect.gates_plugin",
                "--kvbisect-gates", str(gates), "-q"]
         env = probe_env(first_on_path)

@@ -31,7 +31,7 @@ def parser() -> argparse.ArgumentParser:
     where.add_argument("--commit", metavar="REV", help="the commit the run measured, resolved to its full sha by git "
                        "(default: git rev-parse HEAD)")
     where.add_argument("--release", metavar="VERSION", help="a release the run measured, instead of a commit "
-                       "(a release number; v5.23.0 and 5.23 are stored as 5.23.0)")
+                       "(a release number; v5.23.0, 5.23 and 5.23.0.0 are stored as 5.23.0)")
     plotting = sub.add_parser("plot", help="draw the trend PNGs")
     plotting.add_argument("--store", required=True, metavar="FILE", help="the history, JSON lines")
     plotting.add_argument("--out", required=True, metavar="DIR", help="folder for the PNGs and steps.json")

@@ -34,6 +34,7 @@ def settings_from(config: pytest.Config) -> Settings:
     names, and the options that cannot go together. Imports no torch: the registry and the model presets are plain
     Python until something is built."""
     from kvcache.analysing import presets
+    from kvcache.analysing.judge.baseline import NO_BASELINE
     from kvcache.measuring import caches
 
     given = {o.flag: config.getoption(o.dest) for o in OPTIONS}
@@ -48,7 +49,8 @@ def settings_from(config: pytest.Config) -> Settings:
             raise SettingsError(f"--kv-max-passes: unknown cache class {name!r}; known: "
                                 f"{', '.join(caches.registry())}")
     check_choice("--kv-dtype", values["dtype"], presets.DTYPES)  # the same words as geometry.torch_dtype, no torch
-    values["baseline"] = str(Path(config.rootpath, values["baseline"]))
+    if values["baseline"] != NO_BASELINE:
+        values["baseline"] = str(Path(config.rootpath, values["baseline"]))
     settings = Settings(**values)
     if settings.ragged and settings.batch == 1:
         raise SettingsError("--kv-ragged needs --kv-batch of at least 2 (one sequence has nothing to pad)")

@@ -44,8 +44,9 @@ def state_for_suite(config: pytest.Config) -> KVState | None:
 
 def check_before_running(config: pytest.Config, state: KVState) -> None:
     """What would otherwise fail part-way or after the sweep: the device, the paths the run writes, the copy
-    tensor against free memory, the model's config, the baseline, timed points under xdist. A problem is a
-    one-line ``pytest.UsageError``. Then SIGINT and SIGTERM are handled by a :class:`Stopper`."""
+    tensor against free memory, the model's config, the baseline (a path given must exist:
+    :func:`baseline_problem`), timed points under xdist. A problem is a one-line ``pytest.UsageError``. Then SIGINT
+    and SIGTERM are handled by a :class:`Stopper`."""
     from kvcache.analysing.judge import baseline as baselines
     from kvcache.analysing.presets import ModelError
     from kvcache.measuring import preflight
@@ -58,6 +59,9 @@ def check_before_running(config: pytest.Config, state: KVState) -> None:
         check_files(config, settings)  # no two outputs on one file; each output really writable
         preflight.check(config, settings)  # paths the run writes, copy tensor against free memory
         load_config(settings.model)
+        problem = baseline_problem(config, settings)
+        if problem:
+            raise SettingsError(problem)
         state.baseline = baselines.load(settings.baseline)
         problem = xdist_problem(config)
         if problem:
@@ -76,12 +80,37 @@ def check_before_running(config: pytest.Config, state: KVState) -> None:
 def run_files(config: pytest.Config, settings: Settings) -> list[tuple[str, Path, bool]]:
     """``(option, path, written)`` of every file the run reads or writes: the baseline (written with
     ``--kv-update-baseline``, read always) and the output files of :data:`OUTPUT_OPTIONS` that are given."""
-    out = [("--kv-baseline", Path(settings.baseline), bool(settings.update_baseline))]
+    from kvcache.analysing.judge.baseline import NO_BASELINE
+
+    out = [] if settings.baseline == NO_BASELINE else [
+        ("--kv-baseline", Path(settings.baseline), bool(settings.update_baseline))]
     for option, dest in OUTPUT_OPTIONS:
         value = config.getoption(dest, None)
         if value:
             out.append((option, Path(config.invocation_params.dir, value), True))
     return out
+
+
+def baseline_problem(config: pytest.Config, settings: Settings) -> str | None:
+    """A ``--kv-baseline`` given (not the default) that names no file, unless ``--kv-update-baseline`` creates it: a
+    mistyped path judged every class "no-baseline" and exited 0. ``none`` is no baseline, and then there is nothing
+    for ``--kv-update-baseline`` to write to. The default file may be absent (a first run: the summary says how to
+    record one)."""
+    from kvcache.analysing.judge.baseline import NO_BASELINE
+    from kvcache.plugin.options import given_options
+
+    if settings.baseline == NO_BASELINE:
+        if settings.update_baseline:
+            return (f"--kv-update-baseline with --kv-baseline {NO_BASELINE}: no file to write the baseline to; give "
+                    "the baseline file's path")
+        return None
+    path = Path(settings.baseline)
+    if settings.update_baseline or "--kv-baseline" not in given_options(config) or path.exists() or path.is_symlink():
+        return None
+    given = config.getoption("kv_baseline")
+    shown = given if str(given) == str(path) else f"{given} ({path})"
+    return (f"--kv-baseline {shown}: no such file; give an existing baseline file, --kv-update-baseline to create "
+            f"it, or --kv-baseline {NO_BASELINE} to run without one")
 
 
 def check_files(config: pytest.Config, settings: Settings) -> None:

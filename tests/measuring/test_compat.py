@@ -388,7 +388,7 @@ def test_counted_suite_on_another_release(tmp_path):
     assert expected is not None, f"transformers {release} has no row in COUNTED_BY_RELEASE"
     out = tmp_path / "counted.json"
     cmd = [sys.executable, "-m", "pytest", "benchmarks", "-m", "counted", "--kv-caches", ",".join(CLASSES),
-           "--kv-no-gate", "--kv-warmup", "2", "--kv-baseline", str(tmp_path / "none.json"), "-p", "no:cacheprovider",
+           "--kv-no-gate", "--kv-warmup", "2", "--kv-baseline", "none", "-p", "no:cacheprovider",
            "-q", "--benchmark-json", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -23,7 +23,7 @@ def compiled_run(tmp_path_factory) -> tuple[dict, str]:
     path = tmp / "run.json"
     done = run_suite("--kv-model", "tiny", "--kv-compile", "default", "--kv-caches", ",".join(CLASSES),
                      "--kv-contexts", "256,512,1024", "--kv-rounds", "1", "--kv-steps", "5", "--kv-warmup", "2",
-                     "--kv-copy-mib", "8", "--kv-no-gate", "--kv-baseline", str(tmp / "none.json"),
+                     "--kv-copy-mib", "8", "--kv-no-gate", "--kv-baseline", "none",
                      "--benchmark-json", str(path))
     assert done.returncode == 0, describe(done)
     return load_json(Path(path)), output(done)
@@ -112,7 +112,7 @@ def test_bad_compile_mode_and_reduce_overhead_on_cpu(tmp_path):
         "bad": ["--kv-compile", "fast", "--co"],
         "cudagraphs": ["--kv-model", "tiny", "--kv-compile", "reduce-overhead", "--kv-device", "cpu",
                        "--kv-caches", "dynamic", "-m", "counted", "--kv-no-gate",
-                       "--kv-baseline", str(tmp_path / "none.json"), "--benchmark-json", str(tmp_path / "r.json")],
+                       "--kv-baseline", "none", "--benchmark-json", str(tmp_path / "r.json")],
     })
     assert done["bad"].returncode == 4
     assert "--kv-compile 'fast' is not one of off, default, reduce-overhead, max-autotune" in output(done["bad"])

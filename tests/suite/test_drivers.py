@@ -19,7 +19,7 @@ BATCH = ["--kv-batch", "3", "--kv-ragged"]
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, dict]:
     tmp = tmp_path_factory.mktemp("drivers")
-    common = ["--kv-model", "tiny", "--kv-copy-mib", "8", "--kv-no-gate", "--kv-baseline", str(tmp / "none.json")]
+    common = ["--kv-model", "tiny", "--kv-copy-mib", "8", "--kv-no-gate", "--kv-baseline", "none"]
     done = run_suite(*common, *BATCH, "--kv-driver", "generate", "--kv-contexts", "256,384,512", "--kv-rounds", "1",
                      "--kv-steps", str(STEPS), "--kv-warmup", "2", "--kv-ledger-steps", "3",
                      "--benchmark-json", str(tmp / "generate.json"))

@@ -36,6 +36,7 @@ from tests.kvrun import ROOT, describe, environment, output
 
 PLUGINS = Path(__file__).resolve().parent / "plugins"
 GAB = ["--format", "github-action-benchmark"]
+TOO_LARGE = ("huge.json: kv.traffic.dynamic.passes is an integer of about 401 digits, too large for a number",)
 
 
 @dataclass
@@ -80,6 +81,9 @@ class Files:
         nan["kv"]["traffic"]["dynamic"]["passes"] = math.nan
         nan["kv"]["traffic"]["static"]["passes"] = "three"
         self.nan = self.write("nan.json", nan)
+        huge = json.loads(json.dumps(doc))  # issue 49 item 7: JSON allows it; every figure's arithmetic overflowed
+        huge["kv"]["traffic"]["dynamic"]["passes"] = 10**400
+        self.huge = self.write("huge.json", huge)
         other_model = json.loads(json.dumps(doc))
         other_model["kv"]["settings"]["model"] = "smollm2-135m"
         other_model["kv"]["identity"]["model"] = "smollm2-135m"
@@ -89,6 +93,10 @@ class Files:
         self.in_folder = {name: self.write(f"out/{name}", doc) for name in ("report.md", "steps.json", "a.log")}
         self.store = tmp / "history.jsonl"
         assert cli.main(["history", "add", str(self.run), "--store", str(self.store), "--release", "5.24.0"]) == 0
+        entry = json.loads(self.store.read_text().splitlines()[0])  # a store written before history add refused it
+        entry["caches"]["dynamic"]["counted"], entry["release"] = 10**400, "5.23.0"
+        self.huge_store = tmp / "huge-history.jsonl"
+        self.huge_store.write_text(self.store.read_text() + json.dumps(entry) + "\n")
         self.immutable: Path | None = tmp / "immutable"
         self.immutable.mkdir()
         done = subprocess.run(["chattr", "+i", str(self.immutable)], capture_output=True, text=True)
@@ -125,7 +133,8 @@ CASES: dict[str, dict[str, Callable[[Files], Case]]] = {
     },
     "compare": {  # reads only
         "clean: an empty run beside a full one": lambda f: Case([s(f.run), s(f.empty)], exits=(0,)),
-        "a figure that is text": lambda f: Case([s(f.run), s(f.nan)], exits=(0,)),
+        "a figure that is text": lambda f: Case([s(f.run), s(f.nan)], exits=(1,)),  # a counted figure: it fails
+        "a figure too large for a number": lambda f: Case([s(f.run), s(f.huge)], TOO_LARGE),
         "another model": lambda f: Case([s(f.run), s(f.other_model)], ("refusing to compare", "model")),
     },
     "report": {
@@ -135,6 +144,7 @@ CASES: dict[str, dict[str, Callable[[Files], Case]]] = {
                                           needs="immutable"),
         "--out is a file": lambda f: Case([s(f.run), "--out", s(f.other)], ("is not a folder",)),
         "clean: an empty run": lambda f: Case([s(f.empty), "--out", s(f.tmp / "report")], exits=(0,)),
+        "a figure too large for a number": lambda f: Case([s(f.huge), "--out", s(f.tmp / "report")], TOO_LARGE),
         "another model": lambda f: Case([s(f.run), s(f.other_model), "--out", s(f.tmp / "report")],
                                         ("refusing to report", "model")),
     },
@@ -147,6 +157,8 @@ CASES: dict[str, dict[str, Callable[[Files], Case]]] = {
                                            needs="immutable"),
         "an empty run": lambda f: Case([s(f.empty), "--baseline", s(f.tmp / "b.json")],
                                        ("no figure recorded", "every class was skipped")),
+        "a figure too large for a number": lambda f: Case([s(f.huge), "--baseline", s(f.tmp / "b.json")],
+                                                          TOO_LARGE),
     },
     "ab": {  # refused before any worker starts
         "--json is a log in --out-dir": lambda f: Case(["--out-dir", s(f.folder), "--json", s(f.in_folder["a.log"])],
@@ -186,6 +198,7 @@ CASES: dict[str, dict[str, Callable[[Files], Case]]] = {
         "--out on a full disk": lambda f: Case([s(f.run), s(f.other), "--out", "/dev/full"],
                                                ("--out /dev/full: cannot write (No space left on device)",),
                                                needs="/dev/full"),
+        "a figure too large for a number": lambda f: Case([s(f.run), s(f.huge)], TOO_LARGE),
     },
     "history": {
         "--store is the run": lambda f: Case(["add", s(f.run), "--store", s(f.run), "--release", "5.23.0"],
@@ -204,6 +217,11 @@ CASES: dict[str, dict[str, Callable[[Files], Case]]] = {
                                                         "v5.24"], ("release 5.24.0",)),
         "an empty run": lambda f: Case(["add", s(f.empty), "--store", s(f.store), "--release", "5.23.0"],
                                        ("no figure", "every class was skipped")),
+        "a figure too large for a number": lambda f: Case(["add", s(f.huge), "--store", s(f.store), "--release",
+                                                           "5.23.0"], TOO_LARGE),
+        "a store holding a figure too large for a number": lambda f: Case(
+            ["plot", "--store", s(f.huge_store), "--out", s(f.tmp / "plots")],
+            ("huge-history.jsonl:2: caches.dynamic.counted", "too large for a number")),
     },
     "sentinel": {  # refused before git runs or anything is measured
         "--json is --state": lambda f: Case(["--repo", s(f.tmp), "--state", s(f.tmp / "s.json"), "--json",
@@ -230,6 +248,7 @@ CASES: dict[str, dict[str, Callable[[Files], Case]]] = {
         "--out on a full disk": lambda f: Case([s(f.run), *GAB, "--out", "/dev/full"],
                                                ("--out /dev/full: cannot write (No space left on device)",),
                                                needs="/dev/full"),
+        "a figure too large for a number": lambda f: Case([s(f.huge), *GAB], TOO_LARGE),
     },
 }
 
@@ -345,7 +364,7 @@ def suite_stopped_twice(tmp: Path, signame: str, second: str = "unconfigure") ->
     cmd = [sys.executable, "-m", "pytest", "benchmarks", "-p", "no:cacheprovider", "-q", "-m", "counted",
            "--kv-model", "tiny", "--kv-caches", "dynamic,static", "-p", "kv_signals", "--kv-test-signal", signame,
            "--kv-test-first", "counted", "--kv-test-second", second, "--kv-baseline",
-           str(tmp / "none.json"), "--benchmark-json", str(tmp / f"{signame}-{second}.json")]
+           "none", "--benchmark-json", str(tmp / f"{signame}-{second}.json")]
     return subprocess.run(cmd, cwd=ROOT, env=environment([PLUGINS]), capture_output=True, text=True, timeout=300)
 
 

@@ -87,7 +87,7 @@ class Runs:
                      f"--kv-baseline {new} and --benchmark-json {new} are one file",
                      "one would be written over the other")
         xml = str(self.tmp / "out.xml")
-        self.refused("json-is-junitxml", ["--kv-baseline", str(self.tmp / "none.json"), "--benchmark-json", xml,
+        self.refused("json-is-junitxml", ["--kv-baseline", "none", "--benchmark-json", xml,
                                           "--junitxml", xml],
                      f"--benchmark-json {xml} and --junitxml {xml} are one file")
         for flag, what in (("i", "immutable"), ("a", "append-only")):
@@ -98,7 +98,7 @@ class Runs:
                     self.attributes.append((path, flag))
             names = {f"baseline-{what}": (baseline, ["--kv-update-baseline", "--kv-baseline", str(baseline)],
                                           f"--kv-baseline {baseline}: cannot be written"),
-                     f"json-{what}": (out, ["--kv-baseline", str(self.tmp / "none.json"), "--benchmark-json",
+                     f"json-{what}": (out, ["--kv-baseline", "none", "--benchmark-json",
                                             str(out)], f"--benchmark-json {out}"),}
             for name, (path, args, text) in names.items():
                 if (path, flag) in self.attributes:
@@ -158,7 +158,7 @@ def signalled_from_outside(tmp: Path, name: str) -> subprocess.CompletedProcess:
     passed; its output and exit status as a CompletedProcess. It has rounds enough left that it cannot finish
     before the signal lands, whatever the machine; killed if it outlives the guard (no timing asserted)."""
     args = [sys.executable, "-m", "pytest", "benchmarks", "-p", "no:cacheprovider", "-v", "-m", "timed", *TIMED,
-            "--kv-rounds", "5", "--kv-baseline", str(tmp / f"{name}-none.json"),  # rounds it never gets to
+            "--kv-rounds", "5", "--kv-baseline", "none",  # rounds it never gets to
             "--benchmark-json", str(tmp / f"{name}.json")]
     proc = subprocess.Popen(args, cwd=ROOT, env=environment(PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)

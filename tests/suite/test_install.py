@@ -135,7 +135,7 @@ def test_a_class_from_an_installed_package_is_collected(installed, tmp_path):
     """The entry-point group ``kvcache_passes.caches``: the team's class is registered where the wheel is installed
     (collected only: the README command above measures the classes)."""
     cmd = [sys.executable, "-m", "pytest", "--pyargs", "kvcache.benchmarks", "-p", "no:cacheprovider", "--co", "-q",
-           "-m", "counted", "--kv-model", "tiny", "--kv-caches", "dynamic,team", "--kv-baseline", "none.json"]
+           "-m", "counted", "--kv-model", "tiny", "--kv-caches", "dynamic,team", "--kv-baseline", "none"]
     done = subprocess.run(cmd, cwd=tmp_path, env=environment([installed]), capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, describe(done)
@@ -227,7 +227,7 @@ UNPREDICTED = ("import sys; import kvcache.plugin as plugin; plugin.collects_sui
 
 def test_suite_reached_unseen_is_still_checked_before_it_runs(tmp_path):
     base = ["benchmarks", "-p", "kvcache.plugin", "-p", "no:cacheprovider", "--co", "-q", "-m", "counted",
-            "--kv-model", "tiny", "--kv-caches", "dynamic", "--kv-baseline", str(tmp_path / "none.json")]
+            "--kv-model", "tiny", "--kv-caches", "dynamic", "--kv-baseline", "none"]
     good = subprocess.run([sys.executable, "-c", UNPREDICTED, *base], cwd=ROOT, env=environment(),
                           capture_output=True, text=True, timeout=300)
     assert good.returncode == 0 and "test_traffic[dynamic]" in good.stdout, describe(good)

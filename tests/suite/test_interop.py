@@ -28,7 +28,7 @@ class Runs:
 
     def __init__(self, tmp: Path) -> None:
         self.storage = tmp / "storage"
-        common = (*SHORT, "--kv-baseline", str(tmp / "no-baseline.json"),
+        common = (*SHORT, "--kv-baseline", "none",
                   "--benchmark-storage", self.storage.as_uri())
         self.first = run_suite(*common, "--benchmark-autosave")
         self.saved_first = self.saved()

@@ -22,9 +22,9 @@ CASES = [  # the keys of _cases (they need a directory to write files in)
     "counted-contexts", "steps", "min-r2", "min-r2-nan", "tolerance-nan", "tolerance-inf",
     "counted-tolerance-inf", "max-drift-nan", "baseline-corrupt",
     "baseline-shape", "baseline-nan", "baseline-negative-intercept", "driver", "batch-0", "ragged-alone",
-    "generate-compiled", "gpus-unknown", "gpus-release",
+    "generate-compiled", "gpus-unknown", "gpus-release", "baseline-mistyped", "baseline-none-update",
 ]
-COMMAND_LINES = ("dtype", "baseline-corrupt")  # also run as real command lines
+COMMAND_LINES = ("dtype", "baseline-corrupt", "baseline-mistyped")  # also run as real command lines
 
 
 def _cases(tmp) -> dict[str, tuple[list[str], list[str]]]:
@@ -88,6 +88,12 @@ def _cases(tmp) -> dict[str, tuple[list[str], list[str]]]:
                                                                  "expected a number or null"]),
         "baseline-nan": (["--kv-baseline", str(nan)], [
             str(nan), "devices['cpu | tiny | bfloat16']['dynamic'].counted_passes is nan", "above 0"]),
+        # issue 49 item 5: a mistyped path exited 0 with "no baseline for ..." and never said the file was missing
+        "baseline-mistyped": (["--kv-baseline", str(tmp / "kv-baseline.jsn")], [
+            f"--kv-baseline {tmp / 'kv-baseline.jsn'}: no such file", "--kv-update-baseline to create it",
+            "--kv-baseline none"]),
+        "baseline-none-update": (["--kv-baseline", "none", "--kv-update-baseline"], [
+            "--kv-update-baseline with --kv-baseline none: no file to write"]),
         "baseline-negative-intercept": (["--kv-baseline", str(negative)], [
             str(negative), "devices['cpu: x | tiny | bfloat16']['static'].timed_intercept_ms is -0.697", "at least 0"]),
     }
@@ -100,7 +106,7 @@ def cases(tmp_path_factory):
     assert sorted(cases) == sorted(CASES)
     if torch.cuda.is_available():
         del cases["device-cuda"]
-    missing = str(tmp / "no-baseline.json")
+    missing = "none"
     jobs = {}
     for name, (args, _) in cases.items():
         isolate = [] if "--kv-baseline" in args else ["--kv-baseline", missing]  # never read a real baseline

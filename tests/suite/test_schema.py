@@ -24,7 +24,7 @@ def real_run(tmp_path_factory) -> tuple[Path, dict]:
     path = tmp / "run.json"
     done = run_suite("--kv-model", "tiny", "--kv-caches", "dynamic,static", "--kv-contexts", "128,256,512",
                      "--kv-rounds", "1", "--kv-steps", "3", "--kv-warmup", "0", "--kv-copy-mib", "8", "--kv-no-gate",
-                     "--kv-gpus", "t4,a100,h100", "--kv-baseline", str(tmp / "no-baseline.json"),
+                     "--kv-gpus", "t4,a100,h100", "--kv-baseline", "none",
                      "--benchmark-json", str(path))
     assert done.returncode == 0, describe(done)
     return path, load_json(path)

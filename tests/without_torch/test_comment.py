@@ -195,3 +195,20 @@ def test_a_class_dropped_by_head_is_a_regression(tmp_path, capsys, how):
         assert cells[5] == "▲ regression: not in HEAD: conftest: not on this runner"
     assert "#### Regressions" in body and "the class is required" in body
     assert row(body, "static", "counted passes")[5] == ""
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), "x"])
+def test_compare_and_comment_agree_on_counted_passes_that_are_not_a_number(tmp_path, capsys, value):
+    """Issue 49 item 8: plain compare passed a HEAD whose counted passes were inf or NaN (exit 0, shown "—"), the
+    comment called the same a regression (through the required class). Both fail it, once."""
+    base = write_run(tmp_path / "base.json", make_run({"dynamic": 3.0, "static": 1.0}))
+    doc = make_run({"dynamic": 3.0, "static": 1.0}, seed=1)
+    doc["kv"]["traffic"]["dynamic"]["passes"] = value
+    head = write_run(tmp_path / "head.json", doc)
+    for extra in ([], ["--rules", "first", "--require-classes"]):
+        assert main(["compare", str(base), str(head), *extra]) == 1, extra
+        lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("regression:")]
+        assert len(lines) == 1 and "dynamic" in lines[0] and "not a finite number" in lines[0], lines
+    body = body_of(capsys, str(base), str(head))
+    assert body.splitlines()[0] == "### ▲ KV-cache passes: regression: dynamic", body
+    assert body.split("#### Regressions")[1].count("- **dynamic**") == 1, body

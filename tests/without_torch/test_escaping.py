@@ -109,3 +109,41 @@ def test_compare_markdown_of_poisoned_runs_has_no_raw_markup(tmp_path, capsys):
     out = capsys.readouterr().out
     assert escape_markdown(PAYLOAD + "dynamic") in out
     assert "<" not in out.replace("<br>", "") and ">" not in out.replace("<br>", "")
+
+
+CONTROL = "dyn\x00amic\u202eevil\x1b[31m"  # NUL, the right-to-left override, ESC
+
+
+@pytest.mark.parametrize("text, markdown, html", [
+    ("a\x00b", "a\\\\x00b", "a\\x00b"),
+    ("abc\u202edef", "abc\\\\u202edef", "abc\\u202edef"),  # would draw "def" backwards
+    ("\u2066x\u2069 \u200f", "\\\\u2066x\\\\u2069 \\\\u200f", "\\u2066x\\u2069 \\u200f"),
+    ("\x1b[31mred\x7f\x9b", "\\\\x1b\\[31mred\\\\x7f\\\\x9b", "\\x1b[31mred\\x7f\\x9b"),
+    ("tab\there é ✓ 日本", "tab\there é ✓ 日本", "tab\there é ✓ 日本"),  # printable text is left alone
+])
+def test_control_and_bidi_characters_are_shown_as_their_code(text, markdown, html):
+    """Issue 49 item 13: a NUL and U+202E in a class name reached comment.md and report.md/html raw."""
+    from kvcache.analysing.report.documents import html_text
+
+    assert escape_markdown(text) == markdown
+    assert html_text(text) == html
+    assert json.loads(script_json({text: [text]})) == {html: [html]}
+
+
+def test_control_and_bidi_characters_in_class_names_reach_no_document_raw(tmp_path, capsys):
+    """comment.md, report.md, report.html and compare --markdown of runs whose class is named with a NUL, U+202E and
+    ESC: none of the three characters is in any of them; each shows as its code."""
+    from kvcache.cli import main
+
+    paths = [str(write_run(tmp_path / f"{name}.json", make_run({CONTROL: 3.0, "static": 1.0}, seed=seed)))
+             for name, seed in (("base", 0), ("head", 1))]
+    assert main(["comment", *paths, "--out", str(tmp_path / "comment.md")]) == 0
+    main(["compare", *paths, "--markdown"])
+    summary = capsys.readouterr().out
+    assert main(["report", paths[1], "--out", str(tmp_path / "out")]) == 0
+    for name, text in (("comment.md", (tmp_path / "comment.md").read_text(encoding="utf-8")),
+                       ("compare --markdown", summary),
+                       ("report.md", (tmp_path / "out" / "report.md").read_text(encoding="utf-8")),
+                       ("report.html", (tmp_path / "out" / "report.html").read_text(encoding="utf-8"))):
+        assert not set("\x00\u202e\x1b") & set(text), name
+        assert "dyn\\x00amic\\u202eevil\\x1b" in text.replace("\\\\", "\\"), name

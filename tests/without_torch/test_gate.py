@@ -246,3 +246,41 @@ def test_drift_without_a_baseline_does_not_fail_the_build():
     verdicts = judge_run(kv, {"timed": {}, "counted": {}}, RULES, KEYS)
     assert {verdicts["dynamic"][m].status for m in ("counted", "timed", "intercept")} == {"no-baseline"}
     assert failures(verdicts, drift=kv.drift) == []
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_skipped_class_the_baseline_holds_is_shown_and_fails_under_strict(tmp_path, strict):
+    """Issue 49 item 3: quantized-quanto baselined, optimum-quanto uninstalled: the class was skipped, left out of the
+    verdict table, and the gate exited 0, --kv-strict too. Now its row says not measured and why (plain mode: a
+    warning line, no failure, as compare without --require-classes), and --kv-strict fails it."""
+    from kvcache.analysing import analysis, summary
+    from kvcache.analysing.judge import baseline
+
+    reason = "quantized-quanto needs a package that is not installed (pip install optimum-quanto)"
+    recorded = make_run({"dynamic": 3.0, "quantized-quanto": 3.0})
+    path = tmp_path / "baseline.json"
+    baseline.record(path, KV.from_json(recorded["kv"]), "2026-11-29T00:00:00")
+    doc = make_run({"dynamic": 3.0})
+    doc["kv"]["settings"].update(caches=["dynamic", "quantized-quanto"], strict=strict)
+    doc["kv"]["skipped"] = [{"cache": "quantized-quanto", "context": None, "reason": reason}]
+    kv = KV.from_json(doc["kv"])
+    kv.verdict = analysis.run_verdicts(kv, baseline.load(path))
+    counted = kv.verdict["quantized-quanto"]["counted"]
+    assert counted.status == "not-measured" and reason in counted.reason and "baseline holds 3" in counted.reason
+    assert kv.verdict["quantized-quanto"]["timed"].status == "not-measured"
+    row = next(line for line in summary.lines(kv) if line.startswith("quantized-quanto "))
+    assert "not-measured [" in row
+    failed = analysis.gate_failures(kv)
+    warned = analysis.warnings(kv)
+    if strict:
+        assert any(line.startswith("kv-cache not-measured: quantized-quanto counted: skipped (") for line in failed)
+        assert not any("quantized-quanto" in line for line in warned)
+    else:
+        assert failed == []
+        assert any(line.startswith("kv-cache not-measured: quantized-quanto counted: skipped (") for line in warned)
+    # a class that is not skipped but simply not selected or deselected (-k, -m) is no such verdict
+    doc["kv"]["skipped"] = []
+    kv = KV.from_json(doc["kv"])
+    kv.verdict = analysis.run_verdicts(kv, baseline.load(path))
+    assert not any("quantized-quanto" in line for line in analysis.gate_failures(kv) + analysis.warnings(kv))
+    assert "skipped" not in kv.verdict["quantized-quanto"]["counted"].reason

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from kvcache.analysing.judge import baseline
 from kvcache.analysing.judge.entries import BaselineEntry, entry_problems
 from kvcache.analysing.judge.judges import judge_gpus
@@ -127,3 +129,44 @@ def test_the_versions_table_has_a_column_per_class_and_gpu_class(tmp_path):
     header = text.splitlines()[0]
     assert "| dynamic on t4 | dynamic on a100 |" in header and "static on t4" in header
     assert "| 25.26 (math) | 3.00 (flash) |" in text and "not predicted: x" in text
+
+
+@pytest.mark.parametrize("t4", ["missing", None, float("nan"), float("inf"), "x", 30.0])
+def test_a_gpu_figure_head_drops_or_spoils_fails_the_pull_request_gate(tmp_path, capsys, t4):
+    """Issue 49 item 2: HEAD's t4 figure missing, null, NaN, infinite or text passed compare --require-classes --rules
+    first (exit 0) and the comment said "no regression" (or "inconclusive"); only t4 at 30 was caught."""
+    from fakerun import make_run, write_run
+
+    from kvcache.cli import main
+
+    base = write_run(tmp_path / "base.json", _with_gpus(make_run(), 9.0))
+    doc = _with_gpus(make_run(), 9.0)
+    if t4 == "missing":
+        del doc["kv"]["traffic"]["dynamic"]["gpus"]["t4"]
+    else:
+        doc["kv"]["traffic"]["dynamic"]["gpus"]["t4"]["passes"] = t4
+    head = write_run(tmp_path / "head.json", doc)
+    assert main(["compare", str(base), str(head), "--require-classes", "--rules", "first"]) == 1
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("regression:")]
+    assert "counted passes per GPU class: t4: " in line, line
+    assert main(["comment", str(base), str(head)]) == 0
+    body = capsys.readouterr().out
+    assert body.splitlines()[0] == "### ▲ KV-cache passes: regression: dynamic", body
+    t4_row = next(x for x in body.splitlines() if x.startswith("| dynamic | counted passes on t4 | 9.00 |"))
+    assert t4_row.endswith("▲ regression |"), t4_row
+    assert "| dynamic | counted passes on a100 | 3.00 | 3.00 | +0.00 |  |" in body
+
+
+def test_a_gpu_figure_head_lacks_passes_plain_compare_as_a_missing_class_does(tmp_path):
+    """Without --require-classes a GPU class the head does not predict is not judged (as a class it skips), while a
+    figure that is there but not a number fails whatever the options."""
+    from fakerun import make_run, write_run
+
+    from kvcache.cli import main
+
+    base = write_run(tmp_path / "base.json", _with_gpus(make_run(), 9.0))
+    doc = _with_gpus(make_run(), 9.0)
+    doc["kv"]["traffic"]["dynamic"]["gpus"]["t4"]["passes"] = None
+    assert main(["compare", str(base), str(write_run(tmp_path / "null.json", doc))]) == 0
+    doc["kv"]["traffic"]["dynamic"]["gpus"]["t4"]["passes"] = "x"
+    assert main(["compare", str(base), str(write_run(tmp_path / "x.json", doc))]) == 1

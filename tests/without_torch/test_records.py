@@ -364,3 +364,27 @@ def test_a_wrong_container_is_a_one_line_record_error(written):
     kv["traffic"]["dynamic"]["by_op"] = ["cat", 2.0]
     with pytest.raises(RecordError, match=r"by_op: expected an object, got list"):
         KV.from_json(kv)
+
+
+@pytest.mark.parametrize("where", ["traffic.dynamic.passes", "fit.static.passes_ci[1]", "traffic.dynamic.ops_per_step"])
+def test_an_integer_too_large_for_a_number_is_refused_where_the_run_is_read(tmp_path, where):
+    """Issue 49 item 7: 10**400 (JSON allows it) crashed six commands with OverflowError; the run is refused in one
+    line naming the key, and a figure that overflows is no number to the rest (``finite``)."""
+    from kvcache.analysing.estimates import finite
+    from kvcache.analysing.records import RecordError, load_run
+
+    doc = make_run()
+    parent, _, leaf = where.rpartition(".")
+    node = doc["kv"]
+    for key in parent.split("."):
+        node = node[key]
+    if leaf.endswith("]"):
+        node[leaf.split("[")[0]][1] = 10**400
+    else:
+        node[leaf] = 10**400
+    path = write_run(tmp_path / "huge.json", doc)
+    with pytest.raises(RecordError) as raised:
+        load_run(path)
+    assert str(raised.value) == (f"{path}: kv.{where} is an integer of about 401 digits, too large for a number "
+                                 "(the largest is about 1.8e308)")
+    assert finite(10**400) is None and finite(-(10**400)) is None and finite(10**300) == 1e300

@@ -47,3 +47,25 @@ def test_pip_index_lists_final_releases():
     text = "transformers (5.24.0)\nAvailable versions: 5.24.0, 5.24.0rc1, 5.10.4, 4.9.2\n"
     assert releases.parse_pip_index(text) == ["5.24.0", "5.10.4", "4.9.2"]
     assert sorted(releases.parse_pip_index(text), key=releases.version_key) == ["4.9.2", "5.10.4", "5.24.0"]
+
+
+@pytest.mark.parametrize(("given", "stored"), [("5.23.0", "5.23.0"), ("5.23", "5.23.0"), ("v5.23.0", "5.23.0"),
+                                               ("5.23.0.0", "5.23.0"), ("05.023.0", "5.23.0"), ("5.23.1.0.0", "5.23.1"),
+                                               ("5.23.0.1", "5.23.0.1"), ("5.0rc01", "5.0.0rc1"),
+                                               ("5.1.0.dev03", "5.1.0.dev3")])
+def test_one_release_has_one_name(tmp_path, capsys, given, stored):
+    """Issue 49 item 12: history add --release 5.23.0.0 or 05.023.0 was stored beside 5.23.0, a step that is none;
+    every spelling pip takes for one release (PEP 440 equality) is stored under one name."""
+    from fakerun import make_run, write_run
+
+    from kvcache.analysing import arguments
+    from kvcache.cli import main
+
+    assert arguments.release("--release", given) == stored
+    if "rc" not in stored and "dev" not in stored:
+        assert releases.normalise(given)[0] == stored
+    run = write_run(tmp_path / "run.json", make_run())
+    store = tmp_path / "h.jsonl"
+    assert main(["history", "add", str(run), "--store", str(store), "--release", stored]) == 0
+    assert main(["history", "add", str(run), "--store", str(store), "--release", given]) == 2
+    assert f"already has an entry for release {stored}" in capsys.readouterr().err

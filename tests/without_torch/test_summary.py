@@ -3,6 +3,7 @@ says each verdict's reason once."""
 
 from __future__ import annotations
 
+import pytest
 from fakerun import make_run
 
 from kvcache.analysing import summary
@@ -84,3 +85,38 @@ def test_the_profiled_step_against_the_plain_steps_is_said_per_context_and_judge
         "(within ±15% at every context)",
         "ledger static: profiled step against the plain steps between them, per context: 1,024 +21.0%, <b> -30.0% "
         "(beyond ±15% at 1,024, <b> tokens: there the op figures describe a step the instrument changed)"]
+
+
+@pytest.mark.parametrize("with_baseline", [False, True])
+def test_a_poor_fit_is_flagged_not_to_be_quoted_with_or_without_a_baseline(tmp_path, with_baseline):
+    """Issue 49 item 5: a timed figure whose R² is below --kv-min-r2 was flagged only against a baseline (the
+    judge's inconclusive); with none it was shown as any other figure. The summary, the report and the verdict's
+    reason say it is not to be quoted either way."""
+    from fakerun import write_run
+
+    from kvcache.analysing import analysis, summary
+    from kvcache.analysing.judge import baseline
+    from kvcache.analysing.records import KV, load_run
+    from kvcache.analysing.report.documents import to_html, to_markdown
+    from kvcache.analysing.report.sections import build_doc
+
+    doc = make_run({"dynamic": 3.0, "static": 1.0})
+    doc["kv"]["fit"]["dynamic"]["r2"] = 0.31
+    kv = KV.from_json(doc["kv"])
+    stored = None
+    if with_baseline:
+        path = tmp_path / "baseline.json"
+        baseline.record(path, KV.from_json(make_run({"dynamic": 3.0, "static": 1.0})["kv"]), "2026-11-29T00:00:00")
+        stored = baseline.load(path)
+    kv.verdict = analysis.run_verdicts(kv, stored)
+    flag = "dynamic: poor fit: R² 0.31 < 0.90 (--kv-min-r2): its timed passes and intercept are not to be quoted"
+    lines = summary.lines(kv)
+    assert f"timed {flag}" in lines
+    assert not any(line.startswith("timed static:") for line in lines)
+    assert "poor fit" in next(line for line in lines if line.startswith("dynamic ") and "0.310" in line)
+    assert "poor fit: R² 0.31 < 0.90" in kv.verdict["dynamic"]["timed"].reason
+    assert kv.verdict["dynamic"]["timed"].status == ("inconclusive" if with_baseline else "no-baseline")
+    doc["kv"]["verdict"] = kv.to_json()["verdict"]
+    built = build_doc([load_run(write_run(tmp_path / "run.json", doc))])
+    assert "0.310 poor fit" in to_markdown(built) and "not to be quoted" in to_markdown(built)
+    assert "not to be quoted" in to_html(built)

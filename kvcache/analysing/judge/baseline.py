@@ -30,6 +30,10 @@ from kvcache.analysing.records.jsonrecord import BOOKKEEPING
 PASSES_KEYS = ("timed_passes", "counted_passes")
 NUMBER_KEYS = (*PASSES_KEYS, "timed_intercept_ms", "ops_per_step", "data_ops_per_step", "weight_passes")
 
+#: ``--kv-baseline none``: the run has no baseline file (nothing read, nothing recorded).
+NO_BASELINE = "none"
+
+
 class BaselineError(ValueError):
     """A baseline file that cannot be used; the message is one line naming the file."""
 
@@ -39,8 +43,12 @@ def empty() -> BaselineFile:
 
 
 def load(path: str | Path) -> BaselineFile:
-    """Read a baseline file (schema 1 or 2, upgraded to 2) as its record; a missing file is an empty baseline,
-    anything unusable a BaselineError (one line naming the file). The one reader of the file's raw document."""
+    """Read a baseline file (schema 1 or 2, upgraded to 2) as its record; a missing file (or :data:`NO_BASELINE`) is
+    an empty baseline, anything unusable a BaselineError (one line naming the file). The one reader of the file's
+    raw document. A path given explicitly must exist: the plug-in checks that before it loads
+    (:func:`kvcache.plugin.startup.baseline_problem`)."""
+    if str(path) == NO_BASELINE:
+        return empty()
     p = Path(path)
     doc = jsonfile.load_json(p, accepted=READABLE_BASELINE_SCHEMAS, what="kvcache baseline", error=BaselineError,
                              missing=lambda: empty().to_json())

@@ -12,6 +12,7 @@ from kvcache.analysing.judge.judges import (
     PRIORITY,
     allowed_passes,
     drift_problem,
+    fmt,
     judge_counted,
     judge_gpus,
     judge_intercept,
@@ -53,6 +54,31 @@ def compile_problems(points: list[Point], cache: str) -> list[str]:
     return list(problems)
 
 
+def skip_reason(kv: KV, cache: str) -> str | None:
+    """Why ``cache`` did not run (``kv.skipped``): the reason of a whole-class skip first, else of a skipped point;
+    None when it was not skipped."""
+    entries = [s for s in kv.skipped if str(s.cache) == cache]
+    whole = [s for s in entries if s.context is None]
+    return next((str(s.reason) for s in whole or entries if s.reason), None)
+
+
+def skipped_with_baseline(verdict: Verdict, skipped: str | None, baseline: float | None, allowed: float | None,
+                          label: str, key: str) -> Verdict:
+    """``verdict`` of a measure a skipped class did not measure while the baseline holds a figure for it: still
+    not-measured, with the skip reason and the baseline's figure, and ``allowed`` set (what
+    :func:`unmeasured_baselined` tells such a verdict by): shown in the verdict table, a failure under ``strict``."""
+    if verdict.status != "not-measured" or skipped is None or baseline is None:
+        return verdict
+    return Verdict("not-measured", f"skipped ({skipped}), though the baseline holds {fmt(baseline)} {label} for "
+                   f"{key!r}: not judged; --kv-strict fails it", allowed=allowed)
+
+
+def unmeasured_baselined(verdict: Verdict) -> bool:
+    """A verdict of a measure the baseline holds a figure for that the run skipped (:func:`skipped_with_baseline`):
+    not-measured with an allowed value, which no other not-measured verdict has."""
+    return verdict.status == "not-measured" and verdict.allowed is not None
+
+
 def judge_run(kv: KV, baseline: dict[str, dict[str, BaselineEntry]], rules: Rules,
               keys: dict[str, str]) -> dict[str, dict[str, Verdict]]:
     """Verdicts of every class of a run: ``{cache: {measure: verdict}}``.
@@ -68,17 +94,22 @@ def judge_run(kv: KV, baseline: dict[str, dict[str, BaselineEntry]], rules: Rule
         bound = rules.max_passes.get(cache)
         counted_base, timed_base, traffic, fit = entry("counted"), entry("timed"), kv.traffic.get(cache), \
             kv.fit.get(cache)
+        counted_passes = counted_base.counted_passes if counted_base is not None else None
+        timed_passes = timed_base.timed_passes if timed_base is not None else None
+        counted_allowed = allowed_passes(counted_passes, rules.counted_tolerance, bound, relative=False)
+        timed_allowed = allowed_passes(timed_passes, rules.tolerance, bound, relative=True)
         counted = judge_counted(
             traffic.counted() if traffic is not None else None, key=keys["counted"],
-            base_by_op=counted_base.counted_by_op if counted_base is not None else None,
-            allowed=allowed_passes(counted_base.counted_passes if counted_base is not None else None,
-                                   rules.counted_tolerance, bound, relative=False))
+            base_by_op=counted_base.counted_by_op if counted_base is not None else None, allowed=counted_allowed)
         drift: Drift | UnmeasuredDrift | None = kv.drift
         if not drift_problem(drift):  # within the session it held: did the machine change since the baseline?
             drift = speed_shift(kv.speed, timed_base.timed_weights_ms if timed_base is not None else None,
                                 rules.max_drift) or drift
-        timed = judge_timed(fit, rules=rules, drift=drift, key=keys["timed"], allowed=allowed_passes(
-            timed_base.timed_passes if timed_base is not None else None, rules.tolerance, bound, relative=True))
+        timed = judge_timed(fit, rules=rules, drift=drift, key=keys["timed"], allowed=timed_allowed)
+        skipped = skip_reason(kv, cache)  # a skipped class the baseline holds: shown, and failed under strict
+        counted = skipped_with_baseline(counted, skipped, counted_passes, counted_allowed, "counted passes",
+                                        keys["counted"])
+        timed = skipped_with_baseline(timed, skipped, timed_passes, timed_allowed, "timed passes", keys["timed"])
         overhead = judge_overhead(traffic, entry("overhead"), rules=rules, key=keys["overhead"])
         intercept_base = timed_base.timed_intercept_ms if timed_base is not None else None
         intercept = judge_intercept(fit, rules=rules, drift=drift, key=keys["timed"],
@@ -115,11 +146,13 @@ def status_of(verdicts: dict[str, Verdict]) -> str:
 def failures(verdicts: dict[str, dict[str, Verdict]], *, drift: Drift | UnmeasuredDrift | None = None,
              strict: bool = False) -> list[str]:
     """One line per reason the build fails, walking ``kv.verdict.<cache>.<measure>``: every regression;
-    with ``strict`` also every inconclusive timed verdict and a drift beyond its limit."""
+    with ``strict`` also every inconclusive timed verdict, every measure of a skipped class the baseline holds a
+    figure for (:func:`unmeasured_baselined`) and a drift beyond its limit."""
     lines = []
     for cache, measures in verdicts.items():
         for measure, v in measures.items():
-            if v.status == "regression" or (strict and measure not in EXACT_VERDICTS and v.status == "inconclusive"):
+            unsure = measure not in EXACT_VERDICTS and v.status == "inconclusive"
+            if v.status == "regression" or (strict and (unsure or unmeasured_baselined(v))):
                 lines.append(f"kv-cache {v.status}: {cache} {measure}: {v.reason}")
     problem = drift_problem(drift)
     if strict and problem and not any("drift" in line for line in lines):

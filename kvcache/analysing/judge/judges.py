@@ -13,7 +13,7 @@ from kvcache.analysing.estimates import finite
 from kvcache.analysing.judge.entries import BaselineEntry
 from kvcache.analysing.judge.measure_table import of_verdict
 from kvcache.analysing.judge.rules import Rules
-from kvcache.analysing.options import MIN_OP_PASSES
+from kvcache.analysing.options import MIN_OP_PASSES, RULE_DEFAULTS
 from kvcache.analysing.records import (
     Counted,
     Drift,
@@ -22,6 +22,7 @@ from kvcache.analysing.records import (
     LedgerRow,
     Memory,
     Part,
+    RunSettings,
     Traffic,
     UnmeasuredDrift,
     Verdict,
@@ -68,6 +69,21 @@ def no_baseline_reason(key: str, *, bounded: bool = True) -> str:
     """Why there is nothing to judge against; ``bounded``: the measure also takes ``--kv-max-passes``."""
     bound = " or pass --kv-max-passes cache=number" if bounded else ""
     return f"no baseline for {key!r}; record one with --kv-update-baseline{bound}"
+
+
+def poor_fit(r2: object, min_r2: float) -> str | None:
+    """Why a timed fit's figures (passes, intercept) are not to be quoted, with a baseline or without: its R² below
+    ``min_r2`` (``--kv-min-r2``), or no R² at all; None for a fit good enough."""
+    value = finite(r2)
+    if value is not None and value >= min_r2:
+        return None
+    return f"poor fit: R² {fmt(value)} < {min_r2:.2f} (--kv-min-r2)"
+
+
+def min_r2_of(settings: RunSettings) -> float:
+    """The ``--kv-min-r2`` a run was judged by (its ``kv.settings``), the default where it recorded none usable."""
+    value = finite(settings.min_r2)
+    return value if value is not None and 0 <= value <= 1 else RULE_DEFAULTS["min_r2"]
 
 
 def drift_problem(drift: DriftRecord) -> str | None:
@@ -128,13 +144,16 @@ def judge_interval(fit: Fit | FitFailure | None, value_name: str, interval_name:
     value, r2, ci = float(getattr(fit, value_name)), fit.r2, getattr(fit, interval_name)
     interval = [ci[0], ci[1]] if ci is not None and None not in ci else None
     verdict = Verdict("inconclusive", "", value=value, allowed=allowed, interval=interval)
+    poor = poor_fit(r2, rules.min_r2)
     if allowed is None:
         verdict.status, verdict.reason = "no-baseline", no_baseline_reason(key, bounded=value_name == "passes")
         if drifted:
             verdict.reason += f" ({drifted})"
+        if poor:  # nothing to judge against, and still a figure not to quote
+            verdict.reason += f"; {poor}: not to be quoted"
         return verdict
     problems = [p for p in (
-        None if r2 is not None and r2 >= rules.min_r2 else f"poor fit: R² {fmt(r2)} < {rules.min_r2:.2f} (--kv-min-r2)",
+        poor,
         drifted,
         None if interval and all(math.isfinite(v) for v in interval) else f"no bootstrap interval for {label}",
     ) if p]
@@ -157,7 +176,9 @@ def judge_interval(fit: Fit | FitFailure | None, value_name: str, interval_name:
 def judge_counted(counted: Counted | None, *, allowed: float | None, base_by_op: dict[str, float] | None,
                   key: str) -> Verdict:
     """Judge a class's counted passes (:meth:`~kvcache.analysing.records.counted.Traffic.counted`): regression
-    when above ``allowed``; the verdict names the ops that grew when the baseline has a per-op breakdown."""
+    when above ``allowed``, or when not a finite number (NaN, infinite, text: a counted figure is exact, so one that
+    cannot be judged is no pass, and inconclusive would let it through: --kv-strict leaves exact measures alone); the
+    verdict names the ops that grew when the baseline has a per-op breakdown."""
     if counted is None or counted.passes is None:
         if counted is not None and counted.why_missing:
             return Verdict("not-measured", f"no fused count of the compiled step: {counted.why_missing}")
@@ -166,8 +187,10 @@ def judge_counted(counted: Counted | None, *, allowed: float | None, base_by_op:
     verdict = Verdict("pass", "", value=passes, allowed=allowed)
     if allowed is None:
         verdict.status, verdict.reason = "no-baseline", no_baseline_reason(key)
-    elif finite(passes) is None:  # NaN, infinite, or not a number at all (a hand-edited run)
-        verdict.status, verdict.reason = "inconclusive", f"counted passes is {passes!r}, not a finite number"
+    elif finite(passes) is None:  # NaN, infinite, or not a number at all (a hand-edited run): never a pass
+        verdict.status = "regression"
+        verdict.reason = (f"counted passes is {passes!r}, not a finite number, where {fmt(allowed)} is allowed: an "
+                          "exact figure that cannot be judged fails")
     elif passes > allowed * (1 + COUNTED_RELATIVE_SLACK):
         verdict.status = "regression"
         verdict.reason = f"counted passes {fmt(passes)} is above the allowed {fmt(allowed)}"

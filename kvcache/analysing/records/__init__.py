@@ -48,6 +48,7 @@ from kvcache.analysing.records.jsonrecord import (
     jsonable,
     list_of,
     object_of,
+    too_large_number,
 )
 from kvcache.analysing.records.timed import (
     CacheCrossovers,
@@ -323,9 +324,15 @@ def _read_json(p: Path) -> Any:
     except OSError as exc:
         raise RecordError(f"{p}: cannot read ({exc.strerror or exc})") from None
     try:
-        return json.loads(text)
+        doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise RecordError(f"{p}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    except ValueError:  # an integer beyond Python's limit of digits (4300)
+        raise RecordError(f"{p}: not a run file kvcache reads (an integer of more than 4300 digits)") from None
+    problem = too_large_number(doc)
+    if problem:
+        raise RecordError(f"{p}: {problem}")
+    return doc
 
 
 def run_of_doc(doc: Any, p: Path) -> Run:

@@ -57,6 +57,8 @@ def parse_json(text: str, where: str, *, what: str, error: ErrorType = JSONFileE
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise error(f"{where}: {what} is not JSON ({exc.msg} at line {exc.lineno})") from None
+    except ValueError:  # an integer beyond Python's limit of digits (4300)
+        raise error(f"{where}: not a {what} (an integer of more than 4300 digits)") from None
 
 
 def read_text(path: str | Path, where: str, *, what: str, error: ErrorType = JSONFileError) -> str | None:

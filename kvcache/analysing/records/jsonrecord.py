@@ -153,6 +153,26 @@ def list_of(read: Reader) -> Reader:
     return lambda value, where: [read(v, f"{where}[{i}]") for i, v in enumerate(as_list(value, where))]
 
 
+def too_large_number(value: Any, where: str = "") -> str | None:
+    """Where ``value`` (parsed JSON) holds an integer too large for a float (``10**400``: JSON allows it, every
+    figure's arithmetic raised OverflowError), as one line naming the key; None when it holds none."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            float(value)
+        except OverflowError:
+            digits = int(value.bit_length() * 0.30103) + 1
+            return (f"{where or 'the document'} is an integer of about {digits} digits, too large for a number "
+                    "(the largest is about 1.8e308)")
+        return None
+    if isinstance(value, dict):
+        items = ((f"{where}.{k}" if where else str(k), v) for k, v in value.items())
+    elif isinstance(value, list):
+        items = ((f"{where}[{i}]", v) for i, v in enumerate(value))
+    else:
+        return None
+    return next((problem for at, item in items for problem in [too_large_number(item, at)] if problem), None)
+
+
 def jsonable(value: Any) -> Any:
     """Replace non-finite floats by None (JSON has no NaN/inf) recursively."""
     if isinstance(value, float) and not math.isfinite(value):

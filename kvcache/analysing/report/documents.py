@@ -80,9 +80,10 @@ class Doc:
 
 
 def html_text(text: object) -> str:
-    """``text`` as HTML character data or a quoted attribute value (``& < > " '`` as entities): the one escape
-    for everything report.html shows as text."""
-    return html.escape(str(text), quote=True)
+    """``text`` as HTML character data or a quoted attribute value (``& < > " '`` as entities; control and
+    bidirectional formatting characters, NUL and U+202E among them, as their code: ``\\x00``, ``\\u202e``,
+    :func:`kvcache.analysing.tables.shown_code`): the one escape for everything report.html shows as text."""
+    return html.escape(tables.visible(text), quote=True)
 
 
 def to_markdown(doc: Doc) -> str:

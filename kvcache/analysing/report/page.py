@@ -11,6 +11,7 @@ import json
 from functools import cache
 from importlib import resources
 
+from kvcache.analysing import tables
 from kvcache.analysing.records import Run
 from kvcache.analysing.report.data import chart_data, dtype, model_name
 from kvcache.analysing.report.documents import Doc, html_text, to_html
@@ -35,9 +36,23 @@ _SCRIPT_UNSAFE = str.maketrans({ch: f"\\u{ord(ch):04x}" for ch in "<>&\u2028\u20
 
 def script_json(data: object) -> str:
     """``data`` as JSON to inline in a ``<script type="application/json">`` element: ``< > &`` and U+2028/U+2029
-    as ``\\uXXXX`` escapes, so no string in it can close the element, open a comment or inject markup."""
-    text = json.dumps(data, separators=(",", ":"), allow_nan=False)
+    as ``\\uXXXX`` escapes, so no string in it can close the element, open a comment or inject markup; control and
+    bidirectional formatting characters in its strings (keys too) shown as their code, as
+    :func:`~kvcache.analysing.report.documents.html_text` shows them, since the page's script puts them in the
+    page as text (a class name with U+202E would be drawn backwards)."""
+    text = json.dumps(_visible(data), separators=(",", ":"), allow_nan=False)
     return text.translate(_SCRIPT_UNSAFE)
+
+
+def _visible(data: object) -> object:
+    """``data`` with every string in it (keys included) through :func:`kvcache.analysing.tables.visible`."""
+    if isinstance(data, str):
+        return tables.visible(data)
+    if isinstance(data, dict):
+        return {_visible(k): _visible(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_visible(v) for v in data]
+    return data
 
 
 def render_html(runs: list[Run], doc: Doc) -> str:

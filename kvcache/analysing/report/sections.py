@@ -11,6 +11,7 @@ from typing import TypeVar
 
 from kvcache.analysing import tables
 from kvcache.analysing.estimates import finite
+from kvcache.analysing.judge import judges
 from kvcache.analysing.records import KV, Fit, Memory, Point, Probe, Run, Traffic, UnmeasuredDrift
 from kvcache.analysing.report.data import (
     dtype,
@@ -27,7 +28,7 @@ from kvcache.analysing.report.data import (
     trained_context,
 )
 from kvcache.analysing.report.documents import Doc
-from kvcache.analysing.summary import attention_copies, instrument_lines, verdict_table
+from kvcache.analysing.summary import attention_copies, instrument_lines, poor_fit_lines, verdict_table
 from kvcache.analysing.tables import MISSING, num
 
 TITLE = "KV-cache passes report"
@@ -151,14 +152,18 @@ def fit_section(doc: Doc, run: Run, kv: KV, caches: list[str], groups: dict[str,
         if timed is None and finite(kv.copy_gbps) and finite(fit.effective_gbps):
             timed = kv.copy_gbps / fit.effective_gbps
         ratio = timed / counted if finite(counted) and timed is not None else None
+        poor = judges.poor_fit(fit.r2, judges.min_r2_of(kv.settings))  # with a baseline or without
         rows.append([cache, num(fit.intercept_ms), num(fit.effective_gbps), tables.figure(timed, fit.passes_ci),
-                     num(fit.r2, ".3f"), num(counted), num(ratio), timed_crossover, counted_crossover])
+                     num(fit.r2, ".3f") + (" poor fit" if poor else ""), num(counted), num(ratio), timed_crossover,
+                     counted_crossover])
     doc.heading(3, "Fit")
     if not caches:
         doc.note("no cache classes in this run")
         return
     doc.table(["cache", "intercept ms", "effective GB/s", f"timed passes [{_ci_label(kv)}]", "R²", "counted passes",
                "timed/counted", "crossover tokens (timed)", "crossover tokens (counted)"], rows)
+    for line in poor_fit_lines(kv):
+        doc.note(line)
     holds = finite(crossing.cache_holds_weights_tokens)
     if holds is None:
         doc.note("no weight or KV size in this run: no crossovers")

@@ -21,7 +21,9 @@ from kvcache.measuring.compiled.forward import (
     mark_static,
 )
 from kvcache.measuring.counting import traffic
-from kvcache.measuring.counting.class_count import COUNT_WARMUP  # eager steps before the counted compiled one
+from kvcache.measuring.counting.class_count import (
+    COUNT_WARMUP,  # eager steps before the counted compiled one
+)
 
 
 @dataclass
