@@ -12,6 +12,13 @@ model's forward" or "inside layer 3".
 
 Counted passes (:func:`counted_passes`, :func:`kind_passes`) are slopes between steps counted at two or more
 contexts: Δ(bytes the step moves) / Δ(KV-cache bytes held).
+
+The counter and torch.profiler never nest (:class:`NestingError`): while a TorchDispatchMode is active the profiler
+records every op twice (pytorch #195746; torch 2.13.0 CPU: one ``add_`` under a pass-through mode is two
+``aten::add_`` events), so a profile taken inside a count (the ledger's,
+:mod:`kvcache.measuring.ledger`) would charge each op twice, and a count taken inside a profile would run under an
+instrument it does not charge. Entering a counter while a profiler records raises, so does a profiler started inside
+a count (at its next op), and so does :func:`check_not_counting`, which the ledger calls before it profiles.
 """
 
 from __future__ import annotations
@@ -20,7 +27,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch.utils._python_dispatch import TorchDispatchMode
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 from kvcache.analysing.counted_records import KindTraffic, Traffic, TrafficBeyond
 from kvcache.analysing.options import MIN_OP_PASSES
@@ -106,6 +114,34 @@ class TrafficCount:
 REGION_LISTENERS: list[Any] = []
 
 
+class NestingError(RuntimeError):
+    """The traffic counter and torch.profiler were nested (either inside the other); one line."""
+
+
+def profiler_running() -> bool:
+    """Whether a torch profiler (``torch.profiler.profile`` or the autograd profiler) records on this thread."""
+    return bool(torch._C._autograd._profiler_enabled())
+
+
+def active_counters() -> list[TrafficCounter]:
+    """The traffic counters active on this thread (torch's dispatch mode stack, innermost last)."""
+    return [mode for mode in _get_current_dispatch_mode_stack() if isinstance(mode, TrafficCounter)]
+
+
+def check_not_counting(what: str) -> None:
+    """Raise :class:`NestingError` if a traffic counter is active: ``what`` (a profiler) must not start inside it."""
+    if active_counters():
+        raise NestingError(f"{what} started while the traffic counter (a TorchDispatchMode) is active: torch.profiler "
+                           "records every op twice under a dispatch mode (pytorch #195746); profile outside the count")
+
+
+def check_not_profiling() -> None:
+    """Raise :class:`NestingError` if a torch profiler is recording: the counter must not start inside it."""
+    if profiler_running():
+        raise NestingError("the traffic counter started while torch.profiler is recording: a profiler records every "
+                           "op twice under a dispatch mode (pytorch #195746); count outside the profile")
+
+
 class TrafficCounter(TorchDispatchMode):
     """Counts the bytes every dispatched ATen op reads and writes, by the rules of
     :mod:`kvcache.measuring.op_bytes`; with ``scopes``, also per label of the modules running (see the module
@@ -120,6 +156,7 @@ class TrafficCounter(TorchDispatchMode):
         self.observers: list[Any] = []
 
     def __enter__(self) -> TrafficCounter:
+        check_not_profiling()
         for module, label in self.scopes.items():
             self.hooks.append(module.register_forward_pre_hook(lambda *_, label=label: self.active.append(label)))
             self.hooks.append(module.register_forward_hook(lambda *_, label=label: self._leave(label),
@@ -146,6 +183,10 @@ class TrafficCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        if profiler_running():  # a profiler started inside the count, not through check_not_counting
+            raise NestingError(f"torch.profiler is recording inside the traffic counter (at {op_name(func)}): it "
+                               "records every op twice under a dispatch mode (pytorch #195746); profile outside the "
+                               "count")
         name = op_name(func)
         try:
             read, written = charge(func, args, kwargs, out)
