@@ -97,7 +97,8 @@ _HOPPER_D256 = ("cuDNN takes head dims up to 256 on sm 9.0 (check_cudnn_tensor_s
                 "support with cuDNN >= 9.10.0', before the 9.22/frontend-1.24 rule of 001f694a)")
 _PRE_BLACKWELL = ReleaseRules(
     "2.5", "2.5.1 to 2.6", False, "never", Wheel(cuda=(12, 4), cudnn=90100),
-    f"{_READ}, less #191085; priority_order returning the default order; the architecture ranges and cuDNN head-dim "
+    f"{_READ}, less #191085 and #184258; priority_order returning the default order; the architecture ranges and "
+    "cuDNN head-dim "
     "limit of 21c3369eded41cbad40b61858013c3312afc6dbb",
     f"{_NO_EFFICIENT_GQA}; {_NO_ALIGNMENT}; flash and cuDNN check check_sm_version<sm80, sm90>, efficient "
     "<sm50, sm90> (21c3369e): a B200 (sm100) falls to math; cuDNN made opt-in after 2.5.0 (pytorch PR #138522, 2.5.1; "
@@ -137,8 +138,9 @@ _CUDNN_9200 = ReleaseRules(
     "the installed torch 2.13.0's own sdp_utils_cpp.h declares check_batch_size_and_num_heads_dense<supports_gqa, "
     "requires_same_num_heads> with no supports_mqa, which #191085's callers pass (<supports_gqa, true, "
     "supports_mqa>); its torch/nn/functional.py documents that GQA 'currently works only for Flash_attention and math "
-    "kernel on CUDA tensor'. The storage-offset alignment check of PR #184258 (merged 2026-05-18) is in 2.13; the "
-    "default wheel bundles cuDNN 9.20.0.48",
+    "kernel on CUDA tensor'. The storage-offset alignment check of PR #184258 is taken to be in 2.13 (merged "
+    "2026-05-18, weeks before 2.13.0; the CPU wheel has no sdp_utils.cpp to show it); the default wheel bundles cuDNN "
+    "9.20.0.48 (issue 49's reading of that wheel, not read here)",
     offset_alignment=True)
 _EFFICIENT_GQA = ReleaseRules(
     "2.14", "2.14", True, "cudnn-9.15.1", WHEEL,
