@@ -2,15 +2,15 @@
 #   make bench   creates .venv, installs, runs the default sweep into results.json and writes report/
 #   make test    creates .venv, installs with the test extra, runs ruff, the tests and the counted gate
 # TORCH picks the torch build (a CUDA box may want TORCH=torch); BENCH_ARGS adds pytest/--kv-* options.
-# TRANSFORMERS pins the release the tests' known figures are for (tests/measuring/test_compat.py fails on a release
-# it has no figures for), so a fresh clone stays green the day a new one ships; new releases are measured by the
-# weekly versions workflow, then the pin moves.
+# TRANSFORMERS pins a release the tests' known figures are for (tests/measuring/test_compat.py reports a release it has
+# no figures for as "not yet measured", a skip), so that `make test` checks known figures; a new release is measured
+# (docs/releases.md, "A new release"), its figures added, then the pin moves.
 
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
-TRANSFORMERS ?= transformers==5.24.0
+TRANSFORMERS ?= transformers==5.25.0
 BENCH_ARGS ?=
 VERSIONS_ARGS ?=
 GATE_POWER_ARGS ?=
@@ -51,7 +51,7 @@ gate: $(VENV)/.bench
 
 # Counted passes under every Transformers minor release since 4.45 (newest patch of each), installed
 # side by side in .versions/<release>; JSON, logs and compare.md in .versions/results.
-# e.g. make versions VERSIONS_ARGS="--releases 4.45.2,5.24.0 -- --kv-model tiny"
+# e.g. make versions VERSIONS_ARGS="--releases 4.45.2,5.25.0 -- --kv-model tiny"
 versions: $(VENV)/.test
 	$(PY) scripts/versions.py $(VERSIONS_ARGS)
 

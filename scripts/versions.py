@@ -42,7 +42,7 @@ SINCE = "4.45"
 RELEASES = (
     "4.45.2 4.46.3 4.47.1 4.48.3 4.49.0 4.50.3 4.51.3 4.52.4 4.53.3 4.54.1 4.55.4 4.56.2 4.57.6 "
     "5.0.0 5.1.0 5.2.0 5.3.0 5.4.0 5.5.4 5.6.2 5.7.0 5.8.1 5.9.0 5.10.4 5.11.0 5.12.1 5.13.1 5.14.1 "
-    "5.15.1 5.16.1 5.17.0 5.18.0 5.19.0 5.20.2 5.21.1 5.22.2 5.23.0 5.24.0"
+    "5.15.1 5.16.1 5.17.0 5.18.0 5.19.0 5.20.2 5.21.1 5.22.2 5.23.0 5.24.0 5.25.0"
 ).split()
 # `--models families`: every family preset at the depth its docs/models.md row uses (a multiple of its layer pattern;
 # tests/suite/test_versions_script.py checks these are kvcache.analysing.presets.FAMILY_PRESETS).

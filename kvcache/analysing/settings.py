@@ -169,14 +169,14 @@ def _max_passes(option: str, text: Any) -> dict[str, float]:
 
 
 def _gpus(option: str, text: Any) -> tuple[str, ...]:
-    """``t4,a100,t4@2.12`` -> GPU class names (:mod:`kvcache.analysing.sdpa_rules`, pure Python; ``@release``: under
+    """``t4,a100,t4@2.12`` -> GPU class names (:mod:`kvcache.analysing.sdpa.selection`, pure Python; ``@release``: under
     that torch release's rules); none (the default) imports nothing. An unknown name or release, or (for a name
     without ``@``) an installed torch release whose rules are not transcribed, is a one-line SettingsError."""
     if not str(text).strip():
         return ()
     import importlib.metadata
 
-    from kvcache.analysing import sdpa_rules
+    from kvcache.analysing.sdpa import selection as sdpa_rules
 
     try:
         names = sdpa_rules.gpu_names(str(text))
@@ -279,7 +279,7 @@ class Settings:
     threads: int | None = _default("--kv-threads")  # torch's CPU threads for the whole session; None: torch's default
     compile: str = _default("--kv-compile")
     driver: str = _default("--kv-driver")
-    gpus: tuple[str, ...] = _default("--kv-gpus")  # GPU classes predicted (kvcache.analysing.sdpa_rules.GPUS)
+    gpus: tuple[str, ...] = _default("--kv-gpus")  # GPU classes predicted (kvcache.analysing.sdpa.selection.GPUS)
     batch: int = _default("--kv-batch")  # sequences per decode step
     ragged: bool = _default("--kv-ragged")
 

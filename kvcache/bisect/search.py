@@ -15,7 +15,7 @@ from kvcache.analysing.judge.judges import COUNTED_RELATIVE_SLACK
 from kvcache.analysing.judge.rules import Rules
 from kvcache.analysing.options import MIN_OP_PASSES, option
 from kvcache.analysing.records import KV
-from kvcache.analysing.sdpa_rules import BACKENDS, GPUS
+from kvcache.analysing.sdpa.selection import BACKENDS, GPUS
 from kvcache.analysing.tables import MISSING
 
 GOOD, BAD, SKIP = "good", "bad", "skip"

@@ -16,7 +16,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kvcache.measuring import stages
-from kvcache.measuring.counting.traffic import DISPLAY, op_name
+from kvcache.measuring.counting.traffic import DISPLAY, check_not_counting, op_name
 
 STEP_RANGE = "kvcache-step"  # the profiler range (record_function) around each profiled step (CUDA)
 US = 1e-6  # seconds per microsecond (the profiler's unit)
@@ -98,6 +98,7 @@ def _cuda_profile(run: Any, steps: int) -> Any:
             ranges.append(record_function(STEP_RANGE))
             ranges[-1].__enter__()
 
+    check_not_counting("the ledger's torch.profiler")  # never inside the counter (pytorch #195746)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         run(on_mark)
         on_mark(steps)  # the last step's range closed, where ``run`` did not
@@ -335,6 +336,7 @@ def unavailable(cuda: bool) -> str | None:
     """Why the ledger cannot time ops here (None when it can): on CUDA it needs torch.profiler."""
     if not cuda:
         return None
+    check_not_counting("the ledger's torch.profiler check")  # never inside the counter (pytorch #195746)
     try:
         with profile(activities=[ProfilerActivity.CPU]):
             torch.zeros(1).add_(1)

@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from kvcache.analysing import sdpa_rules  # noqa: E402
+from kvcache.analysing.sdpa import selection as sdpa_rules  # noqa: E402
 from kvcache.measuring.counting import backend_check, backends  # noqa: E402
 
 

@@ -253,3 +253,48 @@ def test_ops_with_equal_passes_are_listed_by_name_whatever_their_order():
         lo, hi = count([]), count(names)
         hi.ops["add"] = traffic.OpTraffic(calls=1, read=60, written=40)
         assert list(traffic.op_passes(lo, hi, 100.0)) == ["add", "softmax", "to"]
+
+
+# --- the counter and torch.profiler never nest (pytorch #195746: under a dispatch mode the profiler records every op
+# twice) ------------------------------------------------------------------------------------------------------------
+
+
+def _ops() -> None:
+    torch.ones(8).add_(1)
+
+
+def test_the_ledger_does_not_profile_inside_the_counter():
+    """The ledger's profiler (the CUDA path, run here on CPU) refuses to start while the counter counts."""
+    from kvcache.measuring import ledger
+
+    with traffic.TrafficCounter():
+        with pytest.raises(traffic.NestingError, match=r"^the ledger's torch.profiler started while the traffic "
+                                                       r"counter .* is active: .*pytorch #195746"):
+            ledger.profile_steps(_ops, lambda: None, 1, cuda=True)
+        with pytest.raises(traffic.NestingError, match="pytorch #195746"):
+            ledger.unavailable(cuda=True)
+    assert traffic.active_counters() == []
+    assert set(ledger.profile_steps(_ops, lambda: None, 1, cuda=True)["ops_s"]) >= {"add_"}  # outside it: profiled
+
+
+def test_the_counter_does_not_count_inside_a_profile():
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]):
+        assert traffic.profiler_running()
+        with pytest.raises(traffic.NestingError, match=r"^the traffic counter started while torch.profiler is "
+                                                       r"recording: .*pytorch #195746"):
+            traffic.count(_ops)
+    assert not traffic.profiler_running()
+    assert counted(_ops).calls == 2  # after the profile: counted as ever (ones, add_)
+
+
+def test_a_profiler_started_inside_the_counter_stops_it_at_the_next_op():
+    """A profiler not started through the ledger (a hook, a user's plug-in) is caught at the first op it would
+    record twice."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with pytest.raises(traffic.NestingError, match=r"^torch.profiler is recording inside the traffic counter \(at "):
+        with traffic.TrafficCounter(), profile(activities=[ProfilerActivity.CPU]):
+            _ops()
+    assert traffic.active_counters() == [] and not traffic.profiler_running()

@@ -1,5 +1,5 @@
 """On a CUDA device: the SDPA backend torch selects for every call of a counted step against the one
-:mod:`kvcache.analysing.sdpa_rules` predicts for the device's compute capability, and the counted math passes there
+:mod:`kvcache.analysing.sdpa.selection` predicts for the device's compute capability, and the counted math passes there
 against the same count on the CPU (``scripts/gpu-check``). Exit 1 on any mismatch.
 
 torch's own selection is ``torch._fused_sdp_choice`` (the function ``scaled_dot_product_attention`` dispatches by) on
@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-from kvcache.analysing import sdpa_rules
+from kvcache.analysing.sdpa import selection as sdpa_rules
 from kvcache.measuring.counting import backends
 
 #: ``torch.nn.attention.SDPBackend`` values (``_fused_sdp_choice``'s answer) by this package's names
@@ -160,7 +160,7 @@ def check_backends(model: str, caches: list[str], dtype: str = "bfloat16", conte
         lines.append(line)
         mismatches += wrong
     return [f"SDPA backends on sm{capability[0]}{capability[1]} ({device}): torch's choice against "
-            "kvcache.analysing.sdpa_rules", *lines], mismatches
+            "kvcache.analysing.sdpa.selection", *lines], mismatches
 
 
 def main(argv: list[str] | None = None) -> int:

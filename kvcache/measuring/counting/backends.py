@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-from kvcache.analysing import sdpa_rules
+from kvcache.analysing.sdpa import selection as sdpa_rules
 
 DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
                torch.float64: "float64", torch.bool: "bool"}

@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvcache.analysing import sdpa_rules
 from kvcache.analysing.records.counted import (
     BackendCount,
     GpuPrediction,
@@ -25,6 +24,7 @@ from kvcache.analysing.records.counted import (
     TrafficBeyond,
 )
 from kvcache.analysing.records.measured import ClassCount
+from kvcache.analysing.sdpa import selection as sdpa_rules
 from kvcache.measuring import attention, caches, compat
 from kvcache.measuring.attention import DEFAULT as SDPA
 from kvcache.measuring.counting import backends, memory, traffic
@@ -109,7 +109,8 @@ class Counting:
         torch's
         rules reject for the step's calls on every GPU class under every transcribed torch release has ``passes`` None
         and ``error`` (their words). ``gpus`` (``--kv-gpus``) {class: :class:`GpuPrediction`}: the backend torch would
-        select for the step's calls on that class (:mod:`kvcache.analysing.sdpa_rules`), and the passes counted under
+        select for the step's calls on that class (:mod:`kvcache.analysing.sdpa.selection`), and the passes counted
+        under
         it."""
         s = self.session
         gpus = tuple(getattr(s.settings, "gpus", ()) or ())

@@ -2,6 +2,7 @@
 make. :class:`TrafficCounter` intercepts every ATen op at torch's dispatch level and charges it by
 :mod:`kvcache.measuring.counting.op_bytes`' rules, per op name and per module scope (``forward``, ``layer.3``);
 :func:`counted_passes` and :func:`kind_passes` are slopes between contexts: Δ(bytes moved) / Δ(KV-cache bytes held).
+The counter and torch.profiler never nest (:class:`NestingError`; docs/how-it-measures.md).
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch.utils._python_dispatch import TorchDispatchMode
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 from kvcache.analysing.options import MIN_OP_PASSES
 from kvcache.analysing.records.counted import KindTraffic, Traffic, TrafficBeyond
@@ -97,6 +99,34 @@ class TrafficCount:
 REGION_LISTENERS: list[Any] = []
 
 
+class NestingError(RuntimeError):
+    """The traffic counter and torch.profiler were nested (either inside the other); one line."""
+
+
+def profiler_running() -> bool:
+    """Whether a torch profiler (``torch.profiler.profile`` or the autograd profiler) records on this thread."""
+    return bool(torch._C._autograd._profiler_enabled())
+
+
+def active_counters() -> list[TrafficCounter]:
+    """The traffic counters active on this thread (torch's dispatch mode stack, innermost last)."""
+    return [mode for mode in _get_current_dispatch_mode_stack() if isinstance(mode, TrafficCounter)]
+
+
+def check_not_counting(what: str) -> None:
+    """Raise :class:`NestingError` if a traffic counter is active: ``what`` (a profiler) must not start inside it."""
+    if active_counters():
+        raise NestingError(f"{what} started while the traffic counter (a TorchDispatchMode) is active: torch.profiler "
+                           "records every op twice under a dispatch mode (pytorch #195746); profile outside the count")
+
+
+def check_not_profiling() -> None:
+    """Raise :class:`NestingError` if a torch profiler is recording: the counter must not start inside it."""
+    if profiler_running():
+        raise NestingError("the traffic counter started while torch.profiler is recording: a profiler records every "
+                           "op twice under a dispatch mode (pytorch #195746); count outside the profile")
+
+
 class TrafficCounter(TorchDispatchMode):
     """Counts the bytes every dispatched ATen op reads and writes, by the rules of
     :mod:`kvcache.measuring.counting.op_bytes`; with ``scopes``, also per label of the modules running (see the module
@@ -111,6 +141,7 @@ class TrafficCounter(TorchDispatchMode):
         self.observers: list[Any] = []
 
     def __enter__(self) -> TrafficCounter:
+        check_not_profiling()
         for module, label in self.scopes.items():
             self.hooks.append(module.register_forward_pre_hook(lambda *_, label=label: self.active.append(label)))
             self.hooks.append(module.register_forward_hook(lambda *_, label=label: self._leave(label),
@@ -137,6 +168,10 @@ class TrafficCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        if profiler_running():  # a profiler started inside the count, not through check_not_counting
+            raise NestingError(f"torch.profiler is recording inside the traffic counter (at {op_name(func)}): it "
+                               "records every op twice under a dispatch mode (pytorch #195746); profile outside the "
+                               "count")
         name = op_name(func)
         try:
             read, written = charge(func, args, kwargs, out)

@@ -1,206 +1,35 @@
 """Which ``scaled_dot_product_attention`` backend torch would select on a CUDA GPU class, and why every backend ahead
 of it was rejected: a pure-Python transcription of torch's own rules (``sdp_utils.cpp``; each rule names its
-function there), per torch release (:data:`RULES`, :class:`ReleaseRules`), so that a CPU run can say what a GPU runs.
-:func:`select` answers like torch's ``select_sdp_backend``; the source commit, what a CPU cannot know and is assumed
-(:data:`WHEEL`), the evidence and the limits: docs/gpu-backends.md."""
+function there), per torch release (:data:`RULES`), so that a CPU run can say what a GPU runs. A call is plain
+facts (:mod:`kvcache.analysing.sdpa.calls`); the per-release facts, each with its source and evidence, and each
+release's default CUDA wheel are data in :mod:`kvcache.analysing.sdpa.release_facts`. :func:`select` answers like
+torch's
+``select_sdp_backend``; the source commit and the limits: docs/gpu-backends.md."""
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
 from typing import Callable
+
+from kvcache.analysing.sdpa.calls import SdpaCall, Selection, TensorFacts  # noqa: F401 - used from here too
+from kvcache.analysing.sdpa.release_facts import (  # noqa: F401 - the releases, classes and names, used from here too
+    GPUS,
+    RULES,
+    TRANSCRIBED,
+    WHEEL,
+    ReleaseRules,
+    RulesError,
+    Wheel,
+    check_release,
+    gpu_names,
+    installed_release,
+)
 
 BACKENDS = ("cudnn", "flash", "efficient", "math")
 #: torch's names of the backends in its warnings and enums
 TORCH_NAMES = {"cudnn": "cudnn_attention", "flash": "flash_attention", "efficient": "efficient_attention",
                "math": "math"}
-#: GPU classes by name: (compute capability major, minor). Names accepted by ``--kv-gpus``.
-GPUS: dict[str, tuple[int, int]] = {
-    "t4": (7, 5), "a10g": (8, 6), "l4": (8, 9), "a100": (8, 0), "h100": (9, 0), "b200": (10, 0),
-    "sm75": (7, 5), "sm80": (8, 0), "sm86": (8, 6), "sm89": (8, 9), "sm90": (9, 0), "sm100": (10, 0),
-}
-
 HALF = ("float16", "bfloat16")
-
-
-@dataclass(frozen=True)
-class Wheel:
-    """What torch's rules read from the build and the machine that a CPU run cannot see, as the release's default
-    CUDA wheel has it (an assumption, named in docs/gpu-backends.md)."""
-
-    cuda: tuple[int, int] = (13, 0)
-    cudnn: int = 91501  # cuDNN 9.15.1, as versionRuntimeCuDNN() reports it
-    cudnn_frontend_d256: bool = True  # CUDNN_FRONTEND_VERSION >= 12400
-    cudnn_preferred_env: bool = True  # TORCH_CUDNN_SDPA_DEPRIORITIZED unset
-
-
-WHEEL = Wheel()
-
-
-@dataclass(frozen=True)
-class ReleaseRules:
-    """The facts of torch's rules that differ between the transcribed releases (:data:`RULES`); everything else is
-    the one transcription of this module.
-
-    ``efficient_gqa``: ``can_use_mem_efficient_attention`` checks its dense inputs with
-    ``check_batch_size_and_num_heads_dense<supports_gqa = true, ..., supports_mqa = true>`` (grouped-query heads under
-    ``enable_gqa``, and a single K/V head without it) rather than ``<false>`` (the same number of heads); the same
-    release's flash and cuDNN take a single K/V head without ``enable_gqa`` too (pytorch PR #191085).
-    ``cudnn_first``: when ``priority_order`` puts cuDNN first (``check_prefer_cudnn_attention``): ``never`` (the
-    default order, flash, efficient, math, cuDNN), ``sm90-sm100`` (compute capability 9.0 or 10.0, from a cuDNN of
-    9.9 or newer at build time) or ``cudnn-9.15.1`` (a runtime cuDNN newer than 9.15.0 on sm9x/sm10x; with CUDA < 13
-    only minor 0 or 3). ``wheel``: the release's default CUDA wheel. ``releases``: the releases these rules stand for;
-    ``source`` and ``evidence``: where each difference was read, in words."""
-
-    release: str
-    releases: str
-    efficient_gqa: bool
-    cudnn_first: str
-    wheel: Wheel
-    source: str
-    evidence: str
-
-
-_READ = "sdp_utils.cpp and sdp_utils_cpp.h at 001f694aef6f922b4fdf6d27d59162d27bf3df58"
-_NO_EFFICIENT_GQA = ("efficient without grouped-query heads: the sdp_utils.cpp before pytorch PR #191085 "
-                     "(2026-07-25) checks the efficient backend's dense inputs with "
-                     "check_batch_size_and_num_heads_dense<false /*supports_grouped_query_attention=*/>")
-_PRE_CUDNN_DEFAULT = ReleaseRules(
-    "2.5", "2.5.1 to 2.8", False, "never", Wheel(cuda=(12, 4), cudnn=90100),
-    f"{_READ}, less #191085; priority_order returning the default order",
-    f"{_NO_EFFICIENT_GQA}; cuDNN made opt-in after 2.5.0 (pytorch PR #138522, 2.5.1; 2.5.0 itself put cuDNN first on "
-    "H100, not transcribed), first again by default from 2.9 (PR #162073)")
-_CUDNN_SM90 = ReleaseRules(
-    "2.9", "2.9", False, "sm90-sm100", Wheel(cuda=(12, 8), cudnn=91002),
-    f"{_READ}, less #191085; check_prefer_cudnn_attention of PR #162073 (cuDNN >= 9.9 at build, sm90/sm100 minor 0)",
-    f"{_NO_EFFICIENT_GQA}; PR #162073 'Enable cuDNN SDPA by default for SM 9.0, SM 10.0' (2025-09, 'for 2.9')")
-_CUDNN_9151_OLD_WHEEL = ReleaseRules(
-    "2.10", "2.10", False, "cudnn-9.15.1", Wheel(cudnn=91400),  # a cuDNN not newer than 9.15.0: 9.14 assumed
-    f"{_READ}, less #191085; its check_prefer_cudnn_attention (cuDNN > 9.15.0 at run time, #169849)",
-    f"{_NO_EFFICIENT_GQA}; the cuDNN > 9.15.0 preference is in 2.10 but its default wheel's cuDNN is not newer "
-    "(transformers PR #48163's reading of sdp_utils.cpp: 'What changes at 2.11 is the bundled cuDNN crossing the "
-    "threshold'), so cuDNN is not first")
-_CUDNN_9151 = ReleaseRules(
-    "2.13", "2.11 to 2.13", False, "cudnn-9.15.1", WHEEL,
-    f"{_READ}, less #191085",
-    f"{_NO_EFFICIENT_GQA}. The installed torch 2.13.0 (git cf30153c4c131c8164ee7798e5022d810682e2cb) documents in "
-    "its own torch/nn/functional.py docstring that GQA 'currently works only for Flash_attention and math kernel on "
-    "CUDA tensor', while the torch 2.14 documentation says 'Memory-efficient attention also supports GQA on NVIDIA "
-    "CUDA' and v2.14.1's sdp_utils.cpp (5c4886908584029761b579af026dcfb627c84070) has supports_gqa = true there; the "
-    "PR's thread is listed closed (pytorch lands PRs by closing them), so its date alone does not place it in 2.13")
-_EFFICIENT_GQA = ReleaseRules(
-    "2.14", "2.14", True, "cudnn-9.15.1", WHEEL,
-    f"{_READ} (the commit read carries #191085)",
-    "pytorch PR #191085 '[SDPA] Add memory-efficient GQA and vmap backward support' (2026-07-25): the efficient "
-    "backend's dense check <supports_gqa = true, true, supports_mqa = true> on CUDA; v2.14.1's sdp_utils.cpp and the "
-    "torch 2.14 documentation of scaled_dot_product_attention say the same")
-
-#: the transcribed torch releases (major.minor) and their rules; ``--kv-gpus t4@2.12`` predicts under 2.12's
-RULES: dict[str, ReleaseRules] = {
-    "2.5": _PRE_CUDNN_DEFAULT, "2.6": _PRE_CUDNN_DEFAULT, "2.7": _PRE_CUDNN_DEFAULT, "2.8": _PRE_CUDNN_DEFAULT,
-    "2.9": _CUDNN_SM90, "2.10": _CUDNN_9151_OLD_WHEEL, "2.11": _CUDNN_9151, "2.12": _CUDNN_9151,
-    "2.13": _CUDNN_9151, "2.14": _EFFICIENT_GQA,
-}
-#: the torch releases whose rules are transcribed here (major.minor)
-TRANSCRIBED = tuple(RULES)
-
-
-@dataclass(frozen=True)
-class TensorFacts:
-    """One tensor argument of an SDPA call: ``shape``, ``stride`` (elements), ``offset`` (storage offset, elements),
-    ``dtype`` (torch's name without ``torch.``: ``bfloat16``), ``itemsize`` (bytes)."""
-
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
-    offset: int
-    dtype: str
-    itemsize: int
-
-    def to_dict(self) -> dict:
-        return {"shape": list(self.shape), "stride": list(self.stride), "offset": self.offset, "dtype": self.dtype,
-                "itemsize": self.itemsize}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> TensorFacts:
-        return cls(tuple(d["shape"]), tuple(d["stride"]), int(d["offset"]), d["dtype"], int(d["itemsize"]))
-
-
-@dataclass(frozen=True)
-class SdpaCall:
-    """The parameters of one ``scaled_dot_product_attention`` call that torch's rules read (``sdp_params``)."""
-
-    query: TensorFacts
-    key: TensorFacts
-    value: TensorFacts
-    mask: TensorFacts | None = None
-    dropout: float = 0.0
-    is_causal: bool = False
-    enable_gqa: bool = False
-    requires_grad: bool = False
-
-    def to_dict(self) -> dict:
-        return {"query": self.query.to_dict(), "key": self.key.to_dict(), "value": self.value.to_dict(),
-                "mask": self.mask.to_dict() if self.mask else None, "dropout": self.dropout,
-                "is_causal": self.is_causal, "enable_gqa": self.enable_gqa, "requires_grad": self.requires_grad}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> SdpaCall:
-        mask = d.get("mask")
-        return cls(TensorFacts.from_dict(d["query"]), TensorFacts.from_dict(d["key"]),
-                   TensorFacts.from_dict(d["value"]), TensorFacts.from_dict(mask) if mask else None,
-                   float(d.get("dropout", 0.0)), bool(d.get("is_causal")), bool(d.get("enable_gqa")),
-                   bool(d.get("requires_grad")))
-
-
-@dataclass
-class Selection:
-    """The backend selected for one call on one GPU class, and {backend ahead of it: torch's words for why not}."""
-
-    backend: str
-    rejected: dict[str, str] = field(default_factory=dict)
-
-
-class RulesError(ValueError):
-    """An unknown GPU class or a torch release without transcribed rules; one line."""
-
-
-def gpu_names(text: str) -> list[str]:
-    """``"t4,a100,t4@2.12"`` -> names, each once (``class@release``: predicted under that torch release's rules); an
-    unknown class or release is a one-line :class:`RulesError` listing the known ones."""
-    names = [n.strip().lower() for n in str(text).split(",") if n.strip()]
-    if not names:
-        raise RulesError(f"--kv-gpus {text!r} names no GPU class; known: {', '.join(GPUS)}")
-    for name in names:
-        gpu, _, release = name.partition("@")
-        if gpu not in GPUS:
-            raise RulesError(f"--kv-gpus: unknown GPU class {gpu!r}; known: {', '.join(GPUS)}")
-        if "@" in name and release not in RULES:
-            raise RulesError(f"--kv-gpus: no SDPA rules transcribed for torch {release!r} ({name}); transcribed: "
-                             f"{', '.join(TRANSCRIBED)}")
-    return list(dict.fromkeys(names))
-
-
-def check_release(torch_version: str) -> str:
-    """``"2.13"`` for torch ``2.13.0+cpu``; a release whose rules are not transcribed is a one-line
-    :class:`RulesError` naming the transcribed ones."""
-    release = ".".join(str(torch_version).split("+")[0].split(".")[:2])
-    if release not in TRANSCRIBED:
-        raise RulesError(f"SDPA backend rules are transcribed for torch {', '.join(TRANSCRIBED)} only; the installed "
-                         f"torch is {torch_version}: GPU classes cannot be predicted for it (name a transcribed "
-                         "release: t4@2.13)")
-    return release
-
-
-@functools.lru_cache(maxsize=1)
-def installed_release() -> str:
-    """The installed torch's major.minor (package metadata, no import), whose rules a GPU class without a release
-    suffix is predicted under; a release not transcribed is a one-line :class:`RulesError`."""
-    import importlib.metadata
-
-    try:
-        return check_release(importlib.metadata.version("torch"))
-    except importlib.metadata.PackageNotFoundError:
-        raise RulesError("torch is not installed: name a transcribed release (t4@2.13)") from None
 
 
 def resolve(gpu: str) -> tuple[tuple[int, int], ReleaseRules]:
@@ -242,12 +71,20 @@ def check_head_dim_size_flash(c: SdpaCall, cap: tuple[int, int], w: Wheel) -> st
             f"Got Query.size(-1): {q}, Key.size(-1): {k}, Value.size(-1): {v} instead.")
 
 
-def check_flash_attention_hardware_support(c: SdpaCall, cap: tuple[int, int], w: Wheel) -> str | None:
-    """``check_flash_attention_hardware_support`` (sdp_utils.cpp): sm80 to sm121."""
-    if _sm_in(cap, (8, 0), (12, 1)):
-        return None
-    return ("Flash attention only supports gpu architectures in the range [sm80, sm121]. Attempting to run on a sm "
-            f"{cap[0]}.{cap[1]} gpu.")
+def check_hardware_support(backend: str, newest: tuple[int, int]) -> Filter:
+    """``check_flash_attention_hardware_support`` (sm80), ``check_mem_efficient_hardware_support`` (sm50),
+    ``check_cudnn_hardware_support`` (sm80) (sdp_utils.cpp): ``check_sm_version<lowest, newest>``, inclusive; the
+    newest is sm121 at 001f694a, sm90 at 21c3369e (2.5/2.6: :attr:`ReleaseRules.newest_sm`)."""
+    words, low = {"flash": ("Flash attention", (8, 0)), "efficient": ("Mem Efficient Attention", (5, 0)),
+                  "cudnn": ("cuDNN MHA", (8, 0))}[backend]
+
+    def check(c: SdpaCall, cap: tuple[int, int], w: Wheel) -> str | None:
+        if _sm_in(cap, low, newest):
+            return None
+        return (f"{words} only supports gpu architectures in the range [sm{low[0]}{low[1]}, sm{newest[0]}{newest[1]}]. "
+                f"Attempting to run on a sm {cap[0]}.{cap[1]} gpu.")
+    check.__name__ = f"check_{backend}_hardware_support<sm{newest[0]}{newest[1]}>"
+    return check
 
 
 def check_requires_grad_and_head_dim_gt192(c: SdpaCall, cap: tuple[int, int], w: Wheel) -> str | None:
@@ -284,10 +121,13 @@ def check_dtypes_low_precision(c: SdpaCall, cap: tuple[int, int], w: Wheel) -> s
     return _dtype_reason(c, HALF if cap[0] >= 8 else ("float16",))
 
 
-def check_batch_size_and_num_heads_dense(supports_gqa: bool, supports_mqa: bool = False) -> Filter:
-    """``check_batch_size_and_num_heads_dense<supports_gqa, ..., supports_mqa>`` (sdp_utils_cpp.h), with
-    ``check_grouped_query_attention`` under ``enable_gqa``; ``supports_mqa`` (PR #191085): a single K/V head passes
-    without ``enable_gqa``."""
+def check_batch_size_and_num_heads_dense(supports_gqa: bool, supports_mqa: bool = False,
+                                         requires_same_num_heads: bool = True) -> Filter:
+    """``check_batch_size_and_num_heads_dense<supports_gqa, requires_same_num_heads, supports_mqa>``
+    (sdp_utils_cpp.h), with ``check_grouped_query_attention<requires_same_num_heads>`` under ``enable_gqa``: cuDNN
+    passes ``requires_same_num_heads = false`` (K and V head counts may differ, each dividing the query's; the
+    template parameter is in the installed 2.13.0's header), flash and efficient the default ``true``;
+    ``supports_mqa`` (PR #191085): a single K/V head passes without ``enable_gqa``."""
 
     def check(c: SdpaCall, cap: tuple[int, int], w: Wheel) -> str | None:
         q, k, v = c.query.shape, c.key.shape, c.value.shape
@@ -295,10 +135,10 @@ def check_batch_size_and_num_heads_dense(supports_gqa: bool, supports_mqa: bool 
             return (f"For dense inputs, both fused kernels require query, key and value to have the same batch_size. "
                     f"Query.sizes(): {list(q)}, Key.sizes(): {list(k)}, Value.sizes(): {list(v)} instead.")
         if c.enable_gqa and supports_gqa:
-            if k[-3] != v[-3]:
+            if requires_same_num_heads and k[-3] != v[-3]:
                 return ("Both fused kernels require key and value to have the same num_heads and batch_size but got: "
                         f"Key sizes: {list(k)}, Value sizes: {list(v)}, Query sizes: {list(q)} instead.")
-            if q[-3] % k[-3]:
+            if q[-3] % k[-3] or (not requires_same_num_heads and q[-3] % v[-3]):
                 return ("The number of heads in key/value must divide number of heads in query.Got input Key sizes(): "
                         f"{k[-3]}, Value sizes(): {v[-3]}, Query sizes(): {q[-3]} instead.")
             return None
@@ -309,8 +149,8 @@ def check_batch_size_and_num_heads_dense(supports_gqa: bool, supports_mqa: bool 
                     f"Query.sizes(): {list(q)}, Key sizes(): {list(k)}, Value sizes(): {list(v)} instead. To "
                     "broadcast dense inputs, try using unsqueeze and expand_to before passing them into the kernel.")
         return None
-    check.__name__ = (f"check_batch_size_and_num_heads_dense<{str(supports_gqa).lower()}"
-                      f"{', supports_mqa' if supports_mqa else ''}>")
+    check.__name__ = (f"check_batch_size_and_num_heads_dense<{str(supports_gqa).lower()}, "
+                      f"{str(requires_same_num_heads).lower()}{', supports_mqa' if supports_mqa else ''}>")
     return check
 
 
@@ -348,14 +188,6 @@ def minimum_gemm_alignment(c: SdpaCall, cap: tuple[int, int]) -> int:
     return alignment
 
 
-def check_mem_efficient_hardware_support(c: SdpaCall, cap: tuple[int, int], w: Wheel) -> str | None:
-    """``check_mem_efficient_hardware_support`` (sdp_utils.cpp): sm50 to sm121."""
-    if _sm_in(cap, (5, 0), (12, 1)):
-        return None
-    return ("Mem Efficient Attention only supports gpu architectures in the range [sm50, sm121]. Attempting to run on "
-            f"a sm {cap[0]}.{cap[1]} gpu.")
-
-
 def check_head_dim_size_mem_efficient(c: SdpaCall, cap: tuple[int, int], w: Wheel) -> str | None:
     """``check_head_dim_size_mem_efficient`` (sdp_utils.cpp, CUDA): q and k head dims equal, q and v head dims
     divisible by :func:`minimum_gemm_alignment` (no upper bound on CUDA)."""
@@ -368,8 +200,9 @@ def check_head_dim_size_mem_efficient(c: SdpaCall, cap: tuple[int, int], w: Whee
 
 
 def check_data_ptr_alignment_mem_efficient(c: SdpaCall, cap: tuple[int, int], w: Wheel) -> str | None:
-    """``check_data_ptr_alignment_mem_efficient`` (sdp_utils.cpp): from sm80, storage offset × element size of q, k
-    and v aligned to minimum_gemm_alignment × element size bytes (base pointers are 256-byte aligned)."""
+    """``check_data_ptr_alignment_mem_efficient`` (sdp_utils.cpp, from PR #184258: 2.13 on,
+    :attr:`ReleaseRules.offset_alignment`): from sm80, storage offset × element size of q, k and v aligned to
+    minimum_gemm_alignment × element size bytes (base pointers are 256-byte aligned)."""
     if cap[0] < 8:
         return None
     alignment = minimum_gemm_alignment(c, cap) * c.query.itemsize
@@ -405,14 +238,6 @@ def check_attn_mask_shape(c: SdpaCall, cap: tuple[int, int], w: Wheel) -> str | 
     return shape_text
 
 
-def check_cudnn_hardware_support(c: SdpaCall, cap: tuple[int, int], w: Wheel) -> str | None:
-    """``check_cudnn_hardware_support`` (sdp_utils.cpp): sm80 to sm121."""
-    if _sm_in(cap, (8, 0), (12, 1)):
-        return None
-    return ("cuDNN MHA only supports gpu architectures in the range [sm80, sm121]. Attempting to run on a sm "
-            f"{cap[0]}.{cap[1]} gpu.")
-
-
 def check_cudnn_dropout(c: SdpaCall, cap: tuple[int, int], w: Wheel) -> str | None:
     """``check_cudnn_dropout`` (sdp_utils.cpp): a multiple of 1/16."""
     if c.dropout * 16.0 == int(c.dropout * 16.0):
@@ -421,35 +246,51 @@ def check_cudnn_dropout(c: SdpaCall, cap: tuple[int, int], w: Wheel) -> str | No
             "1/16 to select the cuDNN backend")
 
 
-def check_cudnn_tensor_shapes(c: SdpaCall, cap: tuple[int, int], w: Wheel) -> str | None:
-    """``check_cudnn_tensor_shapes`` (sdp_utils.cpp): batch and heads ≤ 65535, head dims ≤ the limit of the cuDNN
-    version and architecture (128; 256 on sm90/sm10x with cuDNN newer than 9.22 and frontend 1.24; 192/128 on
-    sm90/sm10x from cuDNN 9.11) and multiples of 8, key/value length not 1."""
-    b, h = c.query.shape[0], c.query.shape[1]
-    if b > 65535 or h > 65535:
-        return (f"cuDNN SDPA does not support batch size or num_heads greater than 65535. Got batch size: {b}, "
-                f"num_heads: {h}")
-    s_q, s_k, d_qk, d_v = c.query.shape[2], c.key.shape[2], c.query.shape[3], c.value.shape[3]
-    if w.cudnn < 8903:
-        return "SDPA fprop requires cudnn 8.9.3 or higher"
-    limit = 128
+def cudnn_head_dim_limit(rule: str, cap: tuple[int, int], w: Wheel, d_qk: int, d_v: int) -> int:
+    """The head-dim limit of ``check_cudnn_tensor_shapes`` under :attr:`ReleaseRules.cudnn_head_dims`: ``128``
+    (21c3369e); ``hopper-9.10`` (2.9: 256 on sm 9.0 from cuDNN 9.10, 'Hopper: head_dim<=256 support with cuDNN >=
+    9.10.0'); ``hopper-9.10+sm10x-192`` (2.10-2.12: that, and 192 for a 192/128 head on sm 10.x from cuDNN 9.11);
+    ``frontend-d256`` (001f694a: 256 on sm 9.0/10.x, sm 10.7 only past cuDNN 9.25, with cuDNN newer than 9.22 and
+    frontend 1.24; 192 for 192/128 there from cuDNN 9.11)."""
+    if rule.startswith("hopper-9.10"):
+        if w.cudnn >= 91000 and cap == (9, 0):
+            return 256
+        sm10x_192 = rule.endswith("sm10x-192") and w.cudnn >= 91100 and cap[0] == 10
+        return 192 if sm10x_192 and (d_qk, d_v) == (192, 128) else 128
+    if rule != "frontend-d256":
+        return 128
     sm90_or_10x = cap == (9, 0) or cap[0] == 10
-    unsupported_sm107 = cap == (10, 7) and w.cudnn <= 92500
-    if sm90_or_10x and not unsupported_sm107 and w.cudnn > 92200 and w.cudnn_frontend_d256:
-        limit = 256
-    elif sm90_or_10x and w.cudnn >= 91100 and d_qk == 192 and d_v == 128:
-        limit = 192
-    if d_qk > limit or d_v > limit:
-        return f"head_dim should be no more than {limit}"
-    if d_qk % 8 or d_v % 8:
-        return "head_dim should be a multiple of 8"
-    if w.cudnn < 90000 and s_q < 64:
-        return "s_q less than 64 is not supported before cudnn 9.0.0"
-    if s_k == 1:
-        return "cudnn SDPA does not support key/value sequence length 1."
-    if c.dropout != 0.0 and s_q == 1:
-        return "cudnn SDPA does not support query sequence length 1 with dropout."
-    return None
+    if sm90_or_10x and not (cap == (10, 7) and w.cudnn <= 92500) and w.cudnn > 92200 and w.cudnn_frontend_d256:
+        return 256
+    return 192 if sm90_or_10x and w.cudnn >= 91100 and (d_qk, d_v) == (192, 128) else 128
+
+
+def check_cudnn_tensor_shapes(head_dims: str) -> Filter:
+    """``check_cudnn_tensor_shapes`` (sdp_utils.cpp): batch and heads ≤ 65535, head dims ≤ the release's limit
+    (:func:`cudnn_head_dim_limit`) and multiples of 8, key/value length not 1."""
+
+    def check(c: SdpaCall, cap: tuple[int, int], w: Wheel) -> str | None:
+        b, h = c.query.shape[0], c.query.shape[1]
+        if b > 65535 or h > 65535:
+            return (f"cuDNN SDPA does not support batch size or num_heads greater than 65535. Got batch size: {b}, "
+                    f"num_heads: {h}")
+        s_q, s_k, d_qk, d_v = c.query.shape[2], c.key.shape[2], c.query.shape[3], c.value.shape[3]
+        if w.cudnn < 8903:
+            return "SDPA fprop requires cudnn 8.9.3 or higher"
+        limit = cudnn_head_dim_limit(head_dims, cap, w, d_qk, d_v)
+        if d_qk > limit or d_v > limit:
+            return f"head_dim should be no more than {limit}"
+        if d_qk % 8 or d_v % 8:
+            return "head_dim should be a multiple of 8"
+        if w.cudnn < 90000 and s_q < 64:
+            return "s_q less than 64 is not supported before cudnn 9.0.0"
+        if s_k == 1:
+            return "cudnn SDPA does not support key/value sequence length 1."
+        if c.dropout != 0.0 and s_q == 1:
+            return "cudnn SDPA does not support query sequence length 1 with dropout."
+        return None
+    check.__name__ = f"check_cudnn_tensor_shapes<{head_dims}>"
+    return check
 
 
 @functools.cache
@@ -458,20 +299,22 @@ def filters_of(rules: ReleaseRules) -> dict[str, tuple[Filter, ...]]:
     (sdp_utils.cpp) under ``rules``: their filters in torch's order (the runtime switches, nested-tensor and device
     checks pass on a dense CUDA call with the default switches, and are left out)."""
     mqa = rules.efficient_gqa  # the release whose efficient backend takes GQA takes a single K/V head in all three
+    newest = rules.newest_sm
     flash = (
-        check_tensor_shapes, check_for_attn_mask, check_head_dim_size_flash, check_flash_attention_hardware_support,
+        check_tensor_shapes, check_for_attn_mask, check_head_dim_size_flash, check_hardware_support("flash", newest),
         check_requires_grad_and_head_dim_gt192, check_flash_causal_non_square_seqlens, check_dtypes_low_precision,
         check_batch_size_and_num_heads_dense(True, mqa), check_nonzero_sequence_lengths_dense,
         check_last_dim_stride_equals_1_dense(True))
     efficient = (
-        check_mem_efficient_hardware_support, check_tensor_shapes, check_head_dim_size_mem_efficient,
-        check_data_ptr_alignment_mem_efficient, check_nonzero_sequence_lengths_dense,
-        check_last_dim_stride_equals_1_dense(False), check_batch_size_and_num_heads_dense(rules.efficient_gqa, mqa),
-        check_mem_efficient_dtypes)
+        check_hardware_support("efficient", newest), check_tensor_shapes, check_head_dim_size_mem_efficient,
+        *((check_data_ptr_alignment_mem_efficient,) if rules.offset_alignment else ()),
+        check_nonzero_sequence_lengths_dense, check_last_dim_stride_equals_1_dense(False),
+        check_batch_size_and_num_heads_dense(rules.efficient_gqa, mqa), check_mem_efficient_dtypes)
     cudnn = (
-        check_tensor_shapes, check_dtypes_low_precision, check_attn_mask_shape, check_cudnn_hardware_support,
+        check_tensor_shapes, check_dtypes_low_precision, check_attn_mask_shape, check_hardware_support("cudnn", newest),
         check_cudnn_dropout, check_nonzero_sequence_lengths_dense, check_last_dim_stride_equals_1_dense(True),
-        check_batch_size_and_num_heads_dense(True, mqa), check_cudnn_tensor_shapes)
+        check_batch_size_and_num_heads_dense(True, mqa, requires_same_num_heads=False),
+        check_cudnn_tensor_shapes(rules.cudnn_head_dims))
     return {"flash": flash, "efficient": efficient, "cudnn": cudnn}
 
 
