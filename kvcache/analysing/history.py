@@ -305,8 +305,9 @@ def plot(entries: list[HistoryEntry], out: str | Path) -> tuple[list[Path], list
     files.write_text_atomically(out / "steps.json", json.dumps(feed, indent=2) + "\n")
     files.write_text_atomically(out / "steps.md", steps_markdown(all_steps, entries, written))
     if undrawn:
-        raise HistoryError(f"matplotlib is not installed (pip install 'kvcache-passes[report]'): cannot draw "
-                           f"{undrawn}; wrote steps.json and steps.md ({len(all_steps)} steps) to {out}")
+        raise HistoryError("matplotlib is not installed (pip install matplotlib; in a checkout, "
+                           f"pip install -e '.[report]'): cannot draw {undrawn}; wrote steps.json and steps.md "
+                           f"({len(all_steps)} steps) to {out}")
     return written, all_steps
 
 

@@ -137,6 +137,41 @@ def test_readme_stays_short():
     assert lines <= 220, f"README.md has {lines} lines: move the detail into a docs/ page, link it from the table"
 
 
+
+# ``pip install "kvcache-passes[...]"`` with no ``@ git+...`` (or a path) after it: the short form, which installs only
+# once a release is on PyPI. A page or a message that names it says so in the same breath ("PyPI", "published").
+SHORT_INSTALL = re.compile(r"""pip install\s+(?:-\S+\s+)*["']?kvcache-passes\[[^\]]*\](?!\s*@)""")
+PUBLISHED = re.compile(r"PyPI|published", re.I)
+
+
+def short_installs(text: str) -> list[str]:
+    """Every short-form install in ``text`` (lines joined, so a command wrapped over two lines counts) that is not
+    marked, within its sentence's reach (120 characters either side), as the published name."""
+    flat = re.sub(r"\s+", " ", text)
+    return [m.group(0) for m in SHORT_INSTALL.finditer(flat)
+            if not PUBLISHED.search(flat[max(0, m.start() - 120):m.end() + 120])]
+
+
+def test_short_install_form_is_found_unless_marked_published():
+    assert short_installs('`pip install "kvcache-passes[quantized]"`') == ['pip install "kvcache-passes[quantized]']
+    assert short_installs("pip install\n'kvcache-passes[report]'") == ["pip install 'kvcache-passes[report]"]
+    assert short_installs('pip install "kvcache-passes[bench] @ git+<this repository>"') == []
+    assert short_installs('pip install "kvcache-passes[bench]" once a release is on PyPI') == []
+
+
+INSTALL_TEXTS = [*PAGES, *sorted((ROOT / "kvcache").rglob("*.py")), *sorted((ROOT / ".github").rglob("*.y*ml")),
+                 *sorted((ROOT / ".github").rglob("*.sh")), ROOT / "Makefile"]
+
+
+def test_no_page_or_message_names_the_unpublished_short_install():
+    """Until a release is on PyPI, ``pip install "kvcache-passes[...]"`` fails: pages and messages give the form
+    that works from a checkout (``pip install -e ".[report]"``) or from git, or mark the short one as the published
+    name."""
+    found = {str(path.relative_to(ROOT)): short_installs(path.read_text(encoding="utf-8"))
+             for path in INSTALL_TEXTS if path.exists()}
+    assert {name: hits for name, hits in found.items() if hits} == {}
+
+
 class OptionRecorder:
     """Stands in for pytest's parser and its option group: records the names ``pytest_addoption`` adds."""
 

@@ -41,7 +41,8 @@ def _pyplot() -> Any:
     try:
         import matplotlib
     except ImportError:
-        raise ReportError("matplotlib is not installed (pip install 'kvcache-passes[report]'); "
+        raise ReportError("matplotlib is not installed (pip install matplotlib; in a checkout, "
+                          "pip install -e '.[report]'); "
                           "cannot write latency.png and traffic.png") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
