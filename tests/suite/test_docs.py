@@ -172,6 +172,36 @@ def test_no_page_or_message_names_the_unpublished_short_install():
     assert {name: hits for name, hits in found.items() if hits} == {}
 
 
+
+# ``pytest ... -p MODULE``: a module of the current directory is found by ``python -m pytest`` (which puts the
+# current directory on sys.path) or with ``PYTHONPATH=``; the bare ``pytest`` script fails with "No module named".
+PLUGIN_MODULE = re.compile(r"(?<![\w.-])pytest (?:[^`]{0,200}? )?-p (?!no:|kvcache)([A-Za-z_][\w.]*)")
+
+
+def bare_pytest_with_local_module(text: str) -> list[str]:
+    """Every ``pytest ... -p module`` in ``text`` (whitespace joined) run by the bare ``pytest`` script without
+    ``PYTHONPATH``."""
+    flat = re.sub(r"\s+", " ", text)
+    return [m.group(0) for m in PLUGIN_MODULE.finditer(flat)
+            if not flat[:m.start()].endswith("python -m ")
+            and "PYTHONPATH=" not in flat[max(0, m.start() - 40):m.start()]]
+
+
+def test_bare_pytest_with_a_local_module_is_found():
+    assert bare_pytest_with_local_module("in this checkout\n`pytest benchmarks -p my_caches`") == [
+        "pytest benchmarks -p my_caches"]
+    assert bare_pytest_with_local_module("`python -m pytest benchmarks -p my_caches`") == []
+    assert bare_pytest_with_local_module("`PYTHONPATH=. pytest benchmarks -p my_caches`") == []
+    assert bare_pytest_with_local_module("`pytest benchmarks -p no:kvcache.plugin`") == []
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_pages_load_a_local_plugin_module_so_that_it_is_found(page):
+    """A page's ``-p my_caches`` runs under ``python -m pytest`` (or names ``PYTHONPATH``), as README and
+    attention.md say: the bare ``pytest`` exits 4 with ``No module named 'my_caches'``."""
+    assert bare_pytest_with_local_module(page.read_text(encoding="utf-8")) == []
+
+
 class OptionRecorder:
     """Stands in for pytest's parser and its option group: records the names ``pytest_addoption`` adds."""
 
