@@ -280,6 +280,15 @@ def attention_copies(m: Memory) -> str:
     return f", + {m.attention_factor:.2f} for the attention's own K/V copies" if m.attention_factor else ""
 
 
+def peak_needs(m: Memory) -> str:
+    """``"1.02 cache sizes"``: the cache sizes the step's peak needs, in the unit the declared factor counts (on a
+    left-padded batch the allocated KV bytes: ``"0.80 cache sizes per allocated KV byte"``)."""
+    per = m.per_allocated
+    if per is not None and per.peak_factor is not None:
+        return f"{num(per.peak_factor, '.2f')} cache sizes per allocated KV byte"
+    return f"{num(m.peak_factor, '.2f')} cache sizes"
+
+
 def memory_lines(kv: KV) -> list[str]:
     """Per class, counted memory (``kv.memory``): bytes a step allocates, its peak above what was live before it and
     the bytes live after it, each per KV byte (slopes, like passes), what allocates, and a declared ``memory_factor``
@@ -291,7 +300,7 @@ def memory_lines(kv: KV) -> list[str]:
                     f"{num(per.peak_passes, '.3f')}, held {num(per.held_passes, '.3f')})") if per else ""
         out.append(f"memory {cache}: allocated {num(m.allocated_passes, '.3f')}, peak {num(m.peak_passes, '.3f')}, "
                    f"held {num(m.held_passes, '.3f')} per KV byte{per_text}; allocates: "
-                   f"{tables.by_op(m.allocated_by_op)}; peak needs {num(m.peak_factor, '.2f')} cache sizes (declares "
+                   f"{tables.by_op(m.allocated_by_op)}; peak needs {peak_needs(m)} (declares "
                    f"{num(m.declared_factor, 'g')}{attention_copies(m)})")
         if m.factor_problem:
             out.append(f"memory {cache}: MEMORY FACTOR TOO SMALL: {m.factor_problem}")

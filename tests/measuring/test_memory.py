@@ -89,6 +89,30 @@ def test_a_class_needing_more_than_its_memory_factor_is_named(counted):
     assert memory.memory_passes(steps, {256: 100.0, 512: 200.0}, declared_factor=2.0).factor_problem is None
 
 
+def test_on_a_padded_batch_the_factor_is_checked_per_allocated_byte():
+    """The declared factor counts cache sizes of the allocated (padded) bytes: a ragged batch whose live bytes are
+    half its rectangle needs 1.60 per live byte but 0.80 per allocated byte, within a declared 1.2."""
+    steps = {256: MemoryStep(before=100, allocated=0, peak=60, held=100),
+             512: MemoryStep(before=200, allocated=0, peak=120, held=200)}
+    live, allocated = {256: 100.0, 512: 200.0}, {256: 200.0, 512: 400.0}
+    found = memory.memory_passes(steps, live, declared_factor=1.2, factor_bytes=allocated)
+    assert found.peak_factor == pytest.approx(1.6) and found.factor_problem is None  # the figure: per live byte
+    tight = memory.memory_passes(steps, live, declared_factor=0.5, factor_bytes=allocated)
+    assert ("needs 0.80 cache sizes at its peak per allocated KV byte, declares memory_factor 0.5"
+            in tight.factor_problem)
+
+
+@pytest.mark.parametrize("cache", ["static", "inplace", "static-sliced"])
+def test_a_ragged_batch_is_not_flagged_for_its_padding(one_torch_thread, cache):
+    """``--kv-batch 3 --kv-ragged``: per live byte these classes' buffers looked like 1.60 cache sizes, above the
+    declared 1.5 (a false MEMORY FACTOR TOO SMALL); per allocated byte, what the factor declares, they fit."""
+    session = KVSession(Settings(model="tiny", caches=(cache,), batch=3, ragged=True, warmup=1),
+                        Device.from_choice("cpu"))
+    session.count(cache)
+    mem = session.memories[cache]
+    assert mem.factor_problem is None, mem.factor_problem
+
+
 def test_tracker_charges_new_storages_and_sees_them_freed():
     tracker = memory.MemoryTracker()
     from kvcache.measuring.counting import traffic

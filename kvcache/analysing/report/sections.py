@@ -271,7 +271,10 @@ def memory_section(doc: Doc, kv: KV, caches: list[str]) -> None:
     """Counted memory per class (``kv.memory``): allocated, peak and held passes, the cache sizes the peak needs beside
     the declared memory factor, and what allocates."""
     def cells(m: Memory) -> list[str]:
-        factor = f"{num(m.peak_factor)} (declares {num(m.declared_factor)}{attention_copies(m)})"
+        per = m.per_allocated  # a left-padded batch: the factor counts allocated KV bytes
+        needs = (f"{num(per.peak_factor)} per allocated KV byte" if per is not None and per.peak_factor is not None
+                 else num(m.peak_factor))
+        factor = f"{needs} (declares {num(m.declared_factor)}{attention_copies(m)})"
         return [num(m.allocated_passes, ".3f"), num(m.peak_passes, ".3f"), num(m.held_passes, ".3f"),
                 factor + (f": {m.factor_problem}" if m.factor_problem else ""), tables.by_op(m.allocated_by_op)]
 

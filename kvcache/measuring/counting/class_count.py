@@ -235,12 +235,16 @@ class Counting:
         held = {c: s.held(c, steps.tokens[c]) for c in measured}
         layer_bytes = [layer.bytes_per_token for layer in spec.layer_kv] or [1] * spec.layers
         copies = attention.copies_factor(steps.probe, spec.heads, spec.kv_heads, layer_bytes)
-        out = memory.memory_passes(measured, held, declared_factor=cache_spec.memory_factor, attention_factor=copies)
-        if s.batch.size > 1 and cache_spec.pads:
-            allocated = {c: s.batch.allocated_bytes(spec, c, steps.tokens[c] - c) for c in measured}
+        padded = s.batch.size > 1 and cache_spec.pads
+        allocated = {c: s.batch.allocated_bytes(spec, c, steps.tokens[c] - c) for c in measured} if padded else None
+        # the declared factor is per allocated KV byte: a ragged batch's peak is checked against the padded rectangle
+        out = memory.memory_passes(measured, held, declared_factor=cache_spec.memory_factor, attention_factor=copies,
+                                   factor_bytes=allocated)
+        if allocated is not None:
             per = memory.memory_passes(measured, allocated)
             out.update(per_allocated=MemorySlopes.of(allocated_passes=per.allocated_passes,
-                                                     peak_passes=per.peak_passes, held_passes=per.held_passes))
+                                                     peak_passes=per.peak_passes, held_passes=per.held_passes,
+                                                     peak_factor=per.peak_factor))
         return out
 
     def _add_kinds(self, cache: str, steps: CountedSteps, scopes: dict[Any, str], result: Traffic,

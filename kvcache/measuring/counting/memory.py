@@ -199,7 +199,8 @@ class MemoryTracker:
 
 
 def memory_passes(steps: dict[int, MemoryStep], kv_bytes: dict[int, float], *, declared_factor: float | None = None,
-                  attention_factor: float = 0.0, min_op_passes: float = MIN_OP_PASSES) -> Memory:
+                  attention_factor: float = 0.0, factor_bytes: dict[int, float] | None = None,
+                  min_op_passes: float = MIN_OP_PASSES) -> Memory:
     """``kv.memory.<cache>`` from steps measured at two or more contexts: each figure's slope between the smallest
     and largest context per logical KV byte (``kv_bytes``: {context: bytes held}), like counted passes.
 
@@ -209,7 +210,10 @@ def memory_passes(steps: dict[int, MemoryStep], kv_bytes: dict[int, float], *, d
     (slopes below ``min_op_passes`` left out); ``steps`` {context: the step's bytes}; ``declared_factor`` and, when the
     measured peak needs more than it plus ``attention_factor`` (the cache sizes the attention implementation's own K/V
     copies hold: :func:`kvcache.measuring.attention.copies_factor`, recorded when not 0), ``factor_problem`` (one
-    line)."""
+    line). ``declared_factor`` is in cache sizes of the bytes the point allocates: on a left-padded batch
+    ``factor_bytes`` ({context: allocated KV bytes}, the padded rectangle) is what the peak is measured against for
+    the check, like with like (per live byte a ragged batch's padding would count as a need the class does not
+    have)."""
     contexts = sorted(steps)
     if len(contexts) < 2:
         raise ValueError("memory passes need steps measured at two contexts")
@@ -250,9 +254,16 @@ def memory_passes(steps: dict[int, MemoryStep], kv_bytes: dict[int, float], *, d
         if attention_factor:
             out["attention_factor"] = attention_factor
             copies = f" (+ {attention_factor:.2f} for the attention's own K/V copies)"
-        needed = max(out["peak_factor"], allocator_factor)
+        needed, per = max(out["peak_factor"], allocator_factor), ""
+        if factor_bytes is not None:
+            basis = factor_bytes[contexts[-1]] - factor_bytes[contexts[0]]
+            needed = (hi.before + hi.peak) - (lo.before + lo.peak)
+            if lo.allocator is not None and hi.allocator is not None:
+                a, b = lo.allocator, hi.allocator
+                needed = max(needed, (b["before"] + b["peak"]) - (a["before"] + a["peak"]))
+            needed, per = needed / basis, " per allocated KV byte"
         if needed > declared_factor + attention_factor + MIN_OP_PASSES:
-            out["factor_problem"] = (f"needs {needed:.2f} cache sizes at its peak, declares memory_factor "
+            out["factor_problem"] = (f"needs {needed:.2f} cache sizes at its peak{per}, declares memory_factor "
                                      f"{declared_factor:g}{copies}: a point judged to fit may not")
     return Memory.of(**out)
 
