@@ -582,6 +582,13 @@ def test_attention_page_commands_run_as_written(page_runs):
         shown = [line.strip() for line in block(*start).text.splitlines()]
         assert [line for line in shown if line not in printed] == [], describe(done)
     assert "MEMORY FACTOR TOO SMALL" not in output(done)  # eager's repeat_kv copies are the attention's
+    # the overhead table's rows: ops/step, data ops/step, ops/layer, fixed MB, weight passes
+    overhead = {cells[0]: cells[1:] for cells in map(str.split, printed)
+                if len(cells) == 6 and cells[0] in ("dynamic", "static")}
+    gate_rows = {cells[1]: cells[2:7] for cells in (
+        [c.strip() for c in line.strip("|").split("|")] for line in (ROOT / "docs" / "gate.md").read_text(
+            encoding="utf-8").splitlines() if line.startswith("| smollm2-135m | "))}
+    assert {c: gate_rows[c] for c in overhead} == overhead, describe(done)  # gate.md's table: what the run prints
     done, _ = page_runs["traffic"]
     assert done.returncode == 0, describe(done)
     assert "dynamic@eager: 9.307 counted passes" in done.stdout and "static@eager: 7.307 counted passes" in \
