@@ -195,6 +195,11 @@ def drift_line(drift: Drift | UnmeasuredDrift | None) -> list[str]:
             f"({num(drift.fraction, '+.1%')}, allowed ±{num(drift.max_fraction, '.0%')}): {state}"]
 
 
+#: The line above the ``backends``/``gpus`` lines: they are about a CUDA GPU, whatever device the run had.
+BACKENDS_NOTE = ("SDPA on a CUDA GPU (predicted from torch's backend rules, on any device; each backend's step counted "
+                 "here): passes per backend, and per GPU class (--kv-gpus) the backend torch would select")
+
+
 def backend_lines(kv: KV) -> list[str]:
     """Per SDPA class, the counted passes under each SDPA backend a CUDA GPU runs (``backends <cache>: math 25.26 ·
     flash 3.00 · ...``) and, with --kv-gpus, per GPU class the backend torch's rules select and its passes, with the
@@ -360,7 +365,9 @@ def lines(kv: KV) -> list[str]:
         ragged = finite(t.allocated_passes) is not None and t.batch is not None and t.batch.ragged
         per_allocated = f" ({t.allocated_passes:.3f} per allocated KV byte)" if ragged else ""
         out.append(f"counted {cache}: {num(t.passes, '.3f')} passes{per_allocated} = {tables.by_op(t.by_op)}")
-    out += backend_lines(kv)
+    backends = backend_lines(kv)
+    if backends:
+        out += [BACKENDS_NOTE, *backends]
     out += memory_lines(kv)
     out += noted_table(OVERHEAD_HEADER, overhead_rows(kv),
                        "ops: ATen ops from the model's forward call to its return, one step; fixed: bytes a step moves "

@@ -120,3 +120,19 @@ def test_a_poor_fit_is_flagged_not_to_be_quoted_with_or_without_a_baseline(tmp_p
     built = build_doc([load_run(write_run(tmp_path / "run.json", doc))])
     assert "0.310 poor fit" in to_markdown(built) and "not to be quoted" in to_markdown(built)
     assert "not to be quoted" in to_html(built)
+
+
+def test_gpu_backend_lines_are_introduced_as_a_cuda_gpus_prediction():
+    """A CPU run's summary names GPU backends (``b200: Flash Attention does not support non-null attn_mask``): one
+    line above them says they are what a CUDA GPU would run, from torch's rules; without them, no such line."""
+    from kvcache.analysing.records import BackendCount
+
+    kv = KV.from_json(make_run()["kv"])
+    assert summary.BACKENDS_NOTE not in summary.lines(kv)
+    kv.traffic["static"].update(backends={"cudnn": BackendCount.of(passes=1.01), "flash": BackendCount.of(
+        error="torch's rules reject flash for this step on every GPU class (b200: Flash Attention does not support "
+              "non-null attn_mask.)")})
+    lines = summary.lines(kv)
+    at = lines.index(summary.BACKENDS_NOTE)
+    assert lines[at + 1].startswith("backends static: cudnn 1.01 · flash — (torch's rules reject flash"), lines
+    assert "CUDA GPU" in summary.BACKENDS_NOTE and "torch's backend rules" in summary.BACKENDS_NOTE
