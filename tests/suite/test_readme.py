@@ -54,3 +54,44 @@ def test_readme_commit_step_runs_as_written(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     committed = run_shell("git show --name-only --format=%s HEAD", tmp_path, env).stdout.split()
     assert committed[-2:] == ["kv-baseline.json", "my_caches.py"] and "baseline" in committed, committed
+
+
+CUT = re.compile(r"^\.\.\. (\d+) lines? left out: \S")
+
+
+def cuts_problems(sample: list[str], whole: list[str]) -> list[str]:
+    """How ``sample`` fails to be ``whole`` with marked cuts: every line of the sample is the next line of the whole
+    or a ``... N lines left out: what`` line standing for exactly the N lines it skips."""
+    problems, at = [], 0
+    for line in sample:
+        cut = CUT.match(line)
+        if cut:
+            at += int(cut.group(1))
+        elif at < len(whole) and whole[at] == line:
+            at += 1
+        else:
+            problems.append(f"not the next line of the output ({whole[at] if at < len(whole) else 'its end'!r}): "
+                            f"{line!r}")
+            break
+    if not problems and at != len(whole):
+        problems.append(f"the sample stops at line {at} of {len(whole)} without a cut saying so")
+    return problems
+
+
+def test_cuts_are_found_unmarked_and_miscounted():
+    whole = ["a", "b", "c", "d"]
+    assert cuts_problems(["a", "... 2 lines left out: b, c", "d"], whole) == []
+    assert cuts_problems(["a", "c", "d"], whole)  # b dropped silently
+    assert cuts_problems(["a", "... 1 line left out: b", "d"], whole)  # miscounted
+    assert cuts_problems(["a", "b"], whole)  # the end dropped silently
+
+
+def test_readme_make_bench_sample_is_the_real_output_with_marked_cuts():
+    """The README's make bench sample is results.md's whole output of that run with every cut marked: a ``...``
+    line saying how many lines it leaves out and which, never a line, a table rule or a note dropped silently."""
+    from test_docs import block
+
+    sample = block("README.md", "... 1 line left out: the device").text.splitlines()
+    whole = block("docs/results.md", "device cpu: AMD EPYC (1 threads); transformers 5.24.0").text.splitlines()
+    assert whole[-1].startswith("=") and sample[1] in whole  # the same run
+    assert cuts_problems(sample, whole) == []
