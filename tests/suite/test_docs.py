@@ -202,6 +202,17 @@ def test_pages_load_a_local_plugin_module_so_that_it_is_found(page):
     assert bare_pytest_with_local_module(page.read_text(encoding="utf-8")) == []
 
 
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_page_that_says_python_m_build_says_to_install_build(page):
+    """``python -m build`` fails with ``No module named build`` where ``build`` is not installed (no extra installs
+    it): a page telling users to run it says ``pip install build`` beside it (within 120 characters)."""
+    flat = re.sub(r"\s+", " ", page.read_text(encoding="utf-8"))
+    bare = [m.start() for m in re.finditer(r"python -m build", flat)
+            if "pip install build" not in flat[max(0, m.start() - 120):m.end() + 120]]
+    assert bare == [], [flat[max(0, at - 60):at + 60] for at in bare]
+
+
 class OptionRecorder:
     """Stands in for pytest's parser and its option group: records the names ``pytest_addoption`` adds."""
 
