@@ -176,3 +176,17 @@ def test_the_top_level_shows_the_wings_the_plugin_and_the_commands():
     """At most 10 modules at the top of ``kvcache/`` besides its subpackages."""
     modules = sorted(p.name for p in PACKAGE.glob("*.py"))
     assert len(modules) <= 10, modules
+
+
+#: The longest a module of the package may be (architecture.md says so, and names the one over 400 lines).
+MAX_MODULE_LINES = 450
+
+
+def test_no_module_is_over_the_limit_architecture_md_states():
+    lengths = {str(path.relative_to(ROOT)): len(path.read_text(encoding="utf-8").splitlines())
+               for path in PACKAGE.rglob("*.py")}
+    assert {name: n for name, n in lengths.items() if n > MAX_MODULE_LINES} == {}
+    page = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    assert f"over {MAX_MODULE_LINES}\nlines" in page or f"over {MAX_MODULE_LINES} lines" in page
+    over_400 = sorted(name for name, n in lengths.items() if n > 400)
+    assert all(f"`{name}`" in page for name in over_400), f"over 400 lines, not named in architecture.md: {over_400}"
