@@ -213,6 +213,27 @@ def test_a_page_that_says_python_m_build_says_to_install_build(page):
     assert bare == [], [flat[max(0, at - 60):at + 60] for at in bare]
 
 
+
+def test_records_page_lists_every_verdict_in_the_measure_tables_order():
+    """records.md's two lists of ``kv.verdict.<cache>.<measure>``'s measures are the measure table's ``VERDICTS``,
+    in its order (``ledger`` was missing)."""
+    from kvcache.analysing.judge.measure_table import VERDICTS
+
+    names = [v.name for v in VERDICTS]
+    flat = re.sub(r"\s+", " ", (ROOT / "docs" / "records.md").read_text(encoding="utf-8"))
+    listed = re.search(r"\(measures (.*?), each `\{status", flat).group(1)
+    assert re.findall(r"`(\w+)`", listed) == names, listed
+    block = re.search(r"kv\.verdict\.<cache>\.<measure> +\{[^}]*\}; measures: (.*?) kv\.points", flat).group(1)
+    depth, items, item = 0, [], ""
+    for char in block:  # the items: split at the commas outside parentheses
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            items, item = [*items, item], ""
+        else:
+            item += char
+    assert [i.split()[0] for i in [*items, item]] == names, block
+
+
 class OptionRecorder:
     """Stands in for pytest's parser and its option group: records the names ``pytest_addoption`` adds."""
 
