@@ -49,3 +49,25 @@ def test_help_returns_0_and_a_usage_error_2(name, capsys):
     assert f"usage: kvcache {name}" in capsys.readouterr().out
     assert module.main(["--no-such-option"]) == 2
     assert "error:" in capsys.readouterr().err
+
+
+def default_folders() -> set[str]:
+    """The folders the commands write into the current directory by default (``--out-dir``, ``--versions-dir``)."""
+    found = set()
+    for name in COMMANDS:
+        for action in importlib.import_module(cli.COMMANDS[name][0]).parser()._actions:
+            if action.dest in ("out_dir", "versions_dir") and isinstance(action.default, str):
+                found.add(action.default)
+    return found
+
+
+def test_a_commands_default_folder_is_ignored_by_git():
+    """``kvcache ab`` left ``.kvcache-ab/`` in the checkout as an untracked folder: every folder a command writes
+    into the current directory by default is in .gitignore."""
+    from pathlib import Path
+
+    folders = default_folders()
+    assert ".kvcache-ab" in folders and ".versions" in folders, folders
+    ignored = {line.strip().strip("/") for line in (Path(__file__).resolve().parents[2] / ".gitignore").read_text(
+        encoding="utf-8").splitlines()}
+    assert sorted(folders - ignored) == []
