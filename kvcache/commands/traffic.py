@@ -51,9 +51,15 @@ def work(args: argparse.Namespace) -> int:
 
     from kvcache.analysing import presets
     from kvcache.analysing.settings import PARSERS, Settings
-    from kvcache.measuring import caches, configs, geometry, preflight
-    from kvcache.measuring.devices import Device, DeviceError
-    from kvcache.measuring.session import KVSession, Skipped
+
+    try:
+        from kvcache.measuring import caches, configs, geometry, preflight
+        from kvcache.measuring.devices import Device, DeviceError
+        from kvcache.measuring.session import KVSession, Skipped
+    except ModuleNotFoundError as exc:
+        if exc.name not in MEASURING_NEEDS:
+            raise
+        raise cli.UsageError(missing_package(exc.name)) from None
 
     try:
         gpus = PARSERS["--kv-gpus"]("--kv-gpus", args.gpus)
@@ -102,6 +108,16 @@ def work(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out, indent=2))
     return 0
+
+
+#: What counting a step imports that the package's own dependencies (numpy) do not bring: the ``bench`` extra.
+MEASURING_NEEDS = ("torch", "transformers")
+
+
+def missing_package(name: str) -> str:
+    """The one line for a measuring package that is not installed: what is missing and how to install it."""
+    return (f"{name} is not installed, and counting a decode step needs it (the bench extra): pip install torch "
+            "transformers (pick your torch build first), or in a checkout pip install -e '.[bench]'")
 
 
 def parse_warmup(text: str) -> int:

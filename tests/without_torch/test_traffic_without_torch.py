@@ -1,0 +1,26 @@
+"""``kvcache traffic`` where torch (or Transformers) is not installed: one line naming the missing package and how to
+install it, exit 2, never a traceback. Simulated with ``sys.modules[name] = None`` in a subprocess (the import then
+fails as it does where the package is absent), so it holds with torch installed too."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("missing", ["torch", "transformers"])
+def test_traffic_without_a_measuring_package_is_one_line_and_exit_2(missing):
+    code = (f"import sys; sys.modules[{missing!r}] = None; from kvcache.cli import main; "
+            "sys.exit(main(['traffic', '--model', 'tiny']))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    line = done.stderr.strip()
+    assert line.startswith(f"kvcache traffic: {missing} is not installed"), line
+    assert "pip install" in line and "'.[bench]'" in line, line
+    assert done.stdout == ""
