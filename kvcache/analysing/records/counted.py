@@ -251,8 +251,9 @@ class MemorySlopes(Record):
     """``kv.memory.<cache>.allocator`` (CUDA: from torch.cuda's allocator statistics) and ``per_allocated``
     (--kv-batch, a padded class: per allocated KV byte): the counted step's memory figures, each a slope in bytes per
     KV byte between the counted contexts: ``allocated_passes`` (bytes the step allocates), ``peak_passes`` (its
-    high-water mark above what was live before it), ``held_passes`` (bytes live after it) and, for the allocator,
-    ``peak_factor`` (bytes live at its peak per KV byte: cache sizes)."""
+    high-water mark above what was live before it), ``held_passes`` (bytes live after it) and ``peak_factor`` (bytes
+    live at its peak per KV byte: cache sizes; per allocated KV byte in ``per_allocated``, what a padded batch's
+    declared memory_factor is checked against)."""
 
     allocated_passes: float | None = None
     peak_passes: float | None = None
