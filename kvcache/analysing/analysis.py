@@ -1,6 +1,6 @@
 """Session-end analysis: from the records a session's items produced (:mod:`kvcache.analysing.records.measured`,
-gathered from
-every item's report, xdist workers included) to the ``kv`` section (fits, drift, per-point bandwidth, verdicts), as a
+gathered from every item's report, xdist workers included) to the ``kv`` section (fits, drift, per-point bandwidth,
+verdicts), as a
 :class:`~kvcache.analysing.records.KV`; nothing depends on what pytest-benchmark keeps. Numpy and stdlib, no torch.
 """
 

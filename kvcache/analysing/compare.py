@@ -45,8 +45,8 @@ class Cell:
     """One cache class in one run; ``present`` False means the class is absent (``reason`` says why, if known).
 
     ``figures``: the value of every compared measure (:func:`kvcache.analysing.judge.measure_table.selected`,
-    ``compared``) by
-    its name, a per-key one as ``{key: value}`` (``gpu``: counted passes per GPU class); ``intervals`` their bootstrap
+    ``compared``) by its name, a per-key one as ``{key: value}`` (``gpu``: counted passes per GPU class); ``intervals``
+    their bootstrap
     intervals; ``verdict`` the run's own gate status of the class. ``changes`` are SAME/REGRESSED/IMPROVED/
     INCONCLUSIVE against the baseline by measure (none where there is nothing to compare: the baseline itself, or a
     value missing on either side); ``deltas`` the differences, in each figure's unit; ``memory_figure`` which memory

@@ -5,7 +5,6 @@ torch, and nothing here runs anything (docs/bisect.md)."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,7 +88,7 @@ def figure_of(kv: KV, measure: Followed, cache: str) -> Figure:
     ``--kv-compile``, as the gate judges it)."""
     row = measure.measure
     raw, parts = measure_table.raw_of(kv, row, cache, measure.key)
-    if not _finite(raw):
+    if not measure_table.finite_number(raw):
         record = measure_table.record_of(kv, row, cache)
         why_missing = getattr(record, "why_missing", None) if record is not None and not row.path else None
         if row.path and record is not None:  # a prediction that failed says why (``error``)
@@ -101,12 +100,9 @@ def figure_of(kv: KV, measure: Followed, cache: str) -> Figure:
         if why is None and row.section == "memory" and not kv.memory:
             why = "the run has no memory figures (kv.memory)"
         return Figure(None, {}, why or f"no {measure.label} of {cache} in the run")
-    detail = {str(op): float(v) for op, v in (parts if isinstance(parts, dict) else {}).items() if _finite(v)}
+    detail = {str(op): float(v) for op, v in (parts if isinstance(parts, dict) else {}).items()
+              if measure_table.finite_number(v)}
     return Figure(float(raw), detail)
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def tolerance(kv: KV, measure: Followed, cache: str) -> float:

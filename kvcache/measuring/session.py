@@ -1,7 +1,6 @@
 """The measuring side of one pytest session (or one xdist worker): the device, the model (built once), and
 the records its items produce (:mod:`kvcache.analysing.records.measured`: the process's context, copy measurements,
-timed
-points, classes counted, profiled ledger points, skips), which the plugin sends with each item's report
+timed points, classes counted, profiled ledger points, skips), which the plugin sends with each item's report
 (:mod:`kvcache.plugin.transport`) and :mod:`kvcache.analysing.analysis` turns into the ``kv`` section.
 
 :class:`KVSession` orchestrates: it opens points and times them; a class's counted traffic is

@@ -1,6 +1,6 @@
 """The SDPA backends counted on CPU (``kvcache.measuring.counting.backends``): torch's math composite decomposed into
-its ATen
-ops (the float32 upcast included), the fused kernels charged by what the CUDA wrapper gives them, and the backend
+its ATen ops (the float32 upcast included), the fused kernels charged by what the CUDA wrapper gives them, and the
+backend
 each GPU class selects (``--kv-gpus``), on ``tiny`` (2 layers, SmolLM2's heads), transformers 5.24, bf16."""
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
 """kvcache.measuring.counting.traffic: the dispatch-level byte counter on operations whose traffic is known by
-construction,
-then counted passes of whole decode steps on the ``tiny`` preset (a planted copy, determinism, the
+construction, then counted passes of whole decode steps on the ``tiny`` preset (a planted copy, determinism, the
 built-in classes)."""
 
 from __future__ import annotations

@@ -156,3 +156,18 @@ def test_shellcheck_is_clean():
         pytest.skip("shellcheck is not installed (.ci/run installs it)")
     done = subprocess.run(["shellcheck", str(SCRIPT)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout
+
+
+def test_a_backend_figure_is_watched_labelled_and_bisected_as_its_own_measure():
+    """Issue 49 problem 10: the sentinel's backend figures were bisected and labelled as plain counted passes
+    ("counted passes of dynamic"; the reproduce command bisected the class's own counted passes)."""
+    from kvcache.bisect import search
+
+    found = figs.figures(kv_with(dynamic={"backends": {"math": {"passes": 25.0, "by_op": {"cat": 2.0}}}}))
+    math_figure = found["traffic.dynamic.backends.math.passes"]
+    assert math_figure.measure.name == "backend:math"
+    assert math_figure.label == "counted passes under math of dynamic"
+    followed = search.bisect_measures()[math_figure.measure.name]
+    kv = kv_with(dynamic={"backends": {"math": {"passes": 25.0, "by_op": {"cat": 2.0}}}})
+    assert search.figure_of(kv, followed, "dynamic").value == 25.0
+    assert search.figure_of(kv, search.bisect_measures()["counted"], "dynamic").value != 25.0

@@ -270,8 +270,7 @@ def update(path: str | Path, entries: dict[str, dict[str, dict[str, Any]]]) -> N
 
 def write(path: Path, doc: BaselineFile) -> None:
     """Write a baseline (indent 2, sorted keys) atomically (:func:`kvcache.analysing.records.jsonfile.write_json`: a
-    temp
-    file beside ``path``'s target, a symlink stays a link, the mode kept, a signal mid-write leaves the old file);
+    temp file beside ``path``'s target, a symlink stays a link, the mode kept, a signal mid-write leaves the old file);
     one that is malformed, or a file that cannot be written, is a BaselineError naming it."""
     raw = doc.to_json()
     problem = problem_of(raw)

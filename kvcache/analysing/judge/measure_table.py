@@ -210,8 +210,15 @@ def concrete_path(measure: Measure, key: str | None) -> tuple[str, ...]:
     return tuple(key if part == ANY else part for part in measure.path)
 
 
-def _finite_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+def finite_number(value: Any) -> bool:
+    """Whether ``value`` is a number a figure can be: an int or float, not a bool, finite (an integer too large for a
+    float, 10**400, is not)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def record_of(kv: Any, measure: Measure, cache: str) -> Any:
@@ -244,7 +251,7 @@ def raw_of(kv: Any, measure: Measure, cache: str, key: str | None = None) -> tup
 def value_of(kv: Any, measure: Measure, cache: str, key: str | None = None) -> float | None:
     """The figure as a finite number (an int stays an int), None when absent or not a finite number."""
     value, _ = raw_of(kv, measure, cache, key)
-    if not _finite_number(value):
+    if not finite_number(value):
         return None
     return value if isinstance(value, int) else float(value)
 

@@ -297,8 +297,7 @@ def judge(kv_a: KV, kv_b: KV, *, tolerance: float = RULE_DEFAULTS["tolerance"], 
           counted: dict[str, dict[str, Verdict]] | None = None) -> dict[str, dict[str, Record]]:
     """The verdicts of the ``ab`` section: ``{cache: {timed, intercept, ledger.<op>..., counted?, overhead?}}`` for
     every class either side measured, as records (:func:`kvcache.analysing.records.ab_document.ab_section_json` writes
-    them);
-    rules not given come from side B's settings (else A's; else the defaults).
+    them); rules not given come from side B's settings (else A's; else the defaults).
     ``counted``: the gate's verdicts of B with A as the baseline (:func:`kvcache.analysing.compare.judge_against`),
     whose measures other than :data:`PAIRED` (``counted``, ``overhead``, and any other exact measure the gate has) are
     kept as they are."""

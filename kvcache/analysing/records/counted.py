@@ -208,8 +208,7 @@ class CompiledTraffic(Record):
 @dataclass
 class Memory(Record):
     """``kv.memory.<cache>``: counted memory of the counted step (``kvcache.measuring.counting.memory``), each figure
-    the
-    slope of the step's bytes against the KV bytes held between the counted ``contexts``, in bytes per KV byte:
+    the slope of the step's bytes against the KV bytes held between the counted ``contexts``, in bytes per KV byte:
     ``allocated_passes`` (bytes the step allocates), ``peak_passes`` (its high-water mark above what was live before
     it), ``held_passes`` (bytes live after it), per op in ``allocated_by_op``/``peak_by_op``; ``peak_factor`` (bytes
     live at its peak per KV byte) against the class's ``declared_factor`` plus ``attention_factor`` (the attention's

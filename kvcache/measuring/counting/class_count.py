@@ -106,8 +106,8 @@ class Counting:
                       result: Traffic) -> None:
         """``backends`` {backend: :class:`BackendCount`}: the step counted at each counted context with every SDPA
         call run as torch runs it on CUDA under that backend (:mod:`kvcache.measuring.counting.backends`); a backend
-        torch's
-        rules reject for the step's calls on every GPU class under every transcribed torch release has ``passes`` None
+        torch's rules reject for the step's calls on every GPU class under every transcribed torch release has
+        ``passes`` None
         and ``error`` (their words). ``gpus`` (``--kv-gpus``) {class: :class:`GpuPrediction`}: the backend torch would
         select for the step's calls on that class (:mod:`kvcache.analysing.sdpa.selection`), and the passes counted
         under

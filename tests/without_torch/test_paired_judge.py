@@ -1,6 +1,6 @@
 """The A/B judge (kvcache.analysing.judge.paired) on synthetic paired data: regression, improvement, pass and
-inconclusive,
-shared drift against drift that differs between the sides, the ledger per op, and an A/B file read back by compare's
+inconclusive, shared drift against drift that differs between the sides, the ledger per op, and an A/B file read back by
+compare's
 loader as its two sides. No torch."""
 
 from __future__ import annotations
