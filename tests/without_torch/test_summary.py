@@ -3,6 +3,8 @@ says each verdict's reason once."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from fakerun import make_run
 
@@ -136,3 +138,5 @@ def test_gpu_backend_lines_are_introduced_as_a_cuda_gpus_prediction():
     at = lines.index(summary.BACKENDS_NOTE)
     assert lines[at + 1].startswith("backends static: cudnn 1.01 · flash — (torch's rules reject flash"), lines
     assert "CUDA GPU" in summary.BACKENDS_NOTE and "torch's backend rules" in summary.BACKENDS_NOTE
+    page = Path(__file__).resolve().parents[2] / "docs" / "gpu-backends.md"
+    assert summary.BACKENDS_NOTE in " ".join(page.read_text(encoding="utf-8").split())  # the page quotes it
