@@ -5,9 +5,9 @@ exits with that status's code; and a red gate is red in pytest's own last line.
 Most commands run in this process on the recorded tiny run (``tests/data/tiny-run.json``) and runs made from it. The
 long-running commands are cut where their work meets what they drive: ``kvcache ab``'s session without workers (as
 ``tests/without_torch/test_ab_session.py`` does), ``kvcache bisect``'s plan with probes made up here (as
-``tests/without_torch/test_bisect_search.py`` does); ``kvcache sentinel``'s pass, change and could-not-measure need
-a Transformers checkout's history and are named below by the test that runs them. An interrupt is a real SIGINT
-sent to this process from inside the command's work."""
+``tests/without_torch/test_bisect_search.py`` does), ``kvcache sentinel``'s on a git repository of three commits
+shaped like a Transformers checkout, its probes made up. An interrupt is a real SIGINT sent to this process from
+inside the command's work."""
 
 from __future__ import annotations
 
@@ -146,17 +146,10 @@ OTHER_ARGS = {
     ("history", "pass"): ["add", "{run}", "--store", "{tmp}/h.jsonl", "--release", "5.24.0"],
     ("export", "pass"): ["{run}", "--format", "github-action-benchmark"],
 }
-#: Statuses a test elsewhere invokes (they need a Transformers checkout's history): (file, test name).
-ELSEWHERE = {
-    ("sentinel", "pass"): ("tests/suite/test_sentinel.py",
-                           "test_sentinel_names_each_change_skips_what_does_not_build_and_sees_a_revert_recover"),
-    ("sentinel", "regression"): ("tests/suite/test_sentinel.py",
-                                 "test_sentinel_names_each_change_skips_what_does_not_build_and_sees_a_revert_recover"),
-}
-#: Statuses no test invokes yet, each with the reason (the table is walked: a new one must be named here or run).
-NOT_WALKED = {
-    ("sentinel", "could not measure"): "a head that does not build needs a checkout whose newest commit breaks",
-}
+#: Statuses a test elsewhere invokes: (file, test name). None today: every status is invoked here.
+ELSEWHERE: dict[tuple[str, str], tuple[str, str]] = {}
+#: Statuses no test invokes, each with the reason (the table is walked: a new one must be named here or run).
+NOT_WALKED: dict[tuple[str, str], str] = {}
 
 
 def cases() -> list[tuple[str, str]]:
@@ -213,6 +206,42 @@ def fake_bisect(monkeypatch, figures: dict) -> None:
     monkeypatch.setattr("kvcache.commands.bisect.make_plan", make_plan)
 
 
+def fake_sentinel(monkeypatch, tmp: Path, head: float | str) -> list[str]:
+    """A git repository of three commits, each with ``src/transformers/__init__.py``; the sentinel's probes made up:
+    dynamic's counted passes 3.0 at the first two, ``head`` at the last (a string: the reason it cannot be
+    measured). The arguments of a first run from the first commit."""
+    import subprocess
+
+    from tests.without_torch.test_bisect_search import FakeRunner, kv
+
+    repo = tmp / "transformers"
+    (repo / "src" / "transformers").mkdir(parents=True)
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True,
+                              text=True).stdout.strip()
+
+    git("init", "-q", "-b", "main")
+    shas = []
+    for i in range(3):
+        (repo / "src" / "transformers" / "__init__.py").write_text(f"version = {i}\n")
+        git("add", "-A")
+        git("commit", "-q", "-m", f"commit {i}")
+        shas.append(git("rev-parse", "HEAD"))
+    table = {sha: kv({"dynamic": 3.0, "static": 1.0}) for sha in shas[:2]}
+    table[shas[2]] = head if isinstance(head, str) else kv({"dynamic": head, "static": 1.0})
+    def runner(top: Path, suite) -> FakeRunner:
+        made = FakeRunner(table)
+        made.suite = suite  # what the report's reproduce line reads
+        return made
+
+    monkeypatch.setattr("kvcache.sentinel.watching.CommitRunner", runner)
+    return ["--repo", str(repo), "--state", str(tmp / "state.json"), "--since", shas[0], "--no-cache",
+            "--no-fork-server", "--json", str(tmp / "sentinel.json")]
+
+
 def prepared(command: str, status: str, inputs: Inputs, monkeypatch) -> list[str]:
     """The arguments that give ``status``, with whatever the command's work is cut at already patched."""
     if status == "interrupted":
@@ -231,6 +260,9 @@ def prepared(command: str, status: str, inputs: Inputs, monkeypatch) -> list[str
                   "could not measure": [3.0, 3.0, 5.0, 5.0]}[status]
         fake_bisect(monkeypatch, series(values, skip=(1,) if status == "could not measure" else ()))
         return ["--repo", str(inputs.tmp)]
+    if command == "sentinel":
+        head = {"pass": 3.0, "regression": 5.0, "could not measure": "ImportError: the head does not build"}[status]
+        return fake_sentinel(monkeypatch, inputs.tmp, head)
     if command == "compare" and status == "inconclusive":
         return inconclusive_pair(inputs)
     return fill(OTHER_ARGS[(command, status)], inputs)
