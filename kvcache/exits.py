@@ -1,7 +1,8 @@
 """The exit-status contract: one table of what each status means and which code it is, under pytest (the suite and
 its session-end gate) and for every ``kvcache`` command. The commands return these constants, each command's
-``--help`` ends with its lines (:func:`epilog`) and docs/exit-status.md holds :func:`markdown_table` (a test keeps
-them equal). Standard library only."""
+``--help`` ends with its lines (:func:`epilog`) and docs/exit-status.md holds :func:`markdown_table` and
+:func:`markdown_meanings` (``tests/suite/test_exit_status.py`` keeps them equal and walks every command through every
+status it can give). Standard library only."""
 
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ COMMAND_STATUSES: dict[str, dict[str, str]] = {
     "ab": {"pass": "no regression", "inconclusive": "an inconclusive paired verdict is shown, not failed",
            "regression": "a regression: paired timed, intercept or ledger, or counted or overhead",
            "could not measure": "a side failed part-way", "usage error": "bad input, before anything is measured",
-           "interrupted": "the pairs both sides finished are judged and written"},
+           "interrupted": "the pairs both sides finished are judged and written (a regression among them: 1)"},
     "bisect": {"pass": "the first bad commit (or release) is found",
                "regression": "bisect's own: the two ends show no change, nothing to find",
                "could not measure": "only skipped commits are left where the change is (the candidates listed)",
@@ -127,3 +128,21 @@ def markdown_meanings() -> str:
     rows += [[f"`kvcache {command}`", str(number), name, meaning] for command in COMMAND_STATUSES
              for number, name, meaning in command_statuses(command)]
     return "\n".join("| " + " | ".join(row) + " |" for row in rows)
+
+
+def regenerated(page: str) -> str:
+    """``page`` (docs/exit-status.md's text) with each block between ``<!-- generated: kvcache.exits.NAME -->`` and
+    ``<!-- end generated -->`` made again by ``NAME``: :func:`markdown_table` or :func:`markdown_meanings`."""
+    import re
+
+    makers = {"markdown_table": markdown_table, "markdown_meanings": markdown_meanings}
+    return re.sub(r"(<!-- generated: kvcache\.exits\.(\w+) -->\n).*?(\n<!-- end generated -->)",
+                  lambda m: m.group(1) + makers[m.group(2)]() + m.group(3), page, flags=re.S)
+
+
+if __name__ == "__main__":  # python -m kvcache.exits docs/exit-status.md: the page's tables made again
+    import sys
+    from pathlib import Path
+
+    for name in sys.argv[1:]:
+        Path(name).write_text(regenerated(Path(name).read_text(encoding="utf-8")), encoding="utf-8")

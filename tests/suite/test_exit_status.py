@@ -34,8 +34,8 @@ PAGE = ROOT / "docs" / "exit-status.md"
 
 def test_the_page_holds_the_tables_generated_from_the_module():
     text = PAGE.read_text(encoding="utf-8")
-    assert exits.markdown_table() in text, "docs/exit-status.md: regenerate from kvcache.exits.markdown_table()"
-    assert exits.markdown_meanings() in text, "docs/exit-status.md: regenerate from kvcache.exits.markdown_meanings()"
+    assert exits.markdown_table() in text and exits.markdown_meanings() in text
+    assert exits.regenerated(text) == text, "run: python -m kvcache.exits docs/exit-status.md"
 
 
 def test_the_table_covers_every_command_and_the_suites_codes_are_pytests():
