@@ -157,7 +157,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         for line in state.failures:
             tr.write_line(line + mode, red=bool(not mode), bold=True)
     red = (state.failures if state.settings.gate else []) + state.unwritten
-    if red:
+    session = getattr(tr, "_session", None)  # its exit status is final here: 1, or 2 when a signal stopped it
+    if red and (session is None or session.exitstatus == pytest.ExitCode.TESTS_FAILED):
         report_gate_failed(tr, red)
 
 
