@@ -9,6 +9,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from kvcache import exits
+
 COMMANDS = {
     "traffic": ("kvcache.commands.traffic", "count the bytes one decode step moves, per op, and probe attention"),
     "compare": ("kvcache.commands.compare", "compare benchmark JSON runs; exit 1 on a regression"),
@@ -52,13 +54,9 @@ class UsageError(Exception):
     ``PROG: message``, exit 2 (:func:`run`)."""
 
 
-#: A command's exit status when interrupted by a signal its runner turned into ``stop`` (:func:`run`).
-EXIT_INTERRUPTED = 130
-
-
 def run(parser: Callable[[], argparse.ArgumentParser], work: Callable[..., int], argv: Sequence[str] | None, *,
         extra: bool = False, errors: tuple[type[BaseException], ...] = (),
-        stop: type[BaseException] | None = None) -> int:
+        stop: type[BaseException] = KeyboardInterrupt) -> int:
     """Run one command: what every ``kvcache`` command's ``main(argv)`` is, its module being its ``parser()`` and
     its ``work``.
 
@@ -66,43 +64,46 @@ def run(parser: Callable[[], argparse.ArgumentParser], work: Callable[..., int],
     ``work``'s second argument), is parsed by ``parser()`` (:func:`kvcache.analysing.arguments.parse`: ``--help``
     returns 0, a usage error 2). Then ``work(args)`` (or ``work(args, extra)``) returns the exit status. Bad input
     the work finds (:class:`UsageError`, or an exception of ``errors``) and an output it could not write
-    (:class:`kvcache.analysing.files.OutputError`) are one line, ``PROG: message``, and exit 2. With ``stop``, the
-    signal rule (:func:`kvcache.analysing.files.signals_stop`): the first SIGINT or SIGTERM raises ``stop(signal
-    name)`` in the work, every later one only prints, and they are ignored as the process exits, so the status is
-    the command's; a ``stop`` the work lets out is ``PROG: interrupted by SIGTERM``, exit 130."""
+    (:class:`kvcache.analysing.files.OutputError`) are one line, ``PROG: message``, and exit 2. Every command keeps
+    the signal rule (:func:`kvcache.analysing.files.signals_stop`): the first SIGINT or SIGTERM raises ``stop(signal
+    name)`` (KeyboardInterrupt unless the command names its own) in the work, every later one only prints, and they
+    are ignored as the process exits, so the status is the command's; a ``stop`` the work lets out is ``PROG:
+    interrupted by SIGTERM``, exit 130. The codes are :mod:`kvcache.exits`'s, and so is the end of the command's
+    ``--help`` (:func:`kvcache.exits.epilog`)."""
     from kvcache.analysing import arguments, files
 
     made = parser()
+    name = made.prog.removeprefix("kvcache ")
+    if made.epilog is None and name in exits.COMMAND_STATUSES:
+        made.epilog = exits.epilog(name)
     own, passed_on = arguments.split_extra(argv) if extra else (argv, [])
     args = arguments.parse(made, own)
     if isinstance(args, int):  # --help (0) or a usage error (2), printed by argparse
         return args
     given: list[Any] = [args, passed_on] if extra else [args]
     try:
-        if stop is None:
-            return int(work(*given) or 0)
         try:
             with files.signals_stop(made.prog, stop):
-                return int(work(*given) or 0)
+                return int(work(*given) or exits.PASS)
         except stop as exc:
             print(f"{made.prog}: interrupted by {exc}", file=sys.stderr)
-            return EXIT_INTERRUPTED
+            return exits.INTERRUPTED
     except (UsageError, files.OutputError, *errors) as exc:
         print(f"{made.prog}: {exc}", file=sys.stderr)
-        return 2
+        return exits.USAGE_ERROR
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
-        return 0
+        return exits.PASS
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
         print(f"kvcache: unknown command {name!r}; choose from {', '.join(COMMANDS)}", file=sys.stderr)
-        return 2
+        return exits.USAGE_ERROR
     module = __import__(COMMANDS[name][0], fromlist=["main"])
-    return int(module.main(rest) or 0)
+    return int(module.main(rest) or exits.PASS)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from kvcache import exits
 from kvcache.ab import clock, extend
 from kvcache.ab.results import ABResult, ab_summary, results, results_before_start
 from kvcache.ab.schedule import ABSession, drive, start
@@ -17,7 +18,9 @@ from kvcache.ab.sides import ABError, build_sides
 from kvcache.analysing import files
 from kvcache.analysing.records import jsonfile
 
-EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, EXIT_SIDE_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+#: ab's codes (kvcache.exits): a side that failed part-way could not be measured
+EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, EXIT_SIDE_FAILED, EXIT_INTERRUPTED = (
+    exits.PASS, exits.REGRESSION, exits.USAGE_ERROR, exits.NOT_MEASURED, exits.INTERRUPTED)
 
 
 class Interrupted(Exception):

@@ -19,12 +19,16 @@ from importlib import machinery, metadata, util
 from pathlib import Path
 from typing import Any, Callable
 
+from kvcache import exits
 from kvcache.analysing import releases as installer
 from kvcache.analysing.records import KV, RecordError, Skip, jsonfile, load_run
 from kvcache.analysing.records.file_formats import ProbeEntry
 from kvcache.bisect.server import ForkServer, ServerRefused
 
-EXIT_FOUND, EXIT_SAME, EXIT_USAGE, EXIT_AMBIGUOUS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+#: bisect's codes (kvcache.exits): found is a pass, no change between the ends its own 1, only skipped commits left
+#: could not measure
+EXIT_FOUND, EXIT_SAME, EXIT_USAGE, EXIT_AMBIGUOUS, EXIT_INTERRUPTED = (
+    exits.PASS, exits.REGRESSION, exits.USAGE_ERROR, exits.NOT_MEASURED, exits.INTERRUPTED)
 DEFAULT_CACHES = "dynamic,static"
 DEFAULT_DEVICE = "cpu"  # --kv-device of every probe unless one is given after --: counted figures need no GPU
 PROBE_TIMEOUT = 900  # seconds: a commit whose counted run takes longer is skipped (a hang, not a figure)

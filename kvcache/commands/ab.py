@@ -9,9 +9,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from kvcache import cli
+from kvcache import cli, exits
 from kvcache.ab import extend, session
-from kvcache.ab.session import EXIT_USAGE, Interrupted
+from kvcache.ab.session import Interrupted
 from kvcache.ab.sides import ABError, refused
 from kvcache.analysing import arguments
 from kvcache.analysing.options import option
@@ -24,8 +24,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kvcache ab", description="Measure two environments side by side in one session (interleaved, ABBA) "
         "and judge B against A from paired points: timed passes, intercept and per-op ledger by the B/A ratio with "
-        "a paired bootstrap interval; counted passes and overhead by compare's judge. Exit 0 no regression, 1 a "
-        "regression, 2 bad input, 3 a side failed part-way, 130 interrupted. Common pytest options go after --.")
+        "a paired bootstrap interval; counted passes and overhead by compare's judge. Common pytest options go "
+        "after --.")
     for side in ("a", "b"):
         p.add_argument(f"--{side}-env", action="append", metavar="NAME=VALUE",
                        help=f"an environment variable of side {side.upper()} (repeatable)")
@@ -93,7 +93,7 @@ def work(args: argparse.Namespace, common: list[str]) -> int:
     if args.a_release or args.b_release:
         folders.append(("--versions-dir", args.versions_dir, ()))
     if arguments.paths_refused("kvcache ab", writes=[("--json", args.json)], folders=folders):
-        return EXIT_USAGE
+        return exits.USAGE_ERROR
     return session.run_session(args, common, tolerance, out_dir, say)
 
 

@@ -9,7 +9,7 @@ import datetime
 import sys
 from collections.abc import Sequence
 
-from kvcache import cli
+from kvcache import cli, exits
 from kvcache.analysing import arguments
 from kvcache.analysing.judge import baseline as baselines
 from kvcache.analysing.records import RecordError, load_run
@@ -21,8 +21,7 @@ def parser() -> argparse.ArgumentParser:
         description="Record a finished run's passes (a --benchmark-json file) in the baseline file, by the rules "
                     "of --kv-update-baseline: counted passes always, timed passes only from a fit that would be "
                     "judged (positive, R² at least the run's --kv-min-r2, 3 or more contexts, drift checked and "
-                    "within its limit, the session not interrupted). Exit 0, or 2 on bad input or when no figure "
-                    "could be recorded (the message says why).")
+                    "within its limit, the session not interrupted).")
     made.add_argument("run", metavar="RUN.json", help="a --benchmark-json file written by the suite")
     made.add_argument("--baseline", default="kv-baseline.json", help="baseline file (default kv-baseline.json)")
     return made
@@ -36,18 +35,18 @@ def work(args: argparse.Namespace) -> int:
     """The run's figures recorded in the baseline file, each printed."""
     if arguments.paths_refused("kvcache baseline", reads=[("RUN.json", args.run)],
                                writes=[("--baseline", args.baseline)]):
-        return 2
+        return exits.USAGE_ERROR
     try:
         run = load_run(args.run)
         recorded = run.datetime or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         entries, refused = baselines.record(args.baseline, run.record, recorded)
     except (RecordError, baselines.BaselineError) as exc:
         print(f"kvcache baseline: {exc}", file=sys.stderr)
-        return 2
+        return exits.USAGE_ERROR
     except OSError as exc:  # every message names the file
         print(f"kvcache baseline: {getattr(exc, 'filename', None) or args.baseline}: {baselines.error_line(exc)}",
               file=sys.stderr)
-        return 2
+        return exits.USAGE_ERROR
     for key, by_cache in entries.items():
         for cache, entry in by_cache.items():
             print(f"{args.baseline}: {key}: {cache}: {figures_text(entry)}")
@@ -58,8 +57,8 @@ def work(args: argparse.Namespace) -> int:
 
         print(f"kvcache baseline: {args.run}: no figure recorded in {args.baseline}: "
               f"{'; '.join(refused) or why_no_figure(run, export_names())}", file=sys.stderr)
-        return 2
-    return 0
+        return exits.USAGE_ERROR
+    return exits.PASS
 
 
 def figures_text(entry: dict) -> str:

@@ -12,11 +12,11 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from kvcache import cli
+from kvcache import cli, exits
 from kvcache.analysing import files
 from kvcache.bisect import search
 from kvcache.bisect.plan import add_probe_options, make_plan
-from kvcache.bisect.probing import EXIT_INTERRUPTED, BisectError
+from kvcache.bisect.probing import BisectError
 from kvcache.bisect.report import report
 from kvcache.bisect.walk import Bisect
 
@@ -26,9 +26,8 @@ def parser() -> argparse.ArgumentParser:
         prog="kvcache bisect",
         description="Find the Transformers commit (or release) that changed a counted figure: each probe runs the "
                     "counted suite against one commit's source (a git worktree's src/ first on PYTHONPATH; no "
-                    "install, no network) or one release installed side by side. Exit 0 found, 1 no change between "
-                    "the ends, 2 bad input, 3 only skipped commits left where the change is. Extra pytest "
-                    "arguments for every probe go after --.")
+                    "install, no network) or one release installed side by side. Extra pytest arguments for every "
+                    "probe go after --.")
     made.add_argument("--repo", help="a Transformers git checkout (its src/transformers is probed)")
     made.add_argument("--good", help="a revision whose figure is the old one (a tag such as v5.22.2, a sha)")
     made.add_argument("--bad", help="a later revision whose figure changed")
@@ -79,7 +78,7 @@ def work(args: argparse.Namespace, extra: list[str]) -> int:
         where = plan.cache.folder if plan is not None else None
         print("kvcache bisect: interrupted" + (f"; the probes finished so far are kept in {where}" if where else ""),
               file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return exits.INTERRUPTED
     finally:
         if plan is not None:
             plan.runner.close()

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kvcache import cli
+from kvcache import cli, exits
 from kvcache.analysing import arguments
 from kvcache.analysing.comment import GITHUB_LIMIT, build
 from kvcache.analysing.compare import mismatch
@@ -38,9 +38,7 @@ def parser() -> argparse.ArgumentParser:
         "classes by measure with BASE, HEAD and change (counted passes, ATen ops per step, weight passes, counted "
         "memory in passes), the ops that grew, the reasons for inconclusive figures and "
         "a hidden marker that a workflow updates one comment by. Timed figures are judged only from an A/B run "
-        "(--ab); those of two separate runs are shown as informational. Exit 0 whenever the body is written, "
-        "a regression included (kvcache compare is the gate); 2 on unreadable input, bad options or runs that "
-        "are not comparable.",
+        "(--ab); those of two separate runs are shown as informational.",
     )
     made.add_argument("base", metavar="BASE.json", help="the pull request's base run (pytest --benchmark-json)")
     made.add_argument("head", metavar="HEAD.json", help="the pull request's head run")
@@ -81,7 +79,7 @@ def work(args: argparse.Namespace) -> int:
     """The body, to ``--out`` or stdout."""
     if arguments.paths_refused("kvcache comment", reads=[("BASE.json", args.base), ("HEAD.json", args.head),
                                                          ("--ab", args.ab)], writes=[("--out", args.out)]):
-        return 2
+        return exits.USAGE_ERROR
     if args.max_chars < 1000:
         raise CommentError(f"--max-chars {args.max_chars} is too small; give at least 1000 (GitHub allows "
                            f"{GITHUB_LIMIT})")
@@ -107,4 +105,4 @@ def work(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(body)
         sys.stdout.flush()
-    return 0
+    return exits.PASS

@@ -9,7 +9,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from kvcache import cli
+from kvcache import cli, exits
 from kvcache.analysing import arguments
 from kvcache.analysing.compare import RULES_FROM, compare, mismatch
 from kvcache.analysing.compare_render import render_markdown, render_text
@@ -60,4 +60,4 @@ def work(args: argparse.Namespace) -> int:
     if args.markdown:  # stdout goes to the step summary; say it in the log too
         for regression in comparison.regressions:
             print(regression.line(), file=sys.stderr)
-    return 1 if comparison.regressions else 0
+    return exits.REGRESSION if comparison.regressions else exits.PASS

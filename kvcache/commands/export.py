@@ -8,7 +8,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from kvcache import cli
+from kvcache import cli, exits
 from kvcache.analysing import arguments
 from kvcache.analysing.export import FORMATS, export_names, github_action_benchmark, why_no_figure
 from kvcache.analysing.files import write_output
@@ -23,8 +23,7 @@ def parser() -> argparse.ArgumentParser:
         "weight passes, timed passes and intercept with their interval as range, memory allocated, peak and held "
         "passes where recorded), each "
         "with name, unit, value and the run's identity as extra; a figure that is not a finite number is left "
-        "out and named. Exit 0, or 2 on unreadable input, bad options, an output on an input, or no figure for "
-        "the measures asked (the message says why).",
+        "out and named.",
     )
     made.add_argument("run", metavar="RUN.json", help="a pytest --benchmark-json file of the suite")
     made.add_argument("--format", required=True, metavar="FORMAT", help=f"one of: {', '.join(FORMATS)}")
@@ -43,22 +42,22 @@ def work(args: argparse.Namespace) -> int:
     if args.format not in FORMATS:
         print(f"kvcache export: --format {args.format!r} is not known; choose from {', '.join(FORMATS)}",
               file=sys.stderr)
-        return 2
+        return exits.USAGE_ERROR
     measures = [m.strip() for m in args.measures.split(",") if m.strip()]
     unknown = [m for m in measures if m not in export_names()]
     if unknown or not measures:
         print(f"kvcache export: --measures {args.measures!r}: {', '.join(map(repr, unknown)) or 'none given'}; "
               f"choose from {', '.join(export_names())}", file=sys.stderr)
-        return 2
+        return exits.USAGE_ERROR
     if arguments.paths_refused("kvcache export", reads=[("RUN.json", args.run)], writes=[("--out", args.out)]):
-        return 2
+        return exits.USAGE_ERROR
     run = load_run(args.run)
     notes: list[str] = []
     entries = github_action_benchmark(run, measures, notes)
     if not entries:  # one line saying why
         print(f"kvcache export: {args.run}: no figure to export for --measures {','.join(measures)}: "
               f"{why_no_figure(run, measures, notes)}", file=sys.stderr)
-        return 2
+        return exits.USAGE_ERROR
     for note in notes:
         print(f"kvcache export: {note}", file=sys.stderr)
     text = json.dumps(entries, indent=2) + "\n"
@@ -66,4 +65,4 @@ def work(args: argparse.Namespace) -> int:
         write_output("--out", args.out, text)
     else:
         sys.stdout.write(text)
-    return 0
+    return exits.PASS

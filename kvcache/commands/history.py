@@ -7,7 +7,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from kvcache import cli
+from kvcache import cli, exits
 from kvcache.analysing import arguments, files, history
 from kvcache.analysing.history import HistoryError, plot_files
 from kvcache.analysing.records import RecordError, load_run
@@ -21,7 +21,7 @@ def parser() -> argparse.ArgumentParser:
         "an entry whose commit or release and identity are stored already. 'plot --store FILE --out DIR' writes "
         "one trend PNG per measure (classes as lines across the entries: commits as added, releases by version) "
         "with the steps marked by their commit (counted: every change; timed: where the intervals of two levels "
-        "do not overlap), steps.json and steps.md. Exit 0, or 2 on bad input.",
+        "do not overlap), steps.json and steps.md.",
     )
     sub = made.add_subparsers(dest="action", required=True, metavar="add|plot")
     adding = sub.add_parser("add", help="append a run to the store")
@@ -54,7 +54,7 @@ def work(args: argparse.Namespace) -> int:
             raise HistoryError(str(exc)) from None
         if arguments.paths_refused("kvcache history", reads=[("RUN.json", args.run)],
                                    writes=[("--store", args.store)]):
-            return 2
+            return exits.USAGE_ERROR
         run = load_run(args.run)
         commit = history.resolve_commit(args.commit) if args.commit else None if release else history.git_head()
         notes: list[str] = []
@@ -64,10 +64,10 @@ def work(args: argparse.Namespace) -> int:
         history.add(args.store, entry)
         print(f"kvcache history: added {history.entry_key(entry)[0]} ({entry.setup}, "
               f"{len(entry.caches)} classes) to {args.store}")
-        return 0
+        return exits.PASS
     if arguments.paths_refused("kvcache history", reads=[("--store", args.store)],
                                folders=[("--out", args.out, plot_files())]):
-        return 2
+        return exits.USAGE_ERROR
     entries = history.ordered(history.read_store(args.store))
     if not entries:
         raise HistoryError(f"--store {args.store}: no entries (add some with kvcache history add)")
@@ -81,4 +81,4 @@ def work(args: argparse.Namespace) -> int:
               f"({step.delta:+.4g})")
     print(f"kvcache history: {len(entries)} entries, {len(steps)} steps; wrote "
           f"{', '.join(p.name for p in written)}, steps.json and steps.md to {args.out}")
-    return 0
+    return exits.PASS

@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from kvcache import cli
+from kvcache import cli, exits
 from kvcache.analysing import arguments, files, report
 from kvcache.analysing.compare import mismatch
 from kvcache.analysing.records import RecordError, load_runs
@@ -35,7 +35,7 @@ def work(args: argparse.Namespace) -> int:
     (:func:`kvcache.analysing.files.staged_folder`); each file's path printed."""
     if arguments.paths_refused("kvcache report", reads=[("RUN.json", path) for path in args.runs],
                                folders=[("--out", args.out, REPORT_FILES)]):
-        return 2
+        return exits.USAGE_ERROR
     runs = [run for path in args.runs for run in load_runs(path)]  # an A/B run: its two sides
     problem = mismatch(runs)
     if problem and not args.allow_mismatch:
@@ -46,4 +46,4 @@ def work(args: argparse.Namespace) -> int:
         paths += [p for path in args.runs for p in write_ab(path, runs, stage)]  # kvcache ab --json: the pair
     for path in paths:
         print(args.out / path.name)
-    return 0
+    return exits.PASS

@@ -12,9 +12,9 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from kvcache import cli
+from kvcache import cli, exits
 from kvcache.bisect.plan import add_probe_options
-from kvcache.bisect.probing import EXIT_INTERRUPTED, BisectError
+from kvcache.bisect.probing import BisectError
 from kvcache.sentinel.watching import run_commits, run_releases
 
 
@@ -23,8 +23,7 @@ def parser() -> argparse.ArgumentParser:
         prog="kvcache sentinel",
         description="Measure a Transformers branch's head against the last commit checked (the state file); when a "
                     "counted figure changed beyond the gate's tolerance, bisect to the commit that changed it and "
-                    "write an issue body. Exit 0 unchanged, 1 changed or recovered, 2 bad input, 3 the head "
-                    "cannot be measured. Extra pytest arguments for every probe go after --.")
+                    "write an issue body. Extra pytest arguments for every probe go after --.")
     made.add_argument("--repo", help="a Transformers git checkout whose branch is watched")
     made.add_argument("--branch", default="main", help="the branch watched (default main)")
     made.add_argument("--state", metavar="FILE", help="the state: the last commit checked, its figures, the changes "
@@ -64,7 +63,7 @@ def work(args: argparse.Namespace, extra: list[str]) -> int:
         return (run_releases if args.releases else run_commits)(args, extra, workdir, say)
     except KeyboardInterrupt:
         print("kvcache sentinel: interrupted; the state is as it was, finished probes stay cached", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return exits.INTERRUPTED
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from kvcache import cli
+from kvcache import cli, exits
 from kvcache.analysing.records import Probe, Traffic
 from kvcache.analysing.settings import SettingsError, parse_ints
 from kvcache.analysing.summary import attention_copies
@@ -80,7 +80,7 @@ def work(args: argparse.Namespace) -> int:
         for option in ("caches", "model", "dtype", "device"):
             message = message.replace(f"--kv-{option}", f"--{option.rstrip('s')}")
         print(f"kvcache traffic: {message}", file=sys.stderr)
-        return 2
+        return exits.USAGE_ERROR
     session = KVSession(settings, device)
     if not args.json:
         print(header(session))
@@ -107,7 +107,7 @@ def work(args: argparse.Namespace) -> int:
                       f"{attention_copies(memory)})" + (f"; {memory.factor_problem}" if memory.factor_problem else ""))
     if args.json:
         print(json.dumps(out, indent=2))
-    return 0
+    return exits.PASS
 
 
 #: What counting a step imports that the package's own dependencies (numpy) do not bring: the ``bench`` extra.

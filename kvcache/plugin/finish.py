@@ -47,7 +47,7 @@ def record_baseline(session: pytest.Session, state: KVState) -> None:
         entries, refused = baselines.record(path, kv, recorded)
     except (OSError, baselines.BaselineError) as exc:
         reason = exc if isinstance(exc, baselines.BaselineError) else f"{path}: {baselines.error_line(exc)}"
-        state.notes.append(f"baseline NOT written: {reason}")
+        state.unwritten.append(f"baseline NOT written: {reason}")  # an output not written: a red line, exit 1
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
         return
     state.notes += [f"baseline: {line}" for line in refused]
@@ -156,3 +156,24 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         mode = "" if state.settings.gate else " (not failing: --kv-no-gate)"
         for line in state.failures:
             tr.write_line(line + mode, red=bool(not mode), bold=True)
+    red = (state.failures if state.settings.gate else []) + state.unwritten
+    session = getattr(tr, "_session", None)  # its exit status is final here: 1, or 2 when a signal stopped it
+    if red and (session is None or session.exitstatus == pytest.ExitCode.TESTS_FAILED):
+        report_gate_failed(tr, red)
+
+
+#: The node id of the failed report that makes a red gate red in pytest's own words (:func:`report_gate_failed`).
+GATE_ITEM = "kv-cache gate"
+
+
+def report_gate_failed(tr: Any, lines: list[str]) -> None:
+    """The session-end gate failed (a regression, or an output not written): besides its red lines above, a failed
+    report of a synthetic item, :data:`GATE_ITEM`, in the terminal reporter's stats, so that pytest's own short
+    summary says ``FAILED kv-cache gate - <first reason>`` and its last line ``N passed, 1 failed``, red, as the
+    exit status (1) does. Only the terminal sees it: junitxml, xdist and the other plugins' hooks do not."""
+    more = f" (+{len(lines) - 1} more above)" if len(lines) > 1 else ""
+    report = pytest.TestReport(nodeid=GATE_ITEM, location=(GATE_ITEM, None, GATE_ITEM), keywords={},
+                               outcome="failed", longrepr=lines[0] + more, when="call")
+    tr.stats.setdefault("failed", []).append(report)
+    if hasattr(tr, "_main_color"):  # pytest caches the last line's colour; let it see the failure
+        tr._main_color = None

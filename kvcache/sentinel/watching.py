@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
+from kvcache import exits
 from kvcache.analysing import files
 from kvcache.analysing import releases as installer
 from kvcache.analysing.records.file_formats import SentinelState
@@ -41,7 +42,9 @@ from kvcache.bisect.walk import Bisect, Plan
 from kvcache.sentinel import figures as figs
 from kvcache.sentinel import report
 
-EXIT_UNCHANGED, EXIT_CHANGED, EXIT_HEAD_UNMEASURED = 0, 1, 3
+#: the sentinel's codes (kvcache.exits): a change (or a recovery) is its own 1, a head that cannot be measured could
+#: not measure
+EXIT_UNCHANGED, EXIT_CHANGED, EXIT_HEAD_UNMEASURED = exits.PASS, exits.REGRESSION, exits.NOT_MEASURED
 
 
 # --- the state -----------------------------------------------------------------------------------------------------

@@ -204,7 +204,9 @@ def test_gate_failure_exits_1_naming_the_cache_and_the_numbers(runs):
     assert len(lines) == 1, describe(done)
     assert lines[0].startswith("kv-cache regression: dynamic counted: counted passes 3 is above the allowed 1; "
                                "by op now: cat 2.00, scaled_dot_product_attention 1.00"), describe(done)
-    assert "1 passed" in output(done)  # the tests themselves passed: the gate failed the session
+    last = done.stdout.strip().splitlines()[-1]  # pytest's own last line says the gate failed, as its exit does
+    assert "1 failed" in last and "1 passed" in last, describe(done)
+    assert "FAILED kv-cache gate - kv-cache regression: dynamic counted" in output(done), describe(done)
 
 
 def test_update_baseline_then_rerun_passes(runs):
