@@ -62,9 +62,6 @@ class Cell:
     memory_figure: str = ""
     judged: dict[str, Verdict] | None = None
 
-    def figure(self, name: str) -> Any:
-        return self.figures.get(name)
-
     @property
     def counted(self) -> float | None:
         return self.figures.get("counted")
@@ -76,10 +73,6 @@ class Cell:
     @property
     def gpus(self) -> dict[str, float | None] | None:
         return self.figures.get("gpu")
-
-    @property
-    def counted_change(self) -> str:
-        return self.changes.get("counted", "")
 
 
 @dataclass(frozen=True)

@@ -258,7 +258,8 @@ def plot(entries: list[HistoryEntry], out: str | Path) -> tuple[list[Path], list
         rows, drawn, steps = trends[measure]
         setups = list(dict.fromkeys(setup for setup, _ in rows))
         colours = {key: PALETTE[i % len(PALETTE)] for i, key in enumerate(rows)}
-        title, exact = trend_measures()[measure].title, trend_measures()[measure].exact
+        trend = trend_measures()[measure]
+        title, exact = trend.title, trend.exact
         fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(entries) + 3), 4.2))
         for key, values in drawn.items():
             setup, cache = key

@@ -319,10 +319,15 @@ def memory_lines(kv: KV) -> list[str]:
     return out
 
 
+def unshown_measures() -> list[measure_table.Measure]:
+    """The summarised measures no table above shows (:data:`SHOWN_APART`): one the table gained before any output of
+    its own."""
+    return [m for m in measure_table.selected("summarised") if m.name not in SHOWN_APART and not m.per_key]
+
+
 def figure_rows(kv: KV) -> list[list[str]]:
-    """Per class, the summarised figures no table above shows (:data:`SHOWN_APART`), one column each: a measure
-    the table gained before any output of its own."""
-    others = [m for m in measure_table.selected("summarised") if m.name not in SHOWN_APART and not m.per_key]
+    """Per class, the figures of :func:`unshown_measures`, one column each."""
+    others = unshown_measures()
     rows = []
     for cache in dict.fromkeys([*kv.traffic, *kv.fit, *kv.memory]):
         values = [measure_table.value_of(kv, m, cache) for m in others]
@@ -332,8 +337,7 @@ def figure_rows(kv: KV) -> list[list[str]]:
 
 
 def figure_header() -> list[str]:
-    return ["cache", *(m.label for m in measure_table.selected("summarised")
-                       if m.name not in SHOWN_APART and not m.per_key)]
+    return ["cache", *(m.label for m in unshown_measures())]
 
 
 def noted_table(header: list[str], rows: list[list[str]], note: str) -> list[str]:

@@ -149,8 +149,8 @@ def test_counted_tolerance_and_improvement(tmp_path):
         load_run(write_run(tmp_path / "b.json", make_run(counted={"dynamic": 3.04, "static": 0.5}))),
     ]
     comparison = compare(runs, counted_tolerance=0.05)
-    assert comparison.cells["dynamic"][1].counted_change == SAME
-    assert comparison.cells["static"][1].counted_change == IMPROVED
+    assert comparison.cells["dynamic"][1].changes["counted"] == SAME
+    assert comparison.cells["static"][1].changes["counted"] == IMPROVED
     assert comparison.regressions == []
 
 

@@ -166,11 +166,6 @@ def of_verdict(verdict: str) -> tuple[Measure, ...]:
     return tuple(m for m in MEASURES if m.verdict == verdict)
 
 
-def group_of_verdict(verdict: str) -> str:
-    """The baseline group (:data:`GROUPS`) a verdict's figures are keyed by."""
-    return next(m.group for m in MEASURES if m.verdict == verdict and m.group)
-
-
 def selected(flag: str) -> tuple[Measure, ...]:
     """The measures an output carries, by its flag (``compared``, ``exported``, ``history``, ...), in table order."""
     return tuple(m for m in MEASURES if getattr(m, flag))
