@@ -36,6 +36,7 @@ class Identity(Section):
     driver: str = "loop"  # --kv-driver: generate() adds its own per-step work
     batch: int = 1  # --kv-batch
     ragged: bool = False  # --kv-ragged
+    fill: str = "synthetic"  # --kv-fill: a prefilled cache holds what a real forward wrote (a press's compression)
     env: str = ""  # allowlisted environment variables set away from their default (VARIABLES), "NAME=value,..."
     extra: dict[str, Any] = extra_field()
     absent: frozenset[str] = unset_field()
