@@ -70,7 +70,18 @@ class CacheSpec:
     (it may raise :class:`Unsupported`), and ``attention`` names what the point runs under;
     ``pads``: True when a batch's shorter sequences are left-padded to the longest in this class's cache (passes
     are then also reported per allocated byte, padding included); False when each sequence holds only its own
-    tokens (a paged pool), where passes per allocated byte are passes per live byte.
+    tokens (a paged pool), where passes per allocated byte are passes per live byte;
+    ``fill_context`` (optional): for a class that hooks the model (a kvpress press): ``fill_context(model)`` returns
+    a context manager entered around the point's real prefill (the forward over the context), e.g.
+    ``lambda model: press(model)``; it implies ``needs_prefill``;
+    ``decode_context`` (optional): ``decode_context(model)`` returns a context manager entered before the point's
+    first decode step and left when the point is released: every warm-up, counted and timed step runs inside it (a
+    press that works while decoding);
+    ``needs_prefill``: the class is filled by a real prefill whatever ``--kv-fill`` says (a synthetic fill writes
+    K/V without running the model, so hooks would never see the context); the record says so (``fill``).
+    A hook that raises, returns no context manager or changes the model's weights is a one-line error naming the
+    class (:mod:`kvcache.measuring.hooks`); ``--kv-driver generate`` and ``--kv-compile`` skip a class that hooks
+    the model, with the reason.
     """
 
     name: str
@@ -84,6 +95,9 @@ class CacheSpec:
     kinds: tuple[str, ...] | None = None
     point: Callable[..., Any] | None = None
     pads: bool = True
+    fill_context: Callable[[Any], Any] | None = None
+    decode_context: Callable[[Any], Any] | None = None
+    needs_prefill: bool = False
 
     def __post_init__(self) -> None:
         """Every field checked at registration: a bad one is a one-line ValueError naming the class, the argument
@@ -94,6 +108,8 @@ class CacheSpec:
         for name in ("devices", "kinds"):  # a list given is kept as a tuple (the spec is frozen and hashable)
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, tuple(getattr(self, name)))
+        if self.fill_context is not None:  # hooks around a prefill: a synthetic fill would never run them
+            object.__setattr__(self, "needs_prefill", True)
 
 
 def spec_problem(spec: CacheSpec) -> str | None:
@@ -119,6 +135,11 @@ def spec_problem(spec: CacheSpec) -> str | None:
          f"None (any) or a non-empty tuple of {', '.join(LAYER_KINDS)}"),
         ("point", spec.point is None or callable(spec.point), "None or a factory of decode points"),
         ("pads", isinstance(spec.pads, bool), "True or False"),
+        ("fill_context", spec.fill_context is None or callable(spec.fill_context),
+         "None or a function model -> context manager entered around the prefill"),
+        ("decode_context", spec.decode_context is None or callable(spec.decode_context),
+         "None or a function model -> context manager entered around the decode steps"),
+        ("needs_prefill", isinstance(spec.needs_prefill, bool), "True or False"),
     ]
     for name, good, accepted in checks:
         if not good:

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import torch
 
-from kvcache.measuring import attention, compat
+from kvcache.measuring import attention, compat, hooks
 from kvcache.measuring.batch import BatchShape
 from kvcache.measuring.cachespec import CacheRequest, CacheSpec
 from kvcache.measuring.counting import traffic
@@ -51,9 +51,12 @@ class DecodePoint:
     mask: torch.Tensor | None = None  # ragged: [batch, max_tokens] padding mask; a step passes its first slots
     step_start_ns: list[int] = field(default_factory=list)
     step_seconds: list[float] = field(default_factory=list)
+    decode_hold: hooks.DecodeHold | None = None  # the class's decode_context, held from the first step to release
 
     def build(self) -> DecodePoint:
-        """Make the cache, fill it to ``context`` tokens (untimed) and pick the first input token."""
+        """Make the cache, fill it to ``context`` tokens (untimed) and pick the first input token. A class that needs
+        a real prefill (:func:`kvcache.measuring.hooks.fill_of`) is prefilled whatever ``fill`` says."""
+        self.fill = hooks.fill_of(self.cache_spec, self.fill)
         dtype = next(self.model.parameters()).dtype
         if self.cache_spec.prepare is not None:
             self.cache_spec.prepare()
@@ -95,7 +98,8 @@ class DecodePoint:
                 compat.fill_layer(self.cache, layer, k, v, start)
 
     def _fill_prefill(self, gen: torch.Generator) -> None:
-        """A real forward over ``context`` random tokens per row (a ragged batch's pads masked out)."""
+        """A real forward over ``context`` random tokens per row (a ragged batch's pads masked out), inside the
+        class's ``fill_context`` when it has one."""
         where = self.device.torch_device
         rows = self.batch.size
         ids = torch.randint(1, self.spec.vocab, (rows, self.context), generator=gen).to(where)
@@ -106,11 +110,16 @@ class DecodePoint:
             kwargs["attention_mask"] = self.mask[:, :self.context]
         if "cache_position" in kwargs:
             kwargs["cache_position"] = torch.arange(self.context, device=where)
-        self.model(input_ids=ids, **kwargs)
+        with hooks.entered(self.cache_spec, "fill_context", self.model):
+            self.model(input_ids=ids, **kwargs)
 
     def step(self) -> torch.Tensor:
         """One single-token decode step. Nothing in it waits for the device: the position lives on the device
-        and advances there, the greedy next token stays there."""
+        and advances there, the greedy next token stays there. A class's ``decode_context`` is held from here on."""
+        if self.cache_spec.decode_context is not None:
+            if self.decode_hold is None:
+                self.decode_hold = hooks.DecodeHold(self.cache_spec, self.model)
+            self.decode_hold.hold()
         with torch.inference_mode():
             mask = self.mask[:, :self.position + 1] if self.mask is not None else None  # a view: no copy
             kwargs = compat.decode_kwargs(self.model, self.cache, self.position, self.device.torch_device,
@@ -156,6 +165,9 @@ class DecodePoint:
         self.device.sync()
 
     def release(self) -> None:
+        hold, self.decode_hold = self.decode_hold, None
+        if hold is not None:
+            hold.drop()
         self.cache = None
         self.next_ids = None
         self.position_ids = None

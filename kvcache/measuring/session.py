@@ -30,7 +30,7 @@ from kvcache.analysing.records.jsonrecord import Record
 from kvcache.analysing.records.measured import Context
 from kvcache.analysing.records.timed import CopyMeasurement, LedgerPoint, Point
 from kvcache.analysing.settings import Settings
-from kvcache.measuring import caches, decode, ledger, stages
+from kvcache.measuring import caches, decode, hooks, ledger, stages
 from kvcache.measuring.bandwidth import measure_copy
 from kvcache.measuring.batch import BatchShape
 from kvcache.measuring.compiled.lifecycle import CompiledDecode
@@ -176,6 +176,9 @@ class KVSession:
             what = "--kv-driver generate" if self.generating else f"--kv-compile {self.settings.compile}"
             raise self.skip(cache, None, f"{what}: {cache} steps the model its own way (its own point), which "
                                          f"{'generate() does not run' if self.generating else 'is not compiled'}")
+        reason = self.hooks_reason(spec, compiled_forward)
+        if reason:
+            raise self.skip(cache, None, reason)
         model, mspec = self.model()
         if compiled_forward:
             model = self.compiled.model()
@@ -186,6 +189,18 @@ class KVSession:
                                      on_filled=stages.prepared if staged else None)
         except decode.PointSkip as exc:
             raise self.skip(cache, context, str(exc)) from None
+
+    def hooks_reason(self, spec: caches.CacheSpec, compiled_forward: bool = False) -> str | None:
+        """Why a class that hooks the model (``fill_context``/``decode_context``: :mod:`kvcache.measuring.hooks`)
+        cannot run under this session's driver or compile mode, or None."""
+        if not hooks.hooks_model(spec):
+            return None
+        if self.generating:
+            return (f"--kv-driver generate: {spec.name} hooks the model (fill_context/decode_context); generate() "
+                    "re-feeds the tokens its hooks evicted from the cache, so it would count the uncompressed cache")
+        if compiled_forward or self.settings.compile != "off":
+            return f"--kv-compile {self.settings.compile}: {spec.name} hooks the model, which is not compiled"
+        return None
 
     def point_info(self, point: PointId, kind: str) -> dict[str, Any]:
         """``extra_info`` of a timed benchmark (before it runs): its entry in the run file's ``benchmarks[]``,
@@ -199,7 +214,8 @@ class KVSession:
             "kv_bytes": self.held(point.context, mean_tokens), "bytes_per_token": spec.bytes_per_token, **batch,
             "driver": s.driver, "batch": s.batch, "ragged": s.ragged,
             "device": self.device.type, "device_name": self.device.name, "dtype": s.dtype,
-            "model": s.model, "fill": s.fill, "warmup": s.warmup, "steps": s.steps,
+            "model": s.model, "fill": hooks.fill_of(caches.get(point.cache), s.fill), "warmup": s.warmup,
+            "steps": s.steps,
             "transformers": transformers.__version__, "torch": torch.__version__,
             "beyond_trained_context": point.context + s.warmup + s.steps > spec.max_position_embeddings,
         }
@@ -334,6 +350,9 @@ class KVSession:
         with ``--kv-compile`` its compiled step counted too (full-attention models); emits the ``traffic`` record and
         returns ``kv.traffic.<cache>``."""
         counted = self.counting.count(cache)
+        fill = hooks.fill_of(caches.get(cache), self.settings.fill)
+        if fill != self.settings.fill:  # prefilled under --kv-fill synthetic: the record says so
+            counted.traffic.update(fill=fill)
         self.probes[cache] = counted.probe
         if counted.memory is not None:
             self.memories[cache] = counted.memory

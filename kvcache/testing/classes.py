@@ -4,7 +4,8 @@ a planted whole-cache read (a reduction over K and V: +1 pass), one with three t
 cache traffic (+3 ops per layer per step, passes unchanged); and a model hook that reads the embedding matrix
 once more per step (+its share of the weight bytes in weight passes). Registered as ``twin-clean``,
 ``twin-planted``, ``twin-read`` and ``twin-extra-ops`` by the suite's ``benchmarks/conftest.py`` (never by the
-production registry); not part of ``--kv-caches all``."""
+production registry), with ``fake-press`` (:mod:`kvcache.testing.press`: a class that hooks the model); not part of
+``--kv-caches all``."""
 
 from __future__ import annotations
 
@@ -110,6 +111,9 @@ def register() -> None:
                    description="test-only: DynamicCache that makes a compiled step recompile at every step")
     register_cache("planted-graph-break", lambda req: _new(GraphBreakCache, req), in_all=False, replace=True,
                    description="test-only: DynamicCache whose update breaks the compiled graph")
+    from kvcache.testing import press
+
+    press.register()
 
 
 def _new(cls: type, req: Any) -> Any:

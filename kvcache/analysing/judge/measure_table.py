@@ -64,7 +64,9 @@ class Measure:
     ``resolution``: the smallest change of an exact figure that is a step in a trend. The flags say which outputs
     carry it: the summary, ``kvcache compare`` (``header``: its column), the pull request's comment (its verdict),
     ``kvcache export``, the history store and its trend PNGs (``title``: the axis), ``kvcache bisect --measure``
-    (by name, or ``name:KEY`` for a figure per key; ``aliases``: older names still accepted) and the sentinel."""
+    (by name, or ``name:KEY`` for a figure per key; ``aliases``: older names still accepted) and the sentinel.
+    ``apart_from``: a field of the same record this figure is shown beside only where it differs (by ``resolution``):
+    passes per stored byte where the class stores fewer or more bytes than the context's K/V."""
 
     name: str
     label: str
@@ -92,6 +94,7 @@ class Measure:
     history: bool = False
     bisected: bool = False
     watched: bool = False
+    apart_from: str | None = None
 
     @property
     def identity(self) -> tuple[str, ...]:
@@ -148,6 +151,9 @@ MEASURES: tuple[Measure, ...] = (
     Measure("backend", "counted passes under", "passes", "traffic", "passes", group="counted",
             tolerance="--kv-counted-tolerance", path=("backends", ANY), detail="by_op",
             resolution=COUNTED_RESOLUTION, bisected=True, watched=True),
+    Measure("stored", "counted passes per stored byte", "passes", "traffic", "stored_passes", group="counted",
+            resolution=COUNTED_RESOLUTION, header="per stored byte", compared=True, commented=True,
+            apart_from="passes"),
     Measure("ledger", "timed passes per op", "passes", "ledger", "timed", "ledger", "timed", "--kv-ledger-tolerance",
             exact=False, interval="timed_ci", baseline="timed_ledger"),
 )
@@ -248,6 +254,10 @@ def value_of(kv: Any, measure: Measure, cache: str, key: str | None = None) -> f
     value, _ = raw_of(kv, measure, cache, key)
     if not finite_number(value):
         return None
+    if measure.apart_from:  # shown only where it is another figure than the one it stands beside
+        beside = getattr(record_of(kv, measure, cache), measure.apart_from, None)
+        if finite_number(beside) and abs(value - beside) < (measure.resolution or 0):
+            return None
     return value if isinstance(value, int) else float(value)
 
 

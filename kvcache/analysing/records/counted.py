@@ -33,7 +33,8 @@ class Traffic(Record):
     layer kind: :class:`KindTraffic`), ``compiled`` (--kv-compile: the compiled step's unfused and fused counts),
     ``allocated_bytes``/``allocated_passes``/``batch`` (--kv-batch: the left-padded batch, :class:`ServedBatch`),
     ``backends`` ({backend: :class:`BackendCount`}: the step under each SDPA backend a CUDA GPU runs), ``gpus``
-    (--kv-gpus: {GPU class: :class:`GpuPrediction`}): see kv.schema.json."""
+    (--kv-gpus: {GPU class: :class:`GpuPrediction`}), ``fill`` (``prefill`` where the class declares a real
+    prefill and the run's ``--kv-fill`` is ``synthetic``): see kv.schema.json."""
 
     passes: float | None
     by_op: dict[str, float] = field(default_factory=dict)
@@ -58,6 +59,7 @@ class Traffic(Record):
     batch: ServedBatch | None = None
     backends: dict[str, BackendCount] | None = None
     gpus: dict[str, GpuPrediction] | None = None
+    fill: str | None = None  # the fill of its points where it is not the run's --kv-fill (a class needing a prefill)
     extra: dict[str, Any] = extra_field()
     absent: frozenset[str] = absent_field()
 

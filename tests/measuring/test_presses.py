@@ -1,0 +1,90 @@
+"""``kvcache.caches.register_press``: a kvpress press as a cache class in one call, with a stand-in ``kvpress``
+package (the fake press of :mod:`kvcache.testing.press` under kvpress's names): no kvpress needed. Without the
+package the class is skipped naming it; a press is made fresh for every point; a ``*Decoding*`` press keeps its
+hooks on through the decode steps."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("torch")
+
+from kvcache.caches import register_press  # noqa: E402
+from kvcache.measuring import caches, compat, decode, presses  # noqa: E402
+from kvcache.measuring.devices import Device  # noqa: E402
+from kvcache.measuring.models import build_model  # noqa: E402
+
+STAND_IN = textwrap.dedent('''
+    from kvcache.testing.press import FakePress
+
+    made = []
+
+    class KnormPress(FakePress):
+        def __init__(self, compression_ratio=0.0):
+            super().__init__(1 - compression_ratio)
+            made.append(self)
+
+    class DecodingPress(KnormPress):
+        pass
+''')
+
+
+@pytest.fixture
+def registered():
+    before = dict(caches.registry())
+    yield register_press
+    caches._REGISTRY.clear()
+    caches._REGISTRY.update(before)
+
+
+@pytest.fixture
+def stand_in(tmp_path, monkeypatch):
+    (tmp_path / "kvpress").mkdir()
+    (tmp_path / "kvpress" / "__init__.py").write_text(STAND_IN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "kvpress", raising=False)
+    yield
+    sys.modules.pop("kvpress", None)
+
+
+@pytest.fixture(scope="module")
+def tiny(one_torch_thread):
+    device = Device.from_choice("cpu")
+    model, spec = build_model("tiny", device.torch_device, "float32")
+    return model, spec, device
+
+
+def test_registering_a_press_is_one_call_and_compresses(registered, stand_in, tiny):
+    spec = registered("knorm", "KnormPress(0.5)")
+    assert spec.needs_prefill and spec.fill_context is not None and not spec.in_all
+    assert caches.cache_unavailable_reason(spec, "cpu") is None
+    model, mspec, device = tiny
+    points = [decode.open_point(model, mspec, caches.get("knorm"), device, 32, warmup=1, steps=1) for _ in range(2)]
+    try:
+        assert compat.layer_kv(points[0].cache, 0)[0].shape[-2] == 17  # half of 32, one warm-up step
+        assert len(sys.modules["kvpress"].made) >= 2  # a fresh press per point
+    finally:
+        for point in points:
+            point.release()
+
+
+def test_a_decoding_press_keeps_its_hooks_on_while_decoding(registered, stand_in):
+    assert registered("dec", "DecodingPress(0.5)").decode_context is not None
+    assert presses.decodes(presses.make_press("DecodingPress(0.5)"))
+    assert not presses.decodes(presses.make_press("KnormPress(0.5)"))
+    assert registered("off", "DecodingPress(0.5)", decoding=False).decode_context is None
+
+
+def test_without_kvpress_the_class_is_skipped_naming_it(registered, monkeypatch):
+    monkeypatch.setitem(sys.modules, "kvpress", None)  # import kvpress raises ImportError
+    spec = registered("knorm", "KnormPress(0.5)")
+    reason = caches.cache_unavailable_reason(spec, "cpu")
+    assert reason is not None and "kvpress" in reason
+
+
+def test_a_bad_press_argument_is_a_one_line_error(registered):
+    with pytest.raises(ValueError, match=r"^register_press\('p'\): press 3 is not accepted"):
+        registered("p", 3)
