@@ -52,6 +52,7 @@ class DecodePoint:
     step_start_ns: list[int] = field(default_factory=list)
     step_seconds: list[float] = field(default_factory=list)
     decode_hold: hooks.DecodeHold | None = None  # the class's decode_context, held from the first step to release
+    fill_state: hooks.FillState | None = None  # module attributes its fill_context left, put back before its steps
 
     def build(self) -> DecodePoint:
         """Make the cache, fill it to ``context`` tokens (untimed) and pick the first input token. A class that needs
@@ -110,12 +111,17 @@ class DecodePoint:
             kwargs["attention_mask"] = self.mask[:, :self.context]
         if "cache_position" in kwargs:
             kwargs["cache_position"] = torch.arange(self.context, device=where)
+        before = hooks.FillState.before_fill(self.model) if self.cache_spec.fill_context is not None else None
         with hooks.entered(self.cache_spec, "fill_context", self.model):
             self.model(input_ids=ids, **kwargs)
+        if before is not None:
+            self.fill_state = hooks.FillState(self.model, before)
 
     def step(self) -> torch.Tensor:
         """One single-token decode step. Nothing in it waits for the device: the position lives on the device
         and advances there, the greedy next token stays there. A class's ``decode_context`` is held from here on."""
+        if self.fill_state is not None:
+            self.fill_state.apply()
         if self.cache_spec.decode_context is not None:
             if self.decode_hold is None:
                 self.decode_hold = hooks.DecodeHold(self.cache_spec, self.model)
@@ -168,6 +174,9 @@ class DecodePoint:
         hold, self.decode_hold = self.decode_hold, None
         if hold is not None:
             hold.drop()
+        if self.fill_state is not None:
+            self.fill_state.revert()
+            self.fill_state = None
         self.cache = None
         self.next_ids = None
         self.position_ids = None

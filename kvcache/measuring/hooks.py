@@ -126,3 +126,59 @@ class DecodeHold:
             del DecodeHold._holders[self.model]
         manager.__exit__(None, None, None)
         check_weights(self.cache_spec, "decode_context", self.model, self.before)
+
+
+def attributes(model: Any) -> dict[tuple[int, str], tuple[Any, Any]]:
+    """The plain attributes of every module of ``model`` (``vars``, not parameters, buffers or submodules):
+    ``{(id(module), name): (module, value)}``, what a hook may leave on a module for the decode steps."""
+    return {(id(m), k): (m, v) for m in model.modules() for k, v in vars(m).items() if not k.startswith("_")}
+
+
+_MISSING = object()
+
+
+class FillState:
+    """The module attributes a point's ``fill_context`` left on the model (kvpress's ``AdaKVPress``:
+    ``masked_key_indices`` on every attention module, which its patched attention reads at every decode step), the
+    point's own: put back before each of its steps when another point on the model has set its own since (state
+    isolated between points open on one model), and taken away when the point is released."""
+
+    _owners: weakref.WeakKeyDictionary[Any, FillState] = weakref.WeakKeyDictionary()
+
+    def __init__(self, model: Any, before: dict[tuple[int, str], tuple[Any, Any]]) -> None:
+        self.model = model
+        after = attributes(model)
+        self.changed = [(m, key[1], v, before[key][1] if key in before else _MISSING)
+                        for key, (m, v) in after.items() if key not in before or before[key][1] is not v]
+        FillState._owners[model] = self
+
+    @staticmethod
+    def before_fill(model: Any) -> dict[tuple[int, str], tuple[Any, Any]]:
+        """The model's attributes before a fill, another point's taken away first (so that each point's are
+        relative to the model as built)."""
+        owner = FillState._owners.get(model)
+        if owner is not None:
+            owner.revert()
+        return attributes(model)
+
+    def apply(self) -> None:
+        """Make this point's attributes the model's (nothing when they are already: one look-up per step)."""
+        owner = FillState._owners.get(self.model)
+        if owner is self:
+            return
+        if owner is not None:
+            owner.revert()
+        for module, name, value, _ in self.changed:
+            module.__dict__[name] = value
+        FillState._owners[self.model] = self
+
+    def revert(self) -> None:
+        """Put back what the attributes were before this point's fill, when this point's are the model's."""
+        if FillState._owners.get(self.model) is not self:
+            return
+        for module, name, _, old in self.changed:
+            if old is _MISSING:
+                module.__dict__.pop(name, None)
+            else:
+                module.__dict__[name] = old
+        del FillState._owners[self.model]

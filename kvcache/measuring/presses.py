@@ -26,7 +26,7 @@ def make_press(press: str | Callable[[], Any]) -> Any:
     ``"AdaKVPress(KnormPress(0.5))"``) or called (a function of no argument returning a press); ImportError when
     kvpress is not installed (a skip naming it)."""
     if isinstance(press, str):
-        return eval(press, {"__builtins__": {}}, vars(_kvpress()))  # noqa: S307: the user's own registration
+        return eval(press, {"__builtins__": {}}, vars(_kvpress()))  # noqa: S307 (the user's own registration)
     return press()
 
 

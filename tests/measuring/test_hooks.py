@@ -120,3 +120,38 @@ def test_a_bad_hook_is_a_one_line_error_naming_the_class(tiny, which, hook, mess
     assert __import__("re").search(message, text), text
     model, _, _ = tiny
     assert torch.equal(next(model.parameters()), next(model.parameters()))
+
+
+@contextlib.contextmanager
+def leaves_state(model):
+    """Like kvpress's AdaKVPress: the prefill leaves an attribute on every attention module for the decode steps."""
+    from kvcache.testing.press import attention_modules
+
+    def hook(module, args, kwargs, output):
+        module.kept_context = kwargs["hidden_states"].shape[1]
+
+    handles = [m.register_forward_hook(hook, with_kwargs=True) for m in attention_modules(model)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def test_state_a_fill_leaves_on_the_model_is_each_point_own(tiny):
+    from kvcache.testing.press import attention_modules
+
+    model, spec, device = tiny
+    cache_spec = CacheSpec("stateful", dynamic, fill_context=leaves_state)
+    first = decode.open_point(model, spec, cache_spec, device, 16, warmup=0, steps=3)
+    second = decode.open_point(model, spec, cache_spec, device, 24, warmup=0, steps=3)
+    attn = attention_modules(model)[0]
+    assert attn.kept_context == 24
+    first.step()
+    assert attn.kept_context == 16  # the first point steps with its own state, not the second's
+    second.step()
+    assert attn.kept_context == 24
+    first.release()
+    assert attn.kept_context == 24
+    second.release()
+    assert not hasattr(attn, "kept_context")  # nothing left for the next class's points
