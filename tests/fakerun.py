@@ -282,7 +282,7 @@ def recorded_run(*, transformers: str | None = None, device_name: str | None = N
 
 def planted(traffic: dict[str, Any], passes: float) -> dict[str, Any]:
     """``kv.traffic.<cache>`` changed to count ``passes``: a rise shows as an extra ``clone`` op, a fall as every
-    op scaled down."""
+    op scaled down; passes per stored byte change in proportion."""
     out = copy.deepcopy(traffic)
     rise = passes - traffic["passes"]
     if rise > 0:
@@ -290,6 +290,8 @@ def planted(traffic: dict[str, Any], passes: float) -> dict[str, Any]:
     else:
         out["by_op"] = {op: round(value * passes / traffic["passes"], 4) for op, value in out["by_op"].items()}
     out["passes"] = passes
+    if isinstance(traffic.get("stored_passes"), (int, float)):  # the same bytes moved, per byte stored too
+        out["stored_passes"] = traffic["stored_passes"] * passes / traffic["passes"]
     return out
 
 

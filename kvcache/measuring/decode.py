@@ -211,6 +211,7 @@ def open_point(model: Any, spec: ModelSpec, cache_spec: CacheSpec, device: Devic
     max_tokens = tokens_needed(context, warmup, steps)
     check_memory(spec, cache_spec, device, max_tokens, batch.size)
     cls = cache_spec.point or point_type or DecodePoint  # a class that brings its own point steps it its way
+    fill = hooks.fill_of(cache_spec, fill)  # a class that needs a real prefill gets one, its own point too
     point = cls(model, spec, cache_spec, device, context, max_tokens, fill=fill, seed=seed, batch=batch)
     try:
         point.build()

@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 
 from transformers.cache_utils import DynamicCache  # noqa: E402
 
-from kvcache.measuring import caches, compat  # noqa: E402
+from kvcache.measuring import caches, compat, decode  # noqa: E402
 from kvcache.measuring.caches import CacheError, CacheRequest, CacheSpec, register_cache  # noqa: E402
 from kvcache.measuring.configs import load_config  # noqa: E402
 
@@ -89,7 +89,9 @@ def test_the_public_api_exports_unsupported_and_needs_no_torch(registered):
 
     assert public.Unsupported is compat.Unsupported and set(public.__all__) == {
         "ENTRY_POINT_GROUP", "CacheError", "CacheRequest", "CacheSpec", "Unsupported", "get", "parse_caches",
-        "register_cache", "registry"}
+        "register_cache", "registry", "register_press", "HookError", "DecodePoint", "PointSkip", "BatchShape",
+        "tokens_needed"}
+    assert public.DecodePoint is decode.DecodePoint and public.PointSkip is decode.PointSkip  # torch: when named
 
     def no_cuda() -> None:
         raise public.Unsupported("mine-cuda needs CUDA kernels")
@@ -97,11 +99,12 @@ def test_the_public_api_exports_unsupported_and_needs_no_torch(registered):
     spec = registered("mine-cuda", lambda req: None, prepare=no_cuda)
     assert caches.cache_unavailable_reason(spec, "cpu") == "mine-cuda needs CUDA kernels"
     code = ("import sys\nfor blocked in ('torch', 'transformers'):\n    sys.modules[blocked] = None\n"
-            "from kvcache.caches import Unsupported, register_cache\n"
-            "print(register_cache('mine', lambda request: None).name, issubclass(Unsupported, RuntimeError))")
+            "from kvcache.caches import Unsupported, register_cache, register_press\n"
+            "print(register_cache('mine', lambda request: None).name, issubclass(Unsupported, RuntimeError),\n"
+            "      register_press('knorm', 'KnormPress(0.5)').needs_prefill)")
     done = run_python(code)
     assert done.returncode == 0, describe(done)
-    assert done.stdout.split() == ["mine", "True"]
+    assert done.stdout.split() == ["mine", "True", "True"]
 
 
 def test_registration_rules(registered):
