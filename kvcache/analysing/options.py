@@ -52,7 +52,8 @@ OPTIONS: tuple[Option, ...] = (
            "sdpa, the release default: records keyed by class name; others keyed <cache>@<attention>)"),
     Option("--kv-contexts", "1024,2048,4096,8192,16384", "context lengths in tokens", "contexts"),
     Option("--kv-counted-contexts", "256,512", "the two contexts counted traffic is taken at", "counted_contexts"),
-    Option("--kv-fill", "synthetic", "synthetic (random K/V written into every layer) or prefill", "fill"),
+    Option("--kv-fill", "synthetic", "synthetic (random K/V written into every layer) or prefill (a real forward; part "
+           "of the run identity); a class that hooks the model is prefilled either way", "fill"),
     Option("--kv-warmup", 3, "untimed decode steps before the timed ones (default 3)", "warmup"),
     Option("--kv-steps", 12, "timed decode steps per point (default 12)", "steps"),
     Option("--kv-rounds", 3, "rounds over all points (default 3)", "rounds"),
