@@ -28,7 +28,7 @@ class FakePress:
     def __init__(self, keep: float = 0.5) -> None:
         self.keep = keep
 
-    def hook(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
+    def forward_hook(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
         # the keyword was past_key_value up to 4.5x, past_key_values later, cache from 5.2x
         cache = next((kwargs[k] for k in ("past_key_values", "past_key_value", "cache") if kwargs.get(k) is not None),
                      None)
@@ -45,7 +45,7 @@ class FakePress:
 
     @contextlib.contextmanager
     def __call__(self, model: Any) -> Iterator[None]:
-        handles = [m.register_forward_hook(self.hook, with_kwargs=True) for m in attention_modules(model)]
+        handles = [m.register_forward_hook(self.forward_hook, with_kwargs=True) for m in attention_modules(model)]
         try:
             yield
         finally:

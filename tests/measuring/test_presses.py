@@ -21,11 +21,16 @@ STAND_IN = textwrap.dedent('''
     from kvcache.testing.press import FakePress
 
     made = []
+    entered = []
 
     class KnormPress(FakePress):
         def __init__(self, compression_ratio=0.0):
             super().__init__(1 - compression_ratio)
             made.append(self)
+
+        def __call__(self, model):
+            entered.append(self)
+            return super().__call__(model)
 
     class DecodingPress(KnormPress):
         pass
@@ -88,3 +93,18 @@ def test_without_kvpress_the_class_is_skipped_naming_it(registered, monkeypatch)
 def test_a_bad_press_argument_is_a_one_line_error(registered):
     with pytest.raises(ValueError, match=r"^register_press\('p'\): press 3 is not accepted"):
         registered("p", 3)
+
+
+def test_a_press_given_itself_is_copied_for_every_point(registered, stand_in, tiny):
+    import kvpress
+
+    press = kvpress.KnormPress(0.5)
+    spec = registered("knorm-itself", press)
+    assert "KnormPress" in spec.description
+    model, mspec, device = tiny
+    point = decode.open_point(model, mspec, caches.get("knorm-itself"), device, 32, warmup=1, steps=1)
+    try:
+        assert compat.layer_kv(point.cache, 0)[0].shape[-2] == 17
+        assert kvpress.entered and all(p is not press for p in kvpress.entered)  # a copy entered, not the press
+    finally:
+        point.release()
