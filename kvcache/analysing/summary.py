@@ -368,8 +368,9 @@ def lines(kv: KV) -> list[str]:
     for cache, t in kv.traffic.items():
         ragged = finite(t.allocated_passes) is not None and t.batch is not None and t.batch.ragged
         per_allocated = f" ({t.allocated_passes:.3f} per allocated KV byte)" if ragged else ""
-        fill = f" (filled by {t.fill}, not --kv-fill {settings.fill}: the class needs it)" if t.fill else ""
-        out.append(f"counted {cache}: {num(t.passes, '.3f')} passes{per_allocated} = {tables.by_op(t.by_op)}{fill}")
+        out.append(f"counted {cache}: {num(t.passes, '.3f')} passes{per_allocated} = {tables.by_op(t.by_op)}")
+        if t.fill:  # a class that needs a real prefill, counted in a run whose --kv-fill is synthetic
+            out.append(f"counted {cache}: filled by {t.fill}: the class needs a real prefill, whatever --kv-fill says")
     backends = backend_lines(kv)
     if backends:
         out += [BACKENDS_NOTE, *backends]
