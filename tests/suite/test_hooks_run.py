@@ -28,7 +28,8 @@ def test_a_press_counted_under_the_default_fill_is_prefilled_and_reports_both_fi
     assert press["fill"] == "prefill" and "fill" not in kv["traffic"]["dynamic"]
     assert "fill" not in kv["identity"]  # the run's fill is synthetic; the class says it was prefilled
     text = output(done)
-    assert "counted fake-press: 1.500 passes" in text and "counted fake-press: filled by prefill: the class needs a real prefill" in text
+    assert "counted fake-press: 1.500 passes" in text
+    assert "counted fake-press: filled by prefill: the class needs a real prefill" in text
     row = next(line for line in text.splitlines() if line.startswith("fake-press ") and "3.000" in line)
     assert row.split() == ["fake-press", "3.000"]  # the figures table: counted passes per stored byte
 

@@ -36,7 +36,8 @@ def test_the_summary_shows_it_beside_passes_per_logical_byte():
     text = "\n".join(summary.lines(kv))
     assert "counted passes per stored byte" in text
     assert summary.figure_rows(kv) == [["knorm", "3.000"]]
-    assert "counted knorm: 1.500 passes" in text and "counted knorm: filled by prefill: the class needs a real prefill" in text
+    assert "counted knorm: 1.500 passes" in text
+    assert "counted knorm: filled by prefill: the class needs a real prefill" in text
 
 
 def test_compare_and_comment_show_it(tmp_path, capsys):
