@@ -33,7 +33,11 @@ class Traffic(Record):
     layer kind: :class:`KindTraffic`), ``compiled`` (--kv-compile: the compiled step's unfused and fused counts),
     ``allocated_bytes``/``allocated_passes``/``batch`` (--kv-batch: the left-padded batch, :class:`ServedBatch`),
     ``backends`` ({backend: :class:`BackendCount`}: the step under each SDPA backend a CUDA GPU runs), ``gpus``
-    (--kv-gpus: {GPU class: :class:`GpuPrediction`}): see kv.schema.json."""
+    (--kv-gpus: {GPU class: :class:`GpuPrediction`}). A key decoded other than greedily (``<cache>#<strategy>``,
+    --kv-decoding) adds ``strategy``, ``rows`` (sequences the cache holds per --kv-batch sequence: beams),
+    ``tokens_per_step`` and ``passes_per_token`` (passes / tokens each sequence gained in the step), ``phases``
+    ({forward, reorder, crop, draft: :class:`PhaseTraffic`}) and, for chunked prefill, ``prefill``
+    (:class:`PrefillTraffic`): see kv.schema.json."""
 
     passes: float | None
     by_op: dict[str, float] = field(default_factory=dict)
@@ -58,6 +62,12 @@ class Traffic(Record):
     batch: ServedBatch | None = None
     backends: dict[str, BackendCount] | None = None
     gpus: dict[str, GpuPrediction] | None = None
+    strategy: str | None = None
+    rows: int | None = None
+    tokens_per_step: float | None = None
+    passes_per_token: float | None = None
+    phases: dict[str, PhaseTraffic] | None = None
+    prefill: PrefillTraffic | None = None
     extra: dict[str, Any] = extra_field()
     absent: frozenset[str] = absent_field()
 
@@ -65,7 +75,8 @@ class Traffic(Record):
     def _readers(cls) -> dict[str, Reader]:
         return {"beyond": TrafficBeyond.from_json, "kinds": object_of(KindTraffic.from_json),
                 "compiled": CompiledTraffic.from_json, "batch": ServedBatch.from_json,
-                "backends": object_of(BackendCount.from_json), "gpus": object_of(GpuPrediction.from_json)}
+                "backends": object_of(BackendCount.from_json), "gpus": object_of(GpuPrediction.from_json),
+                "phases": object_of(PhaseTraffic.from_json), "prefill": PrefillTraffic.from_json}
 
     def gpu_counted(self) -> dict[str, Counted]:
         """``gpus`` (--kv-gpus) as the counted figure of each GPU class: the passes counted under the SDPA backend
@@ -81,6 +92,41 @@ class Traffic(Record):
         if fused is None:
             return Counted(None, {}, self.compiled.error)
         return Counted(fused.passes, dict(fused.by_kernel), self.compiled.error or fused.error)
+
+
+@dataclass
+class PhaseTraffic(Record):
+    """``kv.traffic.<cache>.phases.<phase>`` (forward, reorder, crop, draft): the counted step's ops charged to one
+    phase of its decoding strategy: ``passes`` (Δ bytes read + written in that phase / Δ logical KV bytes held, the
+    same denominator as the step's), per op in ``by_op``; ``step_bytes`` {context: bytes of that phase}."""
+
+    passes: float | None = None
+    by_op: dict[str, float] = field(default_factory=dict)
+    step_bytes: dict[str, int] | None = None
+    extra: dict[str, Any] = extra_field()
+    absent: frozenset[str] = absent_field()
+
+
+@dataclass
+class PrefillTraffic(Record):
+    """``kv.traffic.<cache>.prefill`` (``chunked-prefill:C``): bytes an empty cache's prefill of ``context`` tokens
+    moves per logical KV byte it leaves in the cache (``kv_bytes``): ``passes`` in ``chunk``-token chunks, per op
+    in ``by_op``; ``unchunked_passes``/``unchunked_by_op`` in one forward; ``extra_passes`` (chunked − unchunked)
+    and ``extra_by_op``: what chunking adds, in cache sizes; ``chunks``; ``step_bytes`` {chunked, unchunked}."""
+
+    context: int | None = None
+    chunk: int | None = None
+    chunks: int | None = None
+    kv_bytes: float | None = None
+    passes: float | None = None
+    by_op: dict[str, float] = field(default_factory=dict)
+    unchunked_passes: float | None = None
+    unchunked_by_op: dict[str, float] = field(default_factory=dict)
+    extra_passes: float | None = None
+    extra_by_op: dict[str, float] = field(default_factory=dict)
+    step_bytes: dict[str, int] | None = None
+    extra: dict[str, Any] = extra_field()
+    absent: frozenset[str] = absent_field()
 
 
 @dataclass
