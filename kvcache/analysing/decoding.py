@@ -15,6 +15,10 @@ GREEDY = "greedy"
 FORMS = ("greedy (default), beam:N (N >= 2), assisted:self:K or assisted:MODEL:K (a preset or config directory as "
          "the draft; K >= 1 draft tokens), prompt-lookup:K (K >= 1), chunked-prefill:C (1 <= C <= the smallest "
          "context)")
+#: The phases a non-greedy step's counted bytes are split into (``kv.traffic.<key>.phases``): the model's forward, a
+#: beam reorder (``reorder_cache``), a speculative ``crop``, a draft model's own work, and ``other``: every op charged
+#: to none of them (generate's own per-step work: its token ids, scores and masks).
+PHASES = ("forward", "reorder", "crop", "draft", "other")
 FAMILIES = ("greedy", "beam", "assisted", "prompt-lookup", "chunked-prefill")
 _WHOLE = re.compile(r"^[0-9]+$")
 
@@ -117,3 +121,35 @@ def cross_strategies(caches: tuple[str, ...] | list[str], strategies: tuple[str,
     out = [cache if STRATEGY_SEPARATOR in cache else strategy_key(cache, strategy)
            for cache in caches for strategy in strategies]
     return list(dict.fromkeys(out))
+
+
+def summary_lines(traffic: dict, memory: dict) -> list[str]:
+    """The summary's lines of the keys decoded other than greedily (``kv.traffic``: {key: Traffic}): passes per
+    step and per generated token, then by phase, each named by op; the memory the step left in new storage
+    (``kv.memory``: a reallocated cache); the chunked prefill's figures."""
+    from kvcache.analysing.tables import by_op, num
+
+    out = []
+    for key, t in traffic.items():
+        if getattr(t, "strategy", None) is None:
+            continue
+        phases = "; ".join(f"{name} {num(p.passes, '.2f')} ({by_op(p.by_op)})" for name, p in (t.phases or {}).items())
+        rows = f"all {t.rows} sequences" if (t.rows or 1) > 1 else "the sequences"
+        out.append(f"decoding {key}: {num(t.passes, '.3f')} passes a step, {num(t.passes_per_token, '.3f')} per "
+                   f"generated token ({num(t.tokens_per_step, 'g')} a step), per KV byte {rows} hold"
+                   f"{': ' + phases if phases else ''}")
+        m, plain = memory.get(key), memory.get(split_strategy(key)[0])
+        if m is not None and m.held_new_passes is not None:
+            was = f" ({split_strategy(key)[0]}: {num(plain.held_new_passes, '.2f')})" if plain is not None else ""
+            out.append(f"decoding {key} memory: allocates {num(m.allocated_passes, '.2f')} "
+                       f"({by_op(m.allocated_by_op)}); leaves {num(m.held_new_passes, '.2f')} of the "
+                       f"{num(m.held_passes, '.2f')} it holds in storage the step made{was}")
+        p = t.prefill
+        if p is not None:
+            if p.passes is None:
+                out.append(f"prefill {key}: {p.error}")
+                continue
+            out.append(f"prefill {key}: {p.context} tokens in {p.chunks} chunks of {p.chunk} move "
+                       f"{num(p.passes, '.2f')} passes per KV byte they leave, {num(p.unchunked_passes, '.2f')} in one "
+                       f"forward; chunking adds {num(p.extra_passes, '.2f')} = {by_op(p.extra_by_op)}")
+    return out

@@ -112,7 +112,8 @@ class PrefillTraffic(Record):
     """``kv.traffic.<cache>.prefill`` (``chunked-prefill:C``): bytes an empty cache's prefill of ``context`` tokens
     moves per logical KV byte it leaves in the cache (``kv_bytes``): ``passes`` in ``chunk``-token chunks, per op
     in ``by_op``; ``unchunked_passes``/``unchunked_by_op`` in one forward; ``extra_passes`` (chunked − unchunked)
-    and ``extra_by_op``: what chunking adds, in cache sizes; ``chunks``; ``step_bytes`` {chunked, unchunked}."""
+    and ``extra_by_op``: what chunking adds, in cache sizes; ``chunks``; ``step_bytes`` {chunked, unchunked};
+    passes None with ``error`` where the release cannot chunk a prefill."""
 
     context: int | None = None
     chunk: int | None = None
@@ -125,6 +126,7 @@ class PrefillTraffic(Record):
     extra_passes: float | None = None
     extra_by_op: dict[str, float] = field(default_factory=dict)
     step_bytes: dict[str, int] | None = None
+    error: str | None = None
     extra: dict[str, Any] = extra_field()
     absent: frozenset[str] = absent_field()
 
@@ -256,7 +258,8 @@ class Memory(Record):
     """``kv.memory.<cache>``: counted memory of the counted step (``kvcache.measuring.counting.memory``), each figure
     the slope of the step's bytes against the KV bytes held between the counted ``contexts``, in bytes per KV byte:
     ``allocated_passes`` (bytes the step allocates), ``peak_passes`` (its high-water mark above what was live before
-    it), ``held_passes`` (bytes live after it), per op in ``allocated_by_op``/``peak_by_op``; ``peak_factor`` (bytes
+    it), ``held_passes`` (bytes live after it; ``held_new_passes``: of them, in storages the step made: a cache that
+    moved to a new allocation), per op in ``allocated_by_op``/``peak_by_op``; ``peak_factor`` (bytes
     live at its peak per KV byte) against the class's ``declared_factor`` plus ``attention_factor`` (the attention's
     own K/V copies, where it expands them) (``factor_problem`` when it needs more);
     ``steps`` per context, ``source``, ``allocator`` (CUDA: the same from torch.cuda's statistics,
@@ -269,6 +272,7 @@ class Memory(Record):
     held_passes: float | None = None
     peak_factor: float | None = None
     allocated_by_op: dict[str, float] = field(default_factory=dict)
+    held_new_passes: float | None = None
     peak_by_op: dict[str, float] = field(default_factory=dict)
     contexts: list[int] | None = None
     kv_bytes: dict[str, float] | None = None
@@ -342,8 +346,9 @@ class KindMemory(Record):
 @dataclass
 class MemoryStep(Record):
     """``kv.memory.<cache>.steps.<context>``: bytes of one counted step: live when it started (``before``),
-    ``allocated`` by it, its high-water mark above before (``peak``), live after it (``held``); per op (``by_op``,
-    ``peak_by_op``); ``allocator``: torch.cuda's statistics of the same step (CUDA)."""
+    ``allocated`` by it, its high-water mark above before (``peak``), live after it (``held``; ``held_new``: of it,
+    in storages the step made); per op (``by_op``, ``peak_by_op``); ``allocator``: torch.cuda's statistics of the
+    same step (CUDA)."""
 
     before: int | None = None
     allocated: int | None = None
@@ -352,6 +357,7 @@ class MemoryStep(Record):
     by_op: dict[str, int] = field(default_factory=dict)
     peak_by_op: dict[str, int] = field(default_factory=dict)
     allocator: dict[str, int] | None = None
+    held_new: int | None = None
     extra: dict[str, Any] = extra_field()
     absent: frozenset[str] = absent_field()
 

@@ -10,21 +10,21 @@ from __future__ import annotations
 from typing import Callable
 
 from kvcache.analysing import decoding as names
-from kvcache.analysing.decoding import Strategy
+from kvcache.analysing.decoding import PHASES, Strategy
+from kvcache.measuring.counting.traffic import FORWARD
 from kvcache.measuring.decoding.base import (
     _STRATEGIES,
     CROP,
     DRAFT,
-    FORWARD,
-    PHASES,
+    OTHER,
     REORDER,
     DecodingStrategy,
     Unregistered,
     register_strategy,
 )
 
-__all__ = ["CROP", "DRAFT", "FORWARD", "PHASES", "REORDER", "DecodingStrategy", "Unregistered", "register_strategy",
-           "strategies", "strategy_for"]
+__all__ = ["PHASES", "CROP", "DRAFT", "FORWARD", "OTHER", "REORDER", "DecodingStrategy", "Unregistered",
+           "register_strategy", "strategies", "strategy_for"]
 
 
 def strategies() -> dict[str, Callable[[Strategy], DecodingStrategy]]:

@@ -6,12 +6,10 @@ from typing import Any, Callable, ClassVar
 
 from kvcache.analysing import decoding as names
 from kvcache.analysing.decoding import Strategy
-from kvcache.measuring.counting.traffic import FORWARD
 
-#: The phases counted bytes are split into (``kv.traffic.<key>.phases``): the model's forward, a beam reorder, a
-#: speculative crop, a draft model's own work (its forwards and its cache).
-REORDER, CROP, DRAFT = "reorder", "crop", "draft"
-PHASES = (FORWARD, REORDER, CROP, DRAFT)
+#: The phases counted bytes are split into (:data:`kvcache.analysing.decoding.PHASES`; ``FORWARD`` is the traffic
+#: counter's scope of the model's forward).
+REORDER, CROP, DRAFT, OTHER = names.PHASES[1:]
 
 
 class DecodingStrategy:

@@ -7,21 +7,39 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvcache.analysing.decoding import PHASES
 from kvcache.analysing.records.counted import PhaseTraffic, Traffic
 from kvcache.measuring.counting.traffic import TrafficCount, op_passes
-from kvcache.measuring.decoding.base import PHASES, DecodingStrategy
+from kvcache.measuring.decoding.base import OTHER, DecodingStrategy
+
+
+def outside_phases(count: TrafficCount) -> TrafficCount:
+    """The ops of ``count`` charged to none of the phases (:data:`OTHER`): per op, the step's bytes less those of every
+    phase scope (phases do not nest: the forward, a reorder, a crop and a draft run one after another)."""
+    out = TrafficCount()
+    for name, op in count.ops.items():
+        read, written, calls = op.read, op.written, op.calls
+        for label in PHASES:
+            part = count.scopes[label].ops.get(name) if label in count.scopes else None
+            if part is not None:
+                read, written, calls = read - part.read, written - part.written, calls - part.calls
+        if calls > 0 or read or written:
+            entry = out.ops[name]
+            entry.calls, entry.read, entry.written = calls, read, written
+    return out
 
 
 def phase_passes(counts: dict[int, TrafficCount], held: dict[int, float]) -> dict[str, PhaseTraffic]:
-    """{phase: :class:`PhaseTraffic`} for every phase (:data:`PHASES`) some counted step charged an op to."""
+    """{phase: :class:`PhaseTraffic`} for every phase (:data:`PHASES`) some counted step charged an op to, and
+    :data:`OTHER` (what none was charged)."""
     contexts = sorted(counts)
     lo, hi = contexts[0], contexts[-1]
     delta = held[hi] - held[lo]
     out = {}
     for label in PHASES:
-        if not any(label in counts[c].scopes for c in contexts) or not delta:
+        if not delta or (label != OTHER and not any(label in counts[c].scopes for c in contexts)):
             continue
-        step = {c: counts[c].scope(label) for c in contexts}
+        step = {c: outside_phases(counts[c]) if label == OTHER else counts[c].scope(label) for c in contexts}
         out[label] = PhaseTraffic.of(passes=(step[hi].total - step[lo].total) / delta,
                                      by_op=op_passes(step[lo], step[hi], delta),
                                      step_bytes={str(c): step[c].total for c in contexts})
