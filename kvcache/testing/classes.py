@@ -4,8 +4,8 @@ a planted whole-cache read (a reduction over K and V: +1 pass), one with three t
 cache traffic (+3 ops per layer per step, passes unchanged); and a model hook that reads the embedding matrix
 once more per step (+its share of the weight bytes in weight passes); one whose beam-search reorder copies the cache
 twice (``twin-reorder``: +2 passes under ``--kv-decoding beam:N``, none greedy). Registered as ``twin-clean``,
-``twin-planted``, ``twin-read``, ``twin-extra-ops`` and ``twin-reorder`` by the suite's ``benchmarks/conftest.py`` (never by the
-production registry); not part of ``--kv-caches all``."""
+``twin-planted``, ``twin-read``, ``twin-extra-ops`` and ``twin-reorder`` by the suite's ``benchmarks/conftest.py``
+(never by the production registry); not part of ``--kv-caches all``."""
 
 from __future__ import annotations
 

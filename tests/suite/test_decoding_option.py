@@ -85,7 +85,7 @@ def test_bad_decoding_values_are_one_line_usage_errors():
              "chunk": ["--kv-decoding", "chunked-prefill:4096", "--kv-counted-contexts", "256,512"],
              "in-caches": ["--kv-caches", "dynamic#beam:x"]}
     results = run_batch({name: [*TINY, *args] for name, args in cases.items()})
-    for name, done in results.items():
+    for done in results.values():
         assert_one_line_usage_error(done)
     assert "'sampling'" in output(results["unknown"]) and "beam:N" in output(results["unknown"])
     assert "beams 1 is below 2" in output(results["one-beam"])
