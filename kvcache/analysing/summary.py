@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvcache.analysing import tables
+from kvcache.analysing import decoding, tables
 from kvcache.analysing.estimates import finite, median
 from kvcache.analysing.judge import gate, judges, measure_table
 from kvcache.analysing.ledger import ADDS_UP, PROFILED_STEP
@@ -371,6 +371,7 @@ def lines(kv: KV) -> list[str]:
         out.append(f"counted {cache}: {num(t.passes, '.3f')} passes{per_allocated} = {tables.by_op(t.by_op)}")
         if t.fill:  # a class that needs a real prefill, counted in a run whose --kv-fill is synthetic
             out.append(f"counted {cache}: filled by {t.fill}: the class needs a real prefill, whatever --kv-fill says")
+    out += decoding.summary_lines(kv.traffic, kv.memory)
     backends = backend_lines(kv)
     if backends:
         out += [BACKENDS_NOTE, *backends]

@@ -53,6 +53,7 @@ class DecodePoint:
     step_seconds: list[float] = field(default_factory=list)
     decode_hold: hooks.DecodeHold | None = None  # the class's decode_context, held from the first step to release
     fill_state: hooks.FillState | None = None  # module attributes its fill_context left, put back before its steps
+    strategy: Any = None  # --kv-decoding: the DecodingStrategy of a <cache>#<strategy> key (kvcache.measuring.decoding)
 
     def build(self) -> DecodePoint:
         """Make the cache, fill it to ``context`` tokens (untimed) and pick the first input token. A class that needs
@@ -64,6 +65,8 @@ class DecodePoint:
         attention.switch(self.model, self.cache_spec.attention)  # --kv-attn: <cache>@<attention> keys
         request = CacheRequest(self.model.config, self.max_tokens, self.device.torch_device, dtype, self.batch.size)
         self.cache = self.cache_spec.build(request)
+        if self.strategy is not None:  # its phases (a reorder, a crop) charged as such by the traffic counter
+            traffic.charge_methods(self.cache, self.strategy.cache_phases())
         gen = torch.Generator(device="cpu").manual_seed(self.seed)
         where = self.device.torch_device
         with torch.inference_mode():
