@@ -325,19 +325,15 @@ def unshown_measures() -> list[measure_table.Measure]:
     return [m for m in measure_table.selected("summarised") if m.name not in SHOWN_APART and not m.per_key]
 
 
-def figure_rows(kv: KV) -> list[list[str]]:
-    """Per class, the figures of :func:`unshown_measures`, one column each."""
-    others = unshown_measures()
-    rows = []
-    for cache in dict.fromkeys([*kv.traffic, *kv.fit, *kv.memory]):
-        values = [measure_table.value_of(kv, m, cache) for m in others]
-        if any(v is not None for v in values):
-            rows.append([cache, *(measure_table.figure_text(m, v) for m, v in zip(others, values))])
-    return rows
-
-
-def figure_header() -> list[str]:
-    return ["cache", *(m.label for m in unshown_measures())]
+def figure_table(kv: KV) -> tuple[list[str], list[list[str]]]:
+    """The header and, per class, the figures of :func:`unshown_measures` that some class of ``kv`` has: one column
+    each, a measure no class has left out."""
+    caches = list(dict.fromkeys([*kv.traffic, *kv.fit, *kv.memory]))
+    values = {m: [measure_table.value_of(kv, m, cache) for cache in caches] for m in unshown_measures()}
+    shown = [m for m, column in values.items() if any(v is not None for v in column)]
+    rows = [[cache, *(measure_table.figure_text(m, values[m][i]) for m in shown)] for i, cache in enumerate(caches)
+            if any(values[m][i] is not None for m in shown)]
+    return ["cache", *(m.label for m in shown)], rows
 
 
 def noted_table(header: list[str], rows: list[list[str]], note: str) -> list[str]:
@@ -384,7 +380,7 @@ def lines(kv: KV) -> list[str]:
                        "step's time outside ATen ops; the profiled step is timed op by op (CPU: a dispatch-mode clock; "
                        "CUDA: torch.profiler), apart from the timed rounds; the plain step: steps between the "
                        "profiled ones, no instrument")
-    out += noted_table(figure_header(), figure_rows(kv), "figures of the measure table, in their units")
+    out += noted_table(*figure_table(kv), "figures of the measure table, in their units")
     out += instrument_lines(kv)
     out += [f"ledger {cache}: {error}" for cache, error in kv.ledger_errors.items()]
     out += compiled_lines(kv)

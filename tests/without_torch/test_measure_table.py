@@ -117,7 +117,7 @@ def test_a_new_measure_is_a_row_and_its_record_field(tmp_path, monkeypatch, caps
     kv = run.record
 
     assert any("data ops per step" in line for line in summary.lines(kv))
-    assert any("321" in row for row in summary.figure_rows(kv)[0])
+    assert any("321" in row for row in summary.figure_table(kv)[1][0])
 
     assert main(["compare", str(run_path), str(run_path)]) == 0
     assert "data ops" in capsys.readouterr().out

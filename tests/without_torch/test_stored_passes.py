@@ -35,7 +35,7 @@ def test_the_summary_shows_it_beside_passes_per_logical_byte():
     kv = KV.from_json(run_with_press()["kv"])
     text = "\n".join(summary.lines(kv))
     assert "counted passes per stored byte" in text
-    assert summary.figure_rows(kv) == [["knorm", "3.000"]]
+    assert summary.figure_table(kv)[1] == [["knorm", "3.000"]]
     assert "counted knorm: 1.500 passes" in text
     assert "counted knorm: filled by prefill: the class needs a real prefill" in text
 
