@@ -1,7 +1,8 @@
 """What one ATen operation reads and writes: the rules counted traffic charges every dispatched op by (:func:`charge`;
 :class:`kvcache.measuring.counting.traffic.TrafficCounter` applies them), in bytes of *logical* traffic: a view moves
 nothing, a partial write (``PARTIAL_WRITES``) writes only what it stores, a broadcast input is read once, a lookup
-reads its indices and the rows it selects, any other op reads each distinct input once and writes each output. The
+reads its indices and the rows (elements) it selects, a scatter or index-add reads its indices, the source elements
+it stores and (accumulating) the destination elements it updates, any other op reads each distinct input once and writes each output. The
 rules and what logical traffic means: docs/how-it-measures.md ("Counted traffic: the rules")."""
 
 from __future__ import annotations
@@ -19,10 +20,18 @@ NO_TRAFFIC = {
 
 # In-place ops that store into a part of their first argument (rule 2).
 PARTIAL_WRITES = {"copy_", "index_copy_", "index_put_", "_index_put_impl_", "masked_scatter_", "scatter_",
-                  "index_fill_", "masked_fill_", "fill_", "zero_", "slice_scatter_"}
+                  "index_fill_", "masked_fill_", "fill_", "zero_", "slice_scatter_", "scatter_add_", "scatter_reduce_",
+                  "index_add_", "index_reduce_"}
+# Of those, the ones that store by an index along ``dim`` (``op_(self, dim, index, src, ...)``): ``scatter*`` writes
+# ``index.numel()`` elements (taking as many of ``src``), ``index_*`` writes ``source.numel()``; the accumulating ones
+# (add, reduce) read the destination elements they update as well (rule 2).
+SCATTERS = {"scatter_": False, "scatter_add_": True, "scatter_reduce_": True}
+INDEX_ACCUMULATES = {"index_add_", "index_reduce_"}
 
-# Lookups: the position of the indices argument (rule 4).
-LOOKUPS = {"embedding": 1, "index_select": 2, "index": 1}  # op -> position of its indices (a list for ``index``)
+# Lookups: the position of the indices argument (rule 4). ``gather`` (and ``take_along_dim``, which dispatches to it)
+# and ``take`` read one element per index, ``index_select``/``embedding``/``index`` one row per index: each the
+# elements its output holds.
+LOOKUPS = {"embedding": 1, "index_select": 2, "index": 1, "gather": 2, "take": 1}  # op -> position of its indices
 
 
 def span_bytes(t: torch.Tensor) -> int:
@@ -113,9 +122,18 @@ def _partial_write(name: str, args: tuple, kwargs: dict) -> tuple[int, int]:
         indices = [i for i in args[1] if i is not None]
         values = args[2]
         return span_bytes(values) + sum(span_bytes(i) for i in indices), _index_put_elements(dst, args[1]) * es
+    if name in SCATTERS:  # scatter_(self, dim, index, src | value, ...)
+        index, src = args[2], args[3] if len(args) > 3 else None
+        stored = index.numel() * es
+        read = span_bytes(index) + (index.numel() * src.element_size() if isinstance(src, torch.Tensor) else 0)
+        return read + (stored if SCATTERS[name] else 0), stored
+    if name in INDEX_ACCUMULATES:  # index_add_(self, dim, index, source, ...)
+        index, source = args[2], args[3]
+        stored = source.numel() * es
+        return span_bytes(source) + span_bytes(index) + stored, stored
     if name in ("fill_", "zero_"):
         return sum(span_bytes(t) for t in _tensors(args[1:])), dst.numel() * es
-    # masked_fill_, index_fill_, scatter_, masked_scatter_, slice_scatter_: sources + the written part
+    # masked_fill_, index_fill_, masked_scatter_, slice_scatter_: sources + the written part
     sources = _tensors(args[1:]) + _tensors(kwargs)
     read = _distinct_read(sources)
     biggest = max((t.numel() for t in sources), default=dst.numel())
