@@ -44,6 +44,25 @@ class ExtraOpsCache(cache_utils.DynamicCache):
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
 
+#: {id of a model's config: the cache of that model's newest point}: the per-model state of :class:`ModelStateCache`
+MODEL_STATE: dict[int, Any] = {}
+
+
+class ModelStateCache(cache_utils.DynamicCache):
+    """DynamicCache whose per-step work lives on the model, as a KV-compression press's does (state set when a
+    cache is made for the model, read at every step): each update reads the whole of K and V of the model's
+    *current* cache, the newest one made for it (+1 pass while one point is open at a time). With two points open on
+    one model at once, the older one's steps read the newer one's cache: a count that depends on another point."""
+
+    def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
+        keys, values = super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        current = MODEL_STATE.get(self._model_key, self)
+        if len(current.layers) > layer_idx and getattr(current.layers[layer_idx], "keys", None) is not None:
+            current.layers[layer_idx].keys.sum()
+            current.layers[layer_idx].values.sum()
+        return keys, values
+
+
 def read_embeddings_each_step(model: Any) -> Any:
     """A forward pre-hook that reads the whole embedding matrix once more per step (a reduction over it);
     returns the hook's handle (``.remove()`` undoes it)."""
@@ -106,6 +125,17 @@ def register() -> None:
                    description="test-only: DynamicCache, the clean twin of twin-planted")
     register_cache("twin-planted", planted, in_all=False, memory_factor=3.0, replace=True,
                    description="test-only: DynamicCache plus one planted full copy of K/V per step (+2 passes)")
+    def model_state(req: Any) -> Any:
+        from kvcache.measuring import compat
+
+        cache = compat.new_cache(ModelStateCache, req.config)
+        cache._model_key = id(req.config)
+        MODEL_STATE[cache._model_key] = cache  # the model's current cache is now this one
+        return cache
+
+    register_cache("planted-model-state", model_state, in_all=False, replace=True,
+                   description="test-only: DynamicCache plus a per-step read of the model's current cache, per-model "
+                               "state as a press keeps (+1 pass when no other point is open)")
     register_cache("planted-recompile", lambda req: _new(RecompilingCache, req), in_all=False, replace=True,
                    description="test-only: DynamicCache that makes a compiled step recompile at every step")
     register_cache("planted-graph-break", lambda req: _new(GraphBreakCache, req), in_all=False, replace=True,

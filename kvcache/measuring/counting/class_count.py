@@ -122,31 +122,34 @@ class Counting:
             return
         warm = min(s.settings.warmup, COUNT_WARMUP)
         _, spec = s.model()
-        points = {c: s.open(cache, c, warmup=warm, steps=len(sdpa_rules.BACKENDS) + len(gpus) + 1) for c in contexts}
-        try:
-            runs = {backend: self._emulated(points, warm, backends.always(backend))
-                    for backend in sdpa_rules.BACKENDS}
-            calls = [call for run in runs.values() for call in run.calls]
-            counted = {backend: self._backend_entry(backend, run, calls, spec) for backend, run in runs.items()}
-            result.update(backends=counted)
-            if gpus:
-                result.update(gpus={gpu: self._gpu_entry(gpu, points, warm, runs["math"].calls, counted, spec)
-                                    for gpu in gpus})
-        finally:
-            for dp in points.values():
+        choosers = {backend: backends.always(backend) for backend in sdpa_rules.BACKENDS}
+        choosers.update({f"gpu:{gpu}": backends.by_rules(gpu) for gpu in gpus})
+        runs = {name: EmulatedRun() for name in choosers}
+        for context in contexts:  # one point open at a time: no count sees another point's state on the model
+            dp = s.open(cache, context, warmup=warm, steps=len(choosers) + 1)
+            try:
+                for name, chooser in choosers.items():
+                    self._emulated_step(runs[name], context, dp, warm, chooser)
+            finally:
                 dp.release()
+        calls = [call for backend in sdpa_rules.BACKENDS for call in runs[backend].calls]
+        counted = {backend: self._backend_entry(backend, runs[backend], calls, spec)
+                   for backend in sdpa_rules.BACKENDS}
+        result.update(backends=counted)
+        if gpus:
+            result.update(gpus={gpu: self._gpu_entry(gpu, runs[f"gpu:{gpu}"], runs["math"].calls, counted, spec)
+                                for gpu in gpus})
 
-    def _emulated(self, points: dict[int, Any], warm: int, chooser: backends.Chooser) -> EmulatedRun:
-        """One step of every point counted with SDPA emulated by ``chooser``; the tokens each step's attention read."""
-        run = EmulatedRun()
-        for context, dp in points.items():
-            emulation = backends.Emulation(chooser)
-            with emulation.active():
-                run.counts[context] = dp.count_step(warm)
-            run.tokens[context] = dp.position
-            run.calls.extend(emulation.calls)
-            run.chosen.extend(emulation.chosen)
-        return run
+    @staticmethod
+    def _emulated_step(run: EmulatedRun, context: int, dp: Any, warm: int, chooser: backends.Chooser) -> None:
+        """One step of the point ``dp`` (opened at ``context``) counted with SDPA emulated by ``chooser``, added to
+        ``run`` with the tokens its attention read."""
+        emulation = backends.Emulation(chooser)
+        with emulation.active():
+            run.counts[context] = dp.count_step(warm)
+        run.tokens[context] = dp.position
+        run.calls.extend(emulation.calls)
+        run.chosen.extend(emulation.chosen)
 
     def _passes(self, run: EmulatedRun, spec: Any) -> Traffic:
         held = {c: self.session.held(c, run.tokens[c]) for c in run.counts}
@@ -160,11 +163,12 @@ class Counting:
         counted = self._passes(run, spec)
         return BackendCount.of(passes=counted.passes, by_op=counted.by_op)
 
-    def _gpu_entry(self, gpu: str, points: dict[int, Any], warm: int, calls: list[sdpa_rules.SdpaCall],
+    def _gpu_entry(self, gpu: str, mixed: EmulatedRun, calls: list[sdpa_rules.SdpaCall],
                    counted: dict[str, BackendCount], spec: Any) -> GpuPrediction:
         """One GPU class: the backend its rules select for the step's calls (every call of every counted step),
         ``rejected`` {backend ahead of it: torch's reason} of the first call, and the passes counted under it (the
-        backend's own count when every call selects it, else the step counted with each call under its own)."""
+        backend's own count when every call selects it, else ``mixed``: the step counted with each call under its
+        own)."""
         selections = [sdpa_rules.select(call, gpu) for call in calls]
         chosen = {sel.backend for sel in selections}
         first = selections[0] if selections else sdpa_rules.Selection("math")
@@ -172,7 +176,6 @@ class Counting:
             own = counted[first.backend]
             return GpuPrediction.of(backend=first.backend, rejected=dict(first.rejected), passes=own.passes,
                                     by_op=own.by_op)
-        mixed = self._emulated(points, warm, backends.by_rules(gpu))
         count = self._passes(mixed, spec)
         return GpuPrediction.of(backend="mixed", rejected=dict(first.rejected), passes=count.passes,
                                 by_op=count.by_op,
