@@ -63,6 +63,39 @@ class ModelStateCache(cache_utils.DynamicCache):
         return keys, values
 
 
+class PeriodicCopyCache(cache_utils.DynamicCache):
+    """DynamicCache that copies the whole of K and V (a clone of each) at every ``PERIOD``-th update of a layer, as a
+    cache that flushes or compresses every N steps: +2 passes on that step, +2/N amortised over N steps."""
+
+    PERIOD = 4
+
+    def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
+        keys, values = super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        updates = self.__dict__.setdefault("_updates", {})
+        updates[layer_idx] = updates.get(layer_idx, 0) + 1
+        if updates[layer_idx] % self.PERIOD == 0:
+            return keys.clone(), values.clone()
+        return keys, values
+
+
+class DoubleGatherCache(cache_utils.DynamicCache):
+    """DynamicCache whose update gathers every row of K and V by index twice (``torch.gather`` over the sequence, as
+    a compression that keeps all of its tokens and then reorders them again): each gather reads the rows it selects
+    and writes them, +2 passes per gather, +4 in all."""
+
+    def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        keys, values = super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        rows = torch.arange(keys.shape[-2], device=keys.device)
+        for _ in range(2):
+            index = rows[None, None, :, None].expand(*keys.shape[:-1], keys.shape[-1])
+            keys = torch.gather(keys, 2, index)
+            index = rows[None, None, :, None].expand(*values.shape[:-1], values.shape[-1])
+            values = torch.gather(values, 2, index)
+        return keys, values
+
+
 def read_embeddings_each_step(model: Any) -> Any:
     """A forward pre-hook that reads the whole embedding matrix once more per step (a reduction over it);
     returns the hook's handle (``.remove()`` undoes it)."""
@@ -136,6 +169,12 @@ def register() -> None:
     register_cache("planted-model-state", model_state, in_all=False, replace=True,
                    description="test-only: DynamicCache plus a per-step read of the model's current cache, per-model "
                                "state as a press keeps (+1 pass when no other point is open)")
+    register_cache("planted-periodic", lambda req: _new(PeriodicCopyCache, req), in_all=False, replace=True,
+                   period=PeriodicCopyCache.PERIOD,
+                   description=f"test-only: DynamicCache plus a whole copy of K/V every {PeriodicCopyCache.PERIOD} "
+                               "steps (declared period=4: +0.5 passes amortised)")
+    register_cache("planted-double-gather", lambda req: _new(DoubleGatherCache, req), in_all=False, replace=True,
+                   description="test-only: DynamicCache plus two gathers of every K/V row per step (+4 passes)")
     register_cache("planted-recompile", lambda req: _new(RecompilingCache, req), in_all=False, replace=True,
                    description="test-only: DynamicCache that makes a compiled step recompile at every step")
     register_cache("planted-graph-break", lambda req: _new(GraphBreakCache, req), in_all=False, replace=True,

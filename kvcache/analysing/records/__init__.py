@@ -22,6 +22,7 @@ from kvcache.analysing.records import identity
 from kvcache.analysing.records.context import Environment, LayerKinds, ModelGeometry, RunSettings
 from kvcache.analysing.records.counted import (
     BackendCount,
+    AmortisedTraffic,
     CompiledTraffic,
     Counted,
     FusedCount,
@@ -72,7 +73,7 @@ __all__ = [
     "KV", "READABLE_SCHEMAS", "SCHEMA", "SCHEMA_FILE", "CacheCrossovers", "CompiledTraffic", "Copy", "CopyMeasurement",
     "Counted", "Environment", "FusedCount", "Identity", "LayerKinds", "MemoryStep", "ModelGeometry", "PointCompile",
     "RunSettings", "BackendCount", "GpuPrediction", "KindMemory", "KindTraffic", "MemoryBeyond", "MemorySlopes",
-    "ServedBatch", "TrafficBeyond",
+    "ServedBatch", "TrafficBeyond", "AmortisedTraffic",
     "Crossovers", "Drift", "Fit", "FitFailure", "LedgerPoint", "LedgerRow", "Memory", "Part", "Point",
     "Probe", "Record", "RecordError", "Run", "Session", "Skip", "Speed", "Traffic", "UnmeasuredDrift", "Verdict",
     "json_schema", "jsonable", "load_run", "load_runs", "point_from_benchmark", "points_from_benchmarks",

@@ -13,7 +13,8 @@ from kvcache.analysing.records.jsonrecord import Reader, Record, absent_field, e
 @dataclass(frozen=True)
 class Counted:
     """The counted figure a class is judged and recorded by (:meth:`Traffic.counted`): ``passes``, ``by_op``
-    ({op or kernel: passes}) and, when passes is None, why (``why_missing``)."""
+    ({op or kernel: passes}) and, when passes is None, why (``why_missing``: no fused count of a compiled step, or a
+    step that does not grow with context)."""
 
     passes: float | None
     by_op: dict[str, float]
@@ -26,14 +27,18 @@ class Traffic(Record):
     op, between ``contexts``; ``step_bytes`` {context: {read, written}} in bytes, ``calls`` {op: calls}.
 
     Counted overhead of one step: ``ops_per_step`` (ATen ops from the model's forward call to its return) and
-    ``data_ops_per_step`` (those that moved data); ``fixed_bytes`` (bytes that do not grow with context, the
+    ``data_ops_per_step`` (those that moved data); ``host_syncs_per_step`` (ops of the whole step that make the host
+    wait for the device on CUDA: ``.item()``, ``nonzero``, a device-to-host copy...) and ``host_syncs`` {op: calls};
+    ``fixed_bytes`` (bytes that do not grow with context, the
     counted intercept), ``weight_passes`` = fixed bytes / ``weight_bytes``; ``layers`` of the model. ``kv_bytes``
     {context: logical KV bytes held} (the denominator), ``stored_bytes``/``stored_passes`` (bytes actually stored,
     passes per stored byte), ``beyond`` (steps past every sliding window: :class:`TrafficBeyond`), ``kinds`` (per
     layer kind: :class:`KindTraffic`), ``compiled`` (--kv-compile: the compiled step's unfused and fused counts),
     ``allocated_bytes``/``allocated_passes``/``batch`` (--kv-batch: the left-padded batch, :class:`ServedBatch`),
     ``backends`` ({backend: :class:`BackendCount`}: the step under each SDPA backend a CUDA GPU runs), ``gpus``
-    (--kv-gpus: {GPU class: :class:`GpuPrediction`}): see kv.schema.json."""
+    (--kv-gpus: {GPU class: :class:`GpuPrediction`}); ``not_growing``: why ``passes`` is None though the step was
+    counted (its bytes do not grow with context); ``amortised`` (a class with a period: the steps of a window
+    covering it, :class:`AmortisedTraffic`): see kv.schema.json."""
 
     passes: float | None
     by_op: dict[str, float] = field(default_factory=dict)
@@ -58,6 +63,10 @@ class Traffic(Record):
     batch: ServedBatch | None = None
     backends: dict[str, BackendCount] | None = None
     gpus: dict[str, GpuPrediction] | None = None
+    host_syncs_per_step: int | None = None
+    host_syncs: dict[str, int] | None = None
+    not_growing: str | None = None
+    amortised: AmortisedTraffic | None = None
     extra: dict[str, Any] = extra_field()
     absent: frozenset[str] = absent_field()
 
@@ -65,7 +74,8 @@ class Traffic(Record):
     def _readers(cls) -> dict[str, Reader]:
         return {"beyond": TrafficBeyond.from_json, "kinds": object_of(KindTraffic.from_json),
                 "compiled": CompiledTraffic.from_json, "batch": ServedBatch.from_json,
-                "backends": object_of(BackendCount.from_json), "gpus": object_of(GpuPrediction.from_json)}
+                "backends": object_of(BackendCount.from_json), "gpus": object_of(GpuPrediction.from_json),
+                "amortised": AmortisedTraffic.from_json}
 
     def gpu_counted(self) -> dict[str, Counted]:
         """``gpus`` (--kv-gpus) as the counted figure of each GPU class: the passes counted under the SDPA backend
@@ -76,11 +86,36 @@ class Traffic(Record):
         """The counted figure the class is judged (and recorded) by: under ``--kv-compile`` the fused count of the
         compiled step (``compiled.fused``: what runs, per kernel), otherwise the eager count."""
         if self.compiled is None:
-            return Counted(self.passes, dict(self.by_op))
+            return Counted(self.passes, dict(self.by_op), self.not_growing)
         fused = self.compiled.fused
+        error = self.compiled.error if fused is None else self.compiled.error or fused.error
+        why = f"no fused count of the compiled step: {error}" if error else None
         if fused is None:
-            return Counted(None, {}, self.compiled.error)
-        return Counted(fused.passes, dict(fused.by_kernel), self.compiled.error or fused.error)
+            return Counted(None, {}, why)
+        return Counted(fused.passes, dict(fused.by_kernel), why)
+
+
+@dataclass
+class AmortisedTraffic(Record):
+    """``kv.traffic.<cache>.amortised``: a class whose work comes every ``period`` decode steps (a quantized cache's
+    residual flushed every ``residual_length`` tokens, a compression every N steps; ``period_source``: ``declared``
+    at registration), counted over ``window`` consecutive steps at each context (a window covering the period):
+    ``passes`` per step amortised over the window (Δ bytes of the window / Δ KV bytes held over its steps), per op in
+    ``by_op``; ``step_passes``: what its one steady counted step moves (the class's plain ``passes``);
+    ``periodic_passes``/``periodic_by_op``: the amortised passes minus the steady step's, the periodic part named
+    by op; ``step_bytes`` {context: bytes the window's steps read + wrote}."""
+
+    period: int | None = None
+    window: int | None = None
+    period_source: str | None = None
+    passes: float | None = None
+    by_op: dict[str, float] = field(default_factory=dict)
+    step_passes: float | None = None
+    periodic_passes: float | None = None
+    periodic_by_op: dict[str, float] = field(default_factory=dict)
+    step_bytes: dict[str, int] | None = None
+    extra: dict[str, Any] = extra_field()
+    absent: frozenset[str] = absent_field()
 
 
 @dataclass

@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvcache.analysing.options import MIN_OP_PASSES
 from kvcache.analysing.records.counted import (
+    AmortisedTraffic,
     BackendCount,
     GpuPrediction,
     Memory,
@@ -26,6 +28,7 @@ from kvcache.analysing.records.counted import (
 from kvcache.analysing.records.measured import ClassCount
 from kvcache.analysing.sdpa import selection as sdpa_rules
 from kvcache.measuring import attention, caches, compat
+from kvcache.measuring.cachespec import period_of
 from kvcache.measuring.attention import DEFAULT as SDPA
 from kvcache.measuring.counting import backends, memory, traffic
 from kvcache.measuring.counting.probe import probe
@@ -81,11 +84,58 @@ class Counting:
         result = traffic.counted_passes(steps.counts, spec.bytes_per_token, kv_bytes=held, layers=spec.layers,
                                         weight_bytes=spec.weight_bytes)
         self._add_held_and_stored(cache, steps, result)
+        period = None if s.generating else period_of(caches.get(cache), model.config)
+        if period:
+            self._add_amortised(cache, contexts, period, result)
+        self._flag_not_growing(steps.counts, result)
         measured = self._memory(cache, steps)
         if spec.mixed:
             self._add_kinds(cache, steps, scopes, result, measured)
         self._add_backends(cache, contexts, steps.probe, result)
         return ClassCount.of(cache=cache, traffic=result, probe=steps.probe, memory=measured)
+
+    def _add_amortised(self, cache: str, contexts: tuple[int, ...], period: int, result: Traffic) -> None:
+        """``amortised`` (:class:`AmortisedTraffic`): ``period`` consecutive steps counted at each context, one point
+        open at a time, so that each window holds the periodic work once; the class's ``passes`` and ``by_op`` become
+        the amortised ones (what the gate judges), its one steady step's passes kept as ``step_passes``."""
+        s = self.session
+        spec = s.spec()
+        warm = min(s.settings.warmup, COUNT_WARMUP)
+        counts: dict[int, traffic.TrafficCount] = {}
+        held: dict[int, float] = {}
+        for context in contexts:
+            dp = s.open(cache, context, warmup=warm, steps=period)
+            try:
+                counts[context], held[context] = traffic.TrafficCount(), 0.0
+                for _ in range(period):
+                    counts[context].merge(dp.count_step(warm))
+                    held[context] += s.held(context, dp.position)
+            finally:
+                dp.release()
+        window = traffic.counted_passes(counts, spec.bytes_per_token, kv_bytes=held)
+        lo, hi = min(contexts), max(contexts)
+        periodic = {op: round(window.by_op.get(op, 0.0) - result.by_op.get(op, 0.0), 4)
+                    for op in dict.fromkeys([*window.by_op, *result.by_op])}
+        amortised = AmortisedTraffic.of(
+            period=period, window=period, period_source="declared", passes=window.passes, by_op=window.by_op,
+            step_passes=result.passes, periodic_passes=window.passes - result.passes,
+            periodic_by_op={op: v for op, v in sorted(periodic.items(), key=lambda kv: (-abs(kv[1]), kv[0]))
+                            if abs(v) >= MIN_OP_PASSES},
+            step_bytes={str(c): counts[c].total for c in (lo, hi)})
+        result.update(amortised=amortised, passes=window.passes, by_op=window.by_op)
+
+    @staticmethod
+    def _flag_not_growing(counts: dict[int, traffic.TrafficCount], result: Traffic) -> None:
+        """A step whose bytes do not grow with context has no passes figure: ``passes`` None and ``not_growing`` says
+        why (the bytes at the smallest and largest context), never a number the gate or a baseline would take."""
+        passes = result.passes
+        if passes is not None and passes > 0:
+            return
+        lo, hi = min(counts), max(counts)
+        result.update(passes=None, not_growing=(
+            f"its counted step moved {counts[lo].total:,} bytes at {lo} tokens and {counts[hi].total:,} at {hi} "
+            f"({passes:+.3f} passes): it does not grow with context, so it has no counted passes (a cache of fixed "
+            "size, a compression to a fixed budget, or work done every few steps: register_cache(..., period=N))"))
 
     def not_emulated(self, cache: str, probe: Probe | None) -> str | None:
         """Why the SDPA backends of ``cache``'s step are not counted (and no GPU class predicted), or None: its

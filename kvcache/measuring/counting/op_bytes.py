@@ -168,3 +168,36 @@ def charge(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[int, int]:
     if not inputs:  # factory ops (zeros, arange, full, randn...) write what they make
         return 0, sum(t.numel() * t.element_size() for t in outputs)
     return _distinct_read(inputs), sum(t.numel() * t.element_size() for t in outputs)
+
+
+#: Ops that make the host wait for the device on CUDA (a host sync): reading a value back (``.item()``, ``bool(t)``,
+#: ``int(t)`` dispatch ``_local_scalar_dense``; ``equal`` returns a Python bool) or an output whose size depends on
+#: the data (``nonzero``, ``masked_select``, ``unique``, ``repeat_interleave`` without ``output_size``, ``bincount``).
+#: Counted on every device: on CPU they wait for nothing, but the same step on a GPU would.
+HOST_SYNCS = {"_local_scalar_dense", "equal", "nonzero", "masked_select", "_unique", "_unique2", "unique_dim",
+              "unique_consecutive", "unique_dim_consecutive", "bincount", "repeat_interleave"}
+#: Ops indexed by a boolean mask (``t[mask]``, ``t[mask] = v``): CUDA turns the mask into indices with ``nonzero``.
+MASK_INDEXED = {"index": 1, "index_put_": 1, "_index_put_impl_": 1, "index_put": 1}
+
+
+def host_sync(func: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether one call of the ATen op ``func`` makes the host wait for the device on CUDA (:data:`HOST_SYNCS`; a
+    boolean-mask index, :data:`MASK_INDEXED`; a copy from a device tensor into host memory, ``.cpu()``/``.to('cpu')``,
+    which on CPU dispatches nothing and so is never counted there)."""
+    name = func.overloadpacket.__name__
+    if name in HOST_SYNCS:
+        if name == "repeat_interleave":  # only repeats given as a tensor, without output_size, size the output by data
+            return func._overloadname == "Tensor" and kwargs.get("output_size") is None
+        return True
+    if name in MASK_INDEXED and len(args) > MASK_INDEXED[name]:
+        return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)
+                   for i in args[MASK_INDEXED[name]] or ())
+    if name in ("_to_copy", "copy_") and args and isinstance(args[0], torch.Tensor):
+        if name == "_to_copy":
+            source, target, blocking = args[0], kwargs.get("device"), not kwargs.get("non_blocking", False)
+        else:
+            source, target = (args[1] if len(args) > 1 else None), args[0].device
+            blocking = not (args[2] if len(args) > 2 else kwargs.get("non_blocking", False))
+        return (isinstance(source, torch.Tensor) and source.device.type != "cpu" and target is not None
+                and torch.device(target).type == "cpu" and blocking)
+    return False
