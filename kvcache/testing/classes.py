@@ -96,6 +96,29 @@ class DoubleGatherCache(cache_utils.DynamicCache):
         return keys, values
 
 
+class SyncingCache(cache_utils.DynamicCache):
+    """DynamicCache whose update reads one number of the new keys back to the host (``.item()``) in every layer: one
+    host sync per layer per step (a GPU's host waits there), a few bytes, no cache traffic."""
+
+    def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
+        if key_states[..., :1].sum().item() != key_states[..., :1].sum().item():  # NaN only: never taken
+            raise ValueError("NaN keys")
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+
+class FixedWindowCache(cache_utils.DynamicCache):
+    """DynamicCache that keeps only the last ``WINDOW`` tokens of each layer (dropping the rest after each append):
+    a step whose bytes do not grow with context, so it has no counted passes."""
+
+    WINDOW = 64
+
+    def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
+        keys, values = super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        layer = self.layers[layer_idx]
+        layer.keys, layer.values = keys[..., -self.WINDOW:, :].clone(), values[..., -self.WINDOW:, :].clone()
+        return layer.keys, layer.values
+
+
 def read_embeddings_each_step(model: Any) -> Any:
     """A forward pre-hook that reads the whole embedding matrix once more per step (a reduction over it);
     returns the hook's handle (``.remove()`` undoes it)."""
@@ -175,6 +198,11 @@ def register() -> None:
                                "steps (declared period=4: +0.5 passes amortised)")
     register_cache("planted-double-gather", lambda req: _new(DoubleGatherCache, req), in_all=False, replace=True,
                    description="test-only: DynamicCache plus two gathers of every K/V row per step (+4 passes)")
+    register_cache("planted-syncs", lambda req: _new(SyncingCache, req), in_all=False, replace=True,
+                   description="test-only: DynamicCache plus two host syncs (.item()) per layer per step")
+    register_cache("planted-fixed-window", lambda req: _new(FixedWindowCache, req), in_all=False, replace=True,
+                   description=f"test-only: DynamicCache keeping its last {FixedWindowCache.WINDOW} tokens: a step "
+                               "that does not grow with context")
     register_cache("planted-recompile", lambda req: _new(RecompilingCache, req), in_all=False, replace=True,
                    description="test-only: DynamicCache that makes a compiled step recompile at every step")
     register_cache("planted-graph-break", lambda req: _new(GraphBreakCache, req), in_all=False, replace=True,

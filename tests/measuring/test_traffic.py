@@ -103,6 +103,23 @@ def test_scatter_and_index_add_charge_the_elements_they_store():
     assert op(counted(lambda: buf.index_add_(0, idx, src)), "index_add_") == (1, 2 * stored + 4 * I64, stored)
 
 
+@pytest.mark.parametrize("inference", [False, True])
+def test_host_syncs_are_the_ops_a_gpu_host_would_wait_for(inference):
+    """``.item()``, ``bool(t)``, ``nonzero``, a boolean-mask index, ``unique``: one host sync each; ``.cpu()`` of a CPU
+    tensor dispatches nothing (never counted on CPU); an ordinary op or a mask fill is none."""
+    x, mask = torch.randn(64), torch.randn(64) > 0
+    syncing = {"item": lambda: x.sum().item(), "bool": lambda: bool(x[0] > 0), "nonzero": lambda: mask.nonzero(),
+               "index": lambda: x[mask], "index_put_": lambda: x.clone().index_put_((mask,), torch.tensor(0.0)),
+               "unique": lambda: torch.unique(x), "masked_select": lambda: x.masked_select(mask)}
+    quiet = {"cpu": lambda: x.cpu(), "add": lambda: x + 1, "masked_fill": lambda: x.masked_fill(mask, 0.0),
+             "index_select": lambda: x.index_select(0, torch.tensor([1, 2]))}
+    with torch.inference_mode(inference):
+        for what, fn in syncing.items():
+            assert counted(fn).host_syncs == 1, (what, dict(counted(fn).syncs))
+        for what, fn in quiet.items():
+            assert counted(fn).host_syncs == 0, (what, dict(counted(fn).syncs))
+
+
 def test_index_put_with_sliced_leading_dims():
     """``buf[:, :, idx] = src`` stores every element of ``src`` (both ``:`` dims count whole)."""
     buf, src = torch.zeros(1, 3, 4096, 64), torch.randn(1, 3, 2, 64)

@@ -53,6 +53,32 @@ def test_no_overhead_baseline_or_no_count():
     assert judge_overhead(Traffic(passes=3.0), BASE, rules=Rules(), key=OVERHEAD_KEY).status == "not-measured"
 
 
+def test_one_host_sync_more_per_step_fails_and_a_baseline_without_syncs_judges_none():
+    """Host syncs per step (issue 48) may not rise at all: each makes a GPU's host wait for the device."""
+    base = BaselineEntry(ops_per_step=1680, weight_passes=1.01, layers=30, op_calls={"add": 100, "mul": 200},
+                         host_syncs_per_step=0, host_sync_calls={})
+    clean = Traffic(passes=3.0, ops_per_step=1680, weight_passes=1.01, layers=30, calls={"add": 100, "mul": 200},
+                    host_syncs_per_step=0, host_syncs={})
+    verdict = judge_overhead(clean, base, rules=Rules(), key=OVERHEAD_KEY)
+    assert verdict.status == "pass" and "host syncs per step 0" in verdict.reason
+    syncing = Traffic(passes=3.0, ops_per_step=1690, weight_passes=1.01, layers=30,
+                      calls={"add": 100, "mul": 200, "_local_scalar_dense": 10}, host_syncs_per_step=10,
+                      host_syncs={"_local_scalar_dense": 10})
+    verdict = judge_overhead(syncing, base, rules=Rules(ops_tolerance=5), key=OVERHEAD_KEY)
+    assert verdict.status == "regression" and verdict.parts["ops_per_step"].status == "pass"
+    assert verdict.parts["host_syncs_per_step"].status == "regression"
+    assert "host syncs per step 10 is above the allowed 0" in verdict.reason
+    assert "host syncs grew: _local_scalar_dense +10" in verdict.reason
+    assert "host_syncs_per_step" not in judge_overhead(syncing, BASE, rules=Rules(ops_tolerance=5),
+                                                       key=OVERHEAD_KEY).parts  # an older baseline: not judged
+
+
+def test_recorded_overhead_keeps_the_host_syncs():
+    entries, _ = baseline.entries_of_run(KV.from_json(run_kv()), "2026-11-30T00:00:00")
+    assert entries[OVERHEAD_KEY]["dynamic"]["host_syncs_per_step"] == 0
+    assert entries[OVERHEAD_KEY]["dynamic"]["host_sync_calls"] == {}
+
+
 @pytest.mark.parametrize("option", ["ops_tolerance", "weight_passes_tolerance"])
 def test_tolerances_must_be_finite(option):
     with pytest.raises(ValueError, match=option):

@@ -171,10 +171,11 @@ def charge(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[int, int]:
 
 
 #: Ops that make the host wait for the device on CUDA (a host sync): reading a value back (``.item()``, ``bool(t)``,
-#: ``int(t)`` dispatch ``_local_scalar_dense``; ``equal`` returns a Python bool) or an output whose size depends on
-#: the data (``nonzero``, ``masked_select``, ``unique``, ``repeat_interleave`` without ``output_size``, ``bincount``).
-#: Counted on every device: on CPU they wait for nothing, but the same step on a GPU would.
-HOST_SYNCS = {"_local_scalar_dense", "equal", "nonzero", "masked_select", "_unique", "_unique2", "unique_dim",
+#: ``int(t)`` dispatch ``_local_scalar_dense``, or ``item``/``is_nonzero`` themselves under inference mode; ``equal``
+#: returns a Python bool) or an output whose size depends on the data (``nonzero``, ``masked_select``, ``unique``,
+#: ``repeat_interleave`` without ``output_size``, ``bincount``). Counted on every device: on CPU they wait for
+#: nothing, but the same step on a GPU would.
+HOST_SYNCS = {"_local_scalar_dense", "item", "is_nonzero", "equal", "nonzero", "masked_select", "_unique", "_unique2", "unique_dim",
               "unique_consecutive", "unique_dim_consecutive", "bincount", "repeat_interleave"}
 #: Ops indexed by a boolean mask (``t[mask]``, ``t[mask] = v``): CUDA turns the mask into indices with ``nonzero``.
 MASK_INDEXED = {"index": 1, "index_put_": 1, "_index_put_impl_": 1, "index_put": 1}
