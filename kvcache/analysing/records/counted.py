@@ -101,7 +101,7 @@ class AmortisedTraffic(Record):
     residual flushed every ``residual_length`` tokens, a compression every N steps; ``period_source``: ``declared``
     at registration), counted over ``window`` consecutive steps at each context (a window covering the period):
     ``passes`` per step amortised over the window (Δ bytes of the window / Δ KV bytes held over its steps), per op in
-    ``by_op``; ``step_passes``: what its one steady counted step moves (the class's plain ``passes``);
+    ``by_op``; ``step_passes``: what its steady step moves (the cheapest step of the window at each context);
     ``periodic_passes``/``periodic_by_op``: the amortised passes minus the steady step's, the periodic part named
     by op; ``step_bytes`` {context: bytes the window's steps read + wrote}."""
 

@@ -97,32 +97,37 @@ class Counting:
     def _add_amortised(self, cache: str, contexts: tuple[int, ...], period: int, result: Traffic) -> None:
         """``amortised`` (:class:`AmortisedTraffic`): ``period`` consecutive steps counted at each context, one point
         open at a time, so that each window holds the periodic work once; the class's ``passes`` and ``by_op`` become
-        the amortised ones (what the gate judges), its one steady step's passes kept as ``step_passes``."""
+        the amortised ones (what the gate judges). The steady step is the window's cheapest at each context (whatever
+        the phase of the class's one counted step): ``step_passes``; the rest is the periodic part, by op."""
         s = self.session
         spec = s.spec()
         warm = min(s.settings.warmup, COUNT_WARMUP)
-        counts: dict[int, traffic.TrafficCount] = {}
+        window: dict[int, traffic.TrafficCount] = {}
+        steady: dict[int, traffic.TrafficCount] = {}
         held: dict[int, float] = {}
+        steady_held: dict[int, float] = {}
         for context in contexts:
             dp = s.open(cache, context, warmup=warm, steps=period)
             try:
-                counts[context], held[context] = traffic.TrafficCount(), 0.0
+                window[context], held[context] = traffic.TrafficCount(), 0.0
                 for _ in range(period):
-                    counts[context].merge(dp.count_step(warm))
+                    step = dp.count_step(warm)
+                    window[context].merge(step)
                     held[context] += s.held(context, dp.position)
+                    if context not in steady or step.total < steady[context].total:
+                        steady[context], steady_held[context] = step, s.held(context, dp.position)
             finally:
                 dp.release()
-        window = traffic.counted_passes(counts, spec.bytes_per_token, kv_bytes=held)
-        lo, hi = min(contexts), max(contexts)
-        periodic = {op: round(window.by_op.get(op, 0.0) - result.by_op.get(op, 0.0), 4)
-                    for op in dict.fromkeys([*window.by_op, *result.by_op])}
-        amortised = AmortisedTraffic.of(
-            period=period, window=period, period_source="declared", passes=window.passes, by_op=window.by_op,
-            step_passes=result.passes, periodic_passes=window.passes - result.passes,
+        amortised = traffic.counted_passes(window, spec.bytes_per_token, kv_bytes=held)
+        one = traffic.counted_passes(steady, spec.bytes_per_token, kv_bytes=steady_held)
+        periodic = {op: round(amortised.by_op.get(op, 0.0) - one.by_op.get(op, 0.0), 4)
+                    for op in dict.fromkeys([*amortised.by_op, *one.by_op])}
+        result.update(passes=amortised.passes, by_op=amortised.by_op, amortised=AmortisedTraffic.of(
+            period=period, window=period, period_source="declared", passes=amortised.passes, by_op=amortised.by_op,
+            step_passes=one.passes, periodic_passes=amortised.passes - one.passes,
             periodic_by_op={op: v for op, v in sorted(periodic.items(), key=lambda kv: (-abs(kv[1]), kv[0]))
                             if abs(v) >= MIN_OP_PASSES},
-            step_bytes={str(c): counts[c].total for c in (lo, hi)})
-        result.update(amortised=amortised, passes=window.passes, by_op=window.by_op)
+            step_bytes={str(c): window[c].total for c in contexts}))
 
     @staticmethod
     def _flag_not_growing(counts: dict[int, traffic.TrafficCount], result: Traffic) -> None:
