@@ -33,6 +33,8 @@ def test_a_declared_period_is_counted_over_a_window_and_amortised(counted):
     assert a.passes == pytest.approx(3.5, abs=1e-6) and t.passes == a.passes  # the gated figure is the amortised one
     assert a.step_passes == pytest.approx(3.0, abs=1e-6)  # the one steady step misses the copy
     assert a.periodic_passes == pytest.approx(0.5, abs=1e-6) and a.periodic_by_op == {"clone": 0.5}
+    for backend in ("flash", "efficient", "cudnn"):  # each backend's steps over the same window
+        assert t.backends[backend].passes == pytest.approx(3.5, abs=1e-6), backend
     assert counted["dynamic"].amortised is None
 
 

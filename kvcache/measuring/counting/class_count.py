@@ -52,11 +52,12 @@ class CountedSteps:
 
 @dataclass
 class EmulatedRun:
-    """Steps counted with SDPA emulated (:mod:`kvcache.measuring.counting.backends`): counts and tokens per context, the
-    calls seen and the backend each ran under."""
+    """Steps counted with SDPA emulated (:mod:`kvcache.measuring.counting.backends`): counts per context (a class with a
+    period: its window's steps as one count), the logical KV bytes held over them (``held``: summed over a window),
+    the calls seen and the backend each ran under."""
 
     counts: dict[int, traffic.TrafficCount] = field(default_factory=dict)
-    tokens: dict[int, int] = field(default_factory=dict)
+    held: dict[int, float] = field(default_factory=dict)
     calls: list[Any] = field(default_factory=list)
     chosen: list[str] = field(default_factory=list)
 
@@ -91,7 +92,7 @@ class Counting:
         measured = self._memory(cache, steps)
         if spec.mixed:
             self._add_kinds(cache, steps, scopes, result, measured)
-        self._add_backends(cache, contexts, steps.probe, result)
+        self._add_backends(cache, contexts, steps.probe, result, period or 1)
         return ClassCount.of(cache=cache, traffic=result, probe=steps.probe, memory=measured)
 
     def _add_amortised(self, cache: str, contexts: tuple[int, ...], period: int, result: Traffic) -> None:
@@ -158,7 +159,7 @@ class Counting:
         return None
 
     def _add_backends(self, cache: str, contexts: tuple[int, ...], probe: Probe | None,
-                      result: Traffic) -> None:
+                      result: Traffic, period: int = 1) -> None:
         """``backends`` {backend: :class:`BackendCount`}: the step counted at each counted context with every SDPA
         call run as torch runs it on CUDA under that backend (:mod:`kvcache.measuring.counting.backends`); a backend
         torch's rules reject for the step's calls on every GPU class under every transcribed torch release has
@@ -166,7 +167,8 @@ class Counting:
         and ``error`` (their words). ``gpus`` (``--kv-gpus``) {class: :class:`GpuPrediction`}: the backend torch would
         select for the step's calls on that class (:mod:`kvcache.analysing.sdpa.selection`), and the passes counted
         under
-        it."""
+        it. A class with a ``period`` is counted over a window of that many steps per backend (amortised, like its
+        passes)."""
         s = self.session
         gpus = tuple(getattr(s.settings, "gpus", ()) or ())
         why = self.not_emulated(cache, probe)
@@ -181,10 +183,11 @@ class Counting:
         choosers.update({f"gpu:{gpu}": backends.by_rules(gpu) for gpu in gpus})
         runs = {name: EmulatedRun() for name in choosers}
         for context in contexts:  # one point open at a time: no count sees another point's state on the model
-            dp = s.open(cache, context, warmup=warm, steps=len(choosers) + 1)
+            dp = s.open(cache, context, warmup=warm, steps=len(choosers) * period + 1)
             try:
                 for name, chooser in choosers.items():
-                    self._emulated_step(runs[name], context, dp, warm, chooser)
+                    for _ in range(period):
+                        self._emulated_step(runs[name], context, dp, warm, chooser)
             finally:
                 dp.release()
         calls = [call for backend in sdpa_rules.BACKENDS for call in runs[backend].calls]
@@ -195,20 +198,19 @@ class Counting:
             result.update(gpus={gpu: self._gpu_entry(gpu, runs[f"gpu:{gpu}"], runs["math"].calls, counted, spec)
                                 for gpu in gpus})
 
-    @staticmethod
-    def _emulated_step(run: EmulatedRun, context: int, dp: Any, warm: int, chooser: backends.Chooser) -> None:
+    def _emulated_step(self, run: EmulatedRun, context: int, dp: Any, warm: int, chooser: backends.Chooser) -> None:
         """One step of the point ``dp`` (opened at ``context``) counted with SDPA emulated by ``chooser``, added to
-        ``run`` with the tokens its attention read."""
+        ``run``'s count at ``context`` with the logical KV bytes held after it."""
         emulation = backends.Emulation(chooser)
         with emulation.active():
-            run.counts[context] = dp.count_step(warm)
-        run.tokens[context] = dp.position
+            step = dp.count_step(warm)
+        run.counts.setdefault(context, traffic.TrafficCount()).merge(step)
+        run.held[context] = run.held.get(context, 0.0) + self.session.held(context, dp.position)
         run.calls.extend(emulation.calls)
         run.chosen.extend(emulation.chosen)
 
     def _passes(self, run: EmulatedRun, spec: Any) -> Traffic:
-        held = {c: self.session.held(c, run.tokens[c]) for c in run.counts}
-        return traffic.counted_passes(run.counts, spec.bytes_per_token, kv_bytes=held)
+        return traffic.counted_passes(run.counts, spec.bytes_per_token, kv_bytes=run.held)
 
     def _backend_entry(self, backend: str, run: EmulatedRun, calls: list[sdpa_rules.SdpaCall],
                        spec: Any) -> BackendCount:
