@@ -127,7 +127,7 @@ MEASURES: tuple[Measure, ...] = (
             "--kv-ops-tolerance", detail="calls", baseline="ops_per_step", baseline_detail="op_calls",
             resolution=0.5, title="ATen ops per step", header="ops/step", compared=True, commented=True,
             exported=True, history=True, bisected=True, watched=True),
-    Measure("syncs", "host syncs per step", "syncs", "traffic", "host_syncs_per_step", "overhead", "overhead",
+    Measure("syncs", "host syncs per step", "ops", "traffic", "host_syncs_per_step", "overhead", "overhead",
             detail="host_syncs", baseline="host_syncs_per_step", baseline_detail="host_sync_calls", resolution=0.5,
             title="host syncs per decode step (ops that make the host wait for a GPU)", header="syncs/step",
             compared=True, commented=True, exported=True, history=True, bisected=True, watched=True),
