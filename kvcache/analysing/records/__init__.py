@@ -21,8 +21,8 @@ from typing import Any
 from kvcache.analysing.records import identity
 from kvcache.analysing.records.context import Environment, LayerKinds, ModelGeometry, RunSettings
 from kvcache.analysing.records.counted import (
-    BackendCount,
     AmortisedTraffic,
+    BackendCount,
     CompiledTraffic,
     Counted,
     FusedCount,

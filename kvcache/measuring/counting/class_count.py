@@ -28,8 +28,8 @@ from kvcache.analysing.records.counted import (
 from kvcache.analysing.records.measured import ClassCount
 from kvcache.analysing.sdpa import selection as sdpa_rules
 from kvcache.measuring import attention, caches, compat
-from kvcache.measuring.cachespec import period_of
 from kvcache.measuring.attention import DEFAULT as SDPA
+from kvcache.measuring.cachespec import period_of
 from kvcache.measuring.counting import backends, memory, traffic
 from kvcache.measuring.counting.probe import probe
 from kvcache.measuring.generate import leading_steps

@@ -2,8 +2,9 @@
 :class:`kvcache.measuring.counting.traffic.TrafficCounter` applies them), in bytes of *logical* traffic: a view moves
 nothing, a partial write (``PARTIAL_WRITES``) writes only what it stores, a broadcast input is read once, a lookup
 reads its indices and the rows (elements) it selects, a scatter or index-add reads its indices, the source elements
-it stores and (accumulating) the destination elements it updates, any other op reads each distinct input once and writes each output. The
-rules and what logical traffic means: docs/how-it-measures.md ("Counted traffic: the rules")."""
+it stores and (accumulating) the destination elements it updates, any other op reads each distinct input once and
+writes each output; and which ops are host syncs (:func:`host_sync`). The rules and what logical traffic means:
+docs/how-it-measures.md ("Counted traffic: the rules")."""
 
 from __future__ import annotations
 
@@ -175,8 +176,8 @@ def charge(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[int, int]:
 #: returns a Python bool) or an output whose size depends on the data (``nonzero``, ``masked_select``, ``unique``,
 #: ``repeat_interleave`` without ``output_size``, ``bincount``). Counted on every device: on CPU they wait for
 #: nothing, but the same step on a GPU would.
-HOST_SYNCS = {"_local_scalar_dense", "item", "is_nonzero", "equal", "nonzero", "masked_select", "_unique", "_unique2", "unique_dim",
-              "unique_consecutive", "unique_dim_consecutive", "bincount", "repeat_interleave"}
+HOST_SYNCS = {"_local_scalar_dense", "item", "is_nonzero", "equal", "nonzero", "masked_select", "_unique", "_unique2",
+              "unique_dim", "unique_consecutive", "unique_dim_consecutive", "bincount", "repeat_interleave"}
 #: Ops indexed by a boolean mask (``t[mask]``, ``t[mask] = v``): CUDA turns the mask into indices with ``nonzero``.
 MASK_INDEXED = {"index": 1, "index_put_": 1, "_index_put_impl_": 1, "index_put": 1}
 
