@@ -180,6 +180,30 @@ def test_compare_judges_op_counts_on_one_torch_release_and_only_shows_them_acros
     assert verdict.status == "no-baseline" and "2.14.0+cpu" in verdict.reason
 
 
+def test_compare_and_the_comment_mark_added_host_syncs_in_their_own_column(tmp_path, capsys):
+    from fakerun import write_run
+
+    from kvcache.analysing.compare import REGRESSED, SAME, compare
+    from kvcache.analysing.records import load_run
+    from kvcache.cli import main
+
+    def run(name, syncs):
+        doc = make_run({"dynamic": 3.0})
+        doc["kv"]["traffic"]["dynamic"].update(host_syncs_per_step=syncs, host_syncs={"item": syncs} if syncs else {})
+        return str(write_run(tmp_path / name, doc))
+
+    base, more = run("a.json", 0), run("b.json", 60)
+    cell = compare([load_run(base), load_run(more)]).cells["dynamic"][1]
+    assert cell.changes["syncs"] == REGRESSED and cell.changes["ops"] == SAME and cell.deltas["syncs"] == 60
+    assert main(["compare", base, more]) == 1
+    out = capsys.readouterr().out
+    assert "syncs/step" in out and "60 ▲ +60" in out and "host syncs grew: item +60" in out
+    assert main(["comment", base, more]) == 0
+    out = capsys.readouterr().out
+    assert "| dynamic | host syncs per step | 0 | 60 | +60 | ▲ regression |" in out
+    assert "| dynamic | ATen ops per step | 1680 | 1680 | +0 |  |" in out
+
+
 def test_the_summary_and_the_report_show_the_overhead(tmp_path):
     from fakerun import RECORDED_RUN, recorded_run
 
