@@ -16,7 +16,9 @@ def counted_notes(cache: str, t: Any) -> list[str]:
     if t.not_growing:
         out.append(f"counted {cache}: no passes: {t.not_growing}")
     a = t.amortised
-    if a is not None:
+    if a is not None and a.error:
+        out.append(f"counted {cache}: period {a.period} ({a.period_source}), {a.error}")
+    elif a is not None:
         out.append(f"counted {cache}: amortised over {a.window} steps (period {a.period}, {a.period_source}): one "
                    f"steady step {num(a.step_passes, '.3f')} + periodic {num(a.periodic_passes, '.3f')} = "
                    f"{tables.by_op(a.periodic_by_op)} per step")

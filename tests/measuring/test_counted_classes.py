@@ -72,3 +72,11 @@ def test_a_period_is_an_int_or_a_function_of_the_config_and_a_bad_one_is_one_lin
             period_of(made, None)
     finally:
         caches._REGISTRY.pop("by-config", None)
+
+
+def test_under_the_generate_driver_a_period_is_named_and_not_amortised(one_torch_thread):
+    settings = Settings(model="tiny", device="cpu", dtype="bfloat16", warmup=1, counted_contexts=(256, 512),
+                        driver="generate")
+    t = KVSession(settings, Device.from_choice("cpu")).count("planted-periodic")
+    assert t.amortised.period == 4 and t.amortised.passes is None
+    assert t.amortised.error.startswith("not amortised: --kv-driver generate counts one step")

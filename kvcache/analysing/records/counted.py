@@ -103,7 +103,8 @@ class AmortisedTraffic(Record):
     ``passes`` per step amortised over the window (Δ bytes of the window / Δ KV bytes held over its steps), per op in
     ``by_op``; ``step_passes``: what its steady step moves (the cheapest step of the window at each context);
     ``periodic_passes``/``periodic_by_op``: the amortised passes minus the steady step's, the periodic part named
-    by op; ``step_bytes`` {context: bytes the window's steps read + wrote}."""
+    by op; ``step_bytes`` {context: bytes the window's steps read + wrote}; ``error``: why it was not counted over a
+    window (``--kv-driver generate``), the figures then null."""
 
     period: int | None = None
     window: int | None = None
@@ -114,6 +115,7 @@ class AmortisedTraffic(Record):
     periodic_passes: float | None = None
     periodic_by_op: dict[str, float] = field(default_factory=dict)
     step_bytes: dict[str, int] | None = None
+    error: str | None = None
     extra: dict[str, Any] = extra_field()
     absent: frozenset[str] = absent_field()
 

@@ -85,7 +85,12 @@ class Counting:
         result = traffic.counted_passes(steps.counts, spec.bytes_per_token, kv_bytes=held, layers=spec.layers,
                                         weight_bytes=spec.weight_bytes)
         self._add_held_and_stored(cache, steps, result)
-        period = None if s.generating else period_of(caches.get(cache), model.config)
+        period = period_of(caches.get(cache), model.config)
+        if period and s.generating:  # one step counted inside generate(): no window to amortise over
+            result.update(amortised=AmortisedTraffic.of(period=period, period_source="declared", error=(
+                "not amortised: --kv-driver generate counts one step inside generate(); the loop driver counts a "
+                "window of steps")))
+            period = None
         if period:
             self._add_amortised(cache, contexts, period, result)
         self._flag_not_growing(steps.counts, result)
