@@ -93,6 +93,15 @@ def test_every_lookup_charges_the_elements_it_selects(lookup):
     assert op(count, lookup) == (1, selected + 4 * I64, selected)
 
 
+def test_an_embedding_bag_reads_one_row_per_index():
+    table, idx, offsets = torch.randn(4096, 64), torch.tensor([1, 2, 3, 4, 5, 6]), torch.tensor([0, 3])
+    count = counted(lambda: torch.nn.functional.embedding_bag(idx, table, offsets, mode="sum"))
+    (name, entry), = count.ops.items()
+    assert name.startswith("_embedding_bag")
+    assert entry.read == 6 * 64 * F32 + 8 * I64  # six rows, six indices and two offsets
+    assert entry.read < table.numel() * F32 / 50
+
+
 def test_scatter_and_index_add_charge_the_elements_they_store():
     """``scatter_`` stores one element per index; ``scatter_add_``/``index_add_`` also read what they update."""
     buf, src, idx = torch.zeros(4096, 64), torch.randn(4, 64), torch.tensor([3, 7, 9, 11])

@@ -33,6 +33,9 @@ INDEX_ACCUMULATES = {"index_add_", "index_reduce_"}
 # and ``take`` read one element per index, ``index_select``/``embedding``/``index`` one row per index: each the
 # elements its output holds.
 LOOKUPS = {"embedding": 1, "index_select": 2, "index": 1, "gather": 2, "take": 1}  # op -> position of its indices
+# Lookups that reduce what they select (``embedding_bag``: ``op(weight, indices, offsets, ...)``): one row of the
+# weight per index read, with the indices, offsets and per-sample weights; their outputs written.
+BAG_LOOKUPS = {"_embedding_bag", "_embedding_bag_forward_only", "embedding_bag"}
 
 
 def span_bytes(t: torch.Tensor) -> int:
@@ -156,6 +159,11 @@ def charge(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[int, int]:
         selected = sum(t.numel() * t.element_size() for t in _tensors(out))
         indices = sum(span_bytes(t) for t in _tensors(args[LOOKUPS[name]]))
         return selected + indices, selected
+    if name in BAG_LOOKUPS:
+        weight, indices = args[0], args[1]
+        row = (weight[0].numel() if weight.dim() and weight.shape[0] else 0) * weight.element_size()
+        small = sum(span_bytes(t) for t in _tensors((args[1:], kwargs)))
+        return indices.numel() * row + small, sum(t.numel() * t.element_size() for t in _tensors(out))
     inputs = _tensors((args, kwargs))
     outputs = _tensors(out)
     mutated = _mutated_args(func, args, kwargs)
