@@ -143,9 +143,10 @@ class Counting:
         if passes is not None and passes > 0:
             return
         lo, hi = min(counts), max(counts)
+        slope = "no" if passes is None else format(passes, "+.3f")
         result.update(passes=None, not_growing=(
             f"its counted step moved {counts[lo].total:,} bytes at {lo} tokens and {counts[hi].total:,} at {hi} "
-            f"({passes:+.3f} passes): it does not grow with context, so it has no counted passes (a cache of fixed "
+            f"({slope} passes): it does not grow with context, so it has no counted passes (a cache of fixed "
             "size, a compression to a fixed budget, or work done every few steps: register_cache(..., period=N))"))
 
     def not_emulated(self, cache: str, probe: Probe | None) -> str | None:
