@@ -33,6 +33,7 @@ def test_a_declared_period_is_counted_over_a_window_and_amortised(counted):
     assert a.passes == pytest.approx(3.5, abs=1e-6) and t.passes == a.passes  # the gated figure is the amortised one
     assert a.step_passes == pytest.approx(3.0, abs=1e-6)  # the one steady step misses the copy
     assert a.periodic_passes == pytest.approx(0.5, abs=1e-6) and a.periodic_by_op == {"clone": 0.5}
+    assert t.stored_passes == pytest.approx(3.5, abs=0.05)  # per stored byte amortised alike (it stores its K/V)
     for backend in ("flash", "efficient", "cudnn"):  # each backend's steps over the same window
         assert t.backends[backend].passes == pytest.approx(3.5, abs=1e-6), backend
     assert counted["dynamic"].amortised is None
@@ -80,3 +81,14 @@ def test_under_the_generate_driver_a_period_is_named_and_not_amortised(one_torch
     t = KVSession(settings, Device.from_choice("cpu")).count("planted-periodic")
     assert t.amortised.period == 4 and t.amortised.passes is None
     assert t.amortised.error.startswith("not amortised: --kv-driver generate counts one step")
+
+
+def test_kvcache_traffic_prints_a_flat_class_and_the_notes(counted, capsys):
+    from kvcache.commands.traffic import print_one
+
+    print_one("planted-fixed-window", counted["planted-fixed-window"], None)
+    print_one("planted-syncs", counted["planted-syncs"], None)
+    out = capsys.readouterr().out
+    assert "planted-fixed-window: no counted passes per step" in out
+    assert "  no passes: its counted step moved" in out
+    assert "  4 host syncs per step (each makes a GPU's host wait) = item 4" in out

@@ -103,8 +103,9 @@ class Counting:
     def _add_amortised(self, cache: str, contexts: tuple[int, ...], period: int, result: Traffic) -> None:
         """``amortised`` (:class:`AmortisedTraffic`): ``period`` consecutive steps counted at each context, one point
         open at a time, so that each window holds the periodic work once; the class's ``passes`` and ``by_op`` become
-        the amortised ones (what the gate judges). The steady step is the window's cheapest at each context (whatever
-        the phase of the class's one counted step): ``step_passes``; the rest is the periodic part, by op."""
+        the amortised ones (what the gate judges), and its passes per stored byte with them. The steady step is the
+        window's cheapest at each context (whatever the phase of the class's one counted step): ``step_passes``; the
+        rest is the periodic part, by op."""
         s = self.session
         spec = s.spec()
         warm = min(s.settings.warmup, COUNT_WARMUP)
@@ -128,6 +129,10 @@ class Counting:
         one = traffic.counted_passes(steady, spec.bytes_per_token, kv_bytes=steady_held)
         periodic = {op: round(amortised.by_op.get(op, 0.0) - one.by_op.get(op, 0.0), 4)
                     for op in dict.fromkeys([*amortised.by_op, *one.by_op])}
+        if result.stored_passes is not None and result.kv_bytes and result.stored_bytes:  # per stored byte alike
+            lo, hi = str(min(contexts)), str(max(contexts))
+            ratio = (result.kv_bytes[hi] - result.kv_bytes[lo]) / (result.stored_bytes[hi] - result.stored_bytes[lo])
+            result.update(stored_passes=amortised.passes * ratio)
         result.update(passes=amortised.passes, by_op=amortised.by_op, amortised=AmortisedTraffic.of(
             period=period, window=period, period_source="declared", passes=amortised.passes, by_op=amortised.by_op,
             step_passes=one.passes, periodic_passes=amortised.passes - one.passes,
