@@ -169,6 +169,7 @@ def _traffic(passes: float) -> dict[str, Any]:
     return {"passes": passes, "by_op": by_op, "contexts": [256, 512], "bytes_per_token": BYTES_PER_TOKEN,
             "step_bytes": {str(c): {"read": int(b / 2) + fixed, "written": int(b / 2)} for c, b in per_token.items()},
             "calls": {op: 30 for op in by_op}, "ops_per_step": 1680, "data_ops_per_step": 1290,
+            "host_syncs_per_step": 0, "host_syncs": {},
             "fixed_bytes": fixed, "weight_bytes": WEIGHT_BYTES, "weight_passes": fixed / WEIGHT_BYTES, "layers": 30,
             "kv_bytes": {str(c): (c + 3) * BYTES_PER_TOKEN for c in per_token},
             "stored_bytes": {str(c): (c + 3) * BYTES_PER_TOKEN for c in per_token}, "stored_passes": passes}

@@ -85,7 +85,7 @@ def _part_change(cell: Cell, measure: str, part: str, improved: bool) -> str:
 
 
 #: Δ format of each exactly judged figure shown as a row of its own (passes: 2 decimals unless said here).
-DELTA_SPEC = {"ops": ".0f", "weight_passes": ".3f"}
+DELTA_SPEC = {"ops": ".0f", "syncs": ".0f", "weight_passes": ".3f"}
 
 
 def _rows() -> tuple:

@@ -278,11 +278,25 @@ def _against(cell: Cell, base: Cell, cache: str, label: str, verdicts: dict[str,
             verdict = verdicts.get(m.verdict)
             judged = verdict is not None and verdict.status != "no-baseline"
             improved = now < then - (rules.memory_tolerance if m.verdict == "memory" else 0)
-            changes[m.name] = _change(verdict, improved) if judged else ""
+            changes[m.name] = _change(_without_syncs(verdict), improved) if judged else ""
+        elif m.name == "syncs":  # host syncs per step: a part of the overhead verdict, judged where the base has it
+            status = part_status(verdicts.get("overhead"), "host_syncs_per_step")
+            changes[m.name] = "" if status is None else CHANGE_OF.get(status) or (IMPROVED if now < then else SAME)
     memory_figure = ""
     if "held" in deltas:
         memory_figure, deltas["held"] = memory_moved(cell, base, changes.get("held", ""))
     return replace(cell, changes=changes, deltas=deltas, memory_figure=memory_figure, judged=verdicts), regressions
+
+
+def _without_syncs(verdict: Verdict | None) -> Verdict | None:
+    """The overhead verdict as the ops column shows it: host syncs per step have a column of their own, so a
+    regression of that part alone is not the ops column's."""
+    parts = verdict.parts if verdict is not None else None
+    if not parts or "host_syncs_per_step" not in parts or verdict.status != "regression":
+        return verdict
+    if any(p.status == "regression" for name, p in parts.items() if name != "host_syncs_per_step"):
+        return verdict
+    return replace(verdict, status="pass")
 
 
 def rules_tolerance(rules: Rules, measure: measure_table.Measure) -> float:

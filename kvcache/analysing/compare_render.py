@@ -74,7 +74,7 @@ def cell_texts(cell: Cell, shown: Sequence[str]) -> list[str]:
         elif name == "intercept":
             mark = MARKS.get(change, "")
             texts.append(num(value, ".1f") + (f" {mark}" if mark else ""))
-        elif name == "ops":
+        elif name in ("ops", "syncs"):
             texts.append(_marked(num(value, ".0f"), change, delta, "+.0f"))
         elif name in ("weight_passes", "r2"):
             texts.append(num(value, ".3f"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvcache.analysing import decoding, tables
+from kvcache.analysing.counted_notes import counted_notes
 from kvcache.analysing.estimates import finite, median
 from kvcache.analysing.judge import gate, judges, measure_table
 from kvcache.analysing.ledger import ADDS_UP, PROFILED_STEP
@@ -365,8 +366,7 @@ def lines(kv: KV) -> list[str]:
         ragged = finite(t.allocated_passes) is not None and t.batch is not None and t.batch.ragged
         per_allocated = f" ({t.allocated_passes:.3f} per allocated KV byte)" if ragged else ""
         out.append(f"counted {cache}: {num(t.passes, '.3f')} passes{per_allocated} = {tables.by_op(t.by_op)}")
-        if t.fill:  # a class that needs a real prefill, counted in a run whose --kv-fill is synthetic
-            out.append(f"counted {cache}: filled by {t.fill}: the class needs a real prefill, whatever --kv-fill says")
+        out += counted_notes(cache, t)
     out += decoding.summary_lines(kv.traffic, kv.memory)
     backends = backend_lines(kv)
     if backends:

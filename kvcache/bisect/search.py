@@ -109,8 +109,8 @@ def figure_of(kv: KV, measure: Followed, cache: str) -> Figure:
 
 def tolerance(kv: KV, measure: Followed, cache: str) -> float:
     """How far the figure may move and still count as unchanged: the counted judge's tolerance for it (its row's
-    option), from the rules the run was judged with; ops: ``--kv-ops-tolerance`` × layers; memory:
-    ``--kv-memory-tolerance`` where the run has one, else the counted one (a run from before it)."""
+    option), from the rules the run was judged with (none: 0, host syncs per step); ops: ``--kv-ops-tolerance`` ×
+    layers; memory: ``--kv-memory-tolerance`` where the run has one, else the counted one (a run from before it)."""
     rules = Rules.from_settings(kv.settings)
     row = measure.measure
     if row.name == "ops":
@@ -119,6 +119,8 @@ def tolerance(kv: KV, measure: Followed, cache: str) -> float:
         return rules.ops_tolerance * (layers or 1)
     if row.section == "memory" and kv.settings.memory_tolerance is None:
         return rules.counted_tolerance
+    if row.verdict is not None and row.tolerance is None:  # judged with no tolerance (host syncs): any change
+        return 0.0
     setting = option(row.tolerance).setting if row.tolerance else "counted_tolerance"
     return float(getattr(rules, setting))
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvcache import cli, exits
+from kvcache.analysing.counted_notes import counted_notes
 from kvcache.analysing.records import Probe, Traffic
 from kvcache.analysing.settings import SettingsError, parse_ints
 from kvcache.analysing.summary import attention_copies
@@ -147,9 +148,12 @@ def print_one(name: str, traffic: Traffic, probe: Probe | None) -> None:
     assert traffic.contexts and traffic.step_bytes, "a count has its contexts and step bytes"
     lo, hi = traffic.contexts
     step = traffic.step_bytes[str(hi)]
-    print(f"{name}: {traffic.passes:.3f} counted passes per step (bytes read + written per KV byte, "
+    passes = "no" if traffic.passes is None else f"{traffic.passes:.3f}"
+    print(f"{name}: {passes} counted passes per step (bytes read + written per KV byte, "
           f"slope between {lo} and {hi} tokens)")
     print(f"  by op: {by_op(traffic.by_op)}")
+    for line in counted_notes(name, traffic):  # no passes (why), amortised over a period, host syncs
+        print(f"  {line.removeprefix(f'counted {name}: ')}")
     print(f"  one step at {hi} tokens: {step['read']:,} B read, {step['written']:,} B written")
     if probe is not None:
         print(f"  attention: query {probe.query} key {probe.key} mask {probe.mask}; {probe.attention}; K/V "

@@ -246,6 +246,16 @@ def _quantized(backend: str) -> Callable[[CacheRequest], Any]:
     return build
 
 
+def _quantized_period(backend: str) -> Callable[[Any], int | None]:
+    """The decode steps between a quantized cache's flushes of its full-precision residual (every
+    ``residual_length`` tokens it quantizes the whole cache again): its period (None for fp8, which has none)."""
+    def period(config: Any) -> int | None:
+        from kvcache.measuring import compat
+
+        return compat.quantized_residual_length(backend)
+    return period
+
+
 def _prepare_quantized(backend: str) -> Callable[[], None]:
     def check() -> None:
         from kvcache.measuring import compat
@@ -307,12 +317,13 @@ def _register_builtins() -> None:
     reg("offloaded-static", _offloaded_static, prepare=_prepare_offloaded_static, devices=("cuda",),
         description="static cache offloaded to CPU between layers", memory_factor=1.5)
     reg("quantized-fp8", _quantized("fp8"), prepare=_prepare_quantized("fp8"),
-        description="QuantizedCache, fp8 backend (per-tensor)", kinds=("full",))
+        description="QuantizedCache, fp8 backend (per-tensor)", kinds=("full",), period=_quantized_period("fp8"))
     reg("quantized-quanto", _quantized("quanto"),
         prepare=_all_of(_needs_package("optimum.quanto", "optimum-quanto"), _prepare_quantized("quanto")),
-        description="QuantizedCache, quanto backend (int4, residual 128 tokens in full precision)", kinds=("full",))
+        description="QuantizedCache, quanto backend (int4, residual 128 tokens in full precision)", kinds=("full",),
+        period=_quantized_period("quanto"))
     reg("quantized-hqq", _quantized("hqq"), prepare=_all_of(_needs_package("hqq", "hqq"), _prepare_quantized("hqq")),
-        description="QuantizedCache, hqq backend", kinds=("full",))
+        description="QuantizedCache, hqq backend", kinds=("full",), period=_quantized_period("hqq"))
     reg("sink", _sink, prepare=_prepare_sink,
         description="SinkCache with a window as large as the sweep needs (4.x only)", kinds=("full",))
     reg("paged", _paged_unbuilt, attention="sdpa_paged", prepare=_prepare_paged, point=_paged_point,

@@ -82,6 +82,10 @@ class CacheSpec:
     A hook that raises, returns no context manager or changes the model's weights is a one-line error naming the
     class (:mod:`kvcache.measuring.hooks`); ``--kv-driver generate`` and ``--kv-compile`` skip a class that hooks
     the model, with the reason.
+    ``period`` (optional): the class does part of its work every N decode steps (a quantized cache flushing its
+    residual every ``residual_length`` tokens, a compression every N steps, a window's rollover): an int N, or a
+    function of the model's config returning N (None or 1: no period); its counted passes are then amortised over a
+    window of N counted steps (docs/how-it-measures.md, "Work done every N steps").
     """
 
     name: str
@@ -98,6 +102,7 @@ class CacheSpec:
     fill_context: Callable[[Any], Any] | None = None
     decode_context: Callable[[Any], Any] | None = None
     needs_prefill: bool = False
+    period: int | Callable[[Any], int | None] | None = None
 
     def __post_init__(self) -> None:
         """Every field checked at registration: a bad one is a one-line ValueError naming the class, the argument
@@ -140,11 +145,35 @@ def spec_problem(spec: CacheSpec) -> str | None:
         ("decode_context", spec.decode_context is None or callable(spec.decode_context),
          "None or a function model -> context manager entered around the decode steps"),
         ("needs_prefill", isinstance(spec.needs_prefill, bool), "True or False"),
+        ("period", spec.period is None or callable(spec.period) or period_problem(spec.period) is None,
+         f"None, a whole number of decode steps from 1 to {MAX_PERIOD}, or a function of the model's config "
+         "returning one"),
     ]
     for name, good, accepted in checks:
         if not good:
             return f"{name} {getattr(spec, name)!r} is not accepted; give {accepted}"
     return None
+
+
+MAX_PERIOD = 4096  # decode steps: a longer period would count more steps than any context the suite fills
+
+
+def period_problem(value: Any) -> str | None:
+    """What is wrong with a period (decode steps), or None: a whole number from 1 to :data:`MAX_PERIOD`, or None."""
+    if value is None or (isinstance(value, numbers.Integral) and not isinstance(value, bool)
+                         and 1 <= value <= MAX_PERIOD):
+        return None
+    return f"period {value!r} is not accepted; give a whole number of decode steps from 1 to {MAX_PERIOD}, or None"
+
+
+def period_of(spec: CacheSpec, config: Any) -> int | None:
+    """The class's period in decode steps for a model of ``config`` (``spec.period``, called with the config when a
+    function); None when it has none (or 1); a bad value is a one-line ValueError naming the class."""
+    value = spec.period(config) if callable(spec.period) else spec.period
+    problem = period_problem(value)
+    if problem:
+        raise ValueError(f"register_cache({spec.name!r}): {problem} (returned for {type(config).__name__})")
+    return value if value and value > 1 else None
 
 
 class EntryPoints:

@@ -55,6 +55,79 @@ class PlantedReorderCache(cache_utils.DynamicCache):
         super().reorder_cache(beam_idx)
         for layer in self.layers:
             layer.keys, layer.values = layer.keys.clone(), layer.values.clone()
+#: {id of a model's config: the cache of that model's newest point}: the per-model state of :class:`ModelStateCache`
+MODEL_STATE: dict[int, Any] = {}
+
+
+class ModelStateCache(cache_utils.DynamicCache):
+    """DynamicCache whose per-step work lives on the model, as a KV-compression press's does (state set when a
+    cache is made for the model, read at every step): each update reads the whole of K and V of the model's
+    *current* cache, the newest one made for it (+1 pass while one point is open at a time). With two points open on
+    one model at once, the older one's steps read the newer one's cache: a count that depends on another point."""
+
+    def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
+        keys, values = super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        current = MODEL_STATE.get(self._model_key, self)
+        if len(current.layers) > layer_idx and getattr(current.layers[layer_idx], "keys", None) is not None:
+            current.layers[layer_idx].keys.sum()
+            current.layers[layer_idx].values.sum()
+        return keys, values
+
+
+class PeriodicCopyCache(cache_utils.DynamicCache):
+    """DynamicCache that copies the whole of K and V (a clone of each) at every ``PERIOD``-th update of a layer, as a
+    cache that flushes or compresses every N steps: +2 passes on that step, +2/N amortised over N steps."""
+
+    PERIOD = 4
+
+    def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
+        keys, values = super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        updates = self.__dict__.setdefault("_updates", {})
+        updates[layer_idx] = updates.get(layer_idx, 0) + 1
+        if updates[layer_idx] % self.PERIOD == 0:
+            return keys.clone(), values.clone()
+        return keys, values
+
+
+class DoubleGatherCache(cache_utils.DynamicCache):
+    """DynamicCache whose update gathers every row of K and V by index twice (``torch.gather`` over the sequence, as
+    a compression that keeps all of its tokens and then reorders them again): each gather reads the rows it selects
+    and writes them, +2 passes per gather, +4 in all."""
+
+    def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        keys, values = super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        rows = torch.arange(keys.shape[-2], device=keys.device)
+        for _ in range(2):
+            index = rows[None, None, :, None].expand(*keys.shape[:-1], keys.shape[-1])
+            keys = torch.gather(keys, 2, index)
+            index = rows[None, None, :, None].expand(*values.shape[:-1], values.shape[-1])
+            values = torch.gather(values, 2, index)
+        return keys, values
+
+
+class SyncingCache(cache_utils.DynamicCache):
+    """DynamicCache whose update reads one number of the new keys back to the host (``.item()``) in every layer: one
+    host sync per layer per step (a GPU's host waits there), a few bytes, no cache traffic."""
+
+    def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
+        if key_states[..., :1].sum().item() != key_states[..., :1].sum().item():  # NaN only: never taken
+            raise ValueError("NaN keys")
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+
+class FixedWindowCache(cache_utils.DynamicCache):
+    """DynamicCache that keeps only the last ``WINDOW`` tokens of each layer (dropping the rest after each append):
+    a step whose bytes do not grow with context, so it has no counted passes."""
+
+    WINDOW = 64
+
+    def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
+        keys, values = super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        layer = self.layers[layer_idx]
+        layer.keys, layer.values = keys[..., -self.WINDOW:, :].clone(), values[..., -self.WINDOW:, :].clone()
+        return layer.keys, layer.values
 
 
 def read_embeddings_each_step(model: Any) -> Any:
@@ -122,6 +195,28 @@ def register() -> None:
     register_cache("twin-reorder", lambda req: _new(PlantedReorderCache, req), in_all=False, replace=True,
                    description="test-only: DynamicCache whose reorder_cache copies the cache twice (+2 passes under "
                                "beam search, none under greedy)")
+    def model_state(req: Any) -> Any:
+        from kvcache.measuring import compat
+
+        cache = compat.new_cache(ModelStateCache, req.config)
+        cache._model_key = id(req.config)
+        MODEL_STATE[cache._model_key] = cache  # the model's current cache is now this one
+        return cache
+
+    register_cache("planted-model-state", model_state, in_all=False, replace=True,
+                   description="test-only: DynamicCache plus a per-step read of the model's current cache, per-model "
+                               "state as a press keeps (+1 pass when no other point is open)")
+    register_cache("planted-periodic", lambda req: _new(PeriodicCopyCache, req), in_all=False, replace=True,
+                   period=PeriodicCopyCache.PERIOD,
+                   description=f"test-only: DynamicCache plus a whole copy of K/V every {PeriodicCopyCache.PERIOD} "
+                               "steps (declared period=4: +0.5 passes amortised)")
+    register_cache("planted-double-gather", lambda req: _new(DoubleGatherCache, req), in_all=False, replace=True,
+                   description="test-only: DynamicCache plus two gathers of every K/V row per step (+4 passes)")
+    register_cache("planted-syncs", lambda req: _new(SyncingCache, req), in_all=False, replace=True,
+                   description="test-only: DynamicCache plus two host syncs (.item()) per layer per step")
+    register_cache("planted-fixed-window", lambda req: _new(FixedWindowCache, req), in_all=False, replace=True,
+                   description=f"test-only: DynamicCache keeping its last {FixedWindowCache.WINDOW} tokens: a step "
+                               "that does not grow with context")
     register_cache("planted-recompile", lambda req: _new(RecompilingCache, req), in_all=False, replace=True,
                    description="test-only: DynamicCache that makes a compiled step recompile at every step")
     register_cache("planted-graph-break", lambda req: _new(GraphBreakCache, req), in_all=False, replace=True,

@@ -69,6 +69,66 @@ def test_index_copy_charges_only_the_source_rows():
     assert count.total == 2 * rows_b + 2 * I64
 
 
+def test_a_gather_of_k_of_n_rows_charges_the_k_rows_and_its_indices():
+    """``gather``/``take_along_dim`` read one element per index (k rows of n), not the whole input (issue 48)."""
+    n, k, width = 4096, 3, 64
+    table, rows = torch.randn(1, 3, n, width), torch.tensor([5, 900, 4000])
+    index = rows[None, None, :, None].expand(1, 3, k, width)  # broadcast: its 3 indices read once
+    count = counted(lambda: torch.gather(table, 2, index))
+    rows_b = 3 * k * width * F32
+    assert op(count, "gather") == (1, rows_b + k * I64, rows_b)
+    dense = rows[None, None, :, None].repeat(1, 3, 1, width)  # a materialised index: every element read
+    count = counted(lambda: torch.take_along_dim(table, dense, dim=2))
+    assert count.ops["gather"].read == rows_b + dense.numel() * I64 and count.ops["gather"].written == rows_b
+    assert count.total < table.numel() * F32 / 50
+
+
+@pytest.mark.parametrize("lookup", ["index_select", "index", "embedding", "take"])
+def test_every_lookup_charges_the_elements_it_selects(lookup):
+    table, idx = torch.randn(4096, 64), torch.tensor([3, 7, 9, 11])
+    fn = {"index_select": lambda: table.index_select(0, idx), "index": lambda: table[idx],
+          "embedding": lambda: torch.nn.functional.embedding(idx, table), "take": lambda: torch.take(table, idx)}
+    count = counted(fn[lookup])
+    selected = (4 if lookup == "take" else 4 * 64) * F32
+    assert op(count, lookup) == (1, selected + 4 * I64, selected)
+
+
+def test_an_embedding_bag_reads_one_row_per_index():
+    table, idx, offsets = torch.randn(4096, 64), torch.tensor([1, 2, 3, 4, 5, 6]), torch.tensor([0, 3])
+    count = counted(lambda: torch.nn.functional.embedding_bag(idx, table, offsets, mode="sum"))
+    (name, entry), = count.ops.items()
+    assert name.startswith("_embedding_bag")
+    assert entry.read == 6 * 64 * F32 + 8 * I64  # six rows, six indices and two offsets
+    assert entry.read < table.numel() * F32 / 50
+
+
+def test_scatter_and_index_add_charge_the_elements_they_store():
+    """``scatter_`` stores one element per index; ``scatter_add_``/``index_add_`` also read what they update."""
+    buf, src, idx = torch.zeros(4096, 64), torch.randn(4, 64), torch.tensor([3, 7, 9, 11])
+    index = idx[:, None].expand(4, 64)
+    stored = 4 * 64 * F32
+    assert op(counted(lambda: buf.scatter_(0, index, src)), "scatter_") == (1, stored + 4 * I64, stored)
+    assert op(counted(lambda: buf.scatter_add_(0, index, src)), "scatter_add_") == (1, 2 * stored + 4 * I64, stored)
+    assert op(counted(lambda: buf.index_add_(0, idx, src)), "index_add_") == (1, 2 * stored + 4 * I64, stored)
+
+
+@pytest.mark.parametrize("inference", [False, True])
+def test_host_syncs_are_the_ops_a_gpu_host_would_wait_for(inference):
+    """``.item()``, ``bool(t)``, ``nonzero``, a boolean-mask index, ``unique``: one host sync each; ``.cpu()`` of a CPU
+    tensor dispatches nothing (never counted on CPU); an ordinary op or a mask fill is none."""
+    x, mask = torch.randn(64), torch.randn(64) > 0
+    syncing = {"item": lambda: x.sum().item(), "bool": lambda: bool(x[0] > 0), "nonzero": lambda: mask.nonzero(),
+               "index": lambda: x[mask], "index_put_": lambda: x.clone().index_put_((mask,), torch.tensor(0.0)),
+               "unique": lambda: torch.unique(x), "masked_select": lambda: x.masked_select(mask)}
+    quiet = {"cpu": lambda: x.cpu(), "add": lambda: x + 1, "masked_fill": lambda: x.masked_fill(mask, 0.0),
+             "index_select": lambda: x.index_select(0, torch.tensor([1, 2]))}
+    with torch.inference_mode(inference):
+        for what, fn in syncing.items():
+            assert counted(fn).host_syncs == 1, (what, dict(counted(fn).syncs))
+        for what, fn in quiet.items():
+            assert counted(fn).host_syncs == 0, (what, dict(counted(fn).syncs))
+
+
 def test_index_put_with_sliced_leading_dims():
     """``buf[:, :, idx] = src`` stores every element of ``src`` (both ``:`` dims count whole)."""
     buf, src = torch.zeros(1, 3, 4096, 64), torch.randn(1, 3, 2, 64)

@@ -20,7 +20,8 @@ def test_entries_have_exactly_the_actions_fields_with_their_types(tmp_path, caps
     entries = json.loads(capsys.readouterr().out)
     names = [e["name"] for e in entries]
     assert names == [f"{cache}: {m}" for cache in ("dynamic", "static")
-                     for m in ("timed passes", "counted passes", "intercept", "ATen ops per step", "weight passes",
+                     for m in ("timed passes", "counted passes", "intercept", "ATen ops per step",
+                               "host syncs per step", "weight passes",
                                "memory allocated passes", "memory peak passes", "memory held passes")
                      if (cache, m) != ("static", "weight passes")]
     for entry in entries:

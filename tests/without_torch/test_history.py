@@ -167,7 +167,7 @@ def test_plot_without_matplotlib_writes_the_steps_and_names_the_histories_pngs(r
     assert main(["history", "plot", "--store", str(store), "--out", str(tmp_path / "trend")]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "matplotlib is not installed" in err, err
-    assert "cannot draw timed.png, counted.png, intercept.png, ops.png, weight_passes.png" in err, err
+    assert "cannot draw timed.png, counted.png, intercept.png, ops.png, syncs.png, weight_passes.png" in err, err
     assert "latency.png" not in err and "wrote steps.json and steps.md (1 steps)" in err, err
     steps = json.loads((tmp_path / "trend" / "steps.json").read_text())
     assert [(s["cache"], s["label"], s["delta"]) for s in steps] == [("dynamic", "5.24.0", 2.0)]

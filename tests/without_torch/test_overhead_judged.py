@@ -53,6 +53,32 @@ def test_no_overhead_baseline_or_no_count():
     assert judge_overhead(Traffic(passes=3.0), BASE, rules=Rules(), key=OVERHEAD_KEY).status == "not-measured"
 
 
+def test_one_host_sync_more_per_step_fails_and_a_baseline_without_syncs_judges_none():
+    """Host syncs per step (issue 48) may not rise at all: each makes a GPU's host wait for the device."""
+    base = BaselineEntry(ops_per_step=1680, weight_passes=1.01, layers=30, op_calls={"add": 100, "mul": 200},
+                         host_syncs_per_step=0, host_sync_calls={})
+    clean = Traffic(passes=3.0, ops_per_step=1680, weight_passes=1.01, layers=30, calls={"add": 100, "mul": 200},
+                    host_syncs_per_step=0, host_syncs={})
+    verdict = judge_overhead(clean, base, rules=Rules(), key=OVERHEAD_KEY)
+    assert verdict.status == "pass" and "host syncs per step 0" in verdict.reason
+    syncing = Traffic(passes=3.0, ops_per_step=1690, weight_passes=1.01, layers=30,
+                      calls={"add": 100, "mul": 200, "_local_scalar_dense": 10}, host_syncs_per_step=10,
+                      host_syncs={"_local_scalar_dense": 10})
+    verdict = judge_overhead(syncing, base, rules=Rules(ops_tolerance=5), key=OVERHEAD_KEY)
+    assert verdict.status == "regression" and verdict.parts["ops_per_step"].status == "pass"
+    assert verdict.parts["host_syncs_per_step"].status == "regression"
+    assert "host syncs per step 10 is above the allowed 0" in verdict.reason
+    assert "host syncs grew: _local_scalar_dense +10" in verdict.reason
+    assert "host_syncs_per_step" not in judge_overhead(syncing, BASE, rules=Rules(ops_tolerance=5),
+                                                       key=OVERHEAD_KEY).parts  # an older baseline: not judged
+
+
+def test_recorded_overhead_keeps_the_host_syncs():
+    entries, _ = baseline.entries_of_run(KV.from_json(run_kv()), "2026-11-30T00:00:00")
+    assert entries[OVERHEAD_KEY]["dynamic"]["host_syncs_per_step"] == 0
+    assert entries[OVERHEAD_KEY]["dynamic"]["host_sync_calls"] == {}
+
+
 @pytest.mark.parametrize("option", ["ops_tolerance", "weight_passes_tolerance"])
 def test_tolerances_must_be_finite(option):
     with pytest.raises(ValueError, match=option):
@@ -152,6 +178,30 @@ def test_compare_judges_op_counts_on_one_torch_release_and_only_shows_them_acros
     assert main(["compare", base, other_torch]) == 0  # another torch release: shown, not judged
     verdict = compare([load_run(base), load_run(other_torch)]).cells["dynamic"][1].judged["overhead"]
     assert verdict.status == "no-baseline" and "2.14.0+cpu" in verdict.reason
+
+
+def test_compare_and_the_comment_mark_added_host_syncs_in_their_own_column(tmp_path, capsys):
+    from fakerun import write_run
+
+    from kvcache.analysing.compare import REGRESSED, SAME, compare
+    from kvcache.analysing.records import load_run
+    from kvcache.cli import main
+
+    def run(name, syncs):
+        doc = make_run({"dynamic": 3.0})
+        doc["kv"]["traffic"]["dynamic"].update(host_syncs_per_step=syncs, host_syncs={"item": syncs} if syncs else {})
+        return str(write_run(tmp_path / name, doc))
+
+    base, more = run("a.json", 0), run("b.json", 60)
+    cell = compare([load_run(base), load_run(more)]).cells["dynamic"][1]
+    assert cell.changes["syncs"] == REGRESSED and cell.changes["ops"] == SAME and cell.deltas["syncs"] == 60
+    assert main(["compare", base, more]) == 1
+    out = capsys.readouterr().out
+    assert "syncs/step" in out and "60 ▲ +60" in out and "host syncs grew: item +60" in out
+    assert main(["comment", base, more]) == 0
+    out = capsys.readouterr().out
+    assert "| dynamic | host syncs per step | 0 | 60 | +60 | ▲ regression |" in out
+    assert "| dynamic | ATen ops per step | 1680 | 1680 | +0 |  |" in out
 
 
 def test_the_summary_and_the_report_show_the_overhead(tmp_path):

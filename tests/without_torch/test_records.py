@@ -18,6 +18,7 @@ from kvcache.analysing.judge import judges
 from kvcache.analysing.records import (
     KV,
     SCHEMA,
+    AmortisedTraffic,
     BackendCount,
     CacheCrossovers,
     CompiledTraffic,
@@ -69,7 +70,7 @@ DEFINITIONS = {"kv": KV, "fit": Fit, "fit_failure": FitFailure, "traffic": Traff
                "environment": Environment, "identity": Identity, "model": ModelGeometry,
                "traffic_beyond": TrafficBeyond, "traffic_kind": KindTraffic, "served_batch": ServedBatch,
                "backend_count": BackendCount, "gpu_prediction": GpuPrediction, "memory_slopes": MemorySlopes,
-               "memory_beyond": MemoryBeyond, "memory_kind": KindMemory}
+               "memory_beyond": MemoryBeyond, "memory_kind": KindMemory, "amortised_traffic": AmortisedTraffic}
 # Sections a later release may add keys to: the schema leaves them open.
 OPEN = ("kv", "settings", "environment", "identity", "model")
 

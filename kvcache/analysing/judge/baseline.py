@@ -206,6 +206,9 @@ def entries_of_run(kv: KV, recorded: str) -> tuple[dict[str, dict[str, dict[str,
             overhead[cache] = {**common, "op_calls": dict(traffic.calls) if traffic.calls else {}, **{
                 name: getattr(traffic, name)
                 for name in ("ops_per_step", "data_ops_per_step", "weight_passes", "fixed_bytes", "layers")}}
+            if traffic.host_syncs_per_step is not None:  # a run from before host syncs were counted has none
+                overhead[cache].update(host_syncs_per_step=traffic.host_syncs_per_step,
+                                       host_sync_calls=dict(traffic.host_syncs or {}))
             problem = entry_problem(overhead[cache])
             if problem:
                 del overhead[cache]

@@ -57,6 +57,7 @@ FIGURES = {
     "timed_weights_ms": Range(0, MAX_MS, above=True),
     "ops_per_step": Range(0, MAX_OPS, whole=True),
     "data_ops_per_step": Range(0, MAX_OPS, whole=True),
+    "host_syncs_per_step": Range(0, MAX_OPS, whole=True),
     "weight_passes": Range(0, MAX_PASSES),
     "fixed_bytes": Range(-MAX_BYTES, MAX_BYTES, whole=True),  # an intercept: bytes at an empty cache, may dip below 0
     "layers": Range(1, MAX_LAYERS, whole=True),
@@ -75,6 +76,7 @@ OP_FIGURES = {
     "counted_by_op": Range(-MAX_PASSES, MAX_PASSES),
     "timed_ledger": Range(-MAX_PASSES, MAX_PASSES),
     "op_calls": Range(0, MAX_OPS, whole=True),
+    "host_sync_calls": Range(0, MAX_OPS, whole=True),  # {op: calls that wait for the device on CUDA}
     "memory_allocated_by_op": Range(-MAX_PASSES, MAX_PASSES),
     "gpu_passes": Range(0, MAX_PASSES, above=True),  # {GPU class: counted passes under its SDPA backend}
     "decoding_phases": Range(-MAX_PASSES, MAX_PASSES),  # {phase: counted passes} of a --kv-decoding key's step
@@ -154,7 +156,8 @@ class BaselineEntry(Record):
     ``timed_r2``, ``timed_intercept_ms`` in ms, ``timed_ledger`` {op: timed passes}, ``timed_weights_ms`` the run's
     decode speed in ms), counted (``counted_passes``, ``counted_by_op`` {op: passes}), counted overhead
     (``ops_per_step``, ``data_ops_per_step``, ``weight_passes``, ``fixed_bytes`` in bytes, ``layers``, ``op_calls``
-    {op: calls}), counted memory (``memory_*_passes``: bytes per KV byte, ``memory_allocated_by_op``), counted passes
+    {op: calls}, ``host_syncs_per_step`` and ``host_sync_calls`` {op: calls}: ops that make the host wait for the device
+    on CUDA), counted memory (``memory_*_passes``: bytes per KV byte, ``memory_allocated_by_op``), counted passes
     per GPU class (``gpu_passes`` {class: passes}, ``gpu_by_op`` {class: {op: passes}}; --kv-gpus), a decoding
     strategy's figures (``decoding_per_token``, ``decoding_phases`` {phase: passes}, ``prefill_passes``), and where
     they came from (``recorded``: ISO date-time, ``transformers``, ``torch``, ``model``, ``dtype``)."""
@@ -172,6 +175,8 @@ class BaselineEntry(Record):
     fixed_bytes: int | None = None
     layers: int | None = None
     op_calls: dict[str, int] | None = None
+    host_syncs_per_step: int | None = None
+    host_sync_calls: dict[str, int] | None = None
     memory_allocated_passes: float | None = None
     memory_peak_passes: float | None = None
     memory_held_passes: float | None = None

@@ -181,7 +181,7 @@ def judge_counted(counted: Counted | None, *, allowed: float | None, base_by_op:
     verdict names the ops that grew when the baseline has a per-op breakdown."""
     if counted is None or counted.passes is None:
         if counted is not None and counted.why_missing:
-            return Verdict("not-measured", f"no fused count of the compiled step: {counted.why_missing}")
+            return Verdict("not-measured", counted.why_missing)
         return Verdict("not-measured", "counted passes were not measured")
     passes = counted.passes
     verdict = Verdict("pass", "", value=passes, allowed=allowed)
@@ -241,10 +241,11 @@ def judge_gpus(counted: dict[str, Counted], base: BaselineEntry | None, *, toler
 
 
 def judge_overhead(traffic: Traffic | None, base: BaselineEntry | None, *, rules: Rules, key: str) -> Verdict:
-    """Judge a class's counted overhead (``kv.traffic.<cache>``: ops per step, weight passes) against its
-    baseline entry (``ops_per_step``, ``weight_passes``, ``op_calls``): regression when ops per step rise by
-    more than ``ops_tolerance`` × layers or weight passes by more than ``weight_passes_tolerance``; the
-    reason names the ops whose calls grew. ``value``/``allowed`` are ops per step; ``parts`` has both."""
+    """Judge a class's counted overhead (``kv.traffic.<cache>``: ops per step, weight passes, host syncs per step)
+    against its baseline entry (``ops_per_step``, ``weight_passes``, ``op_calls``, ``host_syncs_per_step``,
+    ``host_sync_calls``): regression when ops per step rise by more than ``ops_tolerance`` × layers, weight passes
+    by more than ``weight_passes_tolerance``, or host syncs per step at all (each one makes a GPU's host wait); the
+    reason names the ops whose calls (syncs) grew. ``value``/``allowed`` are ops per step; ``parts`` has each."""
     if traffic is None or traffic.ops_per_step is None:
         return Verdict("not-measured", "counted overhead was not measured")
     ops, weight = traffic.ops_per_step, traffic.weight_passes
@@ -256,6 +257,9 @@ def judge_overhead(traffic: Traffic | None, base: BaselineEntry | None, *, rules
     parts = {"ops_per_step": Part("pass", value=ops, allowed=allowed_ops)}
     if weight is not None and base.weight_passes is not None:
         parts["weight_passes"] = Part("pass", value=weight, allowed=base.weight_passes + rules.weight_passes_tolerance)
+    syncs = traffic.host_syncs_per_step
+    if syncs is not None and base.host_syncs_per_step is not None:
+        parts["host_syncs_per_step"] = Part("pass", value=syncs, allowed=base.host_syncs_per_step)
     problems = []
     for name, part in parts.items():
         if part.value > part.allowed * (1 + COUNTED_RELATIVE_SLACK):
@@ -265,10 +269,13 @@ def judge_overhead(traffic: Traffic | None, base: BaselineEntry | None, *, rules
     verdict = Verdict("regression" if problems else "pass", "", value=ops, allowed=allowed_ops, parts=parts)
     if problems:
         grew = calls_that_grew(traffic.calls, base.op_calls)
-        verdict.reason = "; ".join(problems) + (f"; calls grew: {grew}" if grew else "")
+        synced = calls_that_grew(traffic.host_syncs, base.host_sync_calls) if "host_syncs_per_step" in parts else ""
+        verdict.reason = "; ".join(problems) + (f"; calls grew: {grew}" if grew else "") + (
+            f"; host syncs grew: {synced}" if synced else "")
     else:
         verdict.reason = (f"ops per step {ops} (allowed {fmt_figure(allowed_ops)}: {rules.ops_tolerance:g} per layer "
                           f"over {layers} layers)" + (f", weight passes {weight:.3f}" if weight is not None else "")
+                          + (f", host syncs per step {syncs}" if "host_syncs_per_step" in parts else "")
                           + " within the baseline")
     return verdict
 

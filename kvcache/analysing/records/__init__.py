@@ -21,6 +21,7 @@ from typing import Any
 from kvcache.analysing.records import identity
 from kvcache.analysing.records.context import Environment, LayerKinds, ModelGeometry, RunSettings
 from kvcache.analysing.records.counted import (
+    AmortisedTraffic,
     BackendCount,
     CompiledTraffic,
     Counted,
@@ -74,7 +75,7 @@ __all__ = [
     "KV", "READABLE_SCHEMAS", "SCHEMA", "SCHEMA_FILE", "CacheCrossovers", "CompiledTraffic", "Copy", "CopyMeasurement",
     "Counted", "Environment", "FusedCount", "Identity", "LayerKinds", "MemoryStep", "ModelGeometry", "PointCompile",
     "RunSettings", "BackendCount", "GpuPrediction", "KindMemory", "KindTraffic", "MemoryBeyond", "MemorySlopes",
-    "ServedBatch", "TrafficBeyond", "PhaseTraffic", "PrefillTraffic",
+    "ServedBatch", "TrafficBeyond", "PhaseTraffic", "PrefillTraffic", "AmortisedTraffic",
     "Crossovers", "Drift", "Fit", "FitFailure", "LedgerPoint", "LedgerRow", "Memory", "Part", "Point",
     "Probe", "Record", "RecordError", "Run", "Session", "Skip", "Speed", "Traffic", "UnmeasuredDrift", "Verdict",
     "json_schema", "jsonable", "load_run", "load_runs", "point_from_benchmark", "points_from_benchmarks",

@@ -13,7 +13,8 @@ from kvcache.analysing.records.jsonrecord import Reader, Record, absent_field, e
 @dataclass(frozen=True)
 class Counted:
     """The counted figure a class is judged and recorded by (:meth:`Traffic.counted`): ``passes``, ``by_op``
-    ({op or kernel: passes}) and, when passes is None, why (``why_missing``)."""
+    ({op or kernel: passes}) and, when passes is None, why (``why_missing``: no fused count of a compiled step, or a
+    step that does not grow with context)."""
 
     passes: float | None
     by_op: dict[str, float]
@@ -26,7 +27,9 @@ class Traffic(Record):
     op, between ``contexts``; ``step_bytes`` {context: {read, written}} in bytes, ``calls`` {op: calls}.
 
     Counted overhead of one step: ``ops_per_step`` (ATen ops from the model's forward call to its return) and
-    ``data_ops_per_step`` (those that moved data); ``fixed_bytes`` (bytes that do not grow with context, the
+    ``data_ops_per_step`` (those that moved data); ``host_syncs_per_step`` (ops of the whole step that make the host
+    wait for the device on CUDA: ``.item()``, ``nonzero``, a device-to-host copy...) and ``host_syncs`` {op: calls};
+    ``fixed_bytes`` (bytes that do not grow with context, the
     counted intercept), ``weight_passes`` = fixed bytes / ``weight_bytes``; ``layers`` of the model. ``kv_bytes``
     {context: logical KV bytes held} (the denominator), ``stored_bytes``/``stored_passes`` (bytes actually stored,
     passes per stored byte), ``beyond`` (steps past every sliding window: :class:`TrafficBeyond`), ``kinds`` (per
@@ -34,7 +37,9 @@ class Traffic(Record):
     ``allocated_bytes``/``allocated_passes``/``batch`` (--kv-batch: the left-padded batch, :class:`ServedBatch`),
     ``backends`` ({backend: :class:`BackendCount`}: the step under each SDPA backend a CUDA GPU runs), ``gpus``
     (--kv-gpus: {GPU class: :class:`GpuPrediction`}), ``fill`` (``prefill`` where the class declares a real
-    prefill and the run's ``--kv-fill`` is ``synthetic``). A key decoded other than greedily (``<cache>#<strategy>``,
+    prefill and the run's ``--kv-fill`` is ``synthetic``); ``not_growing``: why ``passes`` is None though the step
+    was counted (its bytes do not grow with context); ``amortised`` (a class with a period: the steps of a window
+    covering it, :class:`AmortisedTraffic`). A key decoded other than greedily (``<cache>#<strategy>``,
     --kv-decoding) adds ``strategy``, ``rows`` (sequences the cache holds per --kv-batch sequence: beams),
     ``tokens_per_step`` and ``passes_per_token`` (passes / tokens each sequence gained in the step), ``phases``
     ({forward, reorder, crop, draft: :class:`PhaseTraffic`}) and, for chunked prefill, ``prefill``
@@ -70,6 +75,10 @@ class Traffic(Record):
     passes_per_token: float | None = None
     phases: dict[str, PhaseTraffic] | None = None
     prefill: PrefillTraffic | None = None
+    host_syncs_per_step: int | None = None
+    host_syncs: dict[str, int] | None = None
+    not_growing: str | None = None
+    amortised: AmortisedTraffic | None = None
     extra: dict[str, Any] = extra_field()
     absent: frozenset[str] = absent_field()
 
@@ -78,7 +87,8 @@ class Traffic(Record):
         return {"beyond": TrafficBeyond.from_json, "kinds": object_of(KindTraffic.from_json),
                 "compiled": CompiledTraffic.from_json, "batch": ServedBatch.from_json,
                 "backends": object_of(BackendCount.from_json), "gpus": object_of(GpuPrediction.from_json),
-                "phases": object_of(PhaseTraffic.from_json), "prefill": PrefillTraffic.from_json}
+                "phases": object_of(PhaseTraffic.from_json), "prefill": PrefillTraffic.from_json,
+                "amortised": AmortisedTraffic.from_json}
 
     def gpu_counted(self) -> dict[str, Counted]:
         """``gpus`` (--kv-gpus) as the counted figure of each GPU class: the passes counted under the SDPA backend
@@ -89,11 +99,38 @@ class Traffic(Record):
         """The counted figure the class is judged (and recorded) by: under ``--kv-compile`` the fused count of the
         compiled step (``compiled.fused``: what runs, per kernel), otherwise the eager count."""
         if self.compiled is None:
-            return Counted(self.passes, dict(self.by_op))
+            return Counted(self.passes, dict(self.by_op), self.not_growing)
         fused = self.compiled.fused
+        error = self.compiled.error if fused is None else self.compiled.error or fused.error
+        why = f"no fused count of the compiled step: {error}" if error else None
         if fused is None:
-            return Counted(None, {}, self.compiled.error)
-        return Counted(fused.passes, dict(fused.by_kernel), self.compiled.error or fused.error)
+            return Counted(None, {}, why)
+        return Counted(fused.passes, dict(fused.by_kernel), why)
+
+
+@dataclass
+class AmortisedTraffic(Record):
+    """``kv.traffic.<cache>.amortised``: a class whose work comes every ``period`` decode steps (a quantized cache's
+    residual flushed every ``residual_length`` tokens, a compression every N steps; ``period_source``: ``declared``
+    at registration), counted over ``window`` consecutive steps at each context (a window covering the period):
+    ``passes`` per step amortised over the window (Δ bytes of the window / Δ KV bytes held over its steps), per op in
+    ``by_op``; ``step_passes``: what its steady step moves (the cheapest step of the window at each context);
+    ``periodic_passes``/``periodic_by_op``: the amortised passes minus the steady step's, the periodic part named
+    by op; ``step_bytes`` {context: bytes the window's steps read + wrote}; ``error``: why it was not counted over a
+    window (``--kv-driver generate``), the figures then null."""
+
+    period: int | None = None
+    window: int | None = None
+    period_source: str | None = None
+    passes: float | None = None
+    by_op: dict[str, float] = field(default_factory=dict)
+    step_passes: float | None = None
+    periodic_passes: float | None = None
+    periodic_by_op: dict[str, float] = field(default_factory=dict)
+    step_bytes: dict[str, int] | None = None
+    error: str | None = None
+    extra: dict[str, Any] = extra_field()
+    absent: frozenset[str] = absent_field()
 
 
 @dataclass

@@ -22,6 +22,7 @@ from kvcache.measuring.compat.construction import (
     offloaded_dynamic,
     offloaded_static,
     own_params,
+    quantized_residual_length,
     tiny_config,
 )
 from kvcache.measuring.compat.modeling import (
@@ -69,7 +70,8 @@ __all__ = [
     "check_quantized_backend", "decode_kwargs", "dtype_keyword", "exception_line", "dynamic_init_kwargs", "fill_layer",
     "from_config", "has_attention_registry", "has_layer_objects", "init_params", "layer_kv", "layer_kv_from_layers",
     "layer_kv_from_lists", "layer_types", "meta_parameters", "mla_caches_latent", "new_cache", "new_dynamic_cache",
-    "new_quantized_cache", "new_sink_cache", "offloaded_dynamic", "offloaded_static", "own_params", "parse_version",
+    "new_quantized_cache", "quantized_residual_length", "new_sink_cache", "offloaded_dynamic", "offloaded_static",
+    "own_params", "parse_version",
     "register_attention", "release_lacks", "seq_length", "set_attention", "store_layer_kv", "store_layer_kv_in_layers",
     "store_layer_kv_in_lists", "stored_bytes", "tiny_config",
 ]

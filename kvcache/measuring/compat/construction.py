@@ -119,6 +119,23 @@ def new_quantized_cache(backend: str, config: Any, device: Any, dtype: Any) -> A
     return cache_class(legacy)(cache_config=cache_config)
 
 
+def quantized_residual_length(backend: str) -> int | None:
+    """Tokens a quantized cache of ``backend`` keeps in full precision before it quantizes them all again (its
+    ``residual_length``, as :func:`new_quantized_cache` builds it: the release's default), or None for a backend with
+    no residual (``fp8`` appends its quantized states as they come) or a release that does not say."""
+    if backend == "fp8":
+        return None
+    layer = {"quanto": "QuantoQuantizedLayer", "hqq": "HQQQuantizedLayer"}.get(backend)
+    holder = getattr(cache_utils, layer, None) if layer else None
+    if holder is None:  # to 4.55: the residual is a field of QuantizedCacheConfig
+        holder = getattr(cache_utils, "QuantizedCacheConfig", None)
+    if holder is None:
+        return None
+    param = inspect.signature(holder.__init__).parameters.get("residual_length")
+    default = param.default if param is not None else None
+    return default if isinstance(default, int) and not isinstance(default, bool) and default > 0 else None
+
+
 def tiny_config() -> Any:
     """A one-layer Llama config (8 dims, one head), enough to construct any cache class to see if it builds."""
     return transformers.LlamaConfig(num_hidden_layers=1, hidden_size=8, intermediate_size=16, num_attention_heads=1,

@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvcache.analysing.options import MIN_OP_PASSES
 from kvcache.analysing.records.counted import (
+    AmortisedTraffic,
     BackendCount,
     GpuPrediction,
     Memory,
@@ -27,6 +29,7 @@ from kvcache.analysing.records.measured import ClassCount
 from kvcache.analysing.sdpa import selection as sdpa_rules
 from kvcache.measuring import attention, caches, compat, decoding
 from kvcache.measuring.attention import DEFAULT as SDPA
+from kvcache.measuring.cachespec import period_of
 from kvcache.measuring.counting import backends, memory, traffic
 from kvcache.measuring.counting.probe import probe
 from kvcache.measuring.decoding import figures
@@ -50,11 +53,12 @@ class CountedSteps:
 
 @dataclass
 class EmulatedRun:
-    """Steps counted with SDPA emulated (:mod:`kvcache.measuring.counting.backends`): counts and tokens per context, the
-    calls seen and the backend each ran under."""
+    """Steps counted with SDPA emulated (:mod:`kvcache.measuring.counting.backends`): counts per context (a class with a
+    period: its window's steps as one count), the logical KV bytes held over them (``held``: summed over a window),
+    the calls seen and the backend each ran under."""
 
     counts: dict[int, traffic.TrafficCount] = field(default_factory=dict)
-    tokens: dict[int, int] = field(default_factory=dict)
+    held: dict[int, float] = field(default_factory=dict)
     calls: list[Any] = field(default_factory=list)
     chosen: list[str] = field(default_factory=list)
 
@@ -87,11 +91,75 @@ class Counting:
         if not strategy.strategy.greedy:  # --kv-decoding: per token, by phase, and what the strategy adds
             figures.add_strategy(strategy, steps.counts, held, self.tokens_per_step, result)
             strategy.add_figures(self, cache, result)
+        period = period_of(caches.get(cache), model.config)
+        one_step = ("--kv-driver generate counts one step inside generate()" if s.generating else None) or (
+            None if strategy.strategy.greedy else f"decoding {strategy.name} is counted one step at a time")
+        if period and one_step:  # no window to amortise over
+            result.update(amortised=AmortisedTraffic.of(period=period, period_source="declared", error=(
+                f"not amortised: {one_step}; greedy decoding on the loop driver counts a window of steps")))
+            period = None
+        if period:
+            self._add_amortised(cache, contexts, period, result)
+        self._flag_not_growing(steps.counts, result)
         measured = self._memory(cache, steps)
         if spec.mixed:
             self._add_kinds(cache, steps, scopes, result, measured)
-        self._add_backends(cache, contexts, steps.probe, result)
+        self._add_backends(cache, contexts, steps.probe, result, period or 1)
         return ClassCount.of(cache=cache, traffic=result, probe=steps.probe, memory=measured)
+
+    def _add_amortised(self, cache: str, contexts: tuple[int, ...], period: int, result: Traffic) -> None:
+        """``amortised`` (:class:`AmortisedTraffic`): ``period`` consecutive steps counted at each context, one point
+        open at a time, so that each window holds the periodic work once; the class's ``passes`` and ``by_op`` become
+        the amortised ones (what the gate judges), and its passes per stored byte with them. The steady step is the
+        window's cheapest at each context (whatever the phase of the class's one counted step): ``step_passes``; the
+        rest is the periodic part, by op."""
+        s = self.session
+        spec = s.spec()
+        warm = min(s.settings.warmup, COUNT_WARMUP)
+        window: dict[int, traffic.TrafficCount] = {}
+        steady: dict[int, traffic.TrafficCount] = {}
+        held: dict[int, float] = {}
+        steady_held: dict[int, float] = {}
+        for context in contexts:
+            dp = s.open(cache, context, warmup=warm, steps=period)
+            try:
+                window[context], held[context] = traffic.TrafficCount(), 0.0
+                for _ in range(period):
+                    step = dp.count_step(warm)
+                    window[context].merge(step)
+                    held[context] += s.held(context, dp.position)
+                    if context not in steady or step.total < steady[context].total:
+                        steady[context], steady_held[context] = step, s.held(context, dp.position)
+            finally:
+                dp.release()
+        amortised = traffic.counted_passes(window, spec.bytes_per_token, kv_bytes=held)
+        one = traffic.counted_passes(steady, spec.bytes_per_token, kv_bytes=steady_held)
+        periodic = {op: round(amortised.by_op.get(op, 0.0) - one.by_op.get(op, 0.0), 4)
+                    for op in dict.fromkeys([*amortised.by_op, *one.by_op])}
+        if result.stored_passes is not None and result.kv_bytes and result.stored_bytes:  # per stored byte alike
+            lo, hi = str(min(contexts)), str(max(contexts))
+            ratio = (result.kv_bytes[hi] - result.kv_bytes[lo]) / (result.stored_bytes[hi] - result.stored_bytes[lo])
+            result.update(stored_passes=amortised.passes * ratio)
+        result.update(passes=amortised.passes, by_op=amortised.by_op, amortised=AmortisedTraffic.of(
+            period=period, window=period, period_source="declared", passes=amortised.passes, by_op=amortised.by_op,
+            step_passes=one.passes, periodic_passes=amortised.passes - one.passes,
+            periodic_by_op={op: v for op, v in sorted(periodic.items(), key=lambda kv: (-abs(kv[1]), kv[0]))
+                            if abs(v) >= MIN_OP_PASSES},
+            step_bytes={str(c): window[c].total for c in contexts}))
+
+    @staticmethod
+    def _flag_not_growing(counts: dict[int, traffic.TrafficCount], result: Traffic) -> None:
+        """A step whose bytes do not grow with context has no passes figure: ``passes`` None and ``not_growing`` says
+        why (the bytes at the smallest and largest context), never a number the gate or a baseline would take."""
+        passes = result.passes
+        if passes is not None and passes > 0:
+            return
+        lo, hi = min(counts), max(counts)
+        slope = "no" if passes is None else format(passes, "+.3f")
+        result.update(passes=None, not_growing=(
+            f"its counted step moved {counts[lo].total:,} bytes at {lo} tokens and {counts[hi].total:,} at {hi} "
+            f"({slope} passes): it does not grow with context, so it has no counted passes (a cache of fixed "
+            "size, a compression to a fixed budget, or work done every few steps: register_cache(..., period=N))"))
 
     def not_emulated(self, cache: str, probe: Probe | None) -> str | None:
         """Why the SDPA backends of ``cache``'s step are not counted (and no GPU class predicted), or None: its
@@ -109,7 +177,7 @@ class Counting:
         return None
 
     def _add_backends(self, cache: str, contexts: tuple[int, ...], probe: Probe | None,
-                      result: Traffic) -> None:
+                      result: Traffic, period: int = 1) -> None:
         """``backends`` {backend: :class:`BackendCount`}: the step counted at each counted context with every SDPA
         call run as torch runs it on CUDA under that backend (:mod:`kvcache.measuring.counting.backends`); a backend
         torch's rules reject for the step's calls on every GPU class under every transcribed torch release has
@@ -117,7 +185,8 @@ class Counting:
         and ``error`` (their words). ``gpus`` (``--kv-gpus``) {class: :class:`GpuPrediction`}: the backend torch would
         select for the step's calls on that class (:mod:`kvcache.analysing.sdpa.selection`), and the passes counted
         under
-        it."""
+        it. A class with a ``period`` is counted over a window of that many steps per backend (amortised, like its
+        passes)."""
         s = self.session
         gpus = tuple(getattr(s.settings, "gpus", ()) or ())
         why = self.not_emulated(cache, probe)
@@ -128,35 +197,38 @@ class Counting:
             return
         warm = min(s.settings.warmup, COUNT_WARMUP)
         _, spec = s.model()
-        points = {c: s.open(cache, c, warmup=warm, steps=len(sdpa_rules.BACKENDS) + len(gpus) + 1) for c in contexts}
-        try:
-            runs = {backend: self._emulated(points, warm, backends.always(backend))
-                    for backend in sdpa_rules.BACKENDS}
-            calls = [call for run in runs.values() for call in run.calls]
-            counted = {backend: self._backend_entry(backend, run, calls, spec) for backend, run in runs.items()}
-            result.update(backends=counted)
-            if gpus:
-                result.update(gpus={gpu: self._gpu_entry(gpu, points, warm, runs["math"].calls, counted, spec)
-                                    for gpu in gpus})
-        finally:
-            for dp in points.values():
+        choosers = {backend: backends.always(backend) for backend in sdpa_rules.BACKENDS}
+        choosers.update({f"gpu:{gpu}": backends.by_rules(gpu) for gpu in gpus})
+        runs = {name: EmulatedRun() for name in choosers}
+        for context in contexts:  # one point open at a time: no count sees another point's state on the model
+            dp = s.open(cache, context, warmup=warm, steps=len(choosers) * period + 1)
+            try:
+                for name, chooser in choosers.items():
+                    for _ in range(period):
+                        self._emulated_step(runs[name], context, dp, warm, chooser)
+            finally:
                 dp.release()
+        calls = [call for backend in sdpa_rules.BACKENDS for call in runs[backend].calls]
+        counted = {backend: self._backend_entry(backend, runs[backend], calls, spec)
+                   for backend in sdpa_rules.BACKENDS}
+        result.update(backends=counted)
+        if gpus:
+            result.update(gpus={gpu: self._gpu_entry(gpu, runs[f"gpu:{gpu}"], runs["math"].calls, counted, spec)
+                                for gpu in gpus})
 
-    def _emulated(self, points: dict[int, Any], warm: int, chooser: backends.Chooser) -> EmulatedRun:
-        """One step of every point counted with SDPA emulated by ``chooser``; the tokens each step's attention read."""
-        run = EmulatedRun()
-        for context, dp in points.items():
-            emulation = backends.Emulation(chooser)
-            with emulation.active():
-                run.counts[context] = dp.count_step(warm)
-            run.tokens[context] = dp.position
-            run.calls.extend(emulation.calls)
-            run.chosen.extend(emulation.chosen)
-        return run
+    def _emulated_step(self, run: EmulatedRun, context: int, dp: Any, warm: int, chooser: backends.Chooser) -> None:
+        """One step of the point ``dp`` (opened at ``context``) counted with SDPA emulated by ``chooser``, added to
+        ``run``'s count at ``context`` with the logical KV bytes held after it."""
+        emulation = backends.Emulation(chooser)
+        with emulation.active():
+            step = dp.count_step(warm)
+        run.counts.setdefault(context, traffic.TrafficCount()).merge(step)
+        run.held[context] = run.held.get(context, 0.0) + self.session.held(context, dp.position)
+        run.calls.extend(emulation.calls)
+        run.chosen.extend(emulation.chosen)
 
     def _passes(self, run: EmulatedRun, spec: Any) -> Traffic:
-        held = {c: self.session.held(c, run.tokens[c]) for c in run.counts}
-        return traffic.counted_passes(run.counts, spec.bytes_per_token, kv_bytes=held)
+        return traffic.counted_passes(run.counts, spec.bytes_per_token, kv_bytes=run.held)
 
     def _backend_entry(self, backend: str, run: EmulatedRun, calls: list[sdpa_rules.SdpaCall],
                        spec: Any) -> BackendCount:
@@ -166,11 +238,12 @@ class Counting:
         counted = self._passes(run, spec)
         return BackendCount.of(passes=counted.passes, by_op=counted.by_op)
 
-    def _gpu_entry(self, gpu: str, points: dict[int, Any], warm: int, calls: list[sdpa_rules.SdpaCall],
+    def _gpu_entry(self, gpu: str, mixed: EmulatedRun, calls: list[sdpa_rules.SdpaCall],
                    counted: dict[str, BackendCount], spec: Any) -> GpuPrediction:
         """One GPU class: the backend its rules select for the step's calls (every call of every counted step),
         ``rejected`` {backend ahead of it: torch's reason} of the first call, and the passes counted under it (the
-        backend's own count when every call selects it, else the step counted with each call under its own)."""
+        backend's own count when every call selects it, else ``mixed``: the step counted with each call under its
+        own)."""
         selections = [sdpa_rules.select(call, gpu) for call in calls]
         chosen = {sel.backend for sel in selections}
         first = selections[0] if selections else sdpa_rules.Selection("math")
@@ -178,7 +251,6 @@ class Counting:
             own = counted[first.backend]
             return GpuPrediction.of(backend=first.backend, rejected=dict(first.rejected), passes=own.passes,
                                     by_op=own.by_op)
-        mixed = self._emulated(points, warm, backends.by_rules(gpu))
         count = self._passes(mixed, spec)
         return GpuPrediction.of(backend="mixed", rejected=dict(first.rejected), passes=count.passes,
                                 by_op=count.by_op,

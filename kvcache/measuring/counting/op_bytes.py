@@ -1,8 +1,10 @@
 """What one ATen operation reads and writes: the rules counted traffic charges every dispatched op by (:func:`charge`;
 :class:`kvcache.measuring.counting.traffic.TrafficCounter` applies them), in bytes of *logical* traffic: a view moves
 nothing, a partial write (``PARTIAL_WRITES``) writes only what it stores, a broadcast input is read once, a lookup
-reads its indices and the rows it selects, any other op reads each distinct input once and writes each output. The
-rules and what logical traffic means: docs/how-it-measures.md ("Counted traffic: the rules")."""
+reads its indices and the rows (elements) it selects, a scatter or index-add reads its indices, the source elements
+it stores and (accumulating) the destination elements it updates, any other op reads each distinct input once and
+writes each output; and which ops are host syncs (:func:`host_sync`). The rules and what logical traffic means:
+docs/how-it-measures.md ("Counted traffic: the rules")."""
 
 from __future__ import annotations
 
@@ -19,10 +21,21 @@ NO_TRAFFIC = {
 
 # In-place ops that store into a part of their first argument (rule 2).
 PARTIAL_WRITES = {"copy_", "index_copy_", "index_put_", "_index_put_impl_", "masked_scatter_", "scatter_",
-                  "index_fill_", "masked_fill_", "fill_", "zero_", "slice_scatter_"}
+                  "index_fill_", "masked_fill_", "fill_", "zero_", "slice_scatter_", "scatter_add_", "scatter_reduce_",
+                  "index_add_", "index_reduce_"}
+# Of those, the ones that store by an index along ``dim`` (``op_(self, dim, index, src, ...)``): ``scatter*`` writes
+# ``index.numel()`` elements (taking as many of ``src``), ``index_*`` writes ``source.numel()``; the accumulating ones
+# (add, reduce) read the destination elements they update as well (rule 2).
+SCATTERS = {"scatter_": False, "scatter_add_": True, "scatter_reduce_": True}
+INDEX_ACCUMULATES = {"index_add_", "index_reduce_"}
 
-# Lookups: the position of the indices argument (rule 4).
-LOOKUPS = {"embedding": 1, "index_select": 2, "index": 1}  # op -> position of its indices (a list for ``index``)
+# Lookups: the position of the indices argument (rule 4). ``gather`` (and ``take_along_dim``, which dispatches to it)
+# and ``take`` read one element per index, ``index_select``/``embedding``/``index`` one row per index: each the
+# elements its output holds.
+LOOKUPS = {"embedding": 1, "index_select": 2, "index": 1, "gather": 2, "take": 1}  # op -> position of its indices
+# Lookups that reduce what they select (``embedding_bag``: ``op(weight, indices, offsets, ...)``): one row of the
+# weight per index read, with the indices, offsets and per-sample weights; their outputs written.
+BAG_LOOKUPS = {"_embedding_bag", "_embedding_bag_forward_only", "embedding_bag"}
 
 
 def span_bytes(t: torch.Tensor) -> int:
@@ -113,9 +126,18 @@ def _partial_write(name: str, args: tuple, kwargs: dict) -> tuple[int, int]:
         indices = [i for i in args[1] if i is not None]
         values = args[2]
         return span_bytes(values) + sum(span_bytes(i) for i in indices), _index_put_elements(dst, args[1]) * es
+    if name in SCATTERS:  # scatter_(self, dim, index, src | value, ...)
+        index, src = args[2], args[3] if len(args) > 3 else None
+        stored = index.numel() * es
+        read = span_bytes(index) + (index.numel() * src.element_size() if isinstance(src, torch.Tensor) else 0)
+        return read + (stored if SCATTERS[name] else 0), stored
+    if name in INDEX_ACCUMULATES:  # index_add_(self, dim, index, source, ...)
+        index, source = args[2], args[3]
+        stored = source.numel() * es
+        return span_bytes(source) + span_bytes(index) + stored, stored
     if name in ("fill_", "zero_"):
         return sum(span_bytes(t) for t in _tensors(args[1:])), dst.numel() * es
-    # masked_fill_, index_fill_, scatter_, masked_scatter_, slice_scatter_: sources + the written part
+    # masked_fill_, index_fill_, masked_scatter_, slice_scatter_: sources + the written part
     sources = _tensors(args[1:]) + _tensors(kwargs)
     read = _distinct_read(sources)
     biggest = max((t.numel() for t in sources), default=dst.numel())
@@ -137,6 +159,11 @@ def charge(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[int, int]:
         selected = sum(t.numel() * t.element_size() for t in _tensors(out))
         indices = sum(span_bytes(t) for t in _tensors(args[LOOKUPS[name]]))
         return selected + indices, selected
+    if name in BAG_LOOKUPS:
+        weight, indices = args[0], args[1]
+        row = (weight[0].numel() if weight.dim() and weight.shape[0] else 0) * weight.element_size()
+        small = sum(span_bytes(t) for t in _tensors((args[1:], kwargs)))
+        return indices.numel() * row + small, sum(t.numel() * t.element_size() for t in _tensors(out))
     inputs = _tensors((args, kwargs))
     outputs = _tensors(out)
     mutated = _mutated_args(func, args, kwargs)
@@ -150,3 +177,37 @@ def charge(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[int, int]:
     if not inputs:  # factory ops (zeros, arange, full, randn...) write what they make
         return 0, sum(t.numel() * t.element_size() for t in outputs)
     return _distinct_read(inputs), sum(t.numel() * t.element_size() for t in outputs)
+
+
+#: Ops that make the host wait for the device on CUDA (a host sync): reading a value back (``.item()``, ``bool(t)``,
+#: ``int(t)`` dispatch ``_local_scalar_dense``, or ``item``/``is_nonzero`` themselves under inference mode; ``equal``
+#: returns a Python bool) or an output whose size depends on the data (``nonzero``, ``masked_select``, ``unique``,
+#: ``repeat_interleave`` without ``output_size``, ``bincount``). Counted on every device: on CPU they wait for
+#: nothing, but the same step on a GPU would.
+HOST_SYNCS = {"_local_scalar_dense", "item", "is_nonzero", "equal", "nonzero", "masked_select", "_unique", "_unique2",
+              "unique_dim", "unique_consecutive", "unique_dim_consecutive", "bincount", "repeat_interleave"}
+#: Ops indexed by a boolean mask (``t[mask]``, ``t[mask] = v``): CUDA turns the mask into indices with ``nonzero``.
+MASK_INDEXED = {"index": 1, "index_put_": 1, "_index_put_impl_": 1, "index_put": 1}
+
+
+def host_sync(func: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether one call of the ATen op ``func`` makes the host wait for the device on CUDA (:data:`HOST_SYNCS`; a
+    boolean-mask index, :data:`MASK_INDEXED`; a copy from a device tensor into host memory, ``.cpu()``/``.to('cpu')``,
+    which on CPU dispatches nothing and so is never counted there)."""
+    name = func.overloadpacket.__name__
+    if name in HOST_SYNCS:
+        if name == "repeat_interleave":  # only repeats given as a tensor, without output_size, size the output by data
+            return func._overloadname == "Tensor" and kwargs.get("output_size") is None
+        return True
+    if name in MASK_INDEXED and len(args) > MASK_INDEXED[name]:
+        return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)
+                   for i in args[MASK_INDEXED[name]] or ())
+    if name in ("_to_copy", "copy_") and args and isinstance(args[0], torch.Tensor):
+        if name == "_to_copy":
+            source, target, blocking = args[0], kwargs.get("device"), not kwargs.get("non_blocking", False)
+        else:
+            source, target = (args[1] if len(args) > 1 else None), args[0].device
+            blocking = not (args[2] if len(args) > 2 else kwargs.get("non_blocking", False))
+        return (isinstance(source, torch.Tensor) and source.device.type != "cpu" and target is not None
+                and torch.device(target).type == "cpu" and blocking)
+    return False

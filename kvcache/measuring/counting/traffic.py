@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 
 from kvcache.analysing.options import MIN_OP_PASSES
 from kvcache.analysing.records.counted import KindTraffic, Traffic, TrafficBeyond
-from kvcache.measuring.counting.op_bytes import charge, inputs_read
+from kvcache.measuring.counting.op_bytes import charge, host_sync, inputs_read
 
 DISPLAY = {
     "_scaled_dot_product_flash_attention_for_cpu": "scaled_dot_product_attention",
@@ -55,10 +55,12 @@ class OpTraffic:
 
 @dataclass
 class TrafficCount:
-    """Per-op traffic of one counted region (bytes; read + written)."""
+    """Per-op traffic of one counted region (bytes; read + written), and ``syncs`` {op: calls that make the host wait
+    for the device on CUDA} (:func:`kvcache.measuring.counting.op_bytes.host_sync`)."""
 
     ops: dict[str, OpTraffic] = field(default_factory=lambda: defaultdict(OpTraffic))
     scopes: dict[str, TrafficCount] = field(default_factory=dict)
+    syncs: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
     @property
     def read(self) -> int:
@@ -82,12 +84,31 @@ class TrafficCount:
         """ATen ops dispatched that moved data (not views or allocations)."""
         return sum(o.data_calls for o in self.ops.values())
 
-    def add(self, name: str, read: int, written: int) -> None:
+    @property
+    def host_syncs(self) -> int:
+        """Calls that make the host wait for the device on CUDA (host syncs)."""
+        return sum(self.syncs.values())
+
+    def add(self, name: str, read: int, written: int, sync: bool = False) -> None:
+        if sync:
+            self.syncs[name] += 1
         entry = self.ops[name]
         entry.calls += 1
         entry.data_calls += 1 if read or written else 0
         entry.read += read
         entry.written += written
+
+    def merge(self, other: TrafficCount) -> TrafficCount:
+        """Add ``other``'s ops and host syncs (not its scopes) to this count, as one region; return this count."""
+        for name, op in other.ops.items():
+            entry = self.ops[name]
+            entry.calls += op.calls
+            entry.data_calls += op.data_calls
+            entry.read += op.read
+            entry.written += op.written
+        for name, calls in other.syncs.items():
+            self.syncs[name] += calls
+        return self
 
     def scope(self, label: str) -> TrafficCount:
         """The ops charged while the module labelled ``label`` ran (an empty count when it never ran)."""
@@ -179,11 +200,15 @@ class TrafficCounter(TorchDispatchMode):
             read, written = charge(func, args, kwargs, out)
         except Exception:  # noqa: BLE001 - never let counting break the model; charge plainly
             read, written = inputs_read(args, kwargs), 0
-        self.count.add(name, read, written)
+        try:
+            sync = host_sync(func, args, kwargs)
+        except Exception:  # noqa: BLE001 - never let counting break the model
+            sync = False
+        self.count.add(name, read, written, sync)
         for observer in self.observers:
             observer.observe(func, args, kwargs, out, self.active)
         for label in dict.fromkeys(self.active):
-            self.count.scopes.setdefault(label, TrafficCount()).add(name, read, written)
+            self.count.scopes.setdefault(label, TrafficCount()).add(name, read, written, sync)
         return out
 
 
@@ -251,7 +276,9 @@ def counted_passes(counts: dict[int, TrafficCount], bytes_per_token: int, *, min
     not grow with context: step bytes at the smallest context minus passes × its KV bytes),
     ``weight_passes`` = fixed bytes / ``weight_bytes``; ``ops_per_step`` / ``data_ops_per_step`` are the
     ATen ops dispatched between the model's forward call and its return (scope :data:`FORWARD`) at the
-    largest context, all of them / the ones that moved data. ``layers`` lets the gate allow a rise per layer.
+    largest context, all of them / the ones that moved data; ``host_syncs_per_step`` / ``host_syncs`` {op: calls}:
+    the ops of the whole step at the largest context that make the host wait for the device on CUDA (the decode
+    loop's own included). ``layers`` lets the gate allow a rise per layer.
     """
     contexts = sorted(counts)
     if len(contexts) < 2:
@@ -271,6 +298,8 @@ def counted_passes(counts: dict[int, TrafficCount], bytes_per_token: int, *, min
         calls={name: op.calls for name, op in sorted(hi.ops.items())},
         ops_per_step=forward.calls if forward else None,
         data_ops_per_step=forward.data_calls if forward else None,
+        host_syncs_per_step=hi.host_syncs,
+        host_syncs=dict(sorted(hi.syncs.items())),
         fixed_bytes=fixed,
         weight_bytes=weight_bytes,
         weight_passes=fixed / weight_bytes if weight_bytes else None,
