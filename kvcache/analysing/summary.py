@@ -37,7 +37,8 @@ LEDGER_HEADER = ["cache", "op", "counted", "timed [CI]", "ms/step at largest con
 SUMMARY_MEASURES = tuple(v.name for v in measure_table.VERDICTS if v.summarised)
 #: The summarised measures the tables and lines above the verdicts show; any other is a row of the figures table.
 SHOWN_APART = ("timed", "counted", "intercept", "r2", "ops", "weight_passes", "allocated", "peak", "held", "gpu",
-               "backend", "ledger")
+               "backend", "ledger", "syncs", "periodic", "per_token", "prefill", "prefill_extra")  # the last five:
+# the notes under a class's counted line (counted_notes) and the decoding lines (decoding.summary_lines)
 
 
 def measured_verdicts(kv: KV) -> dict[str, dict[str, Verdict]]:

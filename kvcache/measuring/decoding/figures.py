@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from kvcache.analysing.decoding import PHASES
-from kvcache.analysing.records.counted import PhaseTraffic, Traffic
+from kvcache.analysing.records.counted import Traffic
+from kvcache.analysing.records.step_parts import PhaseTraffic
 from kvcache.measuring.counting.traffic import TrafficCount, op_passes
 from kvcache.measuring.decoding.base import OTHER, DecodingStrategy
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from kvcache.analysing.records.counted import PrefillTraffic
+from kvcache.analysing.records.step_parts import PrefillTraffic
 from kvcache.measuring import attention, caches, compat
 from kvcache.measuring.cachespec import CacheRequest
 from kvcache.measuring.counting.traffic import TrafficCount, TrafficCounter, op_passes
