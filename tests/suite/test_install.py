@@ -178,7 +178,8 @@ def test_unrelated(request):
     assert request.config.pluginmanager.has_plugin("kvcache.plugin")
     heavy = ("torch", "transformers", "numpy", "kvcache.measuring", "kvcache.analysing")
     # the options table the plugin declares and the settings it parses them into (with --kv-decoding's names): stdlib
-    table = ("kvcache.analysing", "kvcache.analysing.options", "kvcache.analysing.settings", "kvcache.analysing.decoding")
+    table = ("kvcache.analysing", "kvcache.analysing.options", "kvcache.analysing.settings",
+             "kvcache.analysing.decoding")
     loaded = sorted(m for m, module in sys.modules.items() if module is not None and m not in table
                     and any(m == h or m.startswith(h + ".") for h in heavy))
     allowed = [a for a in os.environ["KV_TEST_ALLOWED"].split(",") if a]  # packages checking --kv-* may import
