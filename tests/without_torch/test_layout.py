@@ -190,3 +190,15 @@ def test_no_module_is_over_the_limit_architecture_md_states():
     assert f"over {MAX_MODULE_LINES}\nlines" in page or f"over {MAX_MODULE_LINES} lines" in page
     over_400 = sorted(name for name, n in lengths.items() if n > 400)
     assert all(f"`{name}`" in page for name in over_400), f"over 400 lines, not named in architecture.md: {over_400}"
+
+
+def test_every_package_of_kvcache_is_in_the_wheel():
+    """pyproject.toml lists the wheel's packages by name: a new subpackage left out of it installs without its
+    modules (an ImportError in every installed run, never in the checkout)."""
+    import pytest
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11 and later
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
+    listed = set(setuptools["packages"])
+    found = {module_name(init) for init in PACKAGE.rglob("__init__.py")}
+    assert found - listed == set()
