@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from kvcache.analysing import decoding
 from kvcache.analysing.options import BY_FLAG, CONFIDENCE, OPTIONS, RESAMPLES
 
 ORDERS = ("interleaved", "ascending")
@@ -168,6 +169,25 @@ def _max_passes(option: str, text: Any) -> dict[str, float]:
         raise SettingsError(str(exc)) from None
 
 
+def _decoding(option: str, text: Any) -> tuple[str, ...]:
+    """``greedy,beam:4`` -> canonical strategy names (:mod:`kvcache.analysing.decoding`); an unknown form or a bad
+    number is a one-line SettingsError. (A chunk larger than the contexts: :func:`check_decoding`.)"""
+    try:
+        return decoding.parse_decoding(str(text))
+    except decoding.DecodingError as exc:
+        raise SettingsError(str(exc)) from None
+
+
+def check_decoding(strategies: tuple[str, ...], contexts: tuple[int, ...]) -> None:
+    """A ``chunked-prefill:C`` whose chunk is larger than the smallest context measured (``contexts``, tokens): a
+    one-line SettingsError."""
+    try:
+        for name in strategies:
+            decoding.parse_strategy(name, contexts)
+    except decoding.DecodingError as exc:
+        raise SettingsError(str(exc)) from None
+
+
 def _gpus(option: str, text: Any) -> tuple[str, ...]:
     """``t4,a100,t4@2.12`` -> GPU class names (:mod:`kvcache.analysing.sdpa.selection`, pure Python; ``@release``: under
     that torch release's rules); none (the default) imports nothing. An unknown name or release, or (for a name
@@ -206,6 +226,7 @@ PARSERS: dict[str, Parser] = {
     "--kv-compile": _choice(COMPILE_MODES),
     "--kv-driver": _choice(DRIVERS),
     "--kv-gpus": _gpus,
+    "--kv-decoding": _decoding,
     "--kv-batch": _whole(1),
     "--kv-ragged": _given,
     "--kv-ledger-steps": _whole(0),
@@ -282,6 +303,7 @@ class Settings:
     gpus: tuple[str, ...] = _default("--kv-gpus")  # GPU classes predicted (kvcache.analysing.sdpa.selection.GPUS)
     batch: int = _default("--kv-batch")  # sequences per decode step
     ragged: bool = _default("--kv-ragged")
+    decoding: tuple[str, ...] = _default("--kv-decoding")  # strategies (kvcache.analysing.decoding), crossed in caches
 
     @property
     def profiles_ledger(self) -> bool:

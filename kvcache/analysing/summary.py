@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvcache.analysing import tables
+from kvcache.analysing import decoding, tables
 from kvcache.analysing.estimates import finite, median
 from kvcache.analysing.judge import gate, judges, measure_table
 from kvcache.analysing.ledger import ADDS_UP, PROFILED_STEP
@@ -369,6 +369,7 @@ def lines(kv: KV) -> list[str]:
         ragged = finite(t.allocated_passes) is not None and t.batch is not None and t.batch.ragged
         per_allocated = f" ({t.allocated_passes:.3f} per allocated KV byte)" if ragged else ""
         out.append(f"counted {cache}: {num(t.passes, '.3f')} passes{per_allocated} = {tables.by_op(t.by_op)}")
+    out += decoding.summary_lines(kv.traffic, kv.memory)
     backends = backend_lines(kv)
     if backends:
         out += [BACKENDS_NOTE, *backends]

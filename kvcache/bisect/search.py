@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvcache.analysing.compare import skip_reason
+from kvcache.analysing.decoding import PHASES
 from kvcache.analysing.judge import measure_table
 from kvcache.analysing.judge.judges import COUNTED_RELATIVE_SLACK
 from kvcache.analysing.judge.rules import Rules
@@ -45,8 +46,9 @@ class Followed:
         return measure_table.concrete_path(self.measure, self.key)
 
 
-#: The keys of the per-key measures a bisect may name: the GPU classes torch's rules know, the SDPA backends.
-KEYS = {"gpu": tuple(GPUS), "backend": BACKENDS}
+#: The keys of the per-key measures a bisect may name: the GPU classes torch's rules know, the SDPA backends, the
+#: phases of a decoding strategy's step.
+KEYS = {"gpu": tuple(GPUS), "backend": BACKENDS, "phase": PHASES}
 
 
 def bisect_measures() -> dict[str, Followed]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any, Callable
 
+from kvcache.analysing import decoding
 from kvcache.measuring import attention as attentions
 from kvcache.measuring.cachespec import CacheRequest, CacheSpec, EntryPoints, Unsupported
 
@@ -46,6 +47,9 @@ def register_cache(name: str, build: Callable[[CacheRequest], Any] | None = None
     if attentions.SEPARATOR in str(name):
         raise ValueError(f"cache class name {name!r} contains '@', which separates a class from its attention "
                          "implementation in record keys (dynamic@eager): pick a name without it")
+    if decoding.STRATEGY_SEPARATOR in str(name):
+        raise ValueError(f"cache class name {name!r} contains '#', which separates a class from its decoding "
+                         "strategy in record keys (dynamic#beam:4): pick a name without it")
     _register_builtins()  # first, so that replace=True overrides a built-in and a clash is reported here
     if name in _REGISTRY and not replace:
         raise ValueError(f"cache class {name!r} is already registered (pass replace=True to override)")
@@ -73,7 +77,11 @@ def registry() -> dict[str, CacheSpec]:
 
 def get(name: str) -> CacheSpec:
     """The spec of a registered class, or of ``<class>@<attention>`` (the class under that attention implementation:
-    :func:`kvcache.measuring.attention.derived`)."""
+    :func:`kvcache.measuring.attention.derived`); a key with a decoding strategy (``dynamic#beam:4``) is its class's
+    spec named by the whole key (what the strategy does: :mod:`kvcache.measuring.decoding`)."""
+    base_key, strategy = decoding.split_strategy(name)
+    if strategy != decoding.GREEDY:
+        return _with_strategy(get(base_key), name)
     specs = registry()
     if name in specs:
         return specs[name]
@@ -81,6 +89,19 @@ def get(name: str) -> CacheSpec:
     if attention is None or base not in specs:
         raise unknown_class("", base if attention is not None else name, specs)
     return attentions.derived(specs[base], attention)
+
+
+_STRATEGY_SPECS: dict[str, CacheSpec] = {}
+
+
+def _with_strategy(base: CacheSpec, name: str) -> CacheSpec:
+    """``base`` named ``name`` (its ``<cache>#<strategy>`` key), outside ``--kv-caches all``; one spec per key."""
+    import dataclasses
+
+    spec = _STRATEGY_SPECS.get(name)
+    if spec is None or spec.build is not base.build:
+        spec = _STRATEGY_SPECS[name] = dataclasses.replace(base, name=name, in_all=False)
+    return spec
 
 
 def parse_caches(text: str) -> list[str]:
@@ -92,7 +113,13 @@ def parse_caches(text: str) -> list[str]:
     if not names:
         raise CacheError(f"--kv-caches {text!r} names no cache class; known: {', '.join(specs)}, or all")
     for name in names:
-        base, attention = attentions.split(name)
+        keyed, strategy = decoding.split_strategy(name)
+        if strategy != decoding.GREEDY:  # <class>[@<attention>]#<strategy>: the strategy's form checked here
+            try:
+                decoding.parse_strategy(strategy)
+            except decoding.DecodingError as exc:
+                raise CacheError(f"--kv-caches {name}: {exc}") from None
+        base, attention = attentions.split(keyed)
         if base not in specs:
             raise unknown_class("--kv-caches: ", base, specs)
         if attention is not None:  # <class>@<attention>: checked against the release's implementations

@@ -51,6 +51,7 @@ class DecodePoint:
     mask: torch.Tensor | None = None  # ragged: [batch, max_tokens] padding mask; a step passes its first slots
     step_start_ns: list[int] = field(default_factory=list)
     step_seconds: list[float] = field(default_factory=list)
+    strategy: Any = None  # --kv-decoding: the DecodingStrategy of a <cache>#<strategy> key (kvcache.measuring.decoding)
 
     def build(self) -> DecodePoint:
         """Make the cache, fill it to ``context`` tokens (untimed) and pick the first input token."""
@@ -60,6 +61,8 @@ class DecodePoint:
         attention.switch(self.model, self.cache_spec.attention)  # --kv-attn: <cache>@<attention> keys
         request = CacheRequest(self.model.config, self.max_tokens, self.device.torch_device, dtype, self.batch.size)
         self.cache = self.cache_spec.build(request)
+        if self.strategy is not None:  # its phases (a reorder, a crop) charged as such by the traffic counter
+            traffic.charge_methods(self.cache, self.strategy.cache_phases())
         gen = torch.Generator(device="cpu").manual_seed(self.seed)
         where = self.device.torch_device
         with torch.inference_mode():

@@ -65,13 +65,15 @@ class StepMarks:
         return [(b - a) / 1e9 for a, b in zip(self.marks_ns, self.marks_ns[1:])]
 
 
-def generation_config(model: Any, new_tokens: int) -> Any:
-    """Greedy, exactly ``new_tokens`` new tokens, no end-of-sequence token, no automatic compilation. (generate
-    fills a field left None here from the model's own generation config: see :func:`_without_eos`.)"""
+def generation_config(model: Any, new_tokens: int, options: dict[str, Any] | None = None) -> Any:
+    """Greedy, exactly ``new_tokens`` new tokens, no end-of-sequence token, no automatic compilation; ``options``
+    (a decoding strategy's: ``num_beams``, ``prefill_chunk_size`` ...) over these. (generate fills a field left None
+    here from the model's own generation config: see :func:`_without_eos`.)"""
     from transformers import GenerationConfig
 
-    config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, num_beams=1, use_cache=True,
-                              eos_token_id=None, pad_token_id=PAD_TOKEN)
+    fields = {"max_new_tokens": new_tokens, "do_sample": False, "num_beams": 1, "use_cache": True,
+              "eos_token_id": None, "pad_token_id": PAD_TOKEN, **(options or {})}
+    config = GenerationConfig(**fields)
     if hasattr(config, "disable_compile"):  # 4.50+: generate compiles static-cache decode on accelerators itself
         config.disable_compile = True
     return config
@@ -118,7 +120,8 @@ class GeneratePoint(DecodePoint):
         try:
             with torch.inference_mode(), _without_eos(self.model):
                 out = self.model.generate(input_ids=self.input_ids, attention_mask=mask,
-                                          generation_config=generation_config(self.model, new_tokens),
+                                          generation_config=generation_config(self.model, new_tokens,
+                                                                              self.generation_options()),
                                           stopping_criteria=_criteria([marks]),
                                           **{compat.cache_keyword(self.model): self.cache})
         finally:
@@ -132,6 +135,10 @@ class GeneratePoint(DecodePoint):
         self.next_ids = out[:, -1:]
         self.position += new_tokens
         return marks
+
+    def generation_options(self) -> dict[str, Any]:
+        """The decoding strategy's fields of the GenerationConfig (none for greedy)."""
+        return self.strategy.generation_options() if self.strategy is not None else {}
 
     def step(self) -> torch.Tensor:
         """One generate call of one step (for code that steps a point one token at a time: the probe, the

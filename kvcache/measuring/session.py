@@ -14,6 +14,8 @@ import gc
 import os
 import platform
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +32,7 @@ from kvcache.analysing.records.jsonrecord import Record
 from kvcache.analysing.records.measured import Context
 from kvcache.analysing.records.timed import CopyMeasurement, LedgerPoint, Point
 from kvcache.analysing.settings import Settings
-from kvcache.measuring import caches, decode, ledger, stages
+from kvcache.measuring import caches, decode, decoding, ledger, stages
 from kvcache.measuring.bandwidth import measure_copy
 from kvcache.measuring.batch import BatchShape
 from kvcache.measuring.compiled.lifecycle import CompiledDecode
@@ -90,6 +92,22 @@ class KVSession:
         self.generating = self.settings.driver == "generate"
         self.counting = Counting(self)
         self.compiled = CompiledDecode(self)  # --kv-compile
+
+    def batch_of(self, strategy: Any) -> BatchShape:
+        """The batch a point of ``strategy`` holds: ``--kv-batch`` sequences × its rows (beam search: N beams)."""
+        return BatchShape(self.settings.batch * strategy.rows(), self.settings.ragged)
+
+    @contextmanager
+    def decoding(self, cache: str) -> Iterator[Any]:
+        """For the duration, :attr:`batch` (and so :meth:`held`, the denominator of every pass) is the batch the
+        key's strategy holds (all beams); yields the strategy (:mod:`kvcache.measuring.decoding`)."""
+        strategy = decoding.strategy_for(cache)
+        own = self.batch
+        self.batch = self.batch_of(strategy)
+        try:
+            yield strategy
+        finally:
+            self.batch = own
 
     def held(self, context: int, tokens: float, kind: str | None = None) -> float:
         """Logical KV bytes the batch's sequences hold once the longest holds ``tokens`` (its fill: ``context``);
@@ -165,6 +183,7 @@ class KVSession:
         ``compiled_forward``: on the model with its forward compiled (``--kv-compile``); ``staged``: the point of a
         timed measurement, whose preparation ends (:func:`stages.prepared`) between its fill and its warm-up."""
         spec = caches.get(cache)
+        strategy = decoding.strategy_for(cache)
         reason = caches.cache_unavailable_reason(spec, self.device.type) or (
             self.compiled.unavailable_reason() if compiled_forward else None)
         if reason:
@@ -176,13 +195,18 @@ class KVSession:
             what = "--kv-driver generate" if self.generating else f"--kv-compile {self.settings.compile}"
             raise self.skip(cache, None, f"{what}: {cache} steps the model its own way (its own point), which "
                                          f"{'generate() does not run' if self.generating else 'is not compiled'}")
+        reason = strategy.unavailable(spec, self)
+        if reason:
+            raise self.skip(cache, None, reason)
         model, mspec = self.model()
         if compiled_forward:
             model = self.compiled.model()
         try:
-            return decode.open_point(model, mspec, spec, self.device, context, warmup=warmup, steps=steps,
-                                     fill=self.settings.fill, seed=self.settings.seed, batch=self.batch,
-                                     point_type=GeneratePoint if self.generating else None,
+            return decode.open_point(model, mspec, spec, self.device, context, warmup=warmup,
+                                     steps=steps + strategy.extra_slots(), fill=self.settings.fill,
+                                     seed=self.settings.seed, batch=self.batch_of(strategy),
+                                     point_type=strategy.point(GeneratePoint if self.generating else
+                                                               decode.DecodePoint),
                                      on_filled=stages.prepared if staged else None)
         except decode.PointSkip as exc:
             raise self.skip(cache, context, str(exc)) from None
@@ -224,7 +248,12 @@ class KVSession:
     # --- timed ---
     def run_timed(self, point: PointId, benchmark: Any, kind: str = "timed") -> None:
         """Fill untimed, warm up, then time ``steps`` single steps (each bracketed by a device sync) through
-        pytest-benchmark; then count the bytes of one more step for the achieved bandwidth."""
+        pytest-benchmark; then count the bytes of one more step for the achieved bandwidth. Per KV byte the key's
+        strategy holds (:meth:`decoding`)."""
+        with self.decoding(point.cache):
+            self._run_timed(point, benchmark, kind)
+
+    def _run_timed(self, point: PointId, benchmark: Any, kind: str) -> None:
         s = self.settings
         self.warm_model()
         compiling = s.compile != "off"
@@ -288,6 +317,10 @@ class KVSession:
         """Profile ``--kv-ledger-steps`` steps of one (cache, context) after a fill and warm-up (never inside a
         timed round), as many plain steps between them (not with ``--kv-driver generate``, whose steps one call takes);
         emit a ``ledger`` record: seconds per step, per op, per plain step (see :mod:`kvcache.measuring.ledger`)."""
+        with self.decoding(point.cache):
+            return self._run_ledger(point)
+
+    def _run_ledger(self, point: PointId) -> LedgerPoint:
         s = self.settings
         problem = ledger.unavailable(cuda=self.device.type == "cuda")
         if problem:
@@ -333,7 +366,8 @@ class KVSession:
         (:mod:`kvcache.measuring.counting.class_count`);
         with ``--kv-compile`` its compiled step counted too (full-attention models); emits the ``traffic`` record and
         returns ``kv.traffic.<cache>``."""
-        counted = self.counting.count(cache)
+        with self.decoding(cache):
+            counted = self.counting.count(cache)
         self.probes[cache] = counted.probe
         if counted.memory is not None:
             self.memories[cache] = counted.memory

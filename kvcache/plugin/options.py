@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from kvcache.analysing import decoding
 from kvcache.analysing.options import OPTIONS
-from kvcache.analysing.settings import Settings, SettingsError, check_choice, parse_options
+from kvcache.analysing.settings import Settings, SettingsError, check_choice, check_decoding, parse_options
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -30,9 +31,10 @@ def given_options(config: pytest.Config) -> list[str]:
 def settings_from(config: pytest.Config) -> Settings:
     """Validated settings; any bad value is a one-line SettingsError. Each option is read by its parser
     (:data:`kvcache.analysing.settings.PARSERS`); then the cache classes are checked against the registry and crossed
-    with ``--kv-attn``, the bounds of ``--kv-max-passes`` against the classes, the dtype against the model presets'
-    names, and the options that cannot go together. Imports no torch: the registry and the model presets are plain
-    Python until something is built."""
+    with ``--kv-attn`` and ``--kv-decoding`` (``<cache>@<attention>#<strategy>`` keys), the bounds of
+    ``--kv-max-passes`` against the classes, the dtype against the model presets' names, and the options that
+    cannot go together. Imports no torch: the registry and the model presets are plain Python until something is
+    built."""
     from kvcache.analysing import presets
     from kvcache.analysing.judge.baseline import NO_BASELINE
     from kvcache.measuring import caches
@@ -44,6 +46,8 @@ def settings_from(config: pytest.Config) -> Settings:
     except caches.CacheError as exc:
         raise SettingsError(str(exc)) from None
     values["caches"] = _crossed_with_attention(caches_, str(given["--kv-attn"]))
+    check_decoding(values["decoding"], (*values["counted_contexts"], *values["contexts"]))
+    values["caches"] = tuple(decoding.cross_strategies(values["caches"], values["decoding"]))
     for name in values["max_passes"]:
         if name not in caches.registry() and name not in values["caches"]:
             raise SettingsError(f"--kv-max-passes: unknown cache class {name!r}; known: "

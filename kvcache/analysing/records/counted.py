@@ -33,7 +33,11 @@ class Traffic(Record):
     layer kind: :class:`KindTraffic`), ``compiled`` (--kv-compile: the compiled step's unfused and fused counts),
     ``allocated_bytes``/``allocated_passes``/``batch`` (--kv-batch: the left-padded batch, :class:`ServedBatch`),
     ``backends`` ({backend: :class:`BackendCount`}: the step under each SDPA backend a CUDA GPU runs), ``gpus``
-    (--kv-gpus: {GPU class: :class:`GpuPrediction`}): see kv.schema.json."""
+    (--kv-gpus: {GPU class: :class:`GpuPrediction`}). A key decoded other than greedily (``<cache>#<strategy>``,
+    --kv-decoding) adds ``strategy``, ``rows`` (sequences the cache holds per --kv-batch sequence: beams),
+    ``tokens_per_step`` and ``passes_per_token`` (passes / tokens each sequence gained in the step), ``phases``
+    ({forward, reorder, crop, draft: :class:`PhaseTraffic`}) and, for chunked prefill, ``prefill``
+    (:class:`PrefillTraffic`): see kv.schema.json."""
 
     passes: float | None
     by_op: dict[str, float] = field(default_factory=dict)
@@ -58,6 +62,12 @@ class Traffic(Record):
     batch: ServedBatch | None = None
     backends: dict[str, BackendCount] | None = None
     gpus: dict[str, GpuPrediction] | None = None
+    strategy: str | None = None
+    rows: int | None = None
+    tokens_per_step: float | None = None
+    passes_per_token: float | None = None
+    phases: dict[str, PhaseTraffic] | None = None
+    prefill: PrefillTraffic | None = None
     extra: dict[str, Any] = extra_field()
     absent: frozenset[str] = absent_field()
 
@@ -65,7 +75,8 @@ class Traffic(Record):
     def _readers(cls) -> dict[str, Reader]:
         return {"beyond": TrafficBeyond.from_json, "kinds": object_of(KindTraffic.from_json),
                 "compiled": CompiledTraffic.from_json, "batch": ServedBatch.from_json,
-                "backends": object_of(BackendCount.from_json), "gpus": object_of(GpuPrediction.from_json)}
+                "backends": object_of(BackendCount.from_json), "gpus": object_of(GpuPrediction.from_json),
+                "phases": object_of(PhaseTraffic.from_json), "prefill": PrefillTraffic.from_json}
 
     def gpu_counted(self) -> dict[str, Counted]:
         """``gpus`` (--kv-gpus) as the counted figure of each GPU class: the passes counted under the SDPA backend
@@ -81,6 +92,43 @@ class Traffic(Record):
         if fused is None:
             return Counted(None, {}, self.compiled.error)
         return Counted(fused.passes, dict(fused.by_kernel), self.compiled.error or fused.error)
+
+
+@dataclass
+class PhaseTraffic(Record):
+    """``kv.traffic.<cache>.phases.<phase>`` (forward, reorder, crop, draft): the counted step's ops charged to one
+    phase of its decoding strategy: ``passes`` (Δ bytes read + written in that phase / Δ logical KV bytes held, the
+    same denominator as the step's), per op in ``by_op``; ``step_bytes`` {context: bytes of that phase}."""
+
+    passes: float | None = None
+    by_op: dict[str, float] = field(default_factory=dict)
+    step_bytes: dict[str, int] | None = None
+    extra: dict[str, Any] = extra_field()
+    absent: frozenset[str] = absent_field()
+
+
+@dataclass
+class PrefillTraffic(Record):
+    """``kv.traffic.<cache>.prefill`` (``chunked-prefill:C``): bytes an empty cache's prefill of ``context`` tokens
+    moves per logical KV byte it leaves in the cache (``kv_bytes``): ``passes`` in ``chunk``-token chunks, per op
+    in ``by_op``; ``unchunked_passes``/``unchunked_by_op`` in one forward; ``extra_passes`` (chunked − unchunked)
+    and ``extra_by_op``: what chunking adds, in cache sizes; ``chunks``; ``step_bytes`` {chunked, unchunked};
+    passes None with ``error`` where the release cannot chunk a prefill."""
+
+    context: int | None = None
+    chunk: int | None = None
+    chunks: int | None = None
+    kv_bytes: float | None = None
+    passes: float | None = None
+    by_op: dict[str, float] = field(default_factory=dict)
+    unchunked_passes: float | None = None
+    unchunked_by_op: dict[str, float] = field(default_factory=dict)
+    extra_passes: float | None = None
+    extra_by_op: dict[str, float] = field(default_factory=dict)
+    step_bytes: dict[str, int] | None = None
+    error: str | None = None
+    extra: dict[str, Any] = extra_field()
+    absent: frozenset[str] = absent_field()
 
 
 @dataclass
@@ -210,7 +258,8 @@ class Memory(Record):
     """``kv.memory.<cache>``: counted memory of the counted step (``kvcache.measuring.counting.memory``), each figure
     the slope of the step's bytes against the KV bytes held between the counted ``contexts``, in bytes per KV byte:
     ``allocated_passes`` (bytes the step allocates), ``peak_passes`` (its high-water mark above what was live before
-    it), ``held_passes`` (bytes live after it), per op in ``allocated_by_op``/``peak_by_op``; ``peak_factor`` (bytes
+    it), ``held_passes`` (bytes live after it; ``held_new_passes``: of them, in storages the step made: a cache that
+    moved to a new allocation), per op in ``allocated_by_op``/``peak_by_op``; ``peak_factor`` (bytes
     live at its peak per KV byte) against the class's ``declared_factor`` plus ``attention_factor`` (the attention's
     own K/V copies, where it expands them) (``factor_problem`` when it needs more);
     ``steps`` per context, ``source``, ``allocator`` (CUDA: the same from torch.cuda's statistics,
@@ -223,6 +272,7 @@ class Memory(Record):
     held_passes: float | None = None
     peak_factor: float | None = None
     allocated_by_op: dict[str, float] = field(default_factory=dict)
+    held_new_passes: float | None = None
     peak_by_op: dict[str, float] = field(default_factory=dict)
     contexts: list[int] | None = None
     kv_bytes: dict[str, float] | None = None
@@ -296,8 +346,9 @@ class KindMemory(Record):
 @dataclass
 class MemoryStep(Record):
     """``kv.memory.<cache>.steps.<context>``: bytes of one counted step: live when it started (``before``),
-    ``allocated`` by it, its high-water mark above before (``peak``), live after it (``held``); per op (``by_op``,
-    ``peak_by_op``); ``allocator``: torch.cuda's statistics of the same step (CUDA)."""
+    ``allocated`` by it, its high-water mark above before (``peak``), live after it (``held``; ``held_new``: of it,
+    in storages the step made); per op (``by_op``, ``peak_by_op``); ``allocator``: torch.cuda's statistics of the
+    same step (CUDA)."""
 
     before: int | None = None
     allocated: int | None = None
@@ -306,6 +357,7 @@ class MemoryStep(Record):
     by_op: dict[str, int] = field(default_factory=dict)
     peak_by_op: dict[str, int] = field(default_factory=dict)
     allocator: dict[str, int] | None = None
+    held_new: int | None = None
     extra: dict[str, Any] = extra_field()
     absent: frozenset[str] = absent_field()
 

@@ -60,11 +60,14 @@ VOLATILE_CONFIG_FIELDS = ("_name_or_path", "transformers_version")
 def recorded_settings(settings: Settings) -> RunSettings:
     """The settings as a run records them (``kv.settings``): ``model`` is the model's identity (:func:`model_key`: a
     local directory as ``name@confighash``), and a directory's path as given is kept beside it as ``model_path``;
-    ``gpus`` only when ``--kv-gpus`` was given (a run without it keeps its settings as before)."""
+    ``gpus`` only when ``--kv-gpus`` was given, ``decoding`` only when not greedy alone (a run without them keeps its
+    settings as before)."""
     values = {spec.name: getattr(settings, spec.name) for spec in fields(settings)}
     values = {k: list(v) if isinstance(v, tuple) else dict(v) if isinstance(v, dict) else v for k, v in values.items()}
     if not settings.gpus:
         del values["gpus"]
+    if tuple(settings.decoding) == ("greedy",):  # --kv-decoding greedy alone: the settings as before it existed
+        del values["decoding"]
     values["model"] = model_key(settings.model)
     if values["model"] != settings.model:
         values["model_path"] = settings.model

@@ -25,10 +25,11 @@ from kvcache.analysing.records.counted import (
 )
 from kvcache.analysing.records.measured import ClassCount
 from kvcache.analysing.sdpa import selection as sdpa_rules
-from kvcache.measuring import attention, caches, compat
+from kvcache.measuring import attention, caches, compat, decoding
 from kvcache.measuring.attention import DEFAULT as SDPA
 from kvcache.measuring.counting import backends, memory, traffic
 from kvcache.measuring.counting.probe import probe
+from kvcache.measuring.decoding import figures
 from kvcache.measuring.generate import leading_steps
 
 COUNT_WARMUP = 2  # decode steps before a counted one: enough for lazy initialisation; bytes do not change after
@@ -65,6 +66,7 @@ class Counting:
 
     def __init__(self, session: Any) -> None:
         self.session = session
+        self.tokens_per_step = 1.0  # of the last counted step (its strategy's: kvcache.measuring.decoding)
 
     def count(self, cache: str) -> ClassCount:
         """Counted passes of ``cache`` (steps counted at the counted contexts), its attention probe and counted
@@ -72,7 +74,8 @@ class Counting:
         s = self.session
         model, spec = s.model()
         contexts = tuple(s.settings.counted_contexts)
-        scopes: dict[Any, str] = {model: traffic.FORWARD}
+        strategy = decoding.strategy_for(cache)
+        scopes: dict[Any, str] = figures.scopes_with(strategy, s, {model: traffic.FORWARD})
         if spec.mixed:  # below every window (ModelSpec.counted_contexts), ops charged per decoder layer too
             contexts = spec.counted_contexts(contexts)
             scopes.update(traffic.layer_scopes(model))
@@ -81,6 +84,9 @@ class Counting:
         result = traffic.counted_passes(steps.counts, spec.bytes_per_token, kv_bytes=held, layers=spec.layers,
                                         weight_bytes=spec.weight_bytes)
         self._add_held_and_stored(cache, steps, result)
+        if not strategy.strategy.greedy:  # --kv-decoding: per token, by phase, and what the strategy adds
+            figures.add_strategy(strategy, steps.counts, held, self.tokens_per_step, result)
+            strategy.add_figures(self, cache, result)
         measured = self._memory(cache, steps)
         if spec.mixed:
             self._add_kinds(cache, steps, scopes, result, measured)
@@ -198,6 +204,8 @@ class Counting:
                 out.memory[context], out.scopes[context] = tracker.step, tracker.scopes
             out.tokens[context] = dp.position  # after the step: the tokens its attention read
             out.stored[context] = compat.stored_bytes(dp.cache)
+            if dp.strategy is not None:
+                self.tokens_per_step = dp.strategy.tokens_per_step(dp)
             if context == probe_at:
                 out.probe = probe(dp.step, spec.heads, spec.kv_heads).record()
             dp.release()

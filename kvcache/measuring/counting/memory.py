@@ -165,6 +165,7 @@ class MemoryTracker:
         gc.unfreeze()
         step.before = self.before
         step.held = sum(self.live.values()) + sum(self.pre.values())
+        step.held_new = sum(self.live.values())  # of which in storages the step made (a cache moved or reallocated)
         for key, nbytes in [*self.live.items(), *self.pre.items()]:
             if key in self.scope_of:
                 label = self.scope_of[key]
@@ -205,8 +206,9 @@ def memory_passes(steps: dict[int, MemoryStep], kv_bytes: dict[int, float], *, d
     and largest context per logical KV byte (``kv_bytes``: {context: bytes held}), like counted passes.
 
     ``allocated_passes`` (bytes the step allocates), ``peak_passes`` (its high-water mark above what was live before
-    it), ``held_passes`` (bytes live after it), ``peak_factor`` (bytes live at the step's peak, ``before + peak``: the
-    cache sizes it needs, what :attr:`CacheSpec.memory_factor` declares); ``allocated_by_op`` / ``peak_by_op`` per op
+    it), ``held_passes`` (bytes live after it; ``held_new_passes``: of them, in storages the step made: a cache
+    that moved to a new allocation, as a StaticCache's buffer under beam search's reorder), ``peak_factor`` (bytes
+    live at the step's peak, ``before + peak``: the cache sizes it needs, what :attr:`CacheSpec.memory_factor` declares); ``allocated_by_op`` / ``peak_by_op`` per op
     (slopes below ``min_op_passes`` left out); ``steps`` {context: the step's bytes}; ``declared_factor`` and, when the
     measured peak needs more than it plus ``attention_factor`` (the cache sizes the attention implementation's own K/V
     copies hold: :func:`kvcache.measuring.attention.copies_factor`, recorded when not 0), ``factor_problem`` (one
@@ -232,6 +234,8 @@ def memory_passes(steps: dict[int, MemoryStep], kv_bytes: dict[int, float], *, d
         "allocated_passes": slope(lo.allocated, hi.allocated),
         "peak_passes": slope(lo.peak, hi.peak),
         "held_passes": slope(lo.held, hi.held),
+        **({"held_new_passes": slope(lo.held_new, hi.held_new)}
+           if lo.held_new is not None and hi.held_new is not None else {}),
         "peak_factor": slope(lo.before + lo.peak, hi.before + hi.peak),
         "allocated_by_op": per_op(lo.by_op, hi.by_op),
         "peak_by_op": per_op(lo.peak_by_op, hi.peak_by_op),

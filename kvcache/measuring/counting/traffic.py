@@ -8,6 +8,8 @@ The counter and torch.profiler never nest (:class:`NestingError`; docs/how-it-me
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -183,6 +185,42 @@ class TrafficCounter(TorchDispatchMode):
         for label in dict.fromkeys(self.active):
             self.count.scopes.setdefault(label, TrafficCount()).add(name, read, written)
         return out
+
+
+@contextmanager
+def phase(label: str) -> Iterator[None]:
+    """Charge the ops run inside to the scope ``label`` too, in every traffic counter active on this thread (a
+    decoding phase that is no module: a beam reorder, a speculative crop; :mod:`kvcache.measuring.decoding`)."""
+    counters = active_counters()
+    for counter in counters:
+        counter.active.append(label)
+    try:
+        yield
+    finally:
+        for counter in counters:
+            counter._leave(label)
+
+
+def charge_methods(cache: Any, phases: dict[str, str]) -> None:
+    """Wrap ``cache``'s methods named in ``phases`` (on the instance) so that the ops they run are charged to their
+    phase by every active traffic counter (:func:`phase`): what its layers do
+    inside the call included."""
+    def wrap(obj: Any, method: str, label: str) -> None:
+        own = getattr(obj, method, None)
+        if own is None or getattr(own, "_kv_phase", None):
+            return
+
+        def charged(*args: Any, **kwargs: Any) -> Any:
+            with phase(label):
+                return own(*args, **kwargs)
+        charged._kv_phase = label  # type: ignore[attr-defined]
+        try:
+            setattr(obj, method, charged)
+        except (AttributeError, TypeError):
+            pass
+
+    for method, label in phases.items():
+        wrap(cache, method, label)
 
 
 def count(fn: Any, *args: Any, scopes: dict[Any, str] | None = None, **kwargs: Any) -> tuple[Any, TrafficCount]:
