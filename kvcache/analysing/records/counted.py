@@ -36,8 +36,9 @@ class Traffic(Record):
     (--kv-gpus: {GPU class: :class:`GpuPrediction`}). A key decoded other than greedily (``<cache>#<strategy>``,
     --kv-decoding) adds ``strategy``, ``rows`` (sequences the cache holds per --kv-batch sequence: beams),
     ``tokens_per_step`` and ``passes_per_token`` (passes / tokens each sequence gained in the step), ``phases``
-    ({forward, reorder, crop, draft: :class:`PhaseTraffic`}) and, for chunked prefill, ``prefill``
-    (:class:`PrefillTraffic`): see kv.schema.json."""
+    ({forward, reorder, crop, draft: :class:`PhaseTraffic`}), for chunked prefill ``prefill``
+    (:class:`PrefillTraffic`) and for assisted decoding and prompt lookup ``draft`` (:class:`DraftTraffic`): see
+    kv.schema.json."""
 
     passes: float | None
     by_op: dict[str, float] = field(default_factory=dict)
@@ -68,6 +69,7 @@ class Traffic(Record):
     passes_per_token: float | None = None
     phases: dict[str, PhaseTraffic] | None = None
     prefill: PrefillTraffic | None = None
+    draft: DraftTraffic | None = None
     extra: dict[str, Any] = extra_field()
     absent: frozenset[str] = absent_field()
 
@@ -76,7 +78,8 @@ class Traffic(Record):
         return {"beyond": TrafficBeyond.from_json, "kinds": object_of(KindTraffic.from_json),
                 "compiled": CompiledTraffic.from_json, "batch": ServedBatch.from_json,
                 "backends": object_of(BackendCount.from_json), "gpus": object_of(GpuPrediction.from_json),
-                "phases": object_of(PhaseTraffic.from_json), "prefill": PrefillTraffic.from_json}
+                "phases": object_of(PhaseTraffic.from_json), "prefill": PrefillTraffic.from_json,
+                "draft": DraftTraffic.from_json}
 
     def gpu_counted(self) -> dict[str, Counted]:
         """``gpus`` (--kv-gpus) as the counted figure of each GPU class: the passes counted under the SDPA backend
@@ -101,6 +104,28 @@ class PhaseTraffic(Record):
     same denominator as the step's), per op in ``by_op``; ``step_bytes`` {context: bytes of that phase}."""
 
     passes: float | None = None
+    by_op: dict[str, float] = field(default_factory=dict)
+    step_bytes: dict[str, int] | None = None
+    extra: dict[str, Any] = extra_field()
+    absent: frozenset[str] = absent_field()
+
+
+@dataclass
+class DraftTraffic(Record):
+    """``kv.traffic.<cache>.draft`` (``assisted:MODEL:K``, ``prompt-lookup:K``): the counted step's draft, beside the
+    main cache and never in its denominator: the draft ``model`` and its ``cache`` class, candidates ``drafted`` and
+    ``accepted`` (``acceptance`` = accepted / drafted); the draft phase per KV byte the draft's cache holds
+    (``passes``, ``passes_per_token``, ``by_op``; that cache's ``bytes_per_token``: None for prompt lookup, which has
+    none); ``step_bytes`` {context: bytes of the draft phase}."""
+
+    model: str | None = None
+    cache: str | None = None
+    drafted: int | None = None
+    accepted: float | None = None
+    acceptance: float | None = None
+    bytes_per_token: int | None = None
+    passes: float | None = None
+    passes_per_token: float | None = None
     by_op: dict[str, float] = field(default_factory=dict)
     step_bytes: dict[str, int] | None = None
     extra: dict[str, Any] = extra_field()
