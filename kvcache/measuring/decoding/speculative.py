@@ -8,11 +8,12 @@ forward (``forward``), and the main cache is cropped to the accepted ones (``cro
 main model's sequence; the draft's cache is reported beside it (``kv.traffic.<key>.draft``: the draft phase per KV
 byte the draft's cache holds), never in the main denominator.
 
-The point does not fill the cache: generate's first iteration prefills the prompt (so the draft model, which prefills
-its own cache from the same token ids, sees what the main model saw: ``assisted:self:K`` accepts every candidate); the
-counted iteration comes after at least one more. Prompt lookup's prompt is built of a token the model repeats after a
-run of itself, its start holding that pair followed by the K candidates every round's lookup then proposes, all of
-them acceptable (docs/decoding.md, "Prompt lookup")."""
+The point does not fill the cache: generate's first iteration prefills the prompt (so a draft model, which prefills
+its own cache from the same token ids, sees what the main model saw); the counted iteration comes after at least one
+more, in the same generate call. The prompt is a run of one token the model greedily repeats after a run of itself
+(random weights have such fixed points) and, for a random draft, one the draft does not: a self-draft's and a lookup's
+candidates (that token again) are all accepted, a random draft's none, the same at every context (docs/decoding.md,
+"Assisted decoding")."""
 
 from __future__ import annotations
 
@@ -61,25 +62,31 @@ def drafting(get_candidates: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
-def repeated_token(model: Any, device: Any) -> int:
+def repeated_token(model: Any, device: Any, draft: Any = None) -> int:
     """The smallest token the model greedily repeats after a run of 16 of itself (random weights have such fixed
-    points); RuntimeError when there is none."""
+    points), and, given a ``draft`` other than the model, one the draft does not repeat (so it proposes another
+    token, which the model rejects); RuntimeError when there is none."""
     vocab = model.config.vocab_size
     with torch.inference_mode():
         for start in range(0, vocab, FIXED_POINT_BATCH):
             tokens = torch.arange(start, min(vocab, start + FIXED_POINT_BATCH), device=device)
-            picked = model(input_ids=tokens.unsqueeze(1).repeat(1, 16)).logits[:, -1].argmax(-1)
-            hits = (picked == tokens).nonzero().flatten()
-            if hits.numel():
-                return int(tokens[hits[0]])
-    raise RuntimeError("no token the model repeats after a run of itself: prompt lookup's prompt cannot be built")
+            runs = tokens.unsqueeze(1).repeat(1, 16)
+            hits = model(input_ids=runs).logits[:, -1].argmax(-1) == tokens
+            if draft is not None and draft is not model:
+                hits &= draft(input_ids=runs).logits[:, -1].argmax(-1) != tokens
+            found = hits.nonzero().flatten()
+            if found.numel():
+                return int(tokens[found[0]])
+    raise RuntimeError("no token the model repeats after a run of itself (and the draft does not): the speculative "
+                       "prompt cannot be built")
 
 
-def lookup_prompt(token: int, length: int, k: int) -> list[int]:
-    """``length`` tokens, all ``token``: every round's last two tokens are ``token, token``, whose first match is the
-    prompt's start, so every lookup proposes the K tokens after it (``token`` again), which the model accepts."""
+def speculative_prompt(token: int, length: int, k: int) -> list[int]:
+    """``length`` tokens, all ``token`` (see the module docstring): the model repeats it, so a self-draft's and a
+    lookup's K candidates (``token`` again: every round's last two tokens are ``token, token``, whose first match is
+    the prompt's start) are all accepted, and a random draft's (another token) none."""
     if length < k + 4:
-        raise ValueError(f"prompt-lookup:{k} needs a context of at least {k + 4} tokens")
+        raise ValueError(f"a speculative strategy of {k} tokens needs a context of at least {k + 4} tokens")
     return [token] * length
 
 
@@ -111,7 +118,9 @@ class Speculative(DecodingStrategy):
         for :meth:`add_figures`)."""
         lengths = getattr(point, "lengths", [])
         tokens = float(lengths[-1] - lengths[-2]) if len(lengths) >= 2 else 1.0
-        _COUNTED[point.cache_spec.name] = {"tokens": tokens, "drafted": point.drafted, "cache": point.draft_cache}
+        seen = _COUNTED.setdefault(point.cache_spec.name, {"tokens": {}})
+        seen["tokens"][point.context] = tokens
+        seen.update(drafted=point.drafted, cache=point.draft_cache)
         return tokens
 
     def point(self, base: type) -> Callable[..., Any]:
@@ -143,6 +152,9 @@ class Speculative(DecodingStrategy):
         _, dspec = self.draft(model, s.device.torch_device, s.settings.dtype)
         seen = _COUNTED.pop(key, {})
         tokens, drafted = result.tokens_per_step, seen.get("drafted")
+        if len(set(seen.get("tokens", {}).values())) > 1:  # the slope would mix two different steps
+            raise RuntimeError(f"{key}: the counted iteration added {seen['tokens']} tokens at the counted contexts; "
+                               "passes between them would mix two different steps")
         record = DraftTraffic.of(model=self.strategy.draft, cache=seen.get("cache"), drafted=drafted,
                                  accepted=tokens - 1 if tokens else None,
                                  acceptance=(tokens - 1) / drafted if tokens and drafted else None)
@@ -208,11 +220,11 @@ class SpeculativePoint(GeneratePoint):
     def build(self) -> SpeculativePoint:
         super().build()
         self.lengths = []
-        if self.strategy.strategy.family == "prompt-lookup":
-            token = repeated_token(self.model, self.device.torch_device)
-            ids = lookup_prompt(token, self.input_ids.shape[1], self.strategy.k)
-            self.input_ids = torch.tensor([ids], device=self.device.torch_device)
-            self.next_ids = self.input_ids[:, -1:]
+        draft, _ = self.strategy.draft(self.model, self.device.torch_device, self.spec.dtype)
+        token = repeated_token(self.model, self.device.torch_device, draft)
+        ids = speculative_prompt(token, self.input_ids.shape[1], self.strategy.k)
+        self.input_ids = torch.tensor([ids], device=self.device.torch_device)
+        self.next_ids = self.input_ids[:, -1:]
         self.prompt = self.input_ids
         return self
 
