@@ -164,6 +164,12 @@ MEASURES: tuple[Measure, ...] = (
     Measure("prefill_extra", "prefill passes chunking adds", "passes", "traffic", "extra_passes", group="counted",
             tolerance="--kv-counted-tolerance", path=("prefill",), detail="extra_by_op",
             resolution=COUNTED_RESOLUTION, exported=True, bisected=True, watched=True),
+    Measure("draft", "draft passes per draft KV byte", "passes", "traffic", "passes", group="counted",
+            tolerance="--kv-counted-tolerance", path=("draft",), detail="by_op", resolution=COUNTED_RESOLUTION,
+            exported=True, bisected=True, watched=True),
+    Measure("draft_per_token", "draft passes per generated token", "passes", "traffic", "passes_per_token",
+            group="counted", tolerance="--kv-counted-tolerance", path=("draft",), resolution=COUNTED_RESOLUTION,
+            exported=True, bisected=True, watched=True),
     Measure("ledger", "timed passes per op", "passes", "ledger", "timed", "ledger", "timed", "--kv-ledger-tolerance",
             exact=False, interval="timed_ci", baseline="timed_ledger"),
 )
