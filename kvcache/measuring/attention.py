@@ -13,6 +13,7 @@ import os
 import re
 from typing import Any
 
+from kvcache.analysing import decoding
 from kvcache.analysing.records.counted import Probe
 from kvcache.measuring.cachespec import CacheSpec, EntryPoints, Unsupported
 
@@ -122,9 +123,13 @@ def parse_attentions(text: str) -> list[str]:
 
 def cross(caches: list[str] | tuple[str, ...], attentions: list[str]) -> list[str]:
     """Every class under every implementation, class by class: the keys a run measures (:func:`record_key`), each
-    once; a ``--kv-caches`` entry that already names its attention (``dynamic@eager``) is kept as it is."""
-    out = [cache if SEPARATOR in cache else record_key(cache, attention)
-           for cache in caches for attention in attentions]
+    once; a ``--kv-caches`` entry that already names its attention (``dynamic@eager``) is kept as it is, and one that
+    names a decoding strategy keeps it last (``dynamic#beam:4`` -> ``dynamic@eager#beam:4``)."""
+    out = []
+    for cache in caches:
+        keyed, strategy = decoding.split_strategy(cache)  # dynamic#beam:4 under eager: dynamic@eager#beam:4
+        out += [decoding.strategy_key(keyed if SEPARATOR in keyed else record_key(keyed, attention), strategy)
+                for attention in attentions]
     return list(dict.fromkeys(out))
 
 

@@ -2,9 +2,10 @@
 planted extra full copy of K and V per step (+2 passes: the copy reads the cache and writes it again), one with
 a planted whole-cache read (a reduction over K and V: +1 pass), one with three tiny extra ops per layer and no
 cache traffic (+3 ops per layer per step, passes unchanged); and a model hook that reads the embedding matrix
-once more per step (+its share of the weight bytes in weight passes). Registered as ``twin-clean``,
-``twin-planted``, ``twin-read`` and ``twin-extra-ops`` by the suite's ``benchmarks/conftest.py`` (never by the
-production registry); not part of ``--kv-caches all``."""
+once more per step (+its share of the weight bytes in weight passes); one whose beam-search reorder copies the cache
+twice (``twin-reorder``: +2 passes under ``--kv-decoding beam:N``, none greedy). Registered as ``twin-clean``,
+``twin-planted``, ``twin-read``, ``twin-extra-ops`` and ``twin-reorder`` by the suite's ``benchmarks/conftest.py``
+(never by the production registry); not part of ``--kv-caches all``."""
 
 from __future__ import annotations
 
@@ -42,6 +43,17 @@ class ExtraOpsCache(cache_utils.DynamicCache):
     def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
         key_states.sum().add(1).mul(2)
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+
+class PlantedReorderCache(cache_utils.DynamicCache):
+    """DynamicCache whose beam-search reorder copies the cache twice: ``reorder_cache`` (``index_select`` of every
+    layer's K and V) then a clone of each: +2 passes in a beam step's ``reorder`` phase, nothing under greedy
+    decoding (which never reorders)."""
+
+    def reorder_cache(self, beam_idx: Any) -> None:
+        super().reorder_cache(beam_idx)
+        for layer in self.layers:
+            layer.keys, layer.values = layer.keys.clone(), layer.values.clone()
 
 
 def read_embeddings_each_step(model: Any) -> Any:
@@ -106,6 +118,9 @@ def register() -> None:
                    description="test-only: DynamicCache, the clean twin of twin-planted")
     register_cache("twin-planted", planted, in_all=False, memory_factor=3.0, replace=True,
                    description="test-only: DynamicCache plus one planted full copy of K/V per step (+2 passes)")
+    register_cache("twin-reorder", lambda req: _new(PlantedReorderCache, req), in_all=False, replace=True,
+                   description="test-only: DynamicCache whose reorder_cache copies the cache twice (+2 passes under "
+                               "beam search, none under greedy)")
     register_cache("planted-recompile", lambda req: _new(RecompilingCache, req), in_all=False, replace=True,
                    description="test-only: DynamicCache that makes a compiled step recompile at every step")
     register_cache("planted-graph-break", lambda req: _new(GraphBreakCache, req), in_all=False, replace=True,

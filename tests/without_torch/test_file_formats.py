@@ -28,7 +28,7 @@ SETTINGS_KEYS = [
     "seed", "copy_bytes", "copy_repeats", "max_drift", "baseline", "update_baseline", "tolerance", "counted_tolerance",
     "memory_tolerance", "ops_tolerance", "weight_passes_tolerance", "ledger_tolerance", "max_passes", "min_r2",
     "confidence", "resamples", "gate", "strict", "remeasure", "remeasure_seconds", "ledger_steps", "threads", "compile",
-    "driver", "gpus", "batch", "ragged", "model_path"]
+    "driver", "gpus", "batch", "ragged", "decoding", "model_path"]
 
 
 def test_run_settings_are_the_settings_fields_declared_once():
@@ -39,10 +39,12 @@ def test_run_settings_are_the_settings_fields_declared_once():
 def test_recorded_settings_write_the_json_they_always_wrote():
     recorded = identity.recorded_settings(Settings(gpus=()))
     out = recorded.to_json()
-    assert list(out) == [k for k in SETTINGS_KEYS if k not in ("gpus", "model_path")]
+    assert list(out) == [k for k in SETTINGS_KEYS if k not in ("gpus", "decoding", "model_path")]
     assert out["caches"] == ["dynamic", "static"] and out["counted_contexts"] == [256, 512]
     assert out["max_passes"] == {} and out["threads"] == 1 and out["copy_bytes"] == 1024 << 20
     assert identity.recorded_settings(Settings(gpus=("t4",))).to_json()["gpus"] == ["t4"]
+    decoded = identity.recorded_settings(Settings(decoding=("greedy", "beam:4"))).to_json()
+    assert decoded["decoding"] == ["greedy", "beam:4"]
     assert RunSettings.from_json(out).to_json() == out
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from kvcache.analysing.fit import record_problem
 from kvcache.analysing.judge import gate
+from kvcache.analysing.judge.decoding_judge import decoding_entry
 from kvcache.analysing.judge.entries import (
     FIGURES,
     TIMED_NULLABLE,
@@ -193,6 +194,7 @@ def entries_of_run(kv: KV, recorded: str) -> tuple[dict[str, dict[str, dict[str,
             if gpus:
                 counted[cache]["gpu_passes"] = {gpu: figure.passes for gpu, figure in gpus.items()}
                 counted[cache]["gpu_by_op"] = {gpu: dict(figure.by_op) for gpu, figure in gpus.items()}
+            counted[cache].update(decoding_entry(traffic))
             problem = entry_problem(counted[cache])
             if problem:
                 del counted[cache]

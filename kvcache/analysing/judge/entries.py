@@ -65,6 +65,9 @@ FIGURES = {
     "memory_allocated_passes": Range(-MAX_PASSES, MAX_PASSES),
     "memory_peak_passes": Range(-MAX_PASSES, MAX_PASSES),
     "memory_held_passes": Range(-MAX_PASSES, MAX_PASSES),
+    # --kv-decoding keys: passes per generated token, the chunked prefill's passes per KV byte it leaves
+    "decoding_per_token": Range(0, MAX_PASSES, above=True),
+    "prefill_passes": Range(0, MAX_PASSES, above=True),
 }
 #: Every ``{op: number}`` map an entry holds, and the range of each number. An op's passes may be below 0: a
 #: counted op seen at the low context only has a falling slope, and a ledger op's timed slope is noise around 0.
@@ -74,6 +77,7 @@ OP_FIGURES = {
     "op_calls": Range(0, MAX_OPS, whole=True),
     "memory_allocated_by_op": Range(-MAX_PASSES, MAX_PASSES),
     "gpu_passes": Range(0, MAX_PASSES, above=True),  # {GPU class: counted passes under its SDPA backend}
+    "decoding_phases": Range(-MAX_PASSES, MAX_PASSES),  # {phase: counted passes} of a --kv-decoding key's step
 }
 #: Every ``{GPU class: {op: number}}`` map an entry holds, and the range of each number.
 NESTED_OP_FIGURES = {"gpu_by_op": Range(-MAX_PASSES, MAX_PASSES)}
@@ -151,7 +155,8 @@ class BaselineEntry(Record):
     decode speed in ms), counted (``counted_passes``, ``counted_by_op`` {op: passes}), counted overhead
     (``ops_per_step``, ``data_ops_per_step``, ``weight_passes``, ``fixed_bytes`` in bytes, ``layers``, ``op_calls``
     {op: calls}), counted memory (``memory_*_passes``: bytes per KV byte, ``memory_allocated_by_op``), counted passes
-    per GPU class (``gpu_passes`` {class: passes}, ``gpu_by_op`` {class: {op: passes}}; --kv-gpus), and where
+    per GPU class (``gpu_passes`` {class: passes}, ``gpu_by_op`` {class: {op: passes}}; --kv-gpus), a decoding
+    strategy's figures (``decoding_per_token``, ``decoding_phases`` {phase: passes}, ``prefill_passes``), and where
     they came from (``recorded``: ISO date-time, ``transformers``, ``torch``, ``model``, ``dtype``)."""
 
     timed_passes: float | None = None
@@ -173,6 +178,9 @@ class BaselineEntry(Record):
     memory_allocated_by_op: dict[str, float] | None = None
     gpu_passes: dict[str, float] | None = None
     gpu_by_op: dict[str, dict[str, float]] | None = None
+    decoding_per_token: float | None = None
+    decoding_phases: dict[str, float] | None = None
+    prefill_passes: float | None = None
     recorded: str | None = None
     transformers: str | None = None
     torch: str | None = None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+from kvcache.analysing.judge.decoding_judge import baseline_figures, decoding_figures, judge_decoding
 from kvcache.analysing.judge.entries import BaselineEntry
 from kvcache.analysing.judge.judges import (
     PRIORITY,
@@ -129,6 +130,10 @@ def judge_run(kv: KV, baseline: dict[str, dict[str, BaselineEntry]], rules: Rule
         if (traffic is not None and traffic.gpus) or (counted_base is not None and counted_base.gpu_passes):
             judged["gpus"] = judge_gpus(traffic.gpu_counted() if traffic is not None else {}, counted_base,
                                         tolerance=rules.counted_tolerance, key=keys["counted"])
+        decoding = decoding_figures(traffic) or baseline_figures(counted_base)
+        if decoding:  # a --kv-decoding key (<cache>#<strategy>): per token, by phase, the chunked prefill
+            judged["decoding"] = judge_decoding(traffic, counted_base, tolerance=rules.counted_tolerance,
+                                                key=keys["counted"])
         memory, memory_base = kv.memory.get(cache), entry("memory")
         if memory is not None or memory_base is not None:  # a run from before counted memory has no verdict of it
             judged["memory"] = judge_memory(memory, memory_base, rules=rules,

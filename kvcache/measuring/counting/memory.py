@@ -206,9 +206,10 @@ def memory_passes(steps: dict[int, MemoryStep], kv_bytes: dict[int, float], *, d
     and largest context per logical KV byte (``kv_bytes``: {context: bytes held}), like counted passes.
 
     ``allocated_passes`` (bytes the step allocates), ``peak_passes`` (its high-water mark above what was live before
-    it), ``held_passes`` (bytes live after it; ``held_new_passes``: of them, in storages the step made: a cache
-    that moved to a new allocation, as a StaticCache's buffer under beam search's reorder), ``peak_factor`` (bytes
-    live at the step's peak, ``before + peak``: the cache sizes it needs, what :attr:`CacheSpec.memory_factor` declares); ``allocated_by_op`` / ``peak_by_op`` per op
+    it), ``held_passes`` (bytes live after it; ``held_new_passes``: of them, in storages the step made: a cache that
+    moved to a new allocation, as a StaticCache's buffer under beam search's reorder), ``peak_factor`` (bytes live at
+    the step's peak, ``before + peak``: the cache sizes it needs, what :attr:`CacheSpec.memory_factor` declares);
+    ``allocated_by_op`` / ``peak_by_op`` per op
     (slopes below ``min_op_passes`` left out); ``steps`` {context: the step's bytes}; ``declared_factor`` and, when the
     measured peak needs more than it plus ``attention_factor`` (the cache sizes the attention implementation's own K/V
     copies hold: :func:`kvcache.measuring.attention.copies_factor`, recorded when not 0), ``factor_problem`` (one

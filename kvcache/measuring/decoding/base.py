@@ -34,7 +34,11 @@ class DecodingStrategy:
 
     def unavailable(self, cache_spec: Any, session: Any) -> str | None:
         """Why ``cache_spec``'s class cannot be decoded this way here (the release's reason, the driver's), or None.
-        The session skips the key with it (recorded), never fails."""
+        The session skips the key with it (recorded), never fails. By default: a class that brings its own decode
+        point (``paged``: continuous batching's pool) is not decoded by any strategy but greedy."""
+        if cache_spec.point is not None and not self.strategy.greedy:
+            return (f"{cache_spec.name}: the class steps the model its own way (its own point, not generate's "
+                    f"loop), which decoding {self.name} does not drive")
         return None
 
     def generation_options(self) -> dict[str, Any]:

@@ -33,6 +33,9 @@ class Beam(DecodingStrategy):
         return {"num_beams": self.beams, "num_return_sequences": 1, "early_stopping": False, "length_penalty": 1.0}
 
     def unavailable(self, cache_spec: Any, session: Any) -> str | None:
+        reason = super().unavailable(cache_spec, session)
+        if reason:
+            return reason
         if session.settings.ragged:
             return f"{self.name}: not with --kv-ragged (every beam of a sequence holds the same tokens)"
         return None
