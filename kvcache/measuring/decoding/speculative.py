@@ -110,8 +110,22 @@ class Speculative(DecodingStrategy):
             return f"{self.name}: generate's own loop (--kv-driver generate); the loop driver has none"
         if session.settings.batch > 1:
             return f"{self.name}: generate's assisted decoding takes one sequence (--kv-batch 1)"
-        reason = cache_spec_cannot_crop(cache_spec, session)
+        reason = cache_spec_cannot_crop(cache_spec, session) or self._draft_problem(session)
         return f"{self.name}: {reason}" if reason else None
+
+    def _draft_problem(self, session: Any) -> str | None:
+        """Why the draft cannot draft here (it cannot be built; its vocabulary, where only the built config says it,
+        is not the model's), or None. A preset or directory with another vocabulary never gets here: settings_from
+        refuses it (kvcache.analysing.drafts)."""
+        model, _ = session.model()
+        try:
+            draft, _ = self.draft(model, session.device.torch_device, session.settings.dtype)
+        except Exception as exc:  # noqa: BLE001 - a draft that cannot be built is this key's skip, not the session's
+            return f"the draft {self.strategy.draft!r} cannot be built: {compat.exception_line(exc)}"
+        if draft is not None and draft.config.vocab_size != model.config.vocab_size:
+            return (f"the draft {self.strategy.draft!r} has a vocabulary of {draft.config.vocab_size} tokens, the "
+                    f"model {model.config.vocab_size}")
+        return None
 
     def tokens_per_step(self, point: Any) -> float:
         """The counted iteration's accepted candidates + 1 (noted, with its candidates and the draft's cache class,
