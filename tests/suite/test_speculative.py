@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 from kvrun import assert_one_line_usage_error, describe, load_json, output, run_suite
 
+from kvcache.analysing.records import KV, json_schema
+
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
@@ -47,6 +49,11 @@ def test_assisted_and_prompt_lookup_are_counted_by_phase_with_the_draft_apart(tm
         assert "cannot crop" in skipped[f"quantized-fp8#{strategy}"], skipped
         assert "Assisted decoding requires a cache that can be cropped" in skipped[f"quantized-fp8#{strategy}"]
     assert "decoding dynamic#assisted:self:2:" in output(done), describe(done)
+    doc = load_json(out)  # the records know the draft: the schema validates it, the records give it back
+    assert KV.from_json(doc["kv"]).to_json()["traffic"] == doc["kv"]["traffic"]
+    jsonschema = pytest.importorskip("jsonschema")
+    errors = [e.message for e in jsonschema.Draft202012Validator(json_schema()).iter_errors(doc)]
+    assert errors == []
 
 
 def test_the_loop_driver_skips_speculative_strategies_with_the_reason(tmp_path):
