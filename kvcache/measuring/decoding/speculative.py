@@ -204,12 +204,19 @@ def cache_spec_cannot_crop(cache_spec: Any, session: Any) -> str | None:
 
 
 class _Stop:
-    """A stopping criterion that notes the sequence's length after every iteration and stops after ``wanted``."""
+    """The stopping criterion of an assisted generate call: at the end of every iteration it marks the step
+    (``marks``), notes the sequence's length and stops after ``wanted`` iterations. Releases up to 5.2x also ask the
+    criteria about the candidates, between the draft and the verifying forward (``is_done_candidate``): a call while
+    ``pending`` is set (from the draft's return to the model's next forward) is that one, answered False, unmarked."""
 
-    def __init__(self, wanted: int, lengths: list[int]) -> None:
-        self.wanted, self.lengths = wanted, lengths
+    def __init__(self, wanted: int, lengths: list[int], marks: StepMarks) -> None:
+        self.wanted, self.lengths, self.marks = wanted, lengths, marks
+        self.pending = False
 
     def __call__(self, input_ids: torch.Tensor, scores: Any = None, **kwargs: Any) -> torch.Tensor:
+        if self.pending:
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        self.marks(input_ids, scores)
         self.lengths.append(input_ids.shape[1])
         done = len(self.lengths) - 1 >= self.wanted
         return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
@@ -267,6 +274,8 @@ class SpeculativePoint(GeneratePoint):
         lengths = [before]
         own = self.model._get_candidate_generator
         seen: dict[str, Any] = {}
+        stop = _Stop(new_tokens, lengths, marks)
+        verifying = self.model.register_forward_pre_hook(lambda *_: setattr(stop, "pending", False))
 
         def candidate_generator(*args: Any, **kwargs: Any) -> Any:
             generator = own(*args, **kwargs)
@@ -274,6 +283,7 @@ class SpeculativePoint(GeneratePoint):
 
             def get_candidates(ids: torch.Tensor, **more: Any) -> Any:
                 out = inner(ids, **more)
+                stop.pending = True  # until the verifying forward: a criteria call now is about the candidates
                 seen["drafted"] = out[0].shape[1] - ids.shape[1]
                 cache = getattr(generator, "assistant_kwargs", {}).get(compat.cache_keyword(draft)) if draft else None
                 seen["draft_cache"] = type(cache).__name__ if cache is not None else None
@@ -290,10 +300,11 @@ class SpeculativePoint(GeneratePoint):
             with torch.inference_mode(), _without_eos(self.model):
                 out = self.model.generate(input_ids=self.input_ids, attention_mask=torch.ones_like(self.input_ids),
                                           generation_config=config,
-                                          stopping_criteria=_criteria([marks, _Stop(new_tokens, lengths)]),
+                                          stopping_criteria=_criteria([stop]),
                                           **{compat.cache_keyword(self.model): self.cache}, **extra)
         finally:
             vars(self.model).pop("_get_candidate_generator", None)
+            verifying.remove()
             if marks.hook is not None:
                 marks.hook.remove()
             for name, value in saved.items():
