@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import TYPE_CHECKING, Any
 
 from kvcache.analysing.records.file_formats import BisectStep
@@ -121,7 +122,7 @@ def bisect_options(plan: Plan) -> str:
     pairs = dict(zip(opts[0::2], opts[1::2])) if len(opts) % 2 == 0 else {}
     parts = [f"--model {pairs.get('--kv-model', 'tiny')}"]
     if pairs.get("--kv-caches", DEFAULT_CACHES) != DEFAULT_CACHES:
-        parts.append(f"--caches {pairs['--kv-caches']}")
+        parts.append(f"--caches {shlex.quote(pairs['--kv-caches'])}")  # dynamic#beam:4: '#' starts a shell comment
     if plan.measure.name != search.DEFAULT_MEASURE:
         parts.append(f"--measure {plan.measure.name}")
     return " ".join(parts)

@@ -66,6 +66,10 @@ def settings_from(config: pytest.Config) -> Settings:
     if settings.driver == "generate" and settings.compile != "off":
         raise SettingsError(f"--kv-driver generate with --kv-compile {settings.compile}: not supported (accepted: "
                             "--kv-compile off with the generate driver, or --kv-driver loop)")
+    if settings.compile != "off" and settings.decoding != ("greedy",):
+        raise SettingsError(f"--kv-decoding {','.join(settings.decoding)} with --kv-compile {settings.compile}: not "
+                            "supported (accepted: --kv-decoding greedy with --kv-compile, or --kv-compile off: a "
+                            "strategy's reorder or crop runs outside the compiled forward the fused count covers)")
     return settings
 
 

@@ -6,6 +6,7 @@ a commit escaped (:func:`kvcache.analysing.tables.escape_markdown`). Standard li
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +45,7 @@ def reproduce(plan: Plan, cache: str, parent: str, bad: str) -> str:
     extra = plan.runner.suite.extra
     where = (f"--releases {parent}..{bad}" if plan.mode == "releases"
              else f"--repo transformers --good {parent} --bad {bad}")
-    return (f"kvcache bisect {where} {bisect_options(plan)} --class {cache}"
+    return (f"kvcache bisect {where} {bisect_options(plan)} --class {shlex.quote(cache)}"
             + (" -- " + " ".join(extra) if extra else ""))
 
 

@@ -83,13 +83,15 @@ def test_bad_decoding_values_are_one_line_usage_errors():
     cases = {"unknown": ["--kv-decoding", "greedy,sampling"], "one-beam": ["--kv-decoding", "beam:1"],
              "no-draft-tokens": ["--kv-decoding", "prompt-lookup:0"], "empty": ["--kv-decoding", ","],
              "chunk": ["--kv-decoding", "chunked-prefill:4096", "--kv-counted-contexts", "256,512"],
-             "in-caches": ["--kv-caches", "dynamic#beam:x"]}
+             "in-caches": ["--kv-caches", "dynamic#beam:x"],
+             "compiled": ["--kv-decoding", "greedy,beam:2", "--kv-compile", "default"]}
     results = run_batch({name: [*TINY, *args] for name, args in cases.items()})
     for done in results.values():
         assert_one_line_usage_error(done)
     assert "'sampling'" in output(results["unknown"]) and "beam:N" in output(results["unknown"])
     assert "beams 1 is below 2" in output(results["one-beam"])
     assert "larger than the context 256" in output(results["chunk"])
+    assert "--kv-compile default: not supported" in output(results["compiled"])
 
 
 def test_a_strategy_no_module_measures_is_a_skip_with_the_reason(tmp_path):
