@@ -249,11 +249,14 @@ class SpeculativePoint(GeneratePoint):
         self.prompt = self.input_ids
         return self
 
-    def _fresh(self) -> None:
+    def _fresh(self, iterations: int) -> None:
         """An empty cache of the class and the prompt again: generate's assisted decoding prefills the whole
-        ``input_ids`` in its first iteration, whatever the cache holds, so every call starts from nothing."""
+        ``input_ids`` in its first iteration, whatever the cache holds, so every call starts from nothing. A
+        preallocated class gets room for ``iterations`` of K + 1 tokens (a timed run's many)."""
         dtype = next(self.model.parameters()).dtype
-        request = CacheRequest(self.model.config, self.max_tokens, self.device.torch_device, dtype, self.batch.size)
+        room = max(self.max_tokens, self.prompt.shape[1] + (iterations + 1) * (self.strategy.k + 1))
+        self.max_tokens = room
+        request = CacheRequest(self.model.config, room, self.device.torch_device, dtype, self.batch.size)
         self.cache = self.cache_spec.build(request)
         charge_methods(self.cache, self.strategy.cache_phases())
         self.input_ids = self.prompt
@@ -265,7 +268,7 @@ class SpeculativePoint(GeneratePoint):
 
     def generate(self, new_tokens: int, on_mark: Callable[[int], None] | None = None) -> StepMarks:
         """``new_tokens`` iterations of one generate call (each adds the accepted candidates + 1 tokens)."""
-        self._fresh()
+        self._fresh(new_tokens)
         strategy = self.strategy
         draft, _ = strategy.draft(self.model, self.device.torch_device, self.spec.dtype)
         marks = StepMarks(self.device.sync, on_mark)
