@@ -254,7 +254,7 @@ class SpeculativePoint(GeneratePoint):
         ``input_ids`` in its first iteration, whatever the cache holds, so every call starts from nothing. A
         preallocated class gets room for ``iterations`` of K + 1 tokens (a timed run's many)."""
         dtype = next(self.model.parameters()).dtype
-        room = max(self.max_tokens, self.prompt.shape[1] + (iterations + 1) * (self.strategy.k + 1))
+        room = max(self.max_tokens, self.prompt.shape[1] + (iterations + 2) * (self.strategy.k + 1))
         self.max_tokens = room
         request = CacheRequest(self.model.config, room, self.device.torch_device, dtype, self.batch.size)
         self.cache = self.cache_spec.build(request)
