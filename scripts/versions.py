@@ -3,7 +3,7 @@ side (:mod:`kvcache.analysing.releases`), the counted suite run on each, ``kvcac
 ``counted.md`` (:mod:`kvcache.bisect.versions_table`); no torch (the runs are read as records). docs/releases.md::
 
     python scripts/versions.py [--releases 4.45.2,...] [--models M1,M2|families] [--out DIR] [--jobs 1] [--list]
-                               [-- PYTEST ARGS]"""
+                               [--decoding beam:4,assisted:self:4|none] [-- PYTEST ARGS]"""
 
 from __future__ import annotations
 
@@ -49,6 +49,7 @@ RELEASES = (
 FAMILIES = ("qwen3-0.6b@layers=4", "mistral-7b@layers=1", "gemma3-270m@layers=6", "qwen3-next-80b-a3b@layers=4",
             "deepseek-v2-lite@layers=1", "falcon-7b@layers=1")
 DEFAULT_MODEL = "smollm2-135m"
+DECODING = "beam:4,assisted:self:4"  # the default model's decoding columns (a second run per release, docs/releases.md)
 
 
 
@@ -103,6 +104,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=ROOT / ".versions" / "results", help="JSON, logs, compare.md")
     parser.add_argument("--dir", type=Path, default=ROOT / ".versions", help="where releases are installed")
     parser.add_argument("--jobs", type=_argument(positive), default=1, help="releases installed and run at once (1)")
+    parser.add_argument("--decoding", default=DECODING, help="--kv-decoding strategies counted on dynamic under "
+                        f"--kv-driver generate for the default model, a column each ({DECODING}; none: no run)")
     parser.add_argument("--list", action="store_true", help="print the releases and exit")
     parser.add_argument("--tabulate", action="store_true", help="run nothing: compare and tabulate the JSON and logs "
                         "already in --out (e.g. after re-running a few releases)")
@@ -208,6 +211,16 @@ def run_release(release: str, args: argparse.Namespace, constraints: Path, insta
             log.write("$ " + " ".join(cmd) + "\n")
             log.flush()
             done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=release_env(target))
+            if args.decoding != "none" and model in (None, DEFAULT_MODEL):  # the beam and assisted columns
+                decoding_path = json_path.with_name(json_path.name.replace("counted-", "decoding-", 1))
+                decoding_path.unlink(missing_ok=True)
+                more = [sys.executable, "-m", "pytest", "benchmarks", "-m", "counted", "--kv-model", DEFAULT_MODEL,
+                        "--kv-driver", "generate", "--kv-caches", "dynamic", "--kv-decoding", args.decoding,
+                        "--kv-no-gate", "--kv-baseline", "none", "-p", "no:cacheprovider",
+                        "--benchmark-json", str(decoding_path), "-q", *args.pytest_args]
+                log.write("$ " + " ".join(more) + "\n")
+                log.flush()
+                subprocess.run(more, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=release_env(target))
             ran = _recorded_release(json_path)
             if ran is not None and ran != release:
                 outcome.status, outcome.reason = "failed", f"the run recorded transformers {ran}, not {release}"

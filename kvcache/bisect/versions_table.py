@@ -26,6 +26,8 @@ def traffic_cell(t: Traffic, memory: Memory | None = None) -> str:
                            for kind, k in t.kinds.items())]
     else:
         parts = [_passes(t.passes)]
+    if t.strategy is not None and t.tokens_per_step not in (None, 1):  # --kv-decoding: several tokens a step
+        parts.append(f"{_passes(t.passes_per_token)} per token ({t.tokens_per_step:g} a step)")
     compiled = t.compiled
     if compiled is not None and compiled.error:
         parts.append("compile failed: " + str(compiled.error)[:60])
@@ -60,6 +62,19 @@ def counted_cells(path: Path) -> tuple[str, dict[str, str]]:
     return str(kv.environment.transformers or "?"), cells
 
 
+def with_decoding(row: tuple[str, dict[str, str]], path: Path) -> tuple[str, dict[str, str]]:
+    """``row`` with the cells of the release's decoding run beside it (``decoding-<stem>.json`` for
+    ``counted-<stem>.json``: ``dynamic#beam:4``, ``dynamic#assisted:self:4``), where there is one."""
+    other = path.with_name(path.name.replace("counted-", "decoding-", 1))
+    if other == path or not other.is_file():
+        return row
+    try:
+        _, cells = counted_cells(other)
+    except (OSError, ValueError) as exc:
+        cells = {"decoding": "failed: " + str(exc)[:80]}
+    return row[0], {**row[1], **{cache: cell for cache, cell in cells.items() if "#" in cache or cache == "decoding"}}
+
+
 def gpu_cell(entry: GpuPrediction) -> str:
     """One class on one GPU class (``kv.traffic.<cache>.gpus.<gpu>``): the counted passes under the SDPA backend
     torch's rules select there, and the backend (``25.26 (math)``), or why it was not predicted."""
@@ -88,7 +103,7 @@ def counted_table(paths: list[Path], absent: dict[str, str] | None = None) -> st
     """Markdown (:func:`kvcache.analysing.tables.markdown`): one row per group of consecutive releases with identical
     cells, one column per class; ``absent`` ({release: reason}) adds the releases that lack the model, in release
     order."""
-    rows = [counted_cells(p) for p in paths]
+    rows = [with_decoding(counted_cells(p), p) for p in paths]
     rows += [(release, {"": "skipped: " + reason}) for release, reason in (absent or {}).items()]
     rows.sort(key=lambda row: version_key(row[0]))
     caches = list(dict.fromkeys(c for _, cells in rows for c in cells if c))

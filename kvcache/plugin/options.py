@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvcache.analysing import decoding
+from kvcache.analysing.drafts import DraftError, check_drafts
 from kvcache.analysing.options import OPTIONS
 from kvcache.analysing.settings import Settings, SettingsError, check_choice, check_decoding, parse_options
 
@@ -48,6 +49,10 @@ def settings_from(config: pytest.Config) -> Settings:
     values["caches"] = _crossed_with_attention(caches_, str(given["--kv-attn"]))
     check_decoding(values["decoding"], (*values["counted_contexts"], *values["contexts"]))
     values["caches"] = tuple(decoding.cross_strategies(values["caches"], values["decoding"]))
+    try:  # assisted:MODEL:K: a draft the suite loads, with the model's vocabulary
+        check_drafts(str(values["model"]), [decoding.split_strategy(key)[1] for key in values["caches"]])
+    except DraftError as exc:
+        raise SettingsError(str(exc)) from None
     for name in values["max_passes"]:
         if name not in caches.registry() and name not in values["caches"]:
             raise SettingsError(f"--kv-max-passes: unknown cache class {name!r}; known: "

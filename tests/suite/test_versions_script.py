@@ -216,3 +216,32 @@ def test_run_release_checks_the_install_through_the_one_installer(tmp_path):
     outcome = versions.run_release("5.0.0", args, tmp_path / "unused-constraints.txt", {})
     assert (outcome.status, outcome.reason) == ("skipped", "imported transformers 5.0.1 instead of 5.0.0")
     assert "import transformers" in (args.out / "5.0.0.log").read_text()
+
+
+def test_the_decoding_run_adds_its_keys_as_columns(tmp_path, monkeypatch):
+    """A release's ``decoding-<release>.json`` (the default model's ``dynamic#beam:4`` and
+    ``dynamic#assisted:self:4``) puts a column per key beside the classes; per generated token where a step yields
+    several; a release without one shows the missing mark."""
+    from fakerun import make_run, write_run
+
+    assert versions.parse_args([]).decoding == "beam:4,assisted:self:4"
+    assert versions.parse_args(["--decoding", "none"]).decoding == "none"
+
+    def fake_run_release(release, args, constraints, installed, model=None):
+        path = write_run(args.out / f"counted-{release}.json", make_run(transformers=release))
+        if release == "5.25.0":
+            run = make_run(caches={"dynamic#beam:4": 5.0, "dynamic#assisted:self:4": 27.0}, transformers=release)
+            run["kv"]["traffic"]["dynamic#assisted:self:4"].update(strategy="assisted:self:4", tokens_per_step=5,
+                                                                    passes_per_token=5.4)
+            run["kv"]["traffic"]["dynamic#beam:4"].update(strategy="beam:4", tokens_per_step=1, passes_per_token=5.0)
+            write_run(args.out / f"decoding-{release}.json", run)
+        return versions.Outcome(release, "ran", json=path, seconds=1.0)
+
+    monkeypatch.setattr(versions, "run_release", fake_run_release)
+    versions.main(["--releases", "5.24.0,5.25.0", "--out", str(tmp_path / "out"), "--dir", str(tmp_path / "d")])
+    counted_md = (tmp_path / "out" / "counted.md").read_text()
+    header = "| releases | dynamic | static | dynamic\\#beam:4 | dynamic\\#assisted:self:4 |"  # "#" escaped
+    assert counted_md.splitlines()[0] == header
+    row = next(line for line in counted_md.splitlines() if line.startswith("| 5.25.0 |"))
+    assert "| 5.00 · " in row and "27.00 · 5.40 per token (5 a step)" in row, row
+    assert next(line for line in counted_md.splitlines() if line.startswith("| 5.24.0 |")).endswith("| — | — |")

@@ -181,6 +181,12 @@ MEASURES: tuple[Measure, ...] = (
     Measure("periodic", "periodic passes (amortised)", "passes", "traffic", "periodic_passes", group="counted",
             path=("amortised",), detail="periodic_by_op", resolution=COUNTED_RESOLUTION, header="periodic passes",
             compared=True, exported=True),
+    Measure("draft", "draft passes per draft KV byte", "passes", "traffic", "passes", group="counted",
+            tolerance="--kv-counted-tolerance", path=("draft",), detail="by_op", resolution=COUNTED_RESOLUTION,
+            exported=True, bisected=True, watched=True),
+    Measure("draft_per_token", "draft passes per generated token", "passes", "traffic", "passes_per_token",
+            group="counted", tolerance="--kv-counted-tolerance", path=("draft",), resolution=COUNTED_RESOLUTION,
+            exported=True, bisected=True, watched=True),
     Measure("ledger", "timed passes per op", "passes", "ledger", "timed", "ledger", "timed", "--kv-ledger-tolerance",
             exact=False, interval="timed_ci", baseline="timed_ledger"),
 )

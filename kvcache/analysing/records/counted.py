@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvcache.analysing.records.drafted import DraftTraffic
 from kvcache.analysing.records.jsonrecord import Reader, Record, absent_field, extra_field, object_of
 from kvcache.analysing.records.step_parts import AmortisedTraffic, PhaseTraffic, PrefillTraffic
 
@@ -43,8 +44,9 @@ class Traffic(Record):
     covering it, :class:`AmortisedTraffic`). A key decoded other than greedily (``<cache>#<strategy>``,
     --kv-decoding) adds ``strategy``, ``rows`` (sequences the cache holds per --kv-batch sequence: beams),
     ``tokens_per_step`` and ``passes_per_token`` (passes / tokens each sequence gained in the step), ``phases``
-    ({forward, reorder, crop, draft: :class:`PhaseTraffic`}) and, for chunked prefill, ``prefill``
-    (:class:`PrefillTraffic`): see kv.schema.json."""
+    ({forward, reorder, crop, draft: :class:`PhaseTraffic`}), for chunked prefill ``prefill``
+    (:class:`PrefillTraffic`) and for assisted decoding and prompt lookup ``draft`` (:class:`DraftTraffic`): see
+    kv.schema.json."""
 
     passes: float | None
     by_op: dict[str, float] = field(default_factory=dict)
@@ -80,6 +82,7 @@ class Traffic(Record):
     host_syncs: dict[str, int] | None = None
     not_growing: str | None = None
     amortised: AmortisedTraffic | None = None
+    draft: DraftTraffic | None = None
     extra: dict[str, Any] = extra_field()
     absent: frozenset[str] = absent_field()
 
@@ -89,7 +92,7 @@ class Traffic(Record):
                 "compiled": CompiledTraffic.from_json, "batch": ServedBatch.from_json,
                 "backends": object_of(BackendCount.from_json), "gpus": object_of(GpuPrediction.from_json),
                 "phases": object_of(PhaseTraffic.from_json), "prefill": PrefillTraffic.from_json,
-                "amortised": AmortisedTraffic.from_json}
+                "amortised": AmortisedTraffic.from_json, "draft": DraftTraffic.from_json}
 
     def gpu_counted(self) -> dict[str, Counted]:
         """``gpus`` (--kv-gpus) as the counted figure of each GPU class: the passes counted under the SDPA backend

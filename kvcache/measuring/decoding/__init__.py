@@ -49,8 +49,9 @@ def _register_builtin_strategies() -> None:
     if _builtins:
         return
     _builtins = True
-    from kvcache.measuring.decoding import beam, chunked, greedy
+    from kvcache.measuring.decoding import beam, chunked, greedy, speculative
 
     greedy.register()
     beam.register()
     chunked.register()
+    speculative.register()
