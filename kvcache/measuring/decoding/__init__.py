@@ -3,7 +3,7 @@
 split into and why a class cannot run it on this release. The names and the record keys
 (``<cache>[@<attention>]#<strategy>``) are :mod:`kvcache.analysing.decoding`'s; one module here per family:
 ``greedy`` (the plain step), ``beam`` (beam search), ``chunked`` (chunked prefill). Others register theirs with
-:func:`register_strategy` (STRATEGY_API.md). docs/decoding.md."""
+:func:`register_strategy` (docs/strategies.md). docs/decoding.md."""
 
 from __future__ import annotations
 
