@@ -12,6 +12,7 @@ from typing import Any
 
 from kvcache.analysing.presets import (
     ABSENT_ARCHITECTURE,
+    ARCH_PREFIX,
     FAMILY_PRESETS,
     PRESETS,
     ModelError,
@@ -31,12 +32,23 @@ def load_config(name: str) -> tuple[Any, Path | None]:
     one-line ModelError (:func:`read_config`); so is a hub id that is not in the local Hugging Face cache
     when the hub cannot be reached (found out in seconds, not after half a minute of retries)."""
     check_name(name)
+    if name.startswith(ARCH_PREFIX):
+        return arch_config(name).config, None
     if split_layers(name)[0] in preset_names():
         return preset_config(name), None
     path = Path(name).expanduser()
     if path.is_dir():
         return read_config(name, path), (path if has_weights(path) else None)
     return hub_config(name)
+
+
+def arch_config(name: str, width: int = 1) -> Any:
+    """An ``arch:<model_type>[@layers=N]`` model's small config and what was changed
+    (:class:`kvcache.measuring.architectures.ArchModel`)."""
+    from kvcache.measuring.architectures import arch_model
+
+    base, layers = split_layers(name)
+    return arch_model(base[len(ARCH_PREFIX):], layers, width)
 
 
 def preset_config(name: str) -> Any:

@@ -66,6 +66,8 @@ class ModelSpec:
     dtype_bytes: int
     parameters: int
     layer_kv: tuple[LayerKV, ...] = ()
+    attention: str | None = None  # arch: models, the attention implementation the architecture runs by default
+    changes: tuple[str, ...] = ()  # arch: models, what differs from the type's default config
 
     @property
     def bytes_per_token(self) -> int:
@@ -152,6 +154,8 @@ class ModelSpec:
             "bytes_per_token": self.bytes_per_token, "weight_bytes": self.weight_bytes,
             "parameters": self.parameters, "max_position_embeddings": self.max_position_embeddings,
             **({"kinds": self.kinds_dict()} if self.mixed else {}),
+            **({"attention": self.attention} if self.attention else {}),
+            **({"changes": list(self.changes)} if self.changes else {}),
         }
 
 
