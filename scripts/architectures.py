@@ -40,12 +40,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def list_types() -> tuple[str, dict[str, str | None]]:
-    """(release, {type: reason refused or None}) from ``kvcache architectures --all --json``."""
-    done = subprocess.run([sys.executable, "-m", "kvcache.cli", "architectures", "--all", "--json"], cwd=ROOT,
+TOKENS = 32768  # the context the findings' costs are stated at
+
+
+def list_types(kv_at: int | None = None) -> dict:
+    """``kvcache architectures --all --json``: the release, {type: reason refused or None} and, with ``kv_at``, each
+    accepted type's KV bytes at that many tokens of its default config."""
+    cmd = [sys.executable, "-m", "kvcache.cli", "architectures", "--all", "--json"]
+    done = subprocess.run([*cmd, *(["--kv-at", str(kv_at)] if kv_at else [])], cwd=ROOT,
                           capture_output=True, text=True, check=True)
-    doc = json.loads(done.stdout)
-    return doc["transformers"], doc["types"]
+    return json.loads(done.stdout)
 
 
 def error_line(log: str) -> str:
@@ -120,7 +124,8 @@ def collect(kind: str, out: Path) -> ArchResult:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    release, types = list_types()
+    listed = list_types()
+    release, types = listed["transformers"], listed["types"]
     wanted = [t.strip() for t in args.types.split(",")] if args.types else list(types)
     unknown = [t for t in wanted if t not in types]
     if unknown:
@@ -150,7 +155,9 @@ def main(argv: list[str] | None = None) -> int:
             results[kind] = ArchResult(kind, reason=f"refused: {types[kind]}", refused=True)
     ordered = [results[t] for t in wanted]
     wall = time.monotonic() - started
-    write_doc(args.doc, ordered, release=release, caches=args.caches, wall_s=None if args.table_only else wall)
+    kv_bytes = list_types(TOKENS).get("kv_bytes", {})
+    write_doc(args.doc, ordered, release=release, caches=args.caches, wall_s=None if args.table_only else wall,
+              kv_bytes=kv_bytes, tokens=TOKENS)
     measured = sum(r.measured for r in ordered)
     print(f"{measured} of {len(todo)} measured in {wall / 60:.1f} min; {args.doc} written", flush=True)
     return 0

@@ -19,6 +19,9 @@ def parser() -> argparse.ArgumentParser:
     made.add_argument("--list", action="store_true", help="list the accepted model types (the default)")
     made.add_argument("--all", action="store_true", help="also the causal-LM types refused, each with why")
     made.add_argument("--json", action="store_true", help="as one JSON object: {model_type: reason or null}")
+    made.add_argument("--kv-at", type=int, metavar="TOKENS",
+                      help="with --json: also each accepted type's KV bytes at TOKENS tokens of its default (real) "
+                           "config in bfloat16 (kv_bytes)")
     return made
 
 
@@ -35,7 +38,13 @@ def work(args: argparse.Namespace) -> int:
     types = causal_lm_types()
     shown = {k: v for k, v in types.items() if args.all or v is None}
     if args.json:
-        print(json.dumps({"transformers": __version__, "types": shown}, indent=1))
+        doc: dict = {"transformers": __version__, "types": shown}
+        if args.kv_at:
+            from kvcache.measuring.architectures import default_kv_bytes
+
+            doc["kv_bytes"] = {k: default_kv_bytes(k, args.kv_at) for k, v in shown.items() if v is None}
+            doc["kv_at"] = args.kv_at
+        print(json.dumps(doc, indent=1))
         return exits.status_code("pass")
     for kind, reason in shown.items():
         print(kind if reason is None else f"{kind}  (refused: {reason})")

@@ -16,6 +16,7 @@ from kvcache.analysing.presets import ARCH_PREFIX, ModelError
 
 HIDDEN = 256  # the hidden size where the config takes head_dim apart from it (× ``width``)
 VOCAB = 1024  # tokens of the cut vocabulary
+MIN_POSITIONS = 2048  # trained context at least this (the suite's counted contexts and steps lie within it)
 NO_LIMIT = 1 << 20  # tokens recorded as the trained context of a config that names none (ALiBi)
 MAX_HEADS = 16  # query heads at most, the query/KV ratio kept below it
 EXPERTS = 4  # routed experts kept (of a mixture of experts)
@@ -86,6 +87,11 @@ def arch_model(kind: str, layers: int | None = None, width: int = 1) -> ArchMode
     check_type(kind)
     config = _quiet(CONFIG_MAPPING[kind])
     text = config.get_text_config(decoder=True)
+    missing = [f for f in ("num_hidden_layers", "num_attention_heads", "hidden_size")
+               if not isinstance(getattr(text, f, None), int)]
+    if missing:
+        raise ModelError(f"--kv-model {ARCH_PREFIX}{kind}: its config ({type(text).__name__}) has no "
+                         f"{', '.join(missing)}: not one decoder stack this builder can cut")
     changes: list[str] = []
     _cut_depth(text, layers, changes)
     _cut_heads(text, width, changes)
@@ -204,14 +210,20 @@ def _cut_sizes(text: Any, changes: list[str]) -> None:
 
 def _trained_context(text: Any, changes: list[str]) -> None:
     """``max_position_embeddings`` where the config names its trained context otherwise (``n_positions``...), or
-    :data:`NO_LIMIT` where it has none (ALiBi)."""
-    if isinstance(getattr(text, "max_position_embeddings", None), int):
+    :data:`NO_LIMIT` where it has none (ALiBi); at least :data:`MIN_POSITIONS`."""
+    value = getattr(text, "max_position_embeddings", None)
+    if isinstance(value, int):
+        if value < MIN_POSITIONS:  # learned absolute positions: the counted contexts must lie within them
+            text.max_position_embeddings = MIN_POSITIONS
+            changes.append(f"max_position_embeddings {value}->{MIN_POSITIONS} (the counted contexts lie beyond it)")
         return
     for key in ("n_positions", "max_sequence_length", "seq_length", "n_ctx", "max_seq_len", "max_len"):
         value = getattr(text, key, None)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            text.max_position_embeddings = value
-            changes.append(f"max_position_embeddings taken from {key} ({value})")
+            text.max_position_embeddings = max(value, MIN_POSITIONS)
+            setattr(text, key, max(value, MIN_POSITIONS))
+            changes.append(f"max_position_embeddings taken from {key} ({value}"
+                           f"{f'->{MIN_POSITIONS}' if value < MIN_POSITIONS else ''})")
             return
     text.max_position_embeddings = NO_LIMIT
     changes.append(f"no trained context in the config: max_position_embeddings recorded as {NO_LIMIT}")
@@ -298,3 +310,18 @@ def check_geometry(name: str, model: Any, spec: Any, device: Any) -> None:
         if got != wanted:
             raise ModelError(f"--kv-model {name!r}: layer {index} caches {got or 'no K/V'} (heads, key dim, value "
                              f"dim), its geometry says {wanted or 'none'}: not measurable as built")
+
+
+def default_kv_bytes(kind: str, tokens: int = 32768, dtype: str = "bfloat16") -> float | None:
+    """KV bytes the type's default (real) config holds for a context of ``tokens`` in ``dtype`` (every layer, sliding
+    layers at their window); None where that geometry cannot be read."""
+    from transformers import CONFIG_MAPPING
+
+    from kvcache.measuring.geometry import spec_from_config
+
+    try:
+        text = _quiet(CONFIG_MAPPING[kind]).get_text_config(decoder=True)
+        _trained_context(text, [])
+        return spec_from_config(f"{ARCH_PREFIX}{kind}", text, dtype, parameters=0).kv_bytes(tokens)
+    except Exception:  # noqa: BLE001 - a geometry this reader does not know is a blank, not a failure
+        return None
