@@ -75,9 +75,9 @@ def model_key(name: str) -> str:
     """What a ``--kv-model`` value is called in a run's identity (``settings.model``, hence its baseline keys): a
     preset, an ``arch:<model_type>`` or a hub id as given; a local directory as its name plus the first 8 hex digits
     of the SHA-256 of its ``config.json`` (``mymodel@3f2a9c1b``), so the same model typed as a relative or an
-    absolute path, or a moved checkout, keeps its identity, and a changed config gets a new one. The JSON is hashed canonically (keys sorted,
-    no whitespace, without :data:`VOLATILE_CONFIG_FIELDS`); a file that is not a JSON object, by its bytes.
-    Nothing is imported or built."""
+    absolute path, or a moved checkout, keeps its identity, and a changed config gets a new one. The JSON is hashed
+    canonically (keys sorted, no whitespace, without :data:`VOLATILE_CONFIG_FIELDS`); a file that is not a JSON
+    object, by its bytes. Nothing is imported or built."""
     match = LAYERS_SUFFIX.match(name)
     base = match["base"] if match else name
     if base in PRESETS or base in FAMILY_PRESETS or base.startswith(ARCH_PREFIX):
