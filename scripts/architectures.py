@@ -112,8 +112,9 @@ def collect(kind: str, out: Path) -> ArchResult:
         result = result_from_run(kind, json.loads(json_path.read_text(encoding="utf-8")))
     else:
         result = ArchResult(kind)
-    for cache, why in failures(text).items():
-        result.skips.setdefault(cache, one_line(why))
+    for cache, why in failures(text).items():  # a class whose test failed has no figure, whatever it recorded
+        result.skips[cache] = one_line(why)
+        result.figures.pop(cache, None)
     if not result.measured:
         timed_out = next((line for line in text.splitlines() if line.startswith(TIMED_OUT)), None)
         result.reason = one_line(timed_out.split(": ", 1)[1] if timed_out else

@@ -86,7 +86,7 @@ def arch_model(kind: str, layers: int | None = None, width: int = 1) -> ArchMode
 
     check_type(kind)
     config = _quiet(CONFIG_MAPPING[kind])
-    text = config.get_text_config(decoder=True)
+    text = text_config(config)
     missing = [f for f in ("num_hidden_layers", "num_attention_heads", "hidden_size")
                if not isinstance(getattr(text, f, None), int)]
     if missing:
@@ -98,9 +98,22 @@ def arch_model(kind: str, layers: int | None = None, width: int = 1) -> ArchMode
     _cut_sizes(text, changes)
     _fix_tokens(text, changes)
     _trained_context(text, changes)
+    _nested_attention(text, changes)
     if text is not config:
         _fix_tokens(config, changes)
     return ArchModel(kind, config, tuple(changes))
+
+
+def text_config(config: Any) -> Any:
+    """The decoder's config inside ``config`` (itself where it is not nested): ``get_text_config(decoder=True)``, or
+    what a release without the keyword (or the method) has."""
+    reader = getattr(config, "get_text_config", None)
+    if reader is None:
+        return config
+    try:
+        return reader(decoder=True)
+    except TypeError:
+        return reader()
 
 
 def period_of(text: Any) -> int:
@@ -187,7 +200,12 @@ def _multi_query(text: Any) -> bool:
 def _cut_sizes(text: Any, changes: list[str]) -> None:
     """MLP sizes at most twice the hidden size, the vocabulary :data:`VOCAB`, experts cut."""
     hidden = text.hidden_size
+    experts = any(isinstance(getattr(text, key, None), int) for key in EXPERT_FIELDS)
     for key, value in sorted(vars(text).items()):
+        if value is None and key in PER_TOKEN_FIELDS and experts:  # routing unset in the defaults: top_k None
+            setattr(text, key, EXPERTS_PER_TOKEN)
+            changes.append(f"{key} unset->{EXPERTS_PER_TOKEN} (the defaults route to no expert)")
+            continue
         if not isinstance(value, int) or isinstance(value, bool):
             continue
         if ("intermediate" in key or "ffn" in key or key == "n_inner") and value > 2 * hidden:
@@ -229,10 +247,22 @@ def _trained_context(text: Any, changes: list[str]) -> None:
     changes.append(f"no trained context in the config: max_position_embeddings recorded as {NO_LIMIT}")
 
 
+def _nested_attention(text: Any, changes: list[str]) -> None:
+    """A nested attention config (DBRX's ``attn_config``) given the ``rope_theta`` its modeling file reads there
+    where the defaults keep it in the outer config's ``rope_parameters`` only."""
+    theta = (getattr(text, "rope_parameters", None) or {}).get("rope_theta")
+    for key, value in list(vars(text).items()):
+        if "attn" not in key or not hasattr(value, "to_dict") or theta is None:
+            continue
+        if "rope_theta" not in vars(value):
+            value.rope_theta = theta
+            changes.append(f"{key}.rope_theta set to {theta:g} (from rope_parameters; the attention reads it there)")
+
+
 def _fix_tokens(config: Any, changes: list[str]) -> None:
     """Special token ids beyond the cut vocabulary moved to its last token (an embedding's padding index must lie
     within it)."""
-    vocab = getattr(config.get_text_config(decoder=True), "vocab_size", None) or VOCAB
+    vocab = getattr(text_config(config), "vocab_size", None) or VOCAB
     for key, value in sorted(vars(config).items()):
         if not key.endswith("_token_id"):
             continue
@@ -268,7 +298,7 @@ def build_arch(name: str, device: Any, dtype: str, seed: int = 0) -> tuple[Any, 
 
     from kvcache.measuring import compat
     from kvcache.measuring.configs import arch_config
-    from kvcache.measuring.geometry import spec_from_config, torch_dtype
+    from kvcache.measuring.geometry import KIND_OF_LAYER_TYPE, spec_from_config, torch_dtype
     from kvcache.measuring.models import distinct_parameters
 
     built = arch_config(name)
@@ -276,10 +306,14 @@ def build_arch(name: str, device: Any, dtype: str, seed: int = 0) -> tuple[Any, 
     model = AutoModelForCausalLM.from_config(built.config)
     model = model.to(device=device, dtype=torch_dtype(dtype)).eval()
     model.requires_grad_(False)
-    text = model.config.get_text_config(decoder=True)
+    text = text_config(model.config)
     spec = spec_from_config(name, text, dtype, parameters=distinct_parameters(model))
     attention = str(model.config._attn_implementation)
     spec = dataclasses.replace(spec, attention=attention, changes=built.changes)
+    unknown = sorted(set(compat.layer_types(text)) - set(KIND_OF_LAYER_TYPE))
+    if unknown:
+        raise ModelError(f"--kv-model {name!r}: layer type {', '.join(unknown)} is not one the suite's geometry "
+                         f"knows ({', '.join(KIND_OF_LAYER_TYPE)}): its bytes per token cannot be stated")
     if not any(spec.cached_shapes()):
         raise ModelError(f"--kv-model {name!r}: no layer of {text.num_hidden_layers} caches K/V (layer types "
                          f"{', '.join(sorted(set(compat.layer_types(text))))}): no KV cache to count")
@@ -320,7 +354,7 @@ def default_kv_bytes(kind: str, tokens: int = 32768, dtype: str = "bfloat16") ->
     from kvcache.measuring.geometry import spec_from_config
 
     try:
-        text = _quiet(CONFIG_MAPPING[kind]).get_text_config(decoder=True)
+        text = text_config(_quiet(CONFIG_MAPPING[kind]))
         _trained_context(text, [])
         return spec_from_config(f"{ARCH_PREFIX}{kind}", text, dtype, parameters=0).kv_bytes(tokens)
     except Exception:  # noqa: BLE001 - a geometry this reader does not know is a blank, not a failure

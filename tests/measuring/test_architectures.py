@@ -38,7 +38,7 @@ def counted(name: str, monkeypatch, width: int = 1, cache: str = "dynamic") -> t
 
 @pytest.mark.parametrize("kind", list(SHRINK_CASES))
 def test_passes_do_not_depend_on_the_shrink(kind, monkeypatch):
-    period = architectures.period_of(architectures.arch_model(kind).config.get_text_config(decoder=True))
+    period = architectures.period_of(architectures.text_config(architectures.arch_model(kind).config))
     base = max(2, period)
     passes, by_op = counted(f"arch:{kind}", monkeypatch)
     deeper, _ = counted(f"arch:{kind}@layers={2 * base}", monkeypatch)
