@@ -201,6 +201,15 @@ def _cut_sizes(text: Any, changes: list[str]) -> None:
     """MLP sizes at most twice the hidden size, the vocabulary :data:`VOCAB`, experts cut."""
     hidden = text.hidden_size
     experts = any(isinstance(getattr(text, key, None), int) for key in EXPERT_FIELDS)
+    if not experts and isinstance(getattr(text, "moe_intermediate_size", None), int):
+        for key in EXPERT_FIELDS:  # a mixture of experts whose defaults leave the count unset
+            if key in vars(text) and getattr(text, key) is None:
+                setattr(text, key, EXPERTS)
+                changes.append(f"{key} unset->{EXPERTS} (the defaults name no expert count)")
+                experts = True
+        if experts and "n_shared_experts" in vars(text) and text.n_shared_experts is None:
+            text.n_shared_experts = 1
+            changes.append("n_shared_experts unset->1 (the defaults name no expert count)")
     for key, value in sorted(vars(text).items()):
         if value is None and key in PER_TOKEN_FIELDS and experts:  # routing unset in the defaults: top_k None
             setattr(text, key, EXPERTS_PER_TOKEN)

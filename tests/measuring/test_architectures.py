@@ -23,8 +23,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 ORIGINAL = configs.arch_config
 
 #: model type: what it stands for (GQA, MQA, sliding-window hybrid, multi-head latent)
-SHRINK_CASES = {"llama": "MHA/GQA", "qwen2": "GQA", "gpt_bigcode": "MQA", "gemma3_text": "sliding-window hybrid",
-                "deepseek_v3": "MLA"}
+SHRINK_CASES = {"llama": "MHA", "mistral": "GQA", "gpt_bigcode": "MQA", "gemma3_text": "sliding-window hybrid",
+                "deepseek_v2": "MLA"}
 
 
 def counted(name: str, monkeypatch, width: int = 1, cache: str = "dynamic") -> tuple[float, dict[str, float]]:
