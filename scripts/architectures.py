@@ -35,6 +35,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     made.add_argument("--out", type=Path, default=ROOT / ".architectures", help="JSON and logs (.architectures)")
     made.add_argument("--doc", type=Path, default=ROOT / "docs" / "architectures.md", help="the page written")
     made.add_argument("--table-only", action="store_true", help="write the page from --out's results, run nothing")
+    made.add_argument("--shard", metavar="I/N", help="count only every N-th architecture from the I-th (1-based), as "
+                      "one job of a CI matrix does; the page is then written by a --table-only run over all shards")
     args = made.parse_args(own)
     args.pytest_args = extra
     return args
@@ -137,6 +139,12 @@ def main(argv: list[str] | None = None) -> int:
     lock = threading.Lock()
     started = time.monotonic()
     todo = [t for t in wanted if types[t] is None]
+    if args.shard:
+        index, count = (int(part) for part in args.shard.split("/"))
+        if not 1 <= index <= count:
+            print(f"scripts/architectures.py: --shard {args.shard}: I must lie in 1..N", file=sys.stderr)
+            return 2
+        todo = todo[index - 1::count]
 
     def one(kind: str) -> None:
         if args.table_only:
@@ -154,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     for kind in wanted:
         if types[kind] is not None:
             results[kind] = ArchResult(kind, reason=f"refused: {types[kind]}", refused=True)
+    if args.shard:
+        print(f"shard {args.shard}: {sum(r.measured for r in results.values())} of {len(todo)} measured; the page "
+              "is written by --table-only over every shard's results", flush=True)
+        return 0
     ordered = [results[t] for t in wanted]
     wall = time.monotonic() - started
     kv_bytes = list_types(TOKENS).get("kv_bytes", {})

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 CLASSES = ("dynamic", "static")
-TOP_OPS = 4  # ops named per figure (the largest)
+OPS_SHOWN = 4  # ops named per figure (the largest)
 EXTRA_ABOVE = {"dynamic": 3.0, "static": 1.0}  # passes of a plain append-and-attend step: more is an extra pass
 
 
@@ -75,8 +75,8 @@ def figure_cell(result: ArchResult, cache: str) -> str:
         return cell(f"— ({why})") if why else "—"
     passes, by_op = result.figures[cache]
     ops = sorted(by_op.items(), key=lambda kv: -kv[1])
-    shown = ", ".join(f"{op} {value:.2f}" for op, value in ops[:TOP_OPS] if value >= 0.005)
-    more = " …" if len([v for _, v in ops if v >= 0.005]) > TOP_OPS else ""
+    shown = ", ".join(f"{op} {value:.2f}" for op, value in ops[:OPS_SHOWN] if value >= 0.005)
+    more = " …" if len([v for _, v in ops if v >= 0.005]) > OPS_SHOWN else ""
     figure = f"{passes:.2f}"
     if passes > EXTRA_ABOVE.get(cache, float("inf")) + 0.05:
         figure = f"**{figure}**"
@@ -97,7 +97,7 @@ def table(results: list[ArchResult]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def summary(results: list[ArchResult]) -> str:
+def share_line(results: list[ArchResult]) -> str:
     """One line: how many decoder-only types were measured, of how many, and the share."""
     candidates = [r for r in results if not r.refused]
     measured = sum(r.measured for r in candidates)
@@ -126,7 +126,7 @@ def findings_table(results: list[ArchResult], kv_bytes: dict[str, float | None],
              "|---|---|---|---|---|---|---|"]
     for kind, cache, passes, by_op in above(results):
         extra = passes - EXTRA_ABOVE[cache]
-        ops = ", ".join(f"{op} {v:.2f}" for op, v in sorted(by_op.items(), key=lambda kv: -kv[1])[:TOP_OPS])
+        ops = ", ".join(f"{op} {v:.2f}" for op, v in sorted(by_op.items(), key=lambda kv: -kv[1])[:OPS_SHOWN])
         held = kv_bytes.get(kind)
         lines.append(f"| `{cell(kind)}` | {cache} | {passes:.2f} | {extra:.2f} | {cell(ops)} | {gib(held)} | "
                      f"{gib(None if held is None else extra * held)} |")
@@ -145,7 +145,7 @@ def generated(results: list[ArchResult], *, release: str, caches: str, wall_s: f
         BEGIN, "",
         f"transformers {cell(release)}, `--kv-caches {cell(caches)}`, bfloat16, counted contexts of the suite "
         f"(`python scripts/architectures.py`{timing}).", "",
-        summary(results), "", table(results),
+        share_line(results), "", table(results),
         f"### Above {EXTRA_ABOVE['dynamic']:.2f} (dynamic) or {EXTRA_ABOVE['static']:.2f} (static)", "",
         "Extra passes = passes − the plain step's (dynamic: append 2 + attention read 1; static: attention read 1); "
         "what they move per decode step at "

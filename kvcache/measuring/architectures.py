@@ -78,6 +78,14 @@ def check_type(kind: str) -> None:
         raise ModelError(f"{name}: {kind!r} is {types[kind]}, not a decoder-only causal LM; {LIST_HINT}")
 
 
+def arch_config(name: str, width: int = 1) -> ArchModel:
+    """An ``arch:<model_type>[@layers=N]`` name's small config and what was changed (:func:`arch_model`)."""
+    from kvcache.analysing.presets import split_layers
+
+    base, layers = split_layers(name)
+    return arch_model(base[len(ARCH_PREFIX):], layers, width)
+
+
 def arch_model(kind: str, layers: int | None = None, width: int = 1) -> ArchModel:
     """The small config of model type ``kind`` (:func:`check_type`): ``layers`` deep (default: one period of its
     layer pattern, at least 2), hidden ``HIDDEN × width`` where head_dim is its own field, else query heads ×
@@ -295,20 +303,19 @@ def _quiet(cls: Any) -> Any:
         logging.set_verbosity(level)
 
 
-def build_arch(name: str, device: Any, dtype: str, seed: int = 0) -> tuple[Any, Any]:
+def build_arch(name: str, device: Any, dtype: str, parameters: Any, seed: int = 0) -> tuple[Any, Any]:
     """The ``arch:`` model (random weights seeded by ``seed``, built in float32 then cast, eval mode) under the
     architecture's default attention implementation, and its :class:`~kvcache.measuring.geometry.ModelSpec` naming
     that implementation and the changes. Its geometry is checked against what a short prefill caches in every
-    layer: a mismatch is a one-line ModelError (the run would count the wrong bytes)."""
+    layer: a mismatch is a one-line ModelError (the run would count the wrong bytes). ``parameters(model)``: the
+    parameters it holds (:func:`kvcache.measuring.models.distinct_parameters`)."""
     import dataclasses
 
     import torch
     from transformers import AutoModelForCausalLM
 
     from kvcache.measuring import compat
-    from kvcache.measuring.configs import arch_config
     from kvcache.measuring.geometry import KIND_OF_LAYER_TYPE, spec_from_config, torch_dtype
-    from kvcache.measuring.models import distinct_parameters
 
     built = arch_config(name)
     torch.manual_seed(seed)
@@ -316,7 +323,7 @@ def build_arch(name: str, device: Any, dtype: str, seed: int = 0) -> tuple[Any, 
     model = model.to(device=device, dtype=torch_dtype(dtype)).eval()
     model.requires_grad_(False)
     text = text_config(model.config)
-    spec = spec_from_config(name, text, dtype, parameters=distinct_parameters(model))
+    spec = spec_from_config(name, text, dtype, parameters=parameters(model))
     attention = str(model.config._attn_implementation)
     spec = dataclasses.replace(spec, attention=attention, changes=built.changes)
     unknown = sorted(set(compat.layer_types(text)) - set(KIND_OF_LAYER_TYPE))
@@ -326,11 +333,11 @@ def build_arch(name: str, device: Any, dtype: str, seed: int = 0) -> tuple[Any, 
     if not any(spec.cached_shapes()):
         raise ModelError(f"--kv-model {name!r}: no layer of {text.num_hidden_layers} caches K/V (layer types "
                          f"{', '.join(sorted(set(compat.layer_types(text))))}): no KV cache to count")
-    check_geometry(name, model, spec, device)
+    check_cached_shapes(name, model, spec, device)
     return model, spec
 
 
-def check_geometry(name: str, model: Any, spec: Any, device: Any) -> None:
+def check_cached_shapes(name: str, model: Any, spec: Any, device: Any) -> None:
     """A one-line ModelError unless a 4-token prefill caches, in every layer, the (heads, key dim, value dim) the
     spec says (none where it says the layer caches no K/V)."""
     import torch

@@ -33,6 +33,8 @@ def load_config(name: str) -> tuple[Any, Path | None]:
     when the hub cannot be reached (found out in seconds, not after half a minute of retries)."""
     check_name(name)
     if name.startswith(ARCH_PREFIX):
+        from kvcache.measuring.architectures import arch_config
+
         return arch_config(name).config, None
     if split_layers(name)[0] in preset_names():
         return preset_config(name), None
@@ -40,15 +42,6 @@ def load_config(name: str) -> tuple[Any, Path | None]:
     if path.is_dir():
         return read_config(name, path), (path if has_weights(path) else None)
     return hub_config(name)
-
-
-def arch_config(name: str, width: int = 1) -> Any:
-    """An ``arch:<model_type>[@layers=N]`` model's small config and what was changed
-    (:class:`kvcache.measuring.architectures.ArchModel`)."""
-    from kvcache.measuring.architectures import arch_model
-
-    base, layers = split_layers(name)
-    return arch_model(base[len(ARCH_PREFIX):], layers, width)
 
 
 def preset_config(name: str) -> Any:

@@ -22,7 +22,7 @@ def build_model(name: str, device: Any, dtype: str, seed: int = 0) -> tuple[Any,
     if name.startswith(ARCH_PREFIX):
         from kvcache.measuring.architectures import build_arch
 
-        return build_arch(name, device, dtype, seed)
+        return build_arch(name, device, dtype, distinct_parameters, seed)
     config, weights = load_config(name)
     tdtype = torch_dtype(dtype)
     if weights is not None:

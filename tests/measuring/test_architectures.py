@@ -20,7 +20,7 @@ from kvcache.measuring.devices import Device  # noqa: E402
 from kvcache.measuring.session import KVSession  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-ORIGINAL = configs.arch_config
+ORIGINAL = architectures.arch_config
 
 #: model type: what it stands for (GQA, MQA, sliding-window hybrid, multi-head latent)
 SHRINK_CASES = {"llama": "MHA", "mistral": "GQA", "gpt_bigcode": "MQA", "gemma3_text": "sliding-window hybrid",
@@ -29,7 +29,7 @@ SHRINK_CASES = {"llama": "MHA", "mistral": "GQA", "gpt_bigcode": "MQA", "gemma3_
 
 def counted(name: str, monkeypatch, width: int = 1, cache: str = "dynamic") -> tuple[float, dict[str, float]]:
     """(passes, by_op) of one counted step of ``name`` built at ``width``."""
-    monkeypatch.setattr(configs, "arch_config", functools.partial(ORIGINAL, width=width))
+    monkeypatch.setattr(architectures, "arch_config", functools.partial(ORIGINAL, width=width))
     settings = Settings(model=name, device="cpu", dtype="float32", caches=(cache,), counted_contexts=(8, 16))
     kv = KVSession(settings, Device.from_choice("cpu"))
     result = kv.count(cache)
