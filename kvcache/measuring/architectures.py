@@ -231,7 +231,7 @@ def _cut_sizes(text: Any, changes: list[str]) -> None:
         elif key in EXPERT_FIELDS and value > EXPERTS:
             setattr(text, key, EXPERTS)
             changes.append(f"{key} {value}->{EXPERTS}")
-        elif key in PER_TOKEN_FIELDS and value > EXPERTS_PER_TOKEN:
+        elif key in PER_TOKEN_FIELDS and value > EXPERTS_PER_TOKEN and experts:  # 4.x: top_k is also sampling's
             setattr(text, key, EXPERTS_PER_TOKEN)
             changes.append(f"{key} {value}->{EXPERTS_PER_TOKEN}")
         elif key in GROUP_FIELDS and value > 1:
