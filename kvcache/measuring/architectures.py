@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvcache.analysing.presets import ARCH_PREFIX, ModelError
+from kvcache.measuring.geometry import text_config
 
 HIDDEN = 256  # the hidden size where the config takes head_dim apart from it (× ``width``)
 VOCAB = 1024  # tokens of the cut vocabulary
@@ -112,18 +113,6 @@ def arch_model(kind: str, layers: int | None = None, width: int = 1) -> ArchMode
     return ArchModel(kind, config, tuple(changes))
 
 
-def text_config(config: Any) -> Any:
-    """The decoder's config inside ``config`` (itself where it is not nested): ``get_text_config(decoder=True)``, or
-    what a release without the keyword (or the method) has."""
-    reader = getattr(config, "get_text_config", None)
-    if reader is None:
-        return config
-    try:
-        return reader(decoder=True)
-    except TypeError:
-        return reader()
-
-
 def period_of(text: Any) -> int:
     """Layers of one period of the layer pattern: the fewest first layers holding every kind that
     ``layer_types`` names, repeated where the list repeats; 1 where every layer is alike."""
@@ -173,6 +162,9 @@ def _cut_heads(text: Any, width: int, changes: list[str]) -> None:
     """Fewer query heads, the query/KV ratio kept (MQA stays one KV head, MHA equal counts); head_dim kept. A
     multi-head latent (``kv_lora_rank``) keeps its heads: each step expands the latent to all of them."""
     heads, kv, head_dim = _heads(text)
+    if "head_dim" in vars(text) and text.head_dim is None:  # unset: the modeling file may read the None itself
+        text.head_dim = head_dim
+        changes.append(f"head_dim unset->{head_dim} (hidden / heads, as it is derived)")
     mla = bool(getattr(text, "kv_lora_rank", None))
     own_head_dim = getattr(text, "head_dim", None) is not None and "head_dim" in vars(text)
     if mla:

@@ -259,9 +259,23 @@ def layer_kv_of(config: Any, dtype_bytes: int) -> tuple[LayerKV, ...]:
     return tuple(out)
 
 
+def text_config(config: Any) -> Any:
+    """The decoder's config inside ``config`` (itself where it is not nested): ``get_text_config(decoder=True)``, or
+    what a release without the keyword (or the method) has."""
+    reader = getattr(config, "get_text_config", None)
+    if reader is None:
+        return config
+    try:
+        return reader(decoder=True)
+    except TypeError:
+        return reader()
+
+
 def spec_from_config(name: str, config: Any, dtype: str, parameters: int | None = None) -> ModelSpec:
     """The :class:`ModelSpec` of ``config`` in ``dtype`` (a :data:`~kvcache.analysing.presets.DTYPES` name), called
-    ``name``; ``parameters`` counted from the config (:func:`count_parameters`) unless given."""
+    ``name``; ``parameters`` counted from the config (:func:`count_parameters`) unless given. The geometry of a
+    nested config (a multimodal model's) is its decoder's."""
+    whole, config = config, text_config(config)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     dtype_bytes = torch_dtype(dtype).itemsize
     layer_kv = layer_kv_of(config, dtype_bytes)
@@ -278,6 +292,6 @@ def spec_from_config(name: str, config: Any, dtype: str, parameters: int | None 
         max_position_embeddings=config.max_position_embeddings,
         dtype=dtype,
         dtype_bytes=dtype_bytes,
-        parameters=parameters if parameters is not None else count_parameters(config),
+        parameters=parameters if parameters is not None else count_parameters(whole),
         layer_kv=() if uniform else layer_kv,
     )
