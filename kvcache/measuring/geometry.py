@@ -173,6 +173,8 @@ def count_parameters(config: Any) -> int:
     if getattr(config, "model_type", "llama") != "llama":
         from kvcache.measuring import compat
 
+        if text_config(config) is not config:  # a nested (multimodal) config: built whole, at its depth
+            return compat.meta_parameters(config)
         layers = config.num_hidden_layers
         period = layer_period(config)
         if layers <= META_LAYERS or period is None:
