@@ -13,6 +13,7 @@ TORCH ?= torch==2.13.0
 TRANSFORMERS ?= transformers==5.25.0
 BENCH_ARGS ?=
 VERSIONS_ARGS ?=
+ARCHITECTURES_ARGS ?=
 GATE_POWER_ARGS ?=
 # make test runs the test files on this many pytest-xdist workers, a file per worker (its module fixtures run once);
 # 0: in one process (about twice as long on 2 cores); auto: one per CPU.
@@ -55,9 +56,15 @@ gate: $(VENV)/.bench
 versions: $(VENV)/.test
 	$(PY) scripts/versions.py $(VERSIONS_ARGS)
 
+# Every decoder-only causal-LM model type of the installed release counted (--kv-model arch:<type>, dynamic and
+# static), one process per architecture; JSON and logs in .architectures/, the table in docs/architectures.md.
+# e.g. make architectures ARCHITECTURES_ARGS="--types llama,bloom --jobs 2"
+architectures: $(VENV)/.bench
+	$(PY) scripts/architectures.py $(ARCHITECTURES_ARGS)
+
 # How often the timed gate catches a planted +2-pass copy, and how often it wrongly flags the clean twin;
 # GATE_POWER_ARGS="--ab --runs 10" measures the interleaved A/B verdict instead (kvcache ab).
 gate-power: $(VENV)/.bench
 	$(PY) scripts/gate_power.py $(GATE_POWER_ARGS)
 
-.PHONY: bench test gate versions gate-power
+.PHONY: bench test gate versions architectures gate-power

@@ -25,6 +25,7 @@ COMMANDS = {
                 "a pull request's comment (Markdown): HEAD against BASE, verdict first"),
     "history": ("kvcache.commands.history", "add a run to a history across commits; plot its trend with steps"),
     "export": ("kvcache.commands.export", "a run's figures for github-action-benchmark (customSmallerIsBetter)"),
+    "architectures": ("kvcache.commands.architectures", "the model types --kv-model arch:<model_type> accepts"),
 }
 
 

@@ -74,6 +74,7 @@ COMMAND_STATUSES: dict[str, dict[str, str]] = {
     "history": {"pass": "the entry added, or the trend drawn", "usage error": "bad input, an entry stored already"},
     "export": {"pass": "the figures written",
                "usage error": "unreadable input, bad options, no figure for the measures asked"},
+    "architectures": {"pass": "the model types listed", "usage error": "a bad option"},
 }
 for _meanings in COMMAND_STATUSES.values():  # every command stops by the runner's signal rule (kvcache.cli.run)
     _meanings.setdefault("interrupted", "stopped by Ctrl-C or SIGTERM, one line")

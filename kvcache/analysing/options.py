@@ -44,7 +44,8 @@ class Option:
 
 OPTIONS: tuple[Option, ...] = (
     Option("--kv-model", "smollm2-135m", "smollm2-135m (default), smollm2-135m-mha, tiny, a local directory with "
-           "config.json, or a hub id", "model"),
+           "config.json, a hub id, or arch:<model_type> (any decoder-only causal-LM type of the installed release, "
+           "built small: kvcache architectures --list)", "model"),
     Option("--kv-device", "auto", "auto (cuda, then mps, then cpu), cpu, cuda or mps", "device"),
     Option("--kv-dtype", "bfloat16", "bfloat16 (default), float16 or float32", "dtype"),
     Option("--kv-caches", "dynamic,static", "cache classes, comma-separated, or 'all'", "caches"),

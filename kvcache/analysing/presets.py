@@ -105,6 +105,10 @@ FAMILY_PRESETS: dict[str, FamilyPreset] = {
 
 LAYERS_SUFFIX = re.compile(r"^(?P<base>.+)@layers=(?P<n>[^@]*)$")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # owner/name
+#: ``arch:<model_type>``: a small model of any decoder-only causal-LM type of the installed release
+#: (:mod:`kvcache.measuring.architectures`; whether the type exists is checked there, with transformers).
+ARCH_PREFIX = "arch:"
+ARCH_NAME = re.compile(r"^arch:[a-z0-9][a-z0-9_-]*$")
 #: The end of the one-line error of a preset whose architecture the installed release lacks (scripts/versions.py
 #: reads it in a run's log to list the release as skipped, not failed).
 ABSENT_ARCHITECTURE = "is not in this transformers release"
@@ -115,11 +119,16 @@ def check_name(name: str) -> None:
     (``@layers=N`` a valid depth), a directory or a hub id; anything else is a one-line ModelError naming the
     presets."""
     base, _ = split_layers(name)
+    if base.startswith(ARCH_PREFIX):
+        if not ARCH_NAME.match(base):
+            raise ModelError(f"--kv-model {name!r}: {base[len(ARCH_PREFIX):]!r} is not a model type name (e.g. "
+                             "arch:llama); list them with `kvcache architectures --list`")
+        return
     path = Path(name).expanduser()
     if base in PRESETS or base in FAMILY_PRESETS or (HUB_ID.match(name) and not path.exists()):
         return
     if not path.is_dir():
-        raise ModelError(f"--kv-model {name!r} is not a preset ({', '.join(preset_names())}) "
+        raise ModelError(f"--kv-model {name!r} is not a preset ({', '.join(preset_names())}), an arch:<model_type> "
                          "nor a directory with a config.json")
     if not (path / "config.json").is_file():
         raise ModelError(f"--kv-model {name!r}: directory has no config.json")
@@ -138,6 +147,10 @@ def split_layers(name: str) -> tuple[str, int | None]:
     if not match:
         return name, None
     base, text = match["base"], match["n"]
+    if base.startswith(ARCH_PREFIX):  # its layer pattern is known to the measuring wing only
+        if not text.isdigit() or int(text) < 1:
+            raise ModelError(f"--kv-model {name!r}: layers {text!r} is not a positive whole number")
+        return base, int(text)
     if base not in PRESETS and base not in FAMILY_PRESETS:
         raise ModelError(f"--kv-model {name!r}: @layers=N applies to presets only ({', '.join(preset_names())}), "
                          f"not {base!r}")

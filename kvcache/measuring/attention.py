@@ -240,6 +240,8 @@ def switch(model: Any, name: str) -> None:
 
     if compat.attention_name(model) == name:
         return
+    if name == DEFAULT and getattr(model, "_supports_sdpa", True) is False:
+        return  # an architecture without SDPA (an arch: model): the plain class runs its default, named in the record
     if compat.has_attention_registry() or hasattr(model, "set_attn_implementation"):
         compat.set_attention(model, name)
         return

@@ -12,6 +12,7 @@ from typing import Any
 
 from kvcache.analysing.presets import (
     ABSENT_ARCHITECTURE,
+    ARCH_PREFIX,
     FAMILY_PRESETS,
     PRESETS,
     ModelError,
@@ -31,6 +32,10 @@ def load_config(name: str) -> tuple[Any, Path | None]:
     one-line ModelError (:func:`read_config`); so is a hub id that is not in the local Hugging Face cache
     when the hub cannot be reached (found out in seconds, not after half a minute of retries)."""
     check_name(name)
+    if name.startswith(ARCH_PREFIX):
+        from kvcache.measuring.architectures import arch_config
+
+        return arch_config(name).config, None
     if split_layers(name)[0] in preset_names():
         return preset_config(name), None
     path = Path(name).expanduser()

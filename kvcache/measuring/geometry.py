@@ -66,6 +66,8 @@ class ModelSpec:
     dtype_bytes: int
     parameters: int
     layer_kv: tuple[LayerKV, ...] = ()
+    attention: str | None = None  # arch: models, the attention implementation the architecture runs by default
+    changes: tuple[str, ...] = ()  # arch: models, what differs from the type's default config
 
     @property
     def bytes_per_token(self) -> int:
@@ -152,6 +154,8 @@ class ModelSpec:
             "bytes_per_token": self.bytes_per_token, "weight_bytes": self.weight_bytes,
             "parameters": self.parameters, "max_position_embeddings": self.max_position_embeddings,
             **({"kinds": self.kinds_dict()} if self.mixed else {}),
+            **({"attention": self.attention} if self.attention else {}),
+            **({"changes": list(self.changes)} if self.changes else {}),
         }
 
 
@@ -169,6 +173,8 @@ def count_parameters(config: Any) -> int:
     if getattr(config, "model_type", "llama") != "llama":
         from kvcache.measuring import compat
 
+        if text_config(config) is not config:  # a nested (multimodal) config: built whole, at its depth
+            return compat.meta_parameters(config)
         layers = config.num_hidden_layers
         period = layer_period(config)
         if layers <= META_LAYERS or period is None:
@@ -255,9 +261,23 @@ def layer_kv_of(config: Any, dtype_bytes: int) -> tuple[LayerKV, ...]:
     return tuple(out)
 
 
+def text_config(config: Any) -> Any:
+    """The decoder's config inside ``config`` (itself where it is not nested): ``get_text_config(decoder=True)``, or
+    what a release without the keyword (or the method) has."""
+    reader = getattr(config, "get_text_config", None)
+    if reader is None:
+        return config
+    try:
+        return reader(decoder=True)
+    except TypeError:
+        return reader()
+
+
 def spec_from_config(name: str, config: Any, dtype: str, parameters: int | None = None) -> ModelSpec:
     """The :class:`ModelSpec` of ``config`` in ``dtype`` (a :data:`~kvcache.analysing.presets.DTYPES` name), called
-    ``name``; ``parameters`` counted from the config (:func:`count_parameters`) unless given."""
+    ``name``; ``parameters`` counted from the config (:func:`count_parameters`) unless given. The geometry of a
+    nested config (a multimodal model's) is its decoder's."""
+    whole, config = config, text_config(config)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     dtype_bytes = torch_dtype(dtype).itemsize
     layer_kv = layer_kv_of(config, dtype_bytes)
@@ -274,6 +294,6 @@ def spec_from_config(name: str, config: Any, dtype: str, parameters: int | None 
         max_position_embeddings=config.max_position_embeddings,
         dtype=dtype,
         dtype_bytes=dtype_bytes,
-        parameters=parameters if parameters is not None else count_parameters(config),
+        parameters=parameters if parameters is not None else count_parameters(whole),
         layer_kv=() if uniform else layer_kv,
     )

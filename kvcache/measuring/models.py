@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvcache.analysing.presets import FAMILY_PRESETS, split_layers
+from kvcache.analysing.presets import ARCH_PREFIX, FAMILY_PRESETS, split_layers
 from kvcache.measuring.configs import load_config
 from kvcache.measuring.geometry import ModelSpec, spec_from_config, torch_dtype
 
@@ -19,6 +19,10 @@ def build_model(name: str, device: Any, dtype: str, seed: int = 0) -> tuple[Any,
 
     from kvcache.measuring import compat
 
+    if name.startswith(ARCH_PREFIX):
+        from kvcache.measuring.architectures import build_arch
+
+        return build_arch(name, device, dtype, distinct_parameters, seed)
     config, weights = load_config(name)
     tdtype = torch_dtype(dtype)
     if weights is not None:

@@ -108,6 +108,7 @@ INTERRUPT_AT = {
     "comment": "kvcache.commands.comment.load_run",
     "history": "kvcache.commands.history.load_run",
     "export": "kvcache.commands.export.load_run",
+    "architectures": "kvcache.measuring.architectures.causal_lm_types",
 }
 #: Arguments that reach the point :data:`INTERRUPT_AT` names (``{run}``: the recorded run, ``{tmp}``: a folder).
 INTERRUPT_ARGS = {
@@ -121,6 +122,7 @@ INTERRUPT_ARGS = {
     "comment": ["{run}", "{run}"],
     "history": ["add", "{run}", "--store", "{tmp}/h.jsonl", "--release", "5.24.0"],
     "export": ["{run}", "--format", "github-action-benchmark"],
+    "architectures": ["--list"],
 }
 #: Arguments that are a usage error for each command.
 USAGE_ARGS = {
@@ -134,6 +136,7 @@ USAGE_ARGS = {
     "comment": ["{run}", "{missing}"],
     "history": ["add", "{empty}", "--store", "{tmp}/h.jsonl", "--release", "5.24.0"],
     "export": ["{run}", "--format", "nonsense"],
+    "architectures": ["--kv-at", "many"],
 }
 #: The other statuses, each a command's arguments; ``report`` and ``traffic`` take longer (matplotlib, torch).
 OTHER_ARGS = {
@@ -145,6 +148,7 @@ OTHER_ARGS = {
     ("comment", "pass"): ["{run}", "{worse}"],  # a regression included: rendering is not judging
     ("history", "pass"): ["add", "{run}", "--store", "{tmp}/h.jsonl", "--release", "5.24.0"],
     ("export", "pass"): ["{run}", "--format", "github-action-benchmark"],
+    ("architectures", "pass"): ["--list"],
 }
 #: Statuses a test elsewhere invokes: (file, test name). None today: every status is invoked here.
 ELSEWHERE: dict[tuple[str, str], tuple[str, str]] = {}

@@ -92,7 +92,8 @@ class LayerKinds(Section):
 class ModelGeometry(Section):
     """``kv.model``: the model's geometry; ``bytes_per_token``: K and V bytes one cached token adds (all layers);
     ``weight_bytes``: bytes of all parameters; ``max_position_embeddings``: its trained context in tokens;
-    ``kinds``: per kind of layer, where layers differ."""
+    ``kinds``: per kind of layer, where layers differ; ``attention`` and ``changes`` (``arch:`` models): the attention
+    implementation the architecture runs by default and what differs from its type's default config."""
 
     name: str | None = None
     layers: int | None = None
@@ -107,6 +108,8 @@ class ModelGeometry(Section):
     parameters: int | None = None
     max_position_embeddings: int | None = None
     kinds: dict[str, LayerKinds] = field(default_factory=dict)
+    attention: str | None = None
+    changes: list[str] = field(default_factory=list)
     extra: dict[str, Any] = extra_field()
     absent: frozenset[str] = unset_field()
 

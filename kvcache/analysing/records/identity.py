@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kvcache.analysing.judge.measure_table import GROUPS
-from kvcache.analysing.presets import FAMILY_PRESETS, LAYERS_SUFFIX, PRESETS
+from kvcache.analysing.presets import ARCH_PREFIX, FAMILY_PRESETS, LAYERS_SUFFIX, PRESETS
 from kvcache.analysing.records.context import Environment, RunSettings, Section, unset_field
 from kvcache.analysing.records.jsonrecord import BOOKKEEPING, extra_field
 from kvcache.analysing.settings import Settings
@@ -77,15 +77,15 @@ def recorded_settings(settings: Settings) -> RunSettings:
 
 def model_key(name: str) -> str:
     """What a ``--kv-model`` value is called in a run's identity (``settings.model``, hence its baseline keys): a
-    preset or a hub id as given; a local directory as its name plus the first 8 hex digits of the SHA-256 of its
-    ``config.json`` (``mymodel@3f2a9c1b``), so the same model typed as a relative or an absolute path, or a moved
-    checkout, keeps its identity, and a changed config gets a new one. The JSON is hashed canonically (keys sorted,
-    no whitespace, without :data:`VOLATILE_CONFIG_FIELDS`); a file that is not a JSON object, by its bytes.
-    Nothing is imported or built."""
+    preset, an ``arch:<model_type>`` or a hub id as given; a local directory as its name plus the first 8 hex digits
+    of the SHA-256 of its ``config.json`` (``mymodel@3f2a9c1b``), so the same model typed as a relative or an
+    absolute path, or a moved checkout, keeps its identity, and a changed config gets a new one. The JSON is hashed
+    canonically (keys sorted, no whitespace, without :data:`VOLATILE_CONFIG_FIELDS`); a file that is not a JSON
+    object, by its bytes. Nothing is imported or built."""
     match = LAYERS_SUFFIX.match(name)
     base = match["base"] if match else name
-    if base in PRESETS or base in FAMILY_PRESETS:
-        return name
+    if base in PRESETS or base in FAMILY_PRESETS or base.startswith(ARCH_PREFIX):
+        return name  # an arch:<model_type> too: keyed by the architecture (its release is the run's identity)
     path = Path(name).expanduser()
     file = path / "config.json"
     try:
