@@ -19,7 +19,7 @@ def parser() -> argparse.ArgumentParser:
     made.add_argument("--list", action="store_true", help="list the accepted model types (the default)")
     made.add_argument("--all", action="store_true", help="also the causal-LM types refused, each with why")
     made.add_argument("--json", action="store_true", help="as one JSON object: {model_type: reason or null}")
-    made.add_argument("--kv-at", type=int, metavar="TOKENS",
+    made.add_argument("--kv-at", metavar="TOKENS",
                       help="with --json: also each accepted type's KV bytes at TOKENS tokens of its default (real) "
                            "config in bfloat16 (kv_bytes)")
     return made
@@ -35,17 +35,27 @@ def work(args: argparse.Namespace) -> int:
 
     from kvcache.measuring.architectures import causal_lm_types
 
+    tokens = kv_at(args.kv_at)
     types = causal_lm_types()
     shown = {k: v for k, v in types.items() if args.all or v is None}
     if args.json:
         doc: dict = {"transformers": __version__, "types": shown}
-        if args.kv_at:
+        if tokens:
             from kvcache.measuring.architectures import default_kv_bytes
 
-            doc["kv_bytes"] = {k: default_kv_bytes(k, args.kv_at) for k, v in shown.items() if v is None}
-            doc["kv_at"] = args.kv_at
+            doc["kv_bytes"] = {k: default_kv_bytes(k, tokens) for k, v in shown.items() if v is None}
+            doc["kv_at"] = tokens
         print(json.dumps(doc, indent=1))
         return exits.status_code("pass")
     for kind, reason in shown.items():
         print(kind if reason is None else f"{kind}  (refused: {reason})")
     return exits.status_code("pass")
+
+
+def kv_at(text: str | None) -> int | None:
+    """``--kv-at``'s tokens, or a one-line usage error naming the value and what is accepted."""
+    if text is None:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise cli.UsageError(f"--kv-at {text!r} is not accepted; give a whole number of tokens above 0, e.g. 32768")
+    return int(text)

@@ -166,7 +166,7 @@ def period_problem(value: Any) -> str | None:
     return f"period {value!r} is not accepted; give a whole number of decode steps from 1 to {MAX_PERIOD}, or None"
 
 
-def period_of(spec: CacheSpec, config: Any) -> int | None:
+def period_steps(spec: CacheSpec, config: Any) -> int | None:
     """The class's period in decode steps for a model of ``config`` (``spec.period``, called with the config when a
     function); None when it has none (or 1); a bad value is a one-line ValueError naming the class."""
     value = spec.period(config) if callable(spec.period) else spec.period

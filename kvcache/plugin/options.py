@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from kvcache.analysing import decoding
-from kvcache.analysing.drafts import DraftError, check_drafts
 from kvcache.analysing.options import OPTIONS
 from kvcache.analysing.settings import Settings, SettingsError, check_choice, check_decoding, parse_options
 
@@ -37,6 +36,7 @@ def settings_from(config: pytest.Config) -> Settings:
     cannot go together. Imports no torch: the registry and the model presets are plain Python until something is
     built."""
     from kvcache.analysing import presets
+    from kvcache.analysing.drafts import DraftError, check_drafts
     from kvcache.analysing.judge.baseline import NO_BASELINE
     from kvcache.measuring import caches
 

@@ -66,11 +66,17 @@ class ModelStateCache(cache_utils.DynamicCache):
     one model at once, the older one's steps read the newer one's cache: a count that depends on another point."""
 
     def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
+        from kvcache.measuring import compat
+
         keys, values = super().update(key_states, value_states, layer_idx, *args, **kwargs)
         current = MODEL_STATE.get(self._model_key, self)
-        if len(current.layers) > layer_idx and getattr(current.layers[layer_idx], "keys", None) is not None:
-            current.layers[layer_idx].keys.sum()
-            current.layers[layer_idx].values.sum()
+        try:
+            held = compat.layer_kv(current, layer_idx)  # every release's storage (layers, or key/value lists)
+        except (IndexError, AttributeError):
+            held = None  # the current cache has not reached this layer yet
+        if held is not None and held[0] is not None and held[0].numel():
+            held[0].sum()
+            held[1].sum()
         return keys, values
 
 
@@ -124,10 +130,12 @@ class FixedWindowCache(cache_utils.DynamicCache):
     WINDOW = 64
 
     def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
+        from kvcache.measuring import compat
+
         keys, values = super().update(key_states, value_states, layer_idx, *args, **kwargs)
-        layer = self.layers[layer_idx]
-        layer.keys, layer.values = keys[..., -self.WINDOW:, :].clone(), values[..., -self.WINDOW:, :].clone()
-        return layer.keys, layer.values
+        kept = keys[..., -self.WINDOW:, :].clone(), values[..., -self.WINDOW:, :].clone()
+        compat.store_layer_kv(self, layer_idx, *kept)  # every release's storage (layers, or key/value lists)
+        return kept
 
 
 def read_embeddings_each_step(model: Any) -> Any:

@@ -11,7 +11,7 @@ pytest.importorskip("transformers")
 
 from kvcache.analysing.settings import Settings  # noqa: E402
 from kvcache.measuring import caches  # noqa: E402
-from kvcache.measuring.cachespec import period_of  # noqa: E402
+from kvcache.measuring.cachespec import period_steps  # noqa: E402
 from kvcache.measuring.devices import Device  # noqa: E402
 from kvcache.measuring.session import KVSession  # noqa: E402
 
@@ -62,15 +62,15 @@ def test_two_gathers_of_every_row_are_charged_the_rows_they_read(counted):
 
 def test_a_period_is_an_int_or_a_function_of_the_config_and_a_bad_one_is_one_line():
     spec = caches.get("planted-periodic")
-    assert period_of(spec, None) == 4
+    assert period_steps(spec, None) == 4
     with pytest.raises(ValueError, match=r"register_cache\('bad'\): period 0 is not accepted"):
         caches.register_cache("bad", spec.build, period=0, in_all=False, replace=True)
     try:
         made = caches.register_cache("by-config", spec.build, period=lambda config: None, in_all=False, replace=True)
-        assert period_of(made, None) is None
+        assert period_steps(made, None) is None
         made = caches.register_cache("by-config", spec.build, period=lambda config: "8", in_all=False, replace=True)
         with pytest.raises(ValueError, match=r"register_cache\('by-config'\): period '8' is not accepted"):
-            period_of(made, None)
+            period_steps(made, None)
     finally:
         caches._REGISTRY.pop("by-config", None)
 

@@ -131,6 +131,9 @@ CASES: dict[str, dict[str, Callable[[Files], Case]]] = {
     "traffic": {  # writes no file; its bad values answer before torch is imported
         "bad value": lambda f: Case(["--warmup", "9"], ("--warmup 9",)),
     },
+    "architectures": {  # reads no file and writes none: it lists the installed release's model types
+        "bad value": lambda f: Case(["--kv-at", "x"], ("--kv-at",)),
+    },
     "compare": {  # reads only
         "clean: an empty run beside a full one": lambda f: Case([s(f.run), s(f.empty)], exits=(0,)),
         "a figure that is text": lambda f: Case([s(f.run), s(f.nan)], exits=(1,)),  # a counted figure: it fails

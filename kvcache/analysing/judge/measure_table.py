@@ -265,21 +265,36 @@ def record_of(kv: Any, measure: Measure, cache: str) -> Any:
     return record
 
 
+def member_of(node: Any, part: str) -> Any:
+    """``node``'s member ``part``: a dict's item, a record's field or, for a field a later schema added, its
+    ``extra``; None where absent. Records are walked as they are, never converted to JSON (the conversions happen
+    at the process boundary and the file only)."""
+    if isinstance(node, dict):
+        return node.get(part)
+    if node is None or isinstance(node, (str, int, float, list, tuple)):
+        return None
+    fields = getattr(node, "__dataclass_fields__", {})
+    if part in fields and part not in ("extra", "absent"):
+        return getattr(node, part)
+    extra = getattr(node, "extra", None)
+    return extra.get(part) if isinstance(extra, dict) else None
+
+
+def is_node(node: Any) -> bool:
+    """Whether ``node`` holds members (a dict or a record), not a figure."""
+    return isinstance(node, dict) or hasattr(node, "__dataclass_fields__")
+
+
 def raw_of(kv: Any, measure: Measure, cache: str, key: str | None = None) -> tuple[Any, Any]:
     """``(value, per-op detail)`` of ``measure`` for ``cache`` as the record holds them (not checked; None where
-    absent). A figure inside a path is read from the record's JSON, so a family a later schema adds is followed
-    before any record knows it."""
-    record = record_of(kv, measure, cache)
-    if record is None:
+    absent). A figure inside a path is followed through the records (:func:`member_of`), a family a later schema adds
+    included, before any record knows it."""
+    node = record_of(kv, measure, cache)
+    for part in concrete_path(measure, key) if measure.path else ():
+        node = member_of(node, part)
+    if not is_node(node):
         return None, None
-    if measure.path:
-        node: Any = record.to_json()
-        for part in concrete_path(measure, key):
-            node = node.get(part) if isinstance(node, dict) else None
-        if not isinstance(node, dict):
-            return None, None
-        return node.get(measure.field), node.get(measure.detail) if measure.detail else None
-    return getattr(record, measure.field, None), getattr(record, measure.detail, None) if measure.detail else None
+    return member_of(node, measure.field), member_of(node, measure.detail) if measure.detail else None
 
 
 def value_of(kv: Any, measure: Measure, cache: str, key: str | None = None) -> float | None:
@@ -296,11 +311,10 @@ def value_of(kv: Any, measure: Measure, cache: str, key: str | None = None) -> f
 
 def keys_of(kv: Any, measure: Measure, cache: str) -> list[str]:
     """The keys a per-key measure has for ``cache`` in a run (the GPU classes predicted, the backends counted)."""
-    record = record_of(kv, measure, cache)
-    node: Any = record.to_json() if record is not None else None
+    node = record_of(kv, measure, cache)
     for part in measure.path[:measure.path.index(ANY)]:
-        node = node.get(part) if isinstance(node, dict) else None
-    return [str(k) for k, v in node.items() if isinstance(v, dict)] if isinstance(node, dict) else []
+        node = member_of(node, part)
+    return [str(k) for k, v in node.items() if is_node(v)] if isinstance(node, dict) else []
 
 
 def figure_text(measure: Measure, value: float | None) -> str:

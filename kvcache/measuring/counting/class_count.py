@@ -29,7 +29,7 @@ from kvcache.analysing.records.measured import ClassCount
 from kvcache.analysing.sdpa import selection as sdpa_rules
 from kvcache.measuring import attention, caches, compat, decoding
 from kvcache.measuring.attention import DEFAULT as SDPA
-from kvcache.measuring.cachespec import period_of
+from kvcache.measuring.cachespec import period_steps
 from kvcache.measuring.counting import backends, memory, traffic
 from kvcache.measuring.counting.probe import probe
 from kvcache.measuring.decoding import figures
@@ -91,7 +91,7 @@ class Counting:
         if not strategy.strategy.greedy:  # --kv-decoding: per token, by phase, and what the strategy adds
             figures.add_strategy(strategy, steps.counts, held, self.tokens_per_step, result)
             strategy.add_figures(self, cache, result)
-        period = period_of(caches.get(cache), model.config)
+        period = period_steps(caches.get(cache), model.config)
         one_step = ("--kv-driver generate counts one step inside generate()" if s.generating else None) or (
             None if strategy.strategy.greedy else f"decoding {strategy.name} is counted one step at a time")
         if period and one_step:  # no window to amortise over
