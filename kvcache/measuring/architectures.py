@@ -13,6 +13,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvcache.analysing.presets import ARCH_PREFIX, ModelError
+from kvcache.measuring.arch_defaults import (
+    close_per_layer,
+    cut_extra_vocab,
+    cut_nested,
+    cut_prefixed_heads,
+    fix_defaults,
+    fix_failed_run,
+    keep_in_float32,
+    open_per_layer,
+)
 from kvcache.measuring.geometry import text_config
 
 HIDDEN = 256  # the hidden size where the config takes head_dim apart from it (× ``width``)
@@ -96,15 +106,22 @@ def arch_model(kind: str, layers: int | None = None, width: int = 1) -> ArchMode
     check_type(kind)
     config = _quiet(CONFIG_MAPPING[kind])
     text = text_config(config)
+    per_layer, depth = open_per_layer(kind, text), text.num_hidden_layers
     missing = [f for f in ("num_hidden_layers", "num_attention_heads", "hidden_size")
                if not isinstance(getattr(text, f, None), int)]
     if missing:
         raise ModelError(f"--kv-model {ARCH_PREFIX}{kind}: its config ({type(text).__name__}) has no "
                          f"{', '.join(missing)}: not one decoder stack this builder can cut")
     changes: list[str] = []
+    hidden = text.hidden_size
+    fix_defaults(text, changes)
     _cut_depth(text, layers, changes)
     _cut_heads(text, width, changes)
+    cut_prefixed_heads(text, changes, MAX_HEADS)
     _cut_sizes(text, changes)
+    cut_nested(text, hidden, changes)
+    cut_extra_vocab(text, VOCAB, changes)
+    close_per_layer(text, per_layer, depth, changes)
     _fix_tokens(text, changes)
     _trained_context(text, changes)
     _nested_attention(text, changes)
@@ -113,7 +130,7 @@ def arch_model(kind: str, layers: int | None = None, width: int = 1) -> ArchMode
     return ArchModel(kind, config, tuple(changes))
 
 
-def period_of(text: Any) -> int:
+def pattern_period(text: Any) -> int:
     """Layers of one period of the layer pattern: the fewest first layers holding every kind that
     ``layer_types`` names, repeated where the list repeats; 1 where every layer is alike."""
     from kvcache.measuring.geometry import layer_period
@@ -132,7 +149,7 @@ def _cut_depth(text: Any, layers: int | None, changes: list[str]) -> None:
     from kvcache.measuring.geometry import at_depth
 
     depth = text.num_hidden_layers
-    period = period_of(text)
+    period = pattern_period(text)
     wanted = layers if layers is not None else max(2, period)
     if wanted % period and layers is not None:
         raise ModelError(f"--kv-model: layers {layers} is not a multiple of {period} (its layer pattern)")
@@ -295,7 +312,8 @@ def _quiet(cls: Any) -> Any:
         logging.set_verbosity(level)
 
 
-def build_arch(name: str, device: Any, dtype: str, parameters: Any, seed: int = 0) -> tuple[Any, Any]:
+def build_arch(name: str, device: Any, dtype: str, parameters: Any, seed: int = 0,
+               retry: tuple[str, ...] = ()) -> tuple[Any, Any]:
     """The ``arch:`` model (random weights seeded by ``seed``, built in float32 then cast, eval mode) under the
     architecture's default attention implementation, and its :class:`~kvcache.measuring.geometry.ModelSpec` naming
     that implementation and the changes. Its geometry is checked against what a short prefill caches in every
@@ -310,22 +328,33 @@ def build_arch(name: str, device: Any, dtype: str, parameters: Any, seed: int = 
     from kvcache.measuring.geometry import KIND_OF_LAYER_TYPE, spec_from_config, torch_dtype
 
     built = arch_config(name)
+    if retry:  # the defaults' prefill failed: built again with the fix for it (:func:`fix_failed_run`)
+        fix_failed_run(built.config, [])
+        built = dataclasses.replace(built, changes=retry)
+    unknown = sorted(set(compat.layer_types(text_config(built.config))) - set(KIND_OF_LAYER_TYPE))
+    if unknown:  # before the model is built: its modeling file may need what the geometry cannot state
+        raise ModelError(f"--kv-model {name!r}: layer type {', '.join(unknown)} is not one the suite's geometry "
+                         f"knows ({', '.join(KIND_OF_LAYER_TYPE)}): its bytes per token cannot be stated")
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(built.config)
     model = model.to(device=device, dtype=torch_dtype(dtype)).eval()
+    kept = keep_in_float32(model, torch_dtype(dtype)) if retry else None  # only where the plain cast failed
     model.requires_grad_(False)
     text = text_config(model.config)
     spec = spec_from_config(name, text, dtype, parameters=parameters(model))
     attention = str(model.config._attn_implementation)
-    spec = dataclasses.replace(spec, attention=attention, changes=built.changes)
-    unknown = sorted(set(compat.layer_types(text)) - set(KIND_OF_LAYER_TYPE))
-    if unknown:
-        raise ModelError(f"--kv-model {name!r}: layer type {', '.join(unknown)} is not one the suite's geometry "
-                         f"knows ({', '.join(KIND_OF_LAYER_TYPE)}): its bytes per token cannot be stated")
+    spec = dataclasses.replace(spec, attention=attention, changes=built.changes + ((kept,) if kept else ()))
     if not any(spec.cached_shapes()):
         raise ModelError(f"--kv-model {name!r}: no layer of {text.num_hidden_layers} caches K/V (layer types "
                          f"{', '.join(sorted(set(compat.layer_types(text))))}): no KV cache to count")
-    check_cached_shapes(name, model, spec, device)
+    try:
+        check_cached_shapes(name, model, spec, device)
+    except (RuntimeError, TypeError):
+        changes = list(built.changes)
+        fixed = fix_failed_run(built.config, changes)
+        if retry or not (fixed or keep_in_float32(model, torch_dtype(dtype))):
+            raise
+        return build_arch(name, device, dtype, parameters, seed, retry=tuple(changes))
     return model, spec
 
 

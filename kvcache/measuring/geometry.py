@@ -242,23 +242,51 @@ def cache_geometry(config: Any) -> tuple[int, int, int]:
             return 1, config.kv_lora_rank, config.qk_rope_head_dim
         return config.num_attention_heads, config.qk_nope_head_dim + config.qk_rope_head_dim, config.v_head_dim
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return kv_heads_of(config), head_dim, head_dim
+    return kv_heads_of(config), head_dim, getattr(config, "v_head_dim", None) or head_dim
+
+
+def sliding_geometry(config: Any, full: tuple[int, int, int]) -> tuple[int, int, int]:
+    """(heads, key dim, value dim) a sliding layer caches: its own ``swa_num_key_value_heads`` and ``swa_head_dim``
+    where the config names them (Inkling), else ``full``'s."""
+    heads = getattr(config, "swa_num_key_value_heads", None) or full[0]
+    dim = getattr(config, "swa_head_dim", None)
+    return (heads, dim, dim) if dim else (heads, *full[1:])
 
 
 def layer_kv_of(config: Any, dtype_bytes: int) -> tuple[LayerKV, ...]:
     """Per decoder layer, what it caches (:class:`LayerKV`), from the layer types this release's caches read."""
     from kvcache.measuring import compat
 
-    heads, key_dim, value_dim = cache_geometry(config)
-    per_token = heads * (key_dim + value_dim) * dtype_bytes
     window = getattr(config, "sliding_window", None) or getattr(config, "attention_chunk_size", None)
+    layers = layer_configs(config)
     out = []
-    for layer_type in compat.layer_types(config):
+    for index, layer_type in enumerate(compat.layer_types(config)):
         kind = KIND_OF_LAYER_TYPE.get(layer_type, "full")
+        heads, key_dim, value_dim = cache_geometry(layers[index % len(layers)])
+        if kind == "sliding":
+            heads, key_dim, value_dim = sliding_geometry(config, (heads, key_dim, value_dim))
+        per_token = heads * (key_dim + value_dim) * dtype_bytes
         grows = kind in ("full", "sliding")
         out.append(LayerKV(kind, per_token if grows else 0, int(window) if kind == "sliding" and window else None,
                            *((heads, key_dim, value_dim) if grows else (0, 0, 0))))
     return tuple(out)
+
+
+def per_layer_overrides(config: Any) -> dict[int, dict[str, Any]] | None:
+    """A heterogeneous config's per-layer overrides (``{layer: {attribute: value}}``, Transformers' per-layer
+    configs: Gemma 4's larger head_dim on its full-attention layers); None for a homogeneous config."""
+    import copy
+
+    spec = vars(config).get("_heterogeneity_spec")
+    return None if spec is None else copy.deepcopy(dict(spec.per_layer_overrides))
+
+
+def layer_configs(config: Any) -> list[Any]:
+    """Per decoder layer, the config it is built from: a heterogeneous config's per-layer view, else ``config``
+    itself (one entry)."""
+    if per_layer_overrides(config) is None:
+        return [config]
+    return [config.per_layer_config[i] for i in range(config.num_hidden_layers)]
 
 
 def text_config(config: Any) -> Any:
@@ -278,11 +306,11 @@ def spec_from_config(name: str, config: Any, dtype: str, parameters: int | None 
     ``name``; ``parameters`` counted from the config (:func:`count_parameters`) unless given. The geometry of a
     nested config (a multimodal model's) is its decoder's."""
     whole, config = config, text_config(config)
+    layer_kv = layer_kv_of(config, dtype_bytes := torch_dtype(dtype).itemsize)
+    config = layer_configs(config)[0]  # a heterogeneous config: its global figures are its first layer's
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    dtype_bytes = torch_dtype(dtype).itemsize
-    layer_kv = layer_kv_of(config, dtype_bytes)
-    uniform = all(layer.kind == "full" for layer in layer_kv) and cache_geometry(config) == (
-        kv_heads_of(config), head_dim, head_dim)
+    uniform = all(layer.kind == "full" and (layer.heads, layer.key_dim, layer.value_dim) == (
+        kv_heads_of(config), head_dim, head_dim) for layer in layer_kv)
     return ModelSpec(
         name=name,
         layers=config.num_hidden_layers,

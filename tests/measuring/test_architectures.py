@@ -24,7 +24,7 @@ ORIGINAL = architectures.arch_config
 
 #: model type: what it stands for (GQA, MQA, sliding-window hybrid, multi-head latent)
 SHRINK_CASES = {"llama": "MHA", "mistral": "GQA", "gpt_bigcode": "MQA", "gemma3_text": "sliding-window hybrid",
-                "deepseek_v2": "MLA"}
+                "deepseek_v2": "MLA", "gemma4_text": "per-layer head_dim (a heterogeneous config)"}
 
 
 def counted(name: str, monkeypatch, width: int = 1, cache: str = "dynamic") -> tuple[float, dict[str, float]]:
@@ -38,7 +38,7 @@ def counted(name: str, monkeypatch, width: int = 1, cache: str = "dynamic") -> t
 
 @pytest.mark.parametrize("kind", list(SHRINK_CASES))
 def test_passes_do_not_depend_on_the_shrink(kind, monkeypatch):
-    period = architectures.period_of(architectures.text_config(architectures.arch_model(kind).config))
+    period = architectures.pattern_period(architectures.text_config(architectures.arch_model(kind).config))
     base = max(2, period)
     passes, by_op = counted(f"arch:{kind}", monkeypatch)
     deeper, _ = counted(f"arch:{kind}@layers={2 * base}", monkeypatch)
@@ -59,6 +59,29 @@ def test_arch_keeps_what_decides_the_bytes_per_token():
     mla = architectures.arch_model("deepseek_v3")
     assert (mla.config.kv_lora_rank, mla.config.qk_rope_head_dim, mla.config.num_attention_heads) == (512, 64, 128)
     assert any(change.startswith("vocab ") for change in mla.changes)
+
+
+def test_per_layer_configs_keep_each_layers_geometry():
+    from kvcache.measuring.geometry import spec_from_config
+
+    built = architectures.arch_model("gemma4_text", layers=12)
+    config = built.config
+    assert [config.per_layer_config[i].head_dim for i in (0, 5, 6, 11)] == [256, 512, 256, 512]
+    shapes = spec_from_config("arch:gemma4_text", config, "float32", parameters=0).cached_shapes()
+    assert [shape[1] for shape in shapes] == [256] * 5 + [512] + [256] * 5 + [512]
+    assert any(change.startswith("per-layer head_dim kept on layers 5, 11") for change in built.changes)
+
+
+@pytest.mark.parametrize("kind, words", [
+    ("nemotron", "num_key_value_heads unset->"), ("lfm2_moe", "layer_types unset->full_attention"),
+    ("cohere_compass_text", "rope_parameters empty->default rotary"), ("inkling_text", "swa_heads 64->8")])
+def test_defaults_that_do_not_build_are_fixed_and_said(kind, words):
+    assert any(change.startswith(words) for change in architectures.arch_model(kind).changes), kind
+
+
+def test_a_per_layer_head_count_is_refused_in_one_line():
+    with pytest.raises(ModelError, match="per-layer .*num_attention_heads"):
+        architectures.arch_model("dots3_note_text")
 
 
 def test_llama_counts_three_passes_and_names_its_attention(monkeypatch):
