@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+from kvcache.measuring.devices import Device
+from kvcache.measuring.models import build_model
 from kvcache.testing import classes as testing
 
 testing.register()
@@ -16,3 +18,12 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny(one_torch_thread):
+    """The ``tiny`` model in float32 on the CPU, built once per module: ``(model, spec, device)`` (a module that
+    needs another dtype or a livelier model defines its own)."""
+    device = Device.from_choice("cpu")
+    model, spec = build_model("tiny", device.torch_device, "float32")
+    return model, spec, device

@@ -12,18 +12,9 @@ import torch
 
 from kvcache.measuring import caches, compat, decode, hooks
 from kvcache.measuring.cachespec import CacheSpec
-from kvcache.measuring.devices import Device
-from kvcache.measuring.models import build_model
 from kvcache.testing.press import FakePress, changes_weights
 
 CONTEXT = 32
-
-
-@pytest.fixture(scope="module")
-def tiny(one_torch_thread):
-    device = Device.from_choice("cpu")
-    model, spec = build_model("tiny", device.torch_device, "float32")
-    return model, spec, device
 
 
 def dynamic(request):

@@ -14,8 +14,6 @@ pytest.importorskip("torch")
 
 from kvcache.caches import register_press  # noqa: E402
 from kvcache.measuring import caches, compat, decode  # noqa: E402
-from kvcache.measuring.devices import Device  # noqa: E402
-from kvcache.measuring.models import build_model  # noqa: E402
 
 STAND_IN = textwrap.dedent('''
     from kvcache.testing.press import FakePress
@@ -53,13 +51,6 @@ def stand_in(tmp_path, monkeypatch):
     monkeypatch.delitem(sys.modules, "kvpress", raising=False)
     yield
     sys.modules.pop("kvpress", None)
-
-
-@pytest.fixture(scope="module")
-def tiny(one_torch_thread):
-    device = Device.from_choice("cpu")
-    model, spec = build_model("tiny", device.torch_device, "float32")
-    return model, spec, device
 
 
 def test_registering_a_press_is_one_call_and_compresses(registered, stand_in, tiny):
