@@ -13,7 +13,8 @@ STRATEGY_SEPARATOR = "#"  # <cache>[@<attention>]#<strategy>
 GREEDY = "greedy"
 #: The accepted forms, in the words every usage error gives.
 FORMS = ("greedy (default), beam:N (N >= 2), assisted:self:K or assisted:MODEL:K (a preset or config directory as "
-         "the draft; K >= 1 draft tokens), prompt-lookup:K (K >= 1), chunked-prefill:C (1 <= C <= the smallest "
+         "the draft; K >= 1 draft tokens), prompt-lookup:K or prompt-lookup:K:P (K >= 1 lookup tokens, P the share of "
+         "them accepted, a multiple of 1/K from 0 to 1; default 1), chunked-prefill:C (1 <= C <= the smallest "
          "context)")
 #: The phases a non-greedy step's counted bytes are split into (``kv.traffic.<key>.phases``): the model's forward, a
 #: beam reorder (``reorder_cache``), a speculative ``crop``, a draft model's own work, and ``other``: every op charged
@@ -30,12 +31,14 @@ class DecodingError(ValueError):
 @dataclass(frozen=True)
 class Strategy:
     """One parsed strategy: ``family`` (:data:`FAMILIES`), ``number`` (beams N, draft tokens K, chunk tokens C; None
-    for greedy) and ``draft`` (``assisted``: ``self`` or a model name). ``name`` is its canonical text, the key's
-    suffix."""
+    for greedy), ``draft`` (``assisted``: ``self`` or a model name) and ``share`` (``prompt-lookup``: the share of the
+    K looked-up tokens the model accepts, a multiple of 1/K; None for all of them). ``name`` is its canonical text,
+    the key's suffix (``prompt-lookup:4`` for a share of 1, ``prompt-lookup:4:0.5``)."""
 
     family: str
     number: int | None = None
     draft: str | None = None
+    share: float | None = None
 
     @property
     def name(self) -> str:
@@ -43,7 +46,16 @@ class Strategy:
             return GREEDY
         if self.family == "assisted":
             return f"assisted:{self.draft}:{self.number}"
+        if self.share is not None:
+            return f"{self.family}:{self.number}:{self.share:g}"
         return f"{self.family}:{self.number}"
+
+    @property
+    def accepted(self) -> int | None:
+        """``prompt-lookup``: how many of the K looked-up tokens the model accepts each step (K for a share of 1)."""
+        if self.family != "prompt-lookup" or self.number is None:
+            return None
+        return round((1.0 if self.share is None else self.share) * self.number)
 
     @property
     def greedy(self) -> bool:
@@ -63,6 +75,20 @@ def _count_of(text: str, part: str, what: str, low: int) -> int:
     return value
 
 
+def _share_of(text: str, part: str, k: int) -> float:
+    """The accepted share P of ``prompt-lookup:K:P`` (``0.5`` or ``50%``): a multiple of 1/K from 0 to 1, as a whole
+    number of accepted tokens; anything else is a one-line :class:`DecodingError` naming the shares K allows."""
+    allowed = ", ".join(f"{a / k:g}" for a in range(k + 1))
+    try:
+        share = float(part[:-1]) / 100 if part.endswith("%") else float(part)
+    except ValueError:
+        raise _bad(text, f"share {part!r} is not a number (for {k} lookup tokens: {allowed})") from None
+    accepted = share * k
+    if not 0 <= share <= 1 or abs(accepted - round(accepted)) > 1e-4:  # 1e-4: `:g` keeps 6 digits of 1/3
+        raise _bad(text, f"share {part!r} is not a whole number of the {k} lookup tokens (for {k}: {allowed})")
+    return round(accepted) / k
+
+
 def parse_strategy(text: str, contexts: tuple[int, ...] = ()) -> Strategy:
     """``"beam:4"`` -> ``Strategy("beam", 4)``; an unknown form or a bad number is a one-line :class:`DecodingError`.
     ``contexts`` (tokens): a chunk larger than the smallest of them is an error (that point would not be chunked)."""
@@ -73,7 +99,10 @@ def parse_strategy(text: str, contexts: tuple[int, ...] = ()) -> Strategy:
     if family == "beam" and rest:
         return Strategy("beam", _count_of(text, rest, "beams", 2))
     if family == "prompt-lookup" and rest:
-        return Strategy("prompt-lookup", _count_of(text, rest, "lookup tokens", 1))
+        k, _, share = rest.partition(":")
+        k = _count_of(text, k, "lookup tokens", 1)
+        share = _share_of(text, share, k) if share else None
+        return Strategy("prompt-lookup", k, share=None if share == 1 else share)  # 1: the plain key
     if family == "chunked-prefill" and rest:
         chunk = _count_of(text, rest, "chunk", 1)
         if contexts and chunk > min(contexts):

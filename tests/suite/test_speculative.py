@@ -74,3 +74,21 @@ def test_the_loop_driver_skips_speculative_strategies_with_the_reason(tmp_path):
 def test_a_draft_that_cannot_draft_is_a_one_line_usage_error(value, expected):
     done = run_suite(*TINY, "--kv-caches", "dynamic", "--kv-driver", "generate", "--kv-decoding", value)
     assert_one_line_usage_error(done, expected)
+
+
+def test_prompt_lookup_accepts_the_stated_share_at_every_context(tmp_path):
+    """``prompt-lookup:K:P``: the prompt puts a token the model rejects P·K places into the lookup's candidates, so
+    every step accepts P·K of them (P·K + 1 tokens a step), the same at both counted contexts; P = 1 is the plain key."""
+    out = tmp_path / "run.json"
+    done = run_suite(*TINY, "--kv-caches", "dynamic", "--kv-driver", "generate",
+                     "--kv-decoding", "prompt-lookup:4:0.5,prompt-lookup:4:0,prompt-lookup:4:100%",
+                     "--benchmark-json", str(out))
+    assert done.returncode == 0, describe(done)
+    traffic = load_json(out)["kv"]["traffic"]
+    assert set(traffic) == {"dynamic#prompt-lookup:4:0.5", "dynamic#prompt-lookup:4:0", "dynamic#prompt-lookup:4"}
+    for key, accepted in (("dynamic#prompt-lookup:4:0.5", 2), ("dynamic#prompt-lookup:4:0", 0),
+                          ("dynamic#prompt-lookup:4", 4)):
+        t = traffic[key]
+        assert t["tokens_per_step"] == accepted + 1, (key, t)
+        assert t["draft"]["drafted"] == 4 and t["draft"]["acceptance"] == accepted / 4, (key, t["draft"])
+        assert t["passes_per_token"] == pytest.approx(t["passes"] / (accepted + 1)), (key, t)

@@ -56,3 +56,28 @@ def test_keys_cross_split_and_keep_greedy_plain():
     assert decoding.split_strategy("dynamic") == ("dynamic", "greedy")
     assert decoding.strategy_of("x#assisted:self:3") == Strategy("assisted", 3, "self")
     assert decoding.strategy_key("dynamic", "greedy") == "dynamic"
+
+
+@pytest.mark.parametrize("text, name, accepted", [
+    ("prompt-lookup:4", "prompt-lookup:4", 4), ("prompt-lookup:4:1", "prompt-lookup:4", 4),
+    ("prompt-lookup:4:0.5", "prompt-lookup:4:0.5", 2), ("prompt-lookup:4:50%", "prompt-lookup:4:0.5", 2),
+    ("prompt-lookup:4:0", "prompt-lookup:4:0", 0), ("prompt-lookup:3:0.333333", "prompt-lookup:3:0.333333", 1),
+])
+def test_prompt_lookup_takes_an_accepted_share(text, name, accepted):
+    strategy = parse_strategy(text)
+    assert (strategy.name, strategy.accepted) == (name, accepted)
+    assert parse_strategy(strategy.name) == strategy  # the key's suffix reads back as the same strategy
+
+
+@pytest.mark.parametrize("text, words", [
+    ("prompt-lookup:4:0.3", ["'prompt-lookup:4:0.3'", "0.3", "0, 0.25, 0.5, 0.75, 1"]),
+    ("prompt-lookup:4:x", ["'x' is not a number", "0, 0.25, 0.5, 0.75, 1"]),
+    ("prompt-lookup:4:2", ["'2'", "prompt-lookup:K:P"]),
+    ("prompt-lookup:4:-0.25", ["'-0.25'"]),
+    ("prompt-lookup:4:nan", ["'nan'"]),
+])
+def test_a_bad_share_is_one_line_naming_it_and_the_shares_k_allows(text, words):
+    with pytest.raises(DecodingError) as caught:
+        parse_strategy(text)
+    message = str(caught.value)
+    assert "\n" not in message and all(word in message for word in words), message
