@@ -1,7 +1,11 @@
 """The judge of the ``decoding`` verdict (``kv.verdict.<cache>#<strategy>.decoding``, --kv-decoding): a key's
-counted passes per generated token, by phase (forward, reorder, crop, draft, other) and of the chunked prefill, each
-against its baseline figure (``decoding_per_token``, ``decoding_phases`` {phase: passes}, ``prefill_passes``) plus the
-counted tolerance, as exactly as counted passes. Stdlib only; docs/decoding.md."""
+counted passes per generated token, by phase (forward, reorder, crop, draft, other), of the chunked prefill and of a
+draft model's own cache (passes per KV byte the draft's cache holds, and per generated token), each against its
+baseline figure (``decoding_per_token``, ``decoding_phases`` {phase: passes}, ``prefill_passes``, ``draft_passes``,
+``draft_per_token``) plus the counted tolerance, as exactly as counted passes. The draft's acceptance (a share, not
+passes) is reported, not judged: a lower acceptance yields fewer tokens a step, which raises ``per_token`` and
+``draft_per_token``, both judged. The figures are the measure table's rows whose verdict is ``decoding``, each
+worse when higher. Stdlib only; docs/decoding.md."""
 
 from __future__ import annotations
 
@@ -9,28 +13,42 @@ from typing import Any
 
 from kvcache.analysing.judge.entries import BaselineEntry
 from kvcache.analysing.judge.judges import COUNTED_RELATIVE_SLACK, PRIORITY, fmt
+from kvcache.analysing.judge.measure_table import ANY, finite_number, is_node, member_of, of_verdict
 from kvcache.analysing.records import Part, Traffic, Verdict
 
 
 def decoding_figures(traffic: Traffic | None) -> dict[str, float]:
-    """{part name: passes} of a key's decoding figures: ``per_token``, ``phase:<phase>``, ``prefill``; the figures
-    the run has, finite."""
+    """{part name: passes} of a key's decoding figures, one per row of the measure table judged in ``decoding``
+    (``name:KEY`` for a row per key): ``per_token``, ``phase:<phase>``, ``prefill``, ``draft`` (passes per KV byte
+    the draft's own cache holds) and ``draft_per_token``; the figures the run has, finite. Passes only, each worse
+    when higher: the draft's ``acceptance`` is no row of them (see the module's docstring)."""
     if traffic is None:
         return {}
-    found: dict[str, Any] = {"per_token": traffic.passes_per_token}
-    found.update({f"phase:{name}": phase.passes for name, phase in (traffic.phases or {}).items()})
-    if traffic.prefill is not None:
-        found["prefill"] = traffic.prefill.passes
-    return {name: float(v) for name, v in found.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) < float("inf")}
+    found: dict[str, Any] = {}
+    for m in of_verdict("decoding"):
+        node: Any = traffic
+        for part in m.path[:m.path.index(ANY)] if m.per_key else m.path:
+            node = member_of(node, part)
+        if m.per_key:
+            keyed = node.items() if isinstance(node, dict) else ()
+            found.update({f"{m.name}:{key}": member_of(value, m.field) for key, value in keyed if is_node(value)})
+        elif is_node(node):
+            found[m.name] = member_of(node, m.field)
+    return {name: float(v) for name, v in found.items() if finite_number(v)}
 
 
 def baseline_figures(base: BaselineEntry | None) -> dict[str, float]:
-    """The same names from a baseline entry."""
+    """The same names from a baseline entry (each row's ``baseline`` field: ``decoding_per_token``,
+    ``decoding_phases`` {phase: passes}, ``prefill_passes``, ``draft_passes``, ``draft_per_token``)."""
     if base is None:
         return {}
-    found: dict[str, Any] = {"per_token": base.decoding_per_token, "prefill": base.prefill_passes}
-    found.update({f"phase:{name}": value for name, value in (base.decoding_phases or {}).items()})
+    found: dict[str, Any] = {}
+    for m in of_verdict("decoding"):
+        value = getattr(base, m.baseline or "", None)
+        if m.per_key:
+            found.update({f"{m.name}:{key}": v for key, v in value.items()} if isinstance(value, dict) else {})
+        else:
+            found[m.name] = value
     return {name: float(v) for name, v in found.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
@@ -64,9 +82,15 @@ def judge_decoding(traffic: Traffic | None, base: BaselineEntry | None, *, toler
 
 def decoding_entry(traffic: Traffic) -> dict[str, Any]:
     """The counted baseline entry's figures of a --kv-decoding key (none for greedy): ``decoding_per_token``,
-    ``decoding_phases`` {phase: passes}, ``prefill_passes``, each where the run has it."""
+    ``decoding_phases`` {phase: passes}, ``prefill_passes``, ``draft_passes`` and ``draft_per_token``, each where
+    the run has it."""
     figures = decoding_figures(traffic)
-    phases = {name.partition(":")[2]: v for name, v in figures.items() if name.startswith("phase:")}
-    out = {"decoding_per_token": figures.get("per_token"), "decoding_phases": phases or None,
-           "prefill_passes": figures.get("prefill")}
-    return {name: value for name, value in out.items() if value is not None}
+    out: dict[str, Any] = {}
+    for m in of_verdict("decoding"):
+        if m.per_key:
+            keyed = {name.partition(":")[2]: v for name, v in figures.items() if name.startswith(f"{m.name}:")}
+            if keyed:
+                out[m.baseline or m.name] = keyed
+        elif m.name in figures:
+            out[m.baseline or m.name] = figures[m.name]
+    return out

@@ -66,9 +66,12 @@ FIGURES = {
     "memory_allocated_passes": Range(-MAX_PASSES, MAX_PASSES),
     "memory_peak_passes": Range(-MAX_PASSES, MAX_PASSES),
     "memory_held_passes": Range(-MAX_PASSES, MAX_PASSES),
-    # --kv-decoding keys: passes per generated token, the chunked prefill's passes per KV byte it leaves
+    # --kv-decoding keys: passes per generated token, the chunked prefill's passes per KV byte it leaves, a draft
+    # model's passes per KV byte its own cache holds and per generated token (a draft with a cache reads it)
     "decoding_per_token": Range(0, MAX_PASSES, above=True),
     "prefill_passes": Range(0, MAX_PASSES, above=True),
+    "draft_passes": Range(0, MAX_PASSES, above=True),
+    "draft_per_token": Range(0, MAX_PASSES, above=True),
 }
 #: Every ``{op: number}`` map an entry holds, and the range of each number. An op's passes may be below 0: a
 #: counted op seen at the low context only has a falling slope, and a ledger op's timed slope is noise around 0.
@@ -159,7 +162,8 @@ class BaselineEntry(Record):
     {op: calls}, ``host_syncs_per_step`` and ``host_sync_calls`` {op: calls}: ops that make the host wait for the device
     on CUDA), counted memory (``memory_*_passes``: bytes per KV byte, ``memory_allocated_by_op``), counted passes
     per GPU class (``gpu_passes`` {class: passes}, ``gpu_by_op`` {class: {op: passes}}; --kv-gpus), a decoding
-    strategy's figures (``decoding_per_token``, ``decoding_phases`` {phase: passes}, ``prefill_passes``), and where
+    strategy's figures (``decoding_per_token``, ``decoding_phases`` {phase: passes}, ``prefill_passes``, a draft
+    model's ``draft_passes`` per KV byte its own cache holds and ``draft_per_token``), and where
     they came from (``recorded``: ISO date-time, ``transformers``, ``torch``, ``model``, ``dtype``)."""
 
     timed_passes: float | None = None
@@ -186,6 +190,8 @@ class BaselineEntry(Record):
     decoding_per_token: float | None = None
     decoding_phases: dict[str, float] | None = None
     prefill_passes: float | None = None
+    draft_passes: float | None = None
+    draft_per_token: float | None = None
     recorded: str | None = None
     transformers: str | None = None
     torch: str | None = None

@@ -50,7 +50,7 @@ VERDICTS: tuple[Judged, ...] = (
     Judged("ledger", "per-op ledger"),
     Judged("memory", "counted memory"),
     Judged("gpus", "counted passes per GPU class", summarised=False),
-    Judged("decoding", "counted passes per token, by phase and of the prefill", summarised=False),
+    Judged("decoding", "counted passes per token, by phase, of the prefill and of the draft", summarised=False),
 )
 
 
@@ -181,12 +181,12 @@ MEASURES: tuple[Measure, ...] = (
     Measure("periodic", "periodic passes (amortised)", "passes", "traffic", "periodic_passes", group="counted",
             path=("amortised",), detail="periodic_by_op", resolution=COUNTED_RESOLUTION, header="periodic passes",
             compared=True, exported=True),
-    Measure("draft", "draft passes per draft KV byte", "passes", "traffic", "passes", group="counted",
-            tolerance="--kv-counted-tolerance", path=("draft",), detail="by_op", resolution=COUNTED_RESOLUTION,
-            exported=True, bisected=True, watched=True),
+    Measure("draft", "draft passes per draft KV byte", "passes", "traffic", "passes", "decoding", "counted",
+            "--kv-counted-tolerance", path=("draft",), detail="by_op", baseline="draft_passes",
+            resolution=COUNTED_RESOLUTION, exported=True, bisected=True, watched=True),
     Measure("draft_per_token", "draft passes per generated token", "passes", "traffic", "passes_per_token",
-            group="counted", tolerance="--kv-counted-tolerance", path=("draft",), resolution=COUNTED_RESOLUTION,
-            exported=True, bisected=True, watched=True),
+            "decoding", "counted", "--kv-counted-tolerance", path=("draft",), baseline="draft_per_token",
+            resolution=COUNTED_RESOLUTION, exported=True, bisected=True, watched=True),
     Measure("ledger", "timed passes per op", "passes", "ledger", "timed", "ledger", "timed", "--kv-ledger-tolerance",
             exact=False, interval="timed_ci", baseline="timed_ledger"),
 )
