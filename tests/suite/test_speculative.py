@@ -44,6 +44,9 @@ def test_assisted_and_prompt_lookup_are_counted_by_phase_with_the_draft_apart(tm
         assert random["draft"]["passes"] == pytest.approx(2 * random["phases"]["draft"]["passes"]), random
         assert lookup["draft"].get("passes") is None and lookup["draft"].get("cache") is None, lookup
         assert own["draft"]["cache"] == "DynamicCache", own  # generate's own for the assistant, whatever the class
+    for key in ("dynamic#assisted:self:2", "static#prompt-lookup:2"):  # the probe: the verifying forward
+        seen = kv["probe"][key]  # 1 + K queries, a mask, K/V repeated to every query head (the forward's reshape)
+        assert seen["query"][2] == 3 and seen["mask"][-2] == 3 and seen["attention"].startswith("expanded"), seen
     skipped = {s["cache"]: s["reason"] for s in kv["skipped"]}
     for strategy in ("assisted:self:2", "prompt-lookup:2"):
         assert "cannot crop" in skipped[f"quantized-fp8#{strategy}"], skipped

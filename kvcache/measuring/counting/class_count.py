@@ -31,7 +31,7 @@ from kvcache.measuring import attention, caches, compat, decoding
 from kvcache.measuring.attention import DEFAULT as SDPA
 from kvcache.measuring.cachespec import period_steps
 from kvcache.measuring.counting import backends, memory, traffic
-from kvcache.measuring.counting.probe import probe
+from kvcache.measuring.counting.probe import probe_point
 from kvcache.measuring.decoding import figures
 from kvcache.measuring.generate import leading_steps
 
@@ -279,7 +279,7 @@ class Counting:
             if dp.strategy is not None:
                 self.tokens_per_step = dp.strategy.tokens_per_step(dp)
             if context == probe_at:
-                out.probe = probe(dp.step, spec.heads, spec.kv_heads).record()
+                out.probe = probe_point(dp, warm, spec.heads, spec.kv_heads).record()
             dp.release()
         return out
 

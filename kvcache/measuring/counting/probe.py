@@ -4,16 +4,24 @@ Transformers looks that function up at call time in every release, so wrapping i
 what attention received: query/key/value/mask shapes, whether grouped-query attention ran natively
 (``enable_gqa`` or the query heads packed onto the KV heads) or K/V were expanded to all query heads,
 and how many K/V expansions that took (K and V of every layer: 2 per expanded call).
+
+Which forwards: every attention call of one step (:func:`probe`: greedy, beam search and chunked prefill, whose step
+is one forward), or, for a strategy that says so (``DecodingStrategy.probe_last_forward``: speculative decoding), only
+the model's last forward of the counted step (:func:`probe_last_forward`: an assisted or prompt-lookup iteration's
+verifying forward, 1 + K query tokens, not generate's prefill of the prompt nor a self-draft's own forwards).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
 from kvcache.analysing.records.counted import Probe
+from kvcache.measuring.generate import leading_steps
 
 
 def _shape(t: Any) -> list[int] | None:
@@ -30,6 +38,12 @@ class AttentionProbe:
     expanded_calls: int = 0
     first: dict[str, Any] = field(default_factory=dict)
     modes: dict[str, int] = field(default_factory=dict)
+    recording: bool = True  # False: calls pass unobserved (outside the probed forward)
+
+    def clear(self) -> None:
+        """Forget the calls observed so far (a later forward replaces an earlier one)."""
+        self.calls = self.expanded_calls = 0
+        self.first, self.modes = {}, {}
 
     def classify(self, query: torch.Tensor, key: torch.Tensor, enable_gqa: bool) -> str:
         q_heads, k_heads = query.shape[1], key.shape[1]
@@ -67,20 +81,74 @@ def probe(step: Callable[[], Any], heads: int, kv_heads: int) -> AttentionProbe:
     ``flex_attention``, an attention function of your own: ``--kv-attn``) is described by the attention functions it
     called instead (:class:`FunctionProbe`): the first call's query/key/value/mask, and K/V expanded to the query
     heads by the release's ``repeat_kv`` (``expansions``: its calls, K and V of each layer)."""
-    result = AttentionProbe(heads=heads, kv_heads=kv_heads)
-    functions = FunctionProbe()
+    result, functions = AttentionProbe(heads=heads, kv_heads=kv_heads), FunctionProbe()
+    with _observing(result, functions):
+        step()
+    return _described(result, functions)
+
+
+def probe_point(point: Any, warmup: int, heads: int, kv_heads: int) -> AttentionProbe:
+    """The probe of a counted point: :func:`probe_last_forward` where its strategy says so
+    (``probe_last_forward``), else :func:`probe` of one more :meth:`step` (as every key was probed before)."""
+    strategy = getattr(point, "strategy", None)
+    if getattr(strategy, "probe_last_forward", False) and hasattr(point, "generate"):
+        return probe_last_forward(point, warmup, heads, kv_heads)
+    return probe(point.step, heads, kv_heads)
+
+
+def probe_last_forward(point: Any, warmup: int, heads: int, kv_heads: int) -> AttentionProbe:
+    """What attention received in the model's last forward of the counted step: one generate call of
+    :func:`leading_steps` ``(warmup) + 1`` steps, as :meth:`GeneratePoint.count_step` runs it, observed only inside
+    the model's forwards (forward pre-hook to forward hook) after the leading steps' last mark, each forward replacing
+    the one before. For an assisted or prompt-lookup iteration that is the verifying forward (the last token and the
+    K candidates), which comes after the draft's forwards (a self-draft's run through the same model)."""
+    lead = leading_steps(warmup)
+    result, functions = AttentionProbe(heads=heads, kv_heads=kv_heads, recording=False), FunctionProbe(recording=False)
+    counted = [False]  # between the marks of the counted step
+
+    def on_mark(index: int) -> None:
+        counted[0] = index == lead
+
+    def before(*_: Any) -> None:
+        if counted[0]:
+            result.clear()
+            functions.clear()
+            result.recording = functions.recording = True
+
+    def after(*_: Any) -> None:
+        result.recording = functions.recording = False
+
+    hooks = [point.model.register_forward_pre_hook(before), point.model.register_forward_hook(after)]
+    try:
+        with _observing(result, functions):
+            point.generate(lead + 1, on_mark=on_mark)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return _described(result, functions)
+
+
+@contextmanager
+def _observing(result: AttentionProbe, functions: FunctionProbe) -> Iterator[None]:
+    """SDPA wrapped (its calls observed in ``result`` while it is recording) and the attention functions watched by
+    ``functions``, for the duration."""
     original = torch.nn.functional.scaled_dot_product_attention
 
     def wrapped(query: Any, key: Any, value: Any, attn_mask: Any = None, *args: Any, **kwargs: Any) -> Any:
-        result.observe(query, key, value, attn_mask, bool(kwargs.get("enable_gqa", False)))
+        if result.recording:
+            result.observe(query, key, value, attn_mask, bool(kwargs.get("enable_gqa", False)))
         return original(query, key, value, attn_mask, *args, **kwargs)
 
     torch.nn.functional.scaled_dot_product_attention = wrapped
     try:
         with functions.watching():
-            step()
+            yield
     finally:
         torch.nn.functional.scaled_dot_product_attention = original
+
+
+def _described(result: AttentionProbe, functions: FunctionProbe) -> AttentionProbe:
+    """``result``, or, where SDPA was not called, ``result`` filled from the attention functions that were."""
     if result.calls == 0 and (functions.calls or functions.expansions):
         functions.fill(result)
     return result
@@ -96,6 +164,12 @@ class FunctionProbe:
     expansions: int = 0
     first: dict[str, Any] = field(default_factory=dict)
     names: dict[str, int] = field(default_factory=dict)
+    recording: bool = True  # False: calls pass uncounted (outside the probed forward)
+
+    def clear(self) -> None:
+        """Forget the calls counted so far."""
+        self.calls = self.expansions = 0
+        self.first, self.names = {}, {}
 
     def watching(self) -> Any:
         import contextlib
@@ -110,9 +184,10 @@ class FunctionProbe:
             def attention_fn(name: str, fn: Callable) -> Callable:
                 def wrapped(module: Any, query: Any, key: Any, value: Any, attention_mask: Any = None, *args: Any,
                             **kwargs: Any) -> Any:
-                    probe_.calls += 1
-                    probe_.names[name] = probe_.names.get(name, 0) + 1
-                    if not probe_.first:
+                    if probe_.recording:
+                        probe_.calls += 1
+                        probe_.names[name] = probe_.names.get(name, 0) + 1
+                    if probe_.recording and not probe_.first:
                         probe_.first = {"query": _shape(query), "key": _shape(key), "value": _shape(value),
                                         "mask": _shape(attention_mask)}
                     return fn(module, query, key, value, attention_mask, *args, **kwargs)
@@ -120,7 +195,7 @@ class FunctionProbe:
 
             def repeat_fn(fn: Callable) -> Callable:
                 def wrapped(hidden_states: Any, n_rep: int, *args: Any, **kwargs: Any) -> Any:
-                    if n_rep != 1:
+                    if n_rep != 1 and probe_.recording:
                         probe_.expansions += 1
                     return fn(hidden_states, n_rep, *args, **kwargs)
                 return wrapped

@@ -18,6 +18,11 @@ class DecodingStrategy:
     differs; every method has the session (:class:`kvcache.measuring.session.KVSession`) or the point at hand."""
 
     family: ClassVar[str] = names.GREEDY
+    #: What the attention probe (``kv.probe.<key>``) describes: False, every attention call of one more step (one
+    #: forward: greedy, beam search, chunked prefill); True, the model's last forward of the counted step, in a
+    #: generate call like the counted one (a speculative iteration's verifying forward, not generate's prefill of the
+    #: prompt nor the draft's forwards: :func:`kvcache.measuring.counting.probe.probe_last_forward`).
+    probe_last_forward: ClassVar[bool] = False
 
     def __init__(self, strategy: Strategy) -> None:
         self.strategy = strategy

@@ -138,6 +138,8 @@ def speculative_prompt(token: int, length: int, k: int, accepted: int | None = N
 class Speculative(DecodingStrategy):
     """Assisted decoding and prompt lookup (see the module docstring)."""
 
+    probe_last_forward = True  # the probe describes the verifying forward, not generate's prefill
+
     @property
     def k(self) -> int:
         return int(self.strategy.number or 1)
