@@ -48,7 +48,7 @@ def run_session(args: argparse.Namespace, common: list[str], tolerance: float, o
     except ABError as exc:
         for side in sides:
             side.kill()
-        print(f"kvcache ab: {exc}", file=sys.stderr)
+        print(terminal_text(f"kvcache ab: {exc}"), file=sys.stderr)
         return EXIT_USAGE
     except Interrupted as exc:
         if session is not None:
@@ -72,7 +72,7 @@ def run_session(args: argparse.Namespace, common: list[str], tolerance: float, o
         if args.json:
             problem = write_results(args.json, results_before_start(sides, str(interrupted), tolerance), out_dir)
             if problem:
-                print(f"kvcache ab: {problem}", file=sys.stderr)
+                print(terminal_text(f"kvcache ab: {problem}"), file=sys.stderr)
                 return EXIT_USAGE
             say(f"kvcache ab: {args.json} written (interrupted, no pairs)")
         return EXIT_INTERRUPTED
@@ -92,7 +92,7 @@ def run_session(args: argparse.Namespace, common: list[str], tolerance: float, o
     for line in ab_summary(doc):
         print(terminal_text(line), flush=True)
     if problem:  # after the summary: what was measured is said, and kept where the message says
-        print(f"kvcache ab: {problem}", file=sys.stderr)
+        print(terminal_text(f"kvcache ab: {problem}"), file=sys.stderr)
         return EXIT_USAGE
     from kvcache.analysing.judge import paired as judge
 
