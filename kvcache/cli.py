@@ -50,6 +50,16 @@ def last_line(text: str, limit: int = 300) -> str:
     return (lines[-1] if lines else "(no output)")[:limit]
 
 
+def say(*lines: object, err: bool = False) -> None:
+    """Print each of ``lines`` as one line of the terminal (stderr when ``err``), every control character shown as
+    its code (:func:`kvcache.analysing.tables.terminal_text`): how a command prints a string a run, a file or a probe
+    gave it."""
+    from kvcache.analysing.tables import terminal_text
+
+    for line in lines:
+        print(terminal_text(line), file=sys.stderr if err else sys.stdout, flush=True)
+
+
 class UsageError(Exception):
     """Bad input a command's work finds after parsing (a value, a file, runs that are not comparable): one line,
     ``PROG: message``, exit 2 (:func:`run`)."""
@@ -90,7 +100,7 @@ def run(parser: Callable[[], argparse.ArgumentParser], work: Callable[..., int],
             print(f"{made.prog}: interrupted by {exc}", file=sys.stderr)
             return exits.INTERRUPTED
     except (UsageError, files.OutputError, *errors) as exc:
-        print(f"{made.prog}: {exc}", file=sys.stderr)
+        say(f"{made.prog}: {exc}", err=True)
         return exits.USAGE_ERROR
 
 

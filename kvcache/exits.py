@@ -36,7 +36,7 @@ EXIT_STATUSES = (
            "it under `--kv-strict`)"),
     Status("could not measure", NOT_MEASURED, "1; 5 (no test ran)",
            "the measurement did not happen or broke part-way (a skipped class is a skip: 0, and 1 under "
-           "`--kv-strict` when the baseline holds its figures)"),
+           "`--kv-strict` when the baseline holds its figures; a run that skipped every class measured nothing)"),
     Status("usage error", USAGE_ERROR, "4", "bad input, one line, before anything is measured or written"),
     Status("interrupted", INTERRUPTED, "2", "Ctrl-C or SIGTERM: what was finished is kept, one line"),
 )
@@ -47,10 +47,12 @@ STATUS_BY_NAME = {status.name: status for status in EXIT_STATUSES}
 #: command's code means something of its own (bisect's 1: nothing to find; sentinel's 1: a change to report, an
 #: improvement included), it says so.
 COMMAND_STATUSES: dict[str, dict[str, str]] = {
-    "traffic": {"pass": "every class counted or skipped with its reason",
+    "traffic": {"pass": "a class counted, any other skipped with its reason",
+                "could not measure": "every class skipped: nothing counted (each skip and its reason said)",
                 "usage error": "a bad option, a model that does not fit"},
-    "compare": {"pass": "no regression", "regression": "a regression",
-                "inconclusive": "an inconclusive verdict is shown, not failed (its run's --kv-strict is the suite's)",
+    "compare": {"pass": "no regression", "regression": "a regression (under --strict, what --kv-strict fails too)",
+                "inconclusive": "an inconclusive verdict is shown, not failed (--strict fails it, whatever "
+                                "--kv-strict its run was made with)",
                 "usage error": "unreadable input, bad options, runs that are not comparable"},
     "report": {"pass": "the report written", "usage error": "unreadable input or output"},
     "baseline": {"pass": "the figures recorded",

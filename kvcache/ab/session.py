@@ -17,6 +17,7 @@ from kvcache.ab.schedule import ABSession, drive, start
 from kvcache.ab.sides import ABError, build_sides
 from kvcache.analysing import files
 from kvcache.analysing.records import jsonfile
+from kvcache.analysing.tables import terminal_text
 
 #: ab's codes (kvcache.exits): a side that failed part-way could not be measured
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, EXIT_SIDE_FAILED, EXIT_INTERRUPTED = (
@@ -47,7 +48,7 @@ def run_session(args: argparse.Namespace, common: list[str], tolerance: float, o
     except ABError as exc:
         for side in sides:
             side.kill()
-        print(f"kvcache ab: {exc}", file=sys.stderr)
+        print(terminal_text(f"kvcache ab: {exc}"), file=sys.stderr)
         return EXIT_USAGE
     except Interrupted as exc:
         if session is not None:
@@ -71,7 +72,7 @@ def run_session(args: argparse.Namespace, common: list[str], tolerance: float, o
         if args.json:
             problem = write_results(args.json, results_before_start(sides, str(interrupted), tolerance), out_dir)
             if problem:
-                print(f"kvcache ab: {problem}", file=sys.stderr)
+                print(terminal_text(f"kvcache ab: {problem}"), file=sys.stderr)
                 return EXIT_USAGE
             say(f"kvcache ab: {args.json} written (interrupted, no pairs)")
         return EXIT_INTERRUPTED
@@ -89,9 +90,9 @@ def run_session(args: argparse.Namespace, common: list[str], tolerance: float, o
                    phase_seconds={name: round(value, 1) for name, value in phases.items()})
     problem = write_results(args.json, doc, out_dir) if args.json else None
     for line in ab_summary(doc):
-        print(line, flush=True)
+        print(terminal_text(line), flush=True)
     if problem:  # after the summary: what was measured is said, and kept where the message says
-        print(f"kvcache ab: {problem}", file=sys.stderr)
+        print(terminal_text(f"kvcache ab: {problem}"), file=sys.stderr)
         return EXIT_USAGE
     from kvcache.analysing.judge import paired as judge
 

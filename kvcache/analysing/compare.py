@@ -93,9 +93,10 @@ class Regression:
     run: str
     measure: str
     reason: str
+    status: str = "regression"  # or, under --strict, the verdict's status (inconclusive, not-measured, drift)
 
     def line(self) -> str:
-        return f"regression: {self.cache} in {self.run}: {self.measure}: {self.reason}"
+        return f"{self.status}: {self.cache} in {self.run}: {self.measure}: {self.reason}"
 
 
 @dataclass
@@ -111,6 +112,8 @@ class Comparison:
     variables: dict[str, list[str | None]] = field(default_factory=dict)  # differing env variables: value per run
     overridden: tuple[str, ...] = ()  # the rules given, in place of each run's own
     rules_from: str = "each"  # whose recorded rules judged each later run: its own or the first run's
+    strict: bool = False  # --strict: what --kv-strict fails in the suite fails here too (strict_failures)
+    strict_failures: list[Regression] = field(default_factory=list)  # status "inconclusive (--strict)", ...
 
     @property
     def devices(self) -> list[str]:
@@ -203,7 +206,7 @@ def judge_against(run: Run, base: Run, rules: Rules, *, base_min_r2: float | Non
 # --- the comparison --------------------------------------------------------------------------------------------
 
 
-def compare(runs: Sequence[Run], *, rules_from: str = "each", require_classes: bool = False,
+def compare(runs: Sequence[Run], *, rules_from: str = "each", require_classes: bool = False, strict: bool = False,
             **rules: float | None) -> Comparison:
     """Compare every run against ``runs[0]`` with the gate's judge (see the module docstring): each later run by
     the rules it was judged with (its settings; ``rules_from="first"``: by the first run's, so that a later run
@@ -212,7 +215,8 @@ def compare(runs: Sequence[Run], *, rules_from: str = "each", require_classes: b
     given (not None) replaces every run's own. ``require_classes``: every class with counted passes in the first run
     must have counted passes in each later run; one that has none (skipped, unsupported, not run) is a regression
     of its counted passes (:func:`missing_classes`), and so is each GPU class the first run has counted passes for
-    and a later one lacks (:func:`missing_gpu_figures`). RecordError when a run's settings cannot judge."""
+    and a later one lacks (:func:`missing_gpu_figures`). ``strict``: what ``--kv-strict`` fails in the suite fails
+    here (:func:`strict_failures`); no run's recorded one applies. RecordError when a run's settings cannot judge."""
     if not runs:
         raise ValueError("compare needs at least one run")
     unknown = sorted(set(rules) - set(RULE_DEFAULTS))
@@ -221,14 +225,14 @@ def compare(runs: Sequence[Run], *, rules_from: str = "each", require_classes: b
     if rules_from not in RULES_FROM:
         raise ValueError(f"rules_from {rules_from!r} is not one of {', '.join(RULES_FROM)}")
     override = {name: rules[name] for name in RULE_DEFAULTS if rules.get(name) is not None}
-    all_rules = [rules_of(runs[0] if rules_from == "first" else run, **override) for run in runs[1:]]
+    all_rules = [rules_of(runs[0] if rules_from == "first" else run, **override, strict=strict) for run in runs[1:]]
     infos = [RunInfo(r.path, r.transformers, r.device, label, _setup(r)) for r, label in zip(runs, _labels(runs))]
     seen: dict[str, None] = {}
     for run in runs:
         seen.update(dict.fromkeys(run.caches()))
         seen.update(dict.fromkeys(str(s.cache) for s in run.record.skipped if s.context is None))
     comparison = Comparison(infos, list(seen), {}, [], all_rules, variables=variables_that_differ(runs),
-                            overridden=tuple(override), rules_from=rules_from)
+                            overridden=tuple(override), rules_from=rules_from, strict=strict)
     judged = [judge_against(run, runs[0], rules, base_min_r2=override.get("min_r2"))
               for run, rules in zip(runs[1:], all_rules)]
     for cache in comparison.caches:
@@ -241,8 +245,26 @@ def compare(runs: Sequence[Run], *, rules_from: str = "each", require_classes: b
         comparison.cells[cache] = row
     if require_classes:
         comparison.regressions += missing_classes(comparison) + missing_gpu_figures(comparison)
+    if strict:
+        comparison.strict_failures = strict_failures(infos[1:], runs[1:], judged)
     comparison.ledger = ledger_cells(runs, judged)
     return comparison
+
+
+def strict_failures(infos: Sequence[RunInfo], runs: Sequence[Run], judged: list[dict[str, dict[str, Verdict]]]) -> \
+        list[Regression]:
+    """``--strict``: what ``--kv-strict`` fails of each later run against the first (``gate.strict_failure``: an
+    inconclusive timed verdict, a class skipped where the first run has figures; ``gate.strict_drift``)."""
+    out = []
+    for info, run, verdicts in zip(infos, runs, judged):
+        found = [Regression(cache, info.label, VERDICT_LABELS.get(m, m), v.reason, f"{v.status} (--strict)")
+                 for cache, by_measure in verdicts.items() for m, v in by_measure.items()
+                 if v.status != "regression" and gate.strict_failure(m, v)]
+        problem = gate.strict_drift([r.reason for r in found], run.record.drift)
+        if problem:
+            found.append(Regression("every class", info.label, "drift", problem, "drift (--strict)"))
+        out += found
+    return out
 
 
 def _change(verdict: Verdict | None, improved: bool) -> str:

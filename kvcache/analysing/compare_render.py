@@ -124,17 +124,21 @@ def preamble(comparison: Comparison) -> list[str]:
         shown = ", ".join(f"{Path(info.path).name}: {'unset' if v is None else v}"
                           for info, v in zip(comparison.runs, values))
         lines.append(f"Environment variable {name} differs ({shown}).")
+    if comparison.strict:
+        lines.append("Strict (--strict): an inconclusive timed verdict, drift beyond --max-drift and a class skipped "
+                     "where the first run has figures fail, as --kv-strict fails the suite.")
     return lines
 
 
 def summary(comparison: Comparison) -> str:
-    """One line: how many regressions against the baseline."""
-    n = len(comparison.regressions)
+    """One line: how many regressions against the baseline (and, under ``--strict``, how many failures of it)."""
+    n, s = len(comparison.regressions), len(comparison.strict_failures)
+    strict = f"{s} verdict{'s' if s != 1 else ''} failed under --strict" if s else ""
     if n:
-        return f"{n} regression{'s' if n != 1 else ''} against the baseline."
+        return f"{n} regression{'s' if n != 1 else ''}{f' and {strict}' if strict else ''} against the baseline."
     if len(comparison.runs) == 1:
         return "One run: nothing to compare against."
-    return "No regressions against the baseline."
+    return f"No regressions, but {strict} against the baseline." if strict else "No regressions against the baseline."
 
 
 def comparison_table(comparison: Comparison) -> Table:
@@ -168,14 +172,15 @@ def ledger_table(comparison: Comparison) -> Table | None:
 
 
 def render_text(comparison: Comparison) -> str:
-    """An aligned plain-text table with a group header line per run."""
+    """An aligned plain-text table with a group header line per run; every line shown by
+    :func:`kvcache.analysing.tables.terminal_text`."""
     out = preamble(comparison) + ["", *tables.text(comparison_table(comparison))]
     ledger = ledger_table(comparison)
     if ledger is not None:
         out += ["", "Per-op timed ledger:", *tables.text(ledger)]
     out += ["", LEGEND, summary(comparison)]
-    out += [r.line() for r in comparison.regressions]
-    return "\n".join(out)
+    out += [r.line() for r in comparison.regressions + comparison.strict_failures]
+    return "\n".join(map(tables.terminal_text, out))
 
 
 def render_markdown(comparison: Comparison) -> str:
@@ -186,7 +191,7 @@ def render_markdown(comparison: Comparison) -> str:
     if ledger is not None:
         lines += ["", "#### Per-op timed ledger", "", *tables.markdown(ledger)]
     lines += ["", LEGEND, "", f"**{summary(comparison)}**"]
-    if comparison.regressions:
+    if comparison.regressions or comparison.strict_failures:
         lines.append("")
-        lines += [f"- {escape_markdown(r.line())}" for r in comparison.regressions]
+        lines += [f"- {escape_markdown(r.line())}" for r in comparison.regressions + comparison.strict_failures]
     return "\n".join(lines)

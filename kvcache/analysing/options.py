@@ -89,7 +89,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("--kv-update-baseline", None, "write this run's passes into the baseline file", "update_baseline"),
     Option("--kv-no-gate", None, "report everything without failing the build", "gate"),
     Option("--kv-strict", None, "inconclusive timed verdicts (drift beyond --kv-max-drift included) fail the build "
-           "too", "strict"),
+           "too, and so does a skipped class the baseline holds figures for (kvcache compare --strict: the same)",
+           "strict"),
     Option("--kv-tolerance", 0.10, "allowed relative rise of timed passes, intercept and ledger (default 0.10)",
            "tolerance", rule=True, accepts="a finite number, at least 0"),
     Option("--kv-counted-tolerance", 0.05, "allowed rise of counted passes (default 0.05)", "counted_tolerance",

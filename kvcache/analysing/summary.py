@@ -344,7 +344,7 @@ def noted_table(header: list[str], rows: list[list[str]], note: str) -> list[str
 
 
 def lines(kv: KV) -> list[str]:
-    """The summary printed at the end of a session."""
+    """The summary printed at the end of a session, one line each (:func:`kvcache.analysing.tables.terminal_text`)."""
     env, model, settings, default = kv.environment, kv.model, kv.settings, identity.EXTRA_FIELDS
     out = [f"device {env.device_name}; transformers {env.transformers}, torch {env.torch}; "
            f"model {model.name} ({model.dtype}, {model.bytes_per_token} B/token of KV, {model.weight_bytes} B of "
@@ -395,4 +395,4 @@ def lines(kv: KV) -> list[str]:
     if measured:
         table, notes = verdict_table(measured)
         out += ["", *tables.text(table), *(f"  {note}" for note in notes.lines())]
-    return out
+    return [tables.terminal_text(line) for line in out]  # a run's strings shown, never obeyed by the terminal

@@ -89,7 +89,10 @@ class Table:
 
 def text(table: Table) -> list[str]:
     """Aligned plain text: columns two spaces apart, a rule under the header; with groups, the group labels
-    above their columns and `` | `` between groups."""
+    above their columns and `` | `` between groups. Every cell and label is shown by :func:`terminal_text`."""
+    table = Table([terminal_text(h) for h in table.header], [[terminal_text(c) for c in r] for r in table.rows],
+                  [(terminal_text(label), count) for label, count in table.groups] if table.groups else table.groups,
+                  table.right)
     widths = table.widths()
     if not table.groups:
         def line(cells: Sequence[str]) -> str:
@@ -143,6 +146,25 @@ def shown_code(ch: str) -> str | None:
 def visible(text: object) -> str:
     """``text`` with every character :func:`shown_code` names shown as its code (no other escaping)."""
     return "".join(shown_code(ch) or ch for ch in str(text))
+
+
+#: The whitespace controls :func:`shown_code` leaves to the renderers, as a terminal line shows them (as ``repr``).
+_LINE_CONTROLS = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+
+
+def terminal_text(text: object) -> str:
+    """``text`` as one line of a terminal: every control character shown as its code, as ``repr`` shows it (ESC as
+    ``\\x1b``, a carriage return as ``\\r``, a line break as ``\\n``, a tab as ``\\t``), and so is a bidirectional
+    formatting character (``\\u202e``), so that no string from a run (a class, model or op name, a reason, an error
+    read from a file) can move the cursor, recolour, clear or overwrite the terminal, or start a line that looks like
+    the gate's own. The one escape for everything a ``kvcache`` command or the suite's summary prints."""
+    return "".join(_LINE_CONTROLS.get(ch) or shown_code(ch) or ch for ch in str(text))
+
+
+def chart_text(text: object) -> str:
+    """``text`` with its line breaks kept and each line shown by :func:`terminal_text` (a chart's labels: a label's
+    own second line stays one, a carriage return or ESC in a name is drawn as its code)."""
+    return "\n".join(map(terminal_text, str(text).split("\n")))
 
 
 #: A list mark at the start of a line, a space after it: ``- x``, ``+ x``, ``12. x``, ``3) x`` (group 2 the mark).

@@ -6,8 +6,10 @@ and the commit range made into a :class:`kvcache.bisect.walk.Plan` (:func:`make_
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from kvcache.analysing import files
 from kvcache.analysing import releases as installer
@@ -23,6 +25,7 @@ from kvcache.bisect.probing import (
     Revision,
     Suite,
     default_cache_dir,
+    probe_env,
 )
 from kvcache.bisect.runners import (
     CommitRunner,
@@ -112,6 +115,45 @@ def probe_suite(args: argparse.Namespace, caches: list[str], extra: list[str], w
     return suite, cache_root
 
 
+#: The plugin's own check of an ``arch:`` model type (:func:`kvcache.measuring.architectures.check_type`, what
+#: ``--kv-model arch:X`` answers in the suite), run by :func:`check_arch_model` in a Python of its own: exit 1 and the
+#: one line when the release lacks the type, 3 when the check cannot run there.
+CHECK_TYPE = """import sys
+from kvcache.analysing.presets import ARCH_PREFIX, ModelError, split_layers
+try:
+    from kvcache.measuring.architectures import check_type
+    check_type(split_layers(sys.argv[1])[0][len(ARCH_PREFIX):])
+except ModelError as exc:
+    print(exc)
+    sys.exit(1)
+except Exception:
+    sys.exit(3)
+"""
+
+
+def check_arch_model(model: str, runner: Any, item: Revision, option: str) -> None:
+    """``--model arch:<type>`` checked before any probe, by the suite's own check run against ``item``'s
+    Transformers (the bad end: its worktree, or its release installed; what its probe would import) in a Python of
+    its own, so that this process imports no torch: BisectError (one line naming the value and ``kvcache
+    architectures --list``) when that release has no such decoder-only type, the runner closed (its worktree
+    removed). A check that cannot run (the end does not check out or install, no torch here) says nothing: the probes
+    say it then."""
+    from kvcache.analysing.presets import ARCH_PREFIX
+
+    if not model.startswith(ARCH_PREFIX):
+        return
+    try:
+        first_on_path = runner.environment(item)
+        done = subprocess.run([sys.executable, "-c", CHECK_TYPE, model], capture_output=True, text=True,
+                              env=probe_env(first_on_path), cwd=first_on_path, timeout=PROBE_TIMEOUT)
+    except (BisectError, installer.ReleaseError, subprocess.TimeoutExpired):
+        return
+    if done.returncode == 1 and done.stdout.strip():
+        runner.close()
+        line = done.stdout.strip().splitlines()[-1].replace("--kv-model ", "--model ", 1)
+        raise BisectError(f"{line} (checked at {option})")
+
+
 def published_range(first: str, last: str) -> list[str]:
     """Every published release (``pip index versions``), oldest first, after checking that ``first`` and ``last``
     are among them; BisectError naming the releases around one that is not."""
@@ -155,7 +197,9 @@ def make_plan(args: argparse.Namespace, extra: list[str], workdir: Path, say: Ca
         items = [Revision(f"release-{v}", v) for v in chosen]
         root = Path(args.versions_dir).expanduser().resolve()
         cache = ProbeCache(cache_root, {**suite.identity(), "mode": "releases"})
-        return Plan((items[0], items[-1]), items[1:], ReleaseRunner(root, suite), cache,
+        runner = ReleaseRunner(root, suite)
+        check_arch_model(args.model, runner, items[-1], f"transformers {last}")
+        return Plan((items[0], items[-1]), items[1:], runner, cache,
                     search.bisect_measures()[args.measure], args.cls, f"releases {first}..{last}", notes, "releases")
     top = repository(args.repo)
     good = resolve_rev(top, args.good, "--good")
@@ -181,5 +225,7 @@ def make_plan(args: argparse.Namespace, extra: list[str], workdir: Path, say: Ca
         raise BisectError(f"no commits between --good {args.good} and --bad {args.bad} on {args.bad}'s first-parent "
                           "line")
     cache = ProbeCache(cache_root, suite.identity())
-    return Plan((revision_of(top, good), items[-1]), items, CommitRunner(top, suite), cache,
+    runner = CommitRunner(top, suite)
+    check_arch_model(args.model, runner, items[-1], f"--bad {args.bad}")
+    return Plan((revision_of(top, good), items[-1]), items, runner, cache,
                 search.bisect_measures()[args.measure], args.cls, f"repo {top}", notes)

@@ -87,10 +87,16 @@ class CommitRunner:
         may check out another time), never the end of the bisect."""
         self.count += 1
         try:
-            self.checkout(item.name)
+            source = self.environment(item)
         except BisectError as exc:
             return ProbeResult(item, reason=f"cannot check it out: {exc}", cacheable=False)
-        return self.suite.run(item, self.tree / "src", self.count)
+        return self.suite.run(item, source, self.count)
+
+    def environment(self, item: Revision) -> Path:
+        """The folder first on a probe's ``PYTHONPATH`` for commit ``item``: the worktree's ``src`` checked out at
+        it; BisectError when git cannot check it out."""
+        self.checkout(item.name)
+        return self.tree / "src"
 
     def checkout(self, sha: str) -> None:
         """Make the worktree commit ``sha``'s, with no stale bytecode of a file that changed; BisectError when git
@@ -135,21 +141,25 @@ class ReleaseRunner:
 
     def measure(self, item: Revision) -> ProbeResult:
         self.count += 1
-        if item.name == version_of("transformers"):  # this environment's own release: nothing to install
-            target = self.suite.workdir / "environment"
-            target.mkdir(exist_ok=True)
-        else:
-            log_path = self.suite.workdir / f"install-{item.name}.log"
-            with open(log_path, "w", encoding="utf-8") as log:
-                try:
-                    target = installer.ensure(item.name, self.root, log)
-                except installer.ReleaseError as exc:
-                    return ProbeResult(item, reason=str(exc), cacheable=False)
+        try:
+            target = self.environment(item)
+        except installer.ReleaseError as exc:
+            return ProbeResult(item, reason=str(exc), cacheable=False)
         probe = self.suite.run(item, target, self.count)
         if probe.kv is not None and probe.transformers != item.name:
             probe.kv, probe.cacheable = None, False
             probe.reason = f"the run imported transformers {probe.transformers}, not {item.name}"
         return probe
+
+    def environment(self, item: Revision) -> Path:
+        """The folder first on a probe's ``PYTHONPATH`` for release ``item``: where it is installed (an empty folder
+        for this environment's own release); ReleaseError when it cannot be installed."""
+        if item.name == version_of("transformers"):  # this environment's own release: nothing to install
+            target = self.suite.workdir / "environment"
+            target.mkdir(exist_ok=True)
+            return target
+        with open(self.suite.workdir / f"install-{item.name}.log", "w", encoding="utf-8") as log:
+            return installer.ensure(item.name, self.root, log)
 
     def close(self) -> None:
         self.suite.close()

@@ -82,7 +82,7 @@ def work(args: argparse.Namespace, common: list[str]) -> int:
     (:func:`kvcache.ab.session.run_session`)."""
 
     def say(text: str) -> None:
-        print(text, file=sys.stderr, flush=True)
+        cli.say(text, err=True)
 
     tolerance = parse_tolerance(args.tolerance)
     args.more_rounds_within = parse_minutes(args.more_rounds_within)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import sys
 from collections.abc import Sequence
 
 from kvcache import cli, exits
@@ -41,22 +40,22 @@ def work(args: argparse.Namespace) -> int:
         recorded = run.datetime or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         entries, refused = baselines.record(args.baseline, run.record, recorded)
     except (RecordError, baselines.BaselineError) as exc:
-        print(f"kvcache baseline: {exc}", file=sys.stderr)
+        cli.say(f"kvcache baseline: {exc}", err=True)
         return exits.USAGE_ERROR
     except OSError as exc:  # every message names the file
-        print(f"kvcache baseline: {getattr(exc, 'filename', None) or args.baseline}: {baselines.error_line(exc)}",
-              file=sys.stderr)
+        cli.say(f"kvcache baseline: {getattr(exc, 'filename', None) or args.baseline}: {baselines.error_line(exc)}",
+                err=True)
         return exits.USAGE_ERROR
     for key, by_cache in entries.items():
         for cache, entry in by_cache.items():
-            print(f"{args.baseline}: {key}: {cache}: {figures_text(entry)}")
+            cli.say(f"{args.baseline}: {key}: {cache}: {figures_text(entry)}")
     for line in refused:
-        print(f"{args.baseline}: {line}")
+        cli.say(f"{args.baseline}: {line}")
     if not entries:  # nothing recorded: never a silent success
         from kvcache.analysing.export import export_names, why_no_figure
 
-        print(f"kvcache baseline: {args.run}: no figure recorded in {args.baseline}: "
-              f"{'; '.join(refused) or why_no_figure(run, export_names())}", file=sys.stderr)
+        cli.say(f"kvcache baseline: {args.run}: no figure recorded in {args.baseline}: "
+                f"{'; '.join(refused) or why_no_figure(run, export_names())}", err=True)
         return exits.USAGE_ERROR
     return exits.PASS
 

@@ -55,7 +55,7 @@ def work(args: argparse.Namespace, extra: list[str]) -> int:
     """The bisect, once the arguments are parsed; a first SIGINT or SIGTERM raises KeyboardInterrupt."""
 
     def say(line: str) -> None:
-        print(line, flush=True)
+        cli.say(line)
 
     workdir = Path(tempfile.mkdtemp(prefix="kvcache-bisect-"))
     plan = None

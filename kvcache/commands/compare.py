@@ -6,7 +6,6 @@ module is the command's parser (the judge's rule options from the options table)
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 
 from kvcache import cli, exits
@@ -33,6 +32,11 @@ def parser() -> argparse.ArgumentParser:
                       help="every class with counted passes in the first run must have counted passes in each "
                       "later run: one skipped, unsupported or not run there is a regression (a pull request's "
                       "head cannot drop a class from its own gate)")
+    made.add_argument("--strict", "--kv-strict", action="store_true",
+                      help="what --kv-strict fails in the suite fails here too, exit 1: an inconclusive timed verdict "
+                      "(noise, a poor fit, drift beyond --max-drift) and a class a later run skipped where the first "
+                      "run has its figures (by default both are shown, not failed, whatever --kv-strict a run was "
+                      "made with)")
     made.add_argument(
         "--allow-mismatch", "--allow-device-mismatch", dest="allow_mismatch", action="store_true",
         help="compare runs whose identity differs (device, model, dtype, threads) anyway",
@@ -45,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def work(args: argparse.Namespace) -> int:
-    """The comparison printed; 1 on a regression."""
+    """The comparison printed; 1 on a regression (and under --strict on what --kv-strict fails)."""
     try:
         rules = arguments.rules_given(args)
     except ValueError as exc:
@@ -55,9 +59,10 @@ def work(args: argparse.Namespace) -> int:
     if problem and not args.allow_mismatch:
         raise cli.UsageError(f"refusing to compare runs that differ in {problem}; pass --allow-mismatch to compare "
                              "anyway")
-    comparison = compare(runs, **rules, rules_from=args.rules, require_classes=args.require_classes)
+    comparison = compare(runs, **rules, rules_from=args.rules, require_classes=args.require_classes,
+                         strict=args.strict)
     print(render_markdown(comparison) if args.markdown else render_text(comparison), flush=True)
     if args.markdown:  # stdout goes to the step summary; say it in the log too
-        for regression in comparison.regressions:
-            print(regression.line(), file=sys.stderr)
-    return exits.REGRESSION if comparison.regressions else exits.PASS
+        for regression in comparison.regressions + comparison.strict_failures:
+            cli.say(regression.line(), err=True)
+    return exits.REGRESSION if comparison.regressions or comparison.strict_failures else exits.PASS

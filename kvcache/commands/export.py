@@ -55,11 +55,11 @@ def work(args: argparse.Namespace) -> int:
     notes: list[str] = []
     entries = github_action_benchmark(run, measures, notes)
     if not entries:  # one line saying why
-        print(f"kvcache export: {args.run}: no figure to export for --measures {','.join(measures)}: "
-              f"{why_no_figure(run, measures, notes)}", file=sys.stderr)
+        cli.say(f"kvcache export: {args.run}: no figure to export for --measures {','.join(measures)}: "
+                f"{why_no_figure(run, measures, notes)}", err=True)
         return exits.USAGE_ERROR
     for note in notes:
-        print(f"kvcache export: {note}", file=sys.stderr)
+        cli.say(f"kvcache export: {note}", err=True)
     text = json.dumps(entries, indent=2) + "\n"
     if args.out:
         write_output("--out", args.out, text)

@@ -4,7 +4,6 @@ trend PNGs are :mod:`kvcache.analysing.history`'s."""
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 
 from kvcache import cli, exits
@@ -60,10 +59,10 @@ def work(args: argparse.Namespace) -> int:
         notes: list[str] = []
         entry = history.entry_of(run, commit=commit, release=release, notes=notes)
         for note in notes:
-            print(f"kvcache history: {note}", file=sys.stderr)
+            cli.say(f"kvcache history: {note}", err=True)
         history.add(args.store, entry)
-        print(f"kvcache history: added {history.entry_key(entry)[0]} ({entry.setup}, "
-              f"{len(entry.caches)} classes) to {args.store}")
+        cli.say(f"kvcache history: added {history.entry_key(entry)[0]} ({entry.setup}, "
+                f"{len(entry.caches)} classes) to {args.store}")
         return exits.PASS
     if arguments.paths_refused("kvcache history", reads=[("--store", args.store)],
                                folders=[("--out", args.out, plot_files())]):
@@ -77,8 +76,8 @@ def work(args: argparse.Namespace) -> int:
     except HistoryError as exc:  # no matplotlib: named by --out, not the temp folder
         raise HistoryError(str(exc).replace(str(stage), str(args.out))) from None
     for step in steps:
-        print(f"step: {step.cache} {step.measure} at {step.label}: {step.before:.4g} -> {step.after:.4g} "
-              f"({step.delta:+.4g})")
+        cli.say(f"step: {step.cache} {step.measure} at {step.label}: {step.before:.4g} -> {step.after:.4g} "
+                f"({step.delta:+.4g})")
     print(f"kvcache history: {len(entries)} entries, {len(steps)} steps; wrote "
           f"{', '.join(p.name for p in written)}, steps.json and steps.md to {args.out}")
     return exits.PASS

@@ -54,7 +54,7 @@ def work(args: argparse.Namespace, extra: list[str]) -> int:
         if line.startswith("  [") and line in said:
             return
         said.add(line)
-        print(line, flush=True)
+        cli.say(line)
 
     workdir = Path(tempfile.mkdtemp(prefix="kvcache-sentinel-"))
     try:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -80,11 +79,11 @@ def work(args: argparse.Namespace) -> int:
         message = message.replace("--kv-gpus", "--gpus")
         for option in ("caches", "model", "dtype", "device"):
             message = message.replace(f"--kv-{option}", f"--{option.rstrip('s')}")
-        print(f"kvcache traffic: {message}", file=sys.stderr)
+        cli.say(f"kvcache traffic: {message}", err=True)
         return exits.USAGE_ERROR
     session = KVSession(settings, device)
     if not args.json:
-        print(header(session))
+        cli.say(header(session))
     out = {}
     for name in names:
         try:
@@ -92,7 +91,7 @@ def work(args: argparse.Namespace) -> int:
         except Skipped as exc:
             out[name] = {"skipped": str(exc)}
             if not args.json:
-                print(f"{name}: skipped: {exc}")
+                cli.say(f"{name}: skipped: {exc}")
             continue
         probe = session.probes.get(name)
         out[name] = {"traffic": result.to_json(), "probe": None if probe is None else probe.to_json()}
@@ -102,13 +101,23 @@ def work(args: argparse.Namespace) -> int:
             print_one(name, result, probe)
             if name in session.memories:
                 memory = session.memories[name]
-                print(f"  memory per KV byte: allocated {memory.allocated_passes:.3f}, peak "
+                cli.say(f"  memory per KV byte: allocated {memory.allocated_passes:.3f}, peak "
                       f"{memory.peak_passes:.3f}, held {memory.held_passes:.3f}; peak needs "
                       f"{memory.peak_factor:.2f} cache sizes (declares {memory.declared_factor}"
                       f"{attention_copies(memory)})" + (f"; {memory.factor_problem}" if memory.factor_problem else ""))
     if args.json:
-        print(json.dumps(out, indent=2))
-    return exits.PASS
+        print(json.dumps(out, indent=2))  # JSON writes every control character as a \u escape
+    return exit_status(out)
+
+
+def exit_status(out: dict[str, dict[str, Any]]) -> int:
+    """PASS when at least one class was counted; NOT_MEASURED when every class was skipped (a run that counted
+    nothing is no success), each skip and its reason said on stderr, one line."""
+    if any("skipped" not in entry for entry in out.values()):
+        return exits.PASS
+    skips = "; ".join(f"{name}: {entry['skipped']}" for name, entry in out.items())
+    cli.say(f"kvcache traffic: nothing measured, every class was skipped ({skips})", err=True)
+    return exits.NOT_MEASURED
 
 
 #: What counting a step imports that the package's own dependencies (numpy) do not bring: the ``bench`` extra.
@@ -149,19 +158,19 @@ def print_one(name: str, traffic: Traffic, probe: Probe | None) -> None:
     lo, hi = traffic.contexts
     step = traffic.step_bytes[str(hi)]
     passes = "no" if traffic.passes is None else f"{traffic.passes:.3f}"
-    print(f"{name}: {passes} counted passes per step (bytes read + written per KV byte, "
+    cli.say(f"{name}: {passes} counted passes per step (bytes read + written per KV byte, "
           f"slope between {lo} and {hi} tokens)")
-    print(f"  by op: {by_op(traffic.by_op)}")
+    cli.say(f"  by op: {by_op(traffic.by_op)}")
     for line in counted_notes(name, traffic):  # no passes (why), amortised over a period, host syncs
-        print(f"  {line.removeprefix(f'counted {name}: ')}")
-    print(f"  one step at {hi} tokens: {step['read']:,} B read, {step['written']:,} B written")
+        cli.say(f"  {line.removeprefix(f'counted {name}: ')}")
+    cli.say(f"  one step at {hi} tokens: {step['read']:,} B read, {step['written']:,} B written")
     if probe is not None:
-        print(f"  attention: query {probe.query} key {probe.key} mask {probe.mask}; {probe.attention}; K/V "
+        cli.say(f"  attention: query {probe.query} key {probe.key} mask {probe.mask}; {probe.attention}; K/V "
               f"expansions {probe.expansions} over {probe.calls} calls")
     for line in kind_lines(traffic):
-        print(f"  {line}")
+        cli.say(f"  {line}")
     for line in backend_lines_of(name, traffic):
-        print(f"  {line}")
+        cli.say(f"  {line}")
 
 
 def backend_lines_of(name: str, traffic: Traffic) -> list[str]:

@@ -170,12 +170,15 @@ class KVSession:
         return result
 
     def skip(self, cache: str, context: int | None, reason: str) -> Skipped:
-        """The skip of a class (``context`` None) or of one point, recorded once for the report."""
+        """The skip of a class (``context`` None) or of one point, recorded once for the report (the reason as given;
+        pytest's skip line shows it by the terminal escape, a class's own reason being any string)."""
+        from kvcache.analysing.tables import terminal_text
+
         entry = Skip(cache=cache, context=context, reason=reason)
         if entry not in self.skipped:
             self.skipped.append(entry)
             self.emit(entry)
-        return Skipped(reason)
+        return Skipped(terminal_text(reason))
 
     def open(self, cache: str, context: int, *, warmup: int, steps: int, compiled_forward: bool = False,
              staged: bool = False) -> decode.DecodePoint:

@@ -141,22 +141,23 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if state is None or state.kv is None:
         return
     from kvcache.analysing import analysis, summary
+    from kvcache.analysing.tables import terminal_text  # a run's strings shown, never obeyed by the terminal
 
     tr = terminalreporter
     tr.section("kvcache-passes")
     for line in summary.lines(state.kv):
         tr.write_line(line)
     for note in state.notes:
-        tr.write_line(note)
+        tr.write_line(terminal_text(note))
     for line in state.unwritten:
-        tr.write_line(line, red=True, bold=True)
+        tr.write_line(terminal_text(line), red=True, bold=True)
     for line in analysis.warnings(state.kv):
-        tr.write_line(line, yellow=True, bold=True)
+        tr.write_line(terminal_text(line), yellow=True, bold=True)
     if state.failures:
         mode = "" if state.settings.gate else " (not failing: --kv-no-gate)"
         for line in state.failures:
-            tr.write_line(line + mode, red=bool(not mode), bold=True)
-    red = (state.failures if state.settings.gate else []) + state.unwritten
+            tr.write_line(terminal_text(line) + mode, red=bool(not mode), bold=True)
+    red = [terminal_text(line) for line in (state.failures if state.settings.gate else []) + state.unwritten]
     session = getattr(tr, "_session", None)  # its exit status is final here: 1, or 2 when a signal stopped it
     if red and (session is None or session.exitstatus == pytest.ExitCode.TESTS_FAILED):
         report_gate_failed(tr, red)

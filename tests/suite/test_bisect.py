@@ -175,6 +175,9 @@ def test_bisect_names_the_planted_commit_and_skips_the_broken_one(planted):
      "--class 'static' is not among --caches dynamic"),
     (["--repo", "{repo}", "--good", "{base}", "--bad", "main", "--model", "no-such-model"],
      "--kv-model 'no-such-model' is not a preset"),
+    # the suite's own check of an arch: type, against the bad end's Transformers, before any probe
+    (["--repo", "{repo}", "--good", "{base}", "--bad", "main", "--model", "arch:no_such_type@layers=2"],
+     "--model arch:no_such_type: 'no_such_type' is not a causal-LM model type of transformers "),
     (["--releases", "5.22"], "is not a range A..B"),
     (["--releases", "5.24.0..5.22.2"], "is an empty range"),
     (["--releases", "5.x..5.24.0"], "not a final release number"),

@@ -66,3 +66,16 @@ def test_unknown_gpu_class_is_a_usage_error_and_known_ones_print_their_lines(cap
     assert "gpus dynamic: t4@2.13 25.26 (math: flash needs sm80 or newer; efficient needs as many K/V heads as query " \
            "heads) · t4@2.14 25.26 (math: flash needs sm80 or newer; efficient takes float16, float32) · a100@2.13 " \
            "3.00 (flash)" in out
+
+
+def test_every_class_skipped_is_nothing_measured(capsys):
+    """``--cache offloaded`` on a CPU: its skip and reason printed, exit 3 (not measured), never a success."""
+    assert traffic_cli.main(["--model", "tiny", "--device", "cpu", "--cache", "offloaded"]) == 3
+    captured = capsys.readouterr()
+    assert "offloaded: skipped: offloaded runs on cuda only, not cpu" in captured.out
+    assert captured.err == ("kvcache traffic: nothing measured, every class was skipped (offloaded: offloaded runs "
+                            "on cuda only, not cpu)\n")
+    assert traffic_cli.main(["--model", "tiny", "--device", "cpu", "--cache", "offloaded", "--json"]) == 3
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == {"offloaded": {"skipped": "offloaded runs on cuda only, not cpu"}}
+    assert traffic_cli.main(["--model", "tiny", "--device", "cpu", "--cache", "offloaded,dynamic", "--json"]) == 0

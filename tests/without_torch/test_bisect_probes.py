@@ -124,3 +124,50 @@ def test_a_commit_git_cannot_check_out_is_skipped_not_the_end(tmp_path, monkeypa
     assert fake.ran == ["a", "c"]
     runner.close()
     assert calls[-1][:2] == ("worktree", "remove")
+
+
+class _Runner:
+    """A runner whose end cannot be prepared (a commit git cannot check out), or whose Python answers ``answer``."""
+
+    def __init__(self, tmp_path, fails=False):
+        self.tmp_path, self.fails, self.asked, self.closed = tmp_path, fails, [], False
+
+    def environment(self, item):
+        self.asked.append(item.name)
+        if self.fails:
+            raise probing.BisectError("cannot check it out")
+        return self.tmp_path
+
+    def close(self):
+        self.closed = True
+
+
+def test_an_arch_model_is_checked_at_the_bad_end_before_any_probe_and_only_an_arch_model(tmp_path, monkeypatch):
+    """``--model arch:X``: the suite's own check (kvcache.measuring.architectures.check_type) in a Python of its own
+    with the bad end's Transformers first on the path; its one line (``--kv-model`` said as bisect's ``--model``) is
+    the bisect's usage error, the runner closed. A check that cannot run says nothing (the probes say it then)."""
+    from kvcache.bisect import plan
+
+    end = probing.Revision("b" * 40, "b" * 40)
+    runner = _Runner(tmp_path)
+    plan.check_arch_model("tiny", runner, end, "--bad main")
+    assert runner.asked == []  # a preset: nothing to check, nothing checked out
+    plan.check_arch_model("arch:x", _Runner(tmp_path, fails=True), end, "--bad main")  # no end: the probes say it
+    said = ("--kv-model arch:x: 'x' is not a causal-LM model type of transformers 5.25.0; list them with `kvcache "
+            "architectures --list`")
+    ran = []
+
+    def fake_run(cmd, **kwargs):
+        ran.append((cmd, kwargs))
+        return subprocess.CompletedProcess(cmd, 1, stdout=said + "\n", stderr="")
+
+    monkeypatch.setattr(plan.subprocess, "run", fake_run)
+    with pytest.raises(probing.BisectError) as raised:
+        plan.check_arch_model("arch:x@layers=2", runner, end, "--bad main")
+    assert str(raised.value) == said.replace("--kv-model", "--model") + " (checked at --bad main)"
+    assert runner.closed and runner.asked == [end.name]
+    (cmd, kwargs), = ran
+    assert cmd[1:] == ["-c", plan.CHECK_TYPE, "arch:x@layers=2"]
+    assert kwargs["env"]["PYTHONPATH"].split(os.pathsep)[0] == str(tmp_path)  # the end's Transformers first
+    monkeypatch.setattr(plan.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 3, "", ""))
+    plan.check_arch_model("arch:x", _Runner(tmp_path), end, "--bad main")  # no torch there: not this check's to say

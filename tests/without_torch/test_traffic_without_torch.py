@@ -27,3 +27,22 @@ def test_traffic_without_a_measuring_package_is_one_line_and_exit_2(missing):
     assert line.startswith(f"kvcache traffic: {named} is not installed"), line
     assert "pip install" in line and "'.[bench]'" in line, line
     assert done.stdout == ""
+
+
+def test_a_traffic_run_that_counted_nothing_is_not_measured(capsys):
+    """Every class skipped (offloaded on a machine without CUDA, a class whose package is missing): exit 3, the
+    skips and their reasons on one stderr line; one class counted is a pass. No torch: the decision is on the
+    classes' outcomes."""
+    from kvcache import exits
+    from kvcache.commands.traffic import exit_status
+
+    skipped = {"offloaded": {"skipped": "offloaded runs on cuda only, not cpu"},
+               "quantized-quanto": {"skipped": "needs optimum-quanto (pip install optimum-quanto)"}}
+    assert exit_status(skipped) == exits.NOT_MEASURED == 3
+    err = capsys.readouterr().err
+    assert err == ("kvcache traffic: nothing measured, every class was skipped (offloaded: offloaded runs on cuda "
+                   "only, not cpu; quantized-quanto: needs optimum-quanto (pip install optimum-quanto))\n")
+    assert exit_status({**skipped, "dynamic": {"traffic": {}, "probe": None}}) == exits.PASS
+    assert capsys.readouterr().err == ""
+    assert exit_status({"x\x1b[2J": {"skipped": "\r"}}) == 3
+    assert capsys.readouterr().err == "kvcache traffic: nothing measured, every class was skipped (x\\x1b[2J: \\r)\n"

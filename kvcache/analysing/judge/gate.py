@@ -148,18 +148,31 @@ def status_of(verdicts: dict[str, Verdict]) -> str:
     return max(statuses, key=lambda s: PRIORITY.get(s, 0)) if statuses else "not-measured"
 
 
+def strict_failure(measure: str, verdict: Verdict) -> bool:
+    """Whether ``--kv-strict`` fails ``verdict`` of ``measure`` (the suite's gate and ``kvcache compare --strict``
+    alike): an inconclusive verdict of a timed measure (exact ones are never inconclusive for noise), or a measure of
+    a skipped class the baseline holds a figure for (:func:`unmeasured_baselined`)."""
+    unsure = measure not in EXACT_VERDICTS and verdict.status == "inconclusive"
+    return unsure or unmeasured_baselined(verdict)
+
+
+def strict_drift(lines: list[str], drift: Drift | UnmeasuredDrift | None) -> str | None:
+    """The drift beyond its limit that ``--kv-strict`` fails besides the verdicts' own ``lines`` (None when there is
+    none, or when a line names it already)."""
+    problem = drift_problem(drift)
+    return problem if problem and not any("drift" in line for line in lines) else None
+
+
 def failures(verdicts: dict[str, dict[str, Verdict]], *, drift: Drift | UnmeasuredDrift | None = None,
              strict: bool = False) -> list[str]:
     """One line per reason the build fails, walking ``kv.verdict.<cache>.<measure>``: every regression;
-    with ``strict`` also every inconclusive timed verdict, every measure of a skipped class the baseline holds a
-    figure for (:func:`unmeasured_baselined`) and a drift beyond its limit."""
+    with ``strict`` also every verdict :func:`strict_failure` names and a drift beyond its limit."""
     lines = []
     for cache, measures in verdicts.items():
         for measure, v in measures.items():
-            unsure = measure not in EXACT_VERDICTS and v.status == "inconclusive"
-            if v.status == "regression" or (strict and (unsure or unmeasured_baselined(v))):
+            if v.status == "regression" or (strict and strict_failure(measure, v)):
                 lines.append(f"kv-cache {v.status}: {cache} {measure}: {v.reason}")
-    problem = drift_problem(drift)
-    if strict and problem and not any("drift" in line for line in lines):
+    problem = strict_drift(lines, drift) if strict else None
+    if problem:
         lines.append(f"kv-cache drift (--kv-strict): {problem}")
     return lines

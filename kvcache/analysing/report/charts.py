@@ -1,6 +1,7 @@
 """latency.png, traffic.png, ledger.png and memory.png (matplotlib, imported lazily, Agg backend; what each shows:
 docs/reports.md). Text from a run is drawn as it is: mathtext is off while a figure is built and saved
-(:func:`_plain_text`), so a ``$`` in a name can neither typeset nor break the chart."""
+(:func:`_plain_text`), so a ``$`` in a name can neither typeset nor break the chart, and a control character
+(ESC, ...) is drawn as its code."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from kvcache.analysing.report.data import (
     run_title,
     trained_context,
 )
+from kvcache.analysing.tables import chart_text
 
 TOP_OPS = 7  # traffic.png shows this many largest ops; the rest are stacked as "other ops"
 BARS_PER_ROW = 12  # traffic.png starts a new row of bars past this many cache classes ...
@@ -55,13 +57,26 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def _plain_text(func: F) -> F:
     """``func`` run with matplotlib's mathtext off (rcParam ``text.parse_math``): every text the figure gets
-    is drawn literally, never parsed as ``$...$`` math."""
+    is drawn literally, never parsed as ``$...$`` math; and every text set meanwhile (titles, labels, legends, tick
+    labels, annotations) has its control and bidirectional formatting characters but the line break shown as their
+    code (:func:`kvcache.analysing.tables.chart_text`: ``\\x1b``, ``\\r``, ``\\u202e``)."""
 
     @functools.wraps(func)
     def plain(*args: Any, **kwargs: Any) -> Any:
         plt = _pyplot()
-        with plt.rc_context({"text.parse_math": False} if "text.parse_math" in plt.rcParams else {}):
-            return func(*args, **kwargs)
+        from matplotlib.text import Text
+
+        setter = Text.set_text
+
+        def shown(self: Any, s: Any) -> None:
+            setter(self, None if s is None else chart_text(s))
+
+        Text.set_text = shown  # type: ignore[method-assign]
+        try:
+            with plt.rc_context({"text.parse_math": False} if "text.parse_math" in plt.rcParams else {}):
+                return func(*args, **kwargs)
+        finally:
+            Text.set_text = setter  # type: ignore[method-assign]
 
     return plain  # type: ignore[return-value]
 
