@@ -81,7 +81,7 @@ def test_a_draft_that_cannot_draft_is_a_one_line_usage_error(value, expected):
 
 def test_prompt_lookup_accepts_the_stated_share_at_every_context(tmp_path):
     """``prompt-lookup:K:P``: the prompt puts a token the model rejects P·K places into the lookup's candidates, so
-    every step accepts P·K of them (P·K + 1 tokens a step), the same at both counted contexts; P = 1 is the plain key."""
+    every step accepts P·K of them (P·K + 1 tokens a step) at both counted contexts; P = 1 is the plain key."""
     out = tmp_path / "run.json"
     done = run_suite(*TINY, "--kv-caches", "dynamic", "--kv-driver", "generate",
                      "--kv-decoding", "prompt-lookup:4:0.5,prompt-lookup:4:0,prompt-lookup:4:100%",
