@@ -53,7 +53,8 @@ OPTIONS: tuple[Option, ...] = (
            "sdpa, the release default: records keyed by class name; others keyed <cache>@<attention>)"),
     Option("--kv-decoding", "greedy", "decoding strategies, comma-separated, crossed with the cache classes and "
            "attention implementations: greedy (default; records keyed by class), beam:N (N >= 2), "
-           "assisted:self:K, assisted:MODEL:K, prompt-lookup:K (K >= 1), chunked-prefill:C (C tokens a chunk, "
+           "assisted:self:K, assisted:MODEL:K, prompt-lookup:K or prompt-lookup:K:P (K >= 1; P the accepted share, "
+           "a multiple of 1/K), chunked-prefill:C (C tokens a chunk, "
            "at most the smallest context); others keyed <cache>#<strategy> (docs/decoding.md)", "decoding"),
     Option("--kv-contexts", "1024,2048,4096,8192,16384", "context lengths in tokens", "contexts"),
     Option("--kv-counted-contexts", "256,512", "the two contexts counted traffic is taken at", "counted_contexts"),
