@@ -183,11 +183,32 @@ def install(release: str, root: Path, constraints: Path, installed: dict[str, st
     return None
 
 
+#: Packages of this environment a release installed without them must not see: each was made for a newer
+#: huggingface_hub than the release brings (transformers 5.25 requires ``kernels``; an older release's hub kernels
+#: integration imports it when it is there, and fails at import).
+HIDDEN_UNLESS_INSTALLED = ("kernels",)
+_HIDING = """\"\"\"Written by kvcache.analysing.releases: hides this environment's {names} from a transformers release installed
+without them (they need a newer huggingface_hub than the release's).\"\"\"
+import sys
+
+for name in {names!r}:
+    sys.modules.setdefault(name, None)  # import fails, importlib.util.find_spec says None: not available
+"""
+
+
 def release_env(target: Path, env: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a run on the release installed in ``target``: it goes first on ``PYTHONPATH``."""
+    """The environment of a run on the release installed in ``target``: it goes first on ``PYTHONPATH``, after a
+    ``sitecustomize`` that hides the packages of :data:`HIDDEN_UNLESS_INSTALLED` it was installed without."""
     env = dict(os.environ if env is None else env)
     env["COLUMNS"] = "300"  # pytest's short summary keeps more of a failure's message
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(target), env.get("PYTHONPATH", "")) if p)
+    first = [str(target)]
+    hidden = tuple(name for name in HIDDEN_UNLESS_INSTALLED if not (Path(target) / name).exists())
+    if hidden:
+        shim = Path(target).parent / ".hide" / "-".join(hidden)
+        shim.mkdir(parents=True, exist_ok=True)
+        (shim / "sitecustomize.py").write_text(_HIDING.format(names=hidden), encoding="utf-8")
+        first.insert(0, str(shim))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (*first, env.get("PYTHONPATH", "")) if p)
     return env
 
 

@@ -69,3 +69,28 @@ def test_one_release_has_one_name(tmp_path, capsys, given, stored):
     assert main(["history", "add", str(run), "--store", str(store), "--release", stored]) == 0
     assert main(["history", "add", str(run), "--store", str(store), "--release", given]) == 2
     assert f"already has an entry for release {stored}" in capsys.readouterr().err
+
+
+def test_a_release_installed_without_kernels_does_not_see_the_environments(tmp_path):
+    """transformers 5.25 requires the hub ``kernels`` package, made for a newer huggingface_hub than older releases
+    bring; a release installed without it runs with it hidden (import fails, ``find_spec`` says None), one installed
+    with it sees its own."""
+    import subprocess
+    import sys
+
+    check = ("import importlib.util, sys\n"
+             "print(importlib.util.find_spec('kernels') is None)\n"
+             "try:\n    import kernels\n    print('imported', kernels.__file__)\nexcept ImportError:\n    print('hidden')\n")
+    elsewhere = tmp_path / "env"
+    (elsewhere / "kernels").mkdir(parents=True)
+    (elsewhere / "kernels" / "__init__.py").write_text("")
+    without = fake_release(tmp_path / "root", "4.54.1")
+    env = releases.release_env(without, {"PYTHONPATH": str(elsewhere), "PATH": ""})
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=env, check=True)
+    assert done.stdout.split() == ["True", "hidden"], done
+    own = fake_release(tmp_path / "root", "5.25.0")
+    (own / "kernels").mkdir()
+    (own / "kernels" / "__init__.py").write_text("")
+    env = releases.release_env(own, {"PYTHONPATH": str(elsewhere), "PATH": ""})
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=env, check=True)
+    assert done.stdout.split()[:2] == ["False", "imported"] and str(own) in done.stdout, done
