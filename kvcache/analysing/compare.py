@@ -294,8 +294,8 @@ def _against(cell: Cell, base: Cell, cache: str, label: str, verdicts: dict[str,
         elif m.name == "intercept":
             changes["intercept"] = CHANGE_OF.get(verdicts["intercept"].status, "") if "intercept" in verdicts else ""
         elif m.exact and m.verdict in verdicts and m.verdict not in ("overhead", "memory"):
-            improved = now < then - rules_tolerance(rules, m)
-            changes[m.name] = _change(verdicts[m.verdict], improved)
+            improved, own = now < then - rules_tolerance(rules, m), part_status(verdicts[m.verdict], m.name)
+            changes[m.name] = _change(verdicts[m.verdict] if own is None else Verdict(own, ""), improved)
         elif m.verdict in ("overhead", "memory") and m.name in ("ops", "held"):  # the column that leads the verdict
             verdict = verdicts.get(m.verdict)
             judged = verdict is not None and verdict.status != "no-baseline"

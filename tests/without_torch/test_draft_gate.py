@@ -160,6 +160,9 @@ def test_compare_shows_a_draft_only_change(tmp_path, capsys):
     (line,) = [x for x in out.splitlines() if x.startswith("regression:")]
     assert SELF in line and "draft 20.2 is above the allowed 18.2" in line \
         and "per_token" not in line.replace("draft_per_token", "")
+    # the table's passes/token column is its own figure's part of the verdict: unchanged, not marked a regression
+    (row,) = [x for x in out.splitlines() if x.lstrip("| ").startswith(SELF)]
+    assert "▲" not in row, row
 
 
 @pytest.mark.parametrize(("field", "text", "shown"), [
