@@ -143,7 +143,8 @@ def _points_section(points: list[Point], copy_gbps: float | None) -> list[Point]
     for p in points:
         achieved = achieved_gbps(p.counted_bytes, p.median_s)
         out.append(replace(p, achieved_gbps=achieved, achieved_fraction=achieved_fraction(achieved, copy_gbps),
-                           extra={}, absent=frozenset(name for name in ("compiled", "kv_bytes_allocated", "kind")
+                           extra={}, absent=frozenset(name for name in ("compiled", "kv_bytes_allocated", "kind",
+                                                                        "tokens_per_step")
                                                       if name == "kind" or getattr(p, name) is None)))
     return out
 

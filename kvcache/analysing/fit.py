@@ -122,7 +122,7 @@ def fit_passes(
     slope_lo, slope_hi = percentile_interval(slopes, lower, upper)
 
     lo, hi = passes_ci
-    return Fit(**jsonable({  # a bound that is not finite is None, as the record is written
+    fit = Fit(**jsonable({  # a bound that is not finite is None, as the record is written
         "passes": passes,
         "intercept_ms": line.intercept * MS_PER_S,
         "effective_gbps": gbps_from_slope(line.slope),
@@ -141,6 +141,47 @@ def fit_passes(
         "crossover_tokens": crossover_context(weight_bytes, bytes_per_token, passes),
         "ci_relative_width": (hi - lo) / passes,  # passes > 0 here
     }))
+    per_token = per_token_figures(points, passes, passes_ci)
+    if per_token:
+        fit.update(**jsonable(per_token))
+    return fit
+
+
+#: Two points' tokens per step are the same figure within this relative difference (a mean of whole tokens).
+SAME_TOKENS = 1e-9
+
+
+def per_token_figures(points: Sequence[Point], passes: float, passes_ci: Sequence[float]) -> dict[str, object]:
+    """The fit's figures per generated token where the points gained several tokens a step (their
+    ``tokens_per_step``): ``tokens_per_step``, ``passes_per_token`` = passes / tokens and ``passes_per_token_ci``
+    (the passes interval over the same tokens) when every point gained the same; ``per_token_problem`` (why there is
+    none) when they differ, never a figure of mixed steps; nothing when no point says (one token a step)."""
+    tokens = [p.tokens_per_step for p in points if p.tokens_per_step is not None]
+    if not tokens:
+        return {}
+    if len(tokens) < len(points):
+        return {"per_token_problem": f"tokens per step known at {len(tokens)} of {len(points)} points; no timed "
+                                     "passes per generated token"}
+    first = tokens[0]
+    if not (math.isfinite(first) and first > 0):
+        return {"per_token_problem": f"tokens per step {first:g} is not positive; no timed passes per generated "
+                                     "token"}
+    if any(abs(t - first) > SAME_TOKENS * abs(first) for t in tokens):
+        seen = ", ".join(f"{t:g} at {p.context} (round {p.round})" for p, t in distinct_tokens(points))
+        return {"per_token_problem": f"tokens per step differ between points: {seen}; no timed passes per generated "
+                                     "token (steps of different gains are not one line)"}
+    return {"tokens_per_step": first, "passes_per_token": passes / first,
+            "passes_per_token_ci": tuple(bound / first for bound in passes_ci)}
+
+
+def distinct_tokens(points: Sequence[Point]) -> list[tuple[Point, float]]:
+    """The first point of each different ``tokens_per_step`` (within :data:`SAME_TOKENS`), in the points' order."""
+    out: list[tuple[Point, float]] = []
+    for p in points:
+        t = p.tokens_per_step
+        if t is not None and all(abs(t - seen) > SAME_TOKENS * abs(seen) for _, seen in out):
+            out.append((p, t))
+    return out
 
 
 def slope_passes(points: Sequence[Point], copy_samples_gbps: Sequence[float], *, confidence: float = CONFIDENCE,

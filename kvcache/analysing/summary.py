@@ -90,11 +90,13 @@ def fit_rows(kv: KV) -> list[list[str]]:
 
 def poor_fit_lines(kv: KV) -> list[str]:
     """One line per class whose timed fit is poor (:func:`kvcache.analysing.judge.judges.poor_fit`: R² below
-    ``--kv-min-r2``), with or without a baseline: its timed figures are not to be quoted."""
+    ``--kv-min-r2``), with or without a baseline: its timed figures are not to be quoted; one per class whose points
+    give no timed passes per generated token (``per_token_problem``: they gained different tokens per step)."""
     min_r2 = judges.min_r2_of(kv.settings)
+    fits = [(cache, fit) for cache, fit in kv.fit.items() if isinstance(fit, Fit)]
     return [f"timed {cache}: {problem}: its timed passes and intercept are not to be quoted"
-            for cache, fit in kv.fit.items() if isinstance(fit, Fit)
-            for problem in [judges.poor_fit(fit.r2, min_r2)] if problem]
+            for cache, fit in fits for problem in [judges.poor_fit(fit.r2, min_r2)] if problem] + [
+        f"timed {cache}: {fit.per_token_problem}" for cache, fit in fits if fit.per_token_problem]
 
 
 def overhead_rows(kv: KV) -> list[list[str]]:

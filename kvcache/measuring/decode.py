@@ -168,6 +168,11 @@ class DecodePoint:
         self.device.sync()
         self.step_seconds.append(time.perf_counter() - start)
 
+    def timed_tokens_per_step(self) -> float | None:
+        """The tokens each sequence gained per timed step, where a step may gain more than one (speculative
+        decoding); None here: one token a step."""
+        return None
+
     def warm_up(self, steps: int) -> None:
         for _ in range(steps):
             self.step()

@@ -302,11 +302,12 @@ class KVSession:
                 self.medians.add(point.cache, point.context, dp.step_seconds)
                 if self.first_point is None:
                     self.first_point = point
+            optional = {name: value for name, value in (("compiled", compiled),  # tokens: before a count's generate
+                                                         ("kv_bytes_allocated", info.get("kv_bytes_allocated")),
+                                                         ("tokens_per_step", dp.timed_tokens_per_step()))
+                        if value is not None}
             counted_bytes, achieved = self._count_point(dp, point)
             info.update({"counted_bytes": counted_bytes, "achieved_gbps": achieved})
-            optional = {name: value for name, value in (("compiled", compiled),
-                                                         ("kv_bytes_allocated", info.get("kv_bytes_allocated")))
-                        if value is not None}
             self.emit(Point.of(cache=point.cache, context=point.context, kv_bytes=info["kv_bytes"],
                                round=point.round, samples_s=list(dp.step_seconds), counted_bytes=counted_bytes,
                                achieved_gbps=achieved, beyond_trained_context=info["beyond_trained_context"],

@@ -115,6 +115,9 @@ MEASURES: tuple[Measure, ...] = (
     Measure("timed", "timed passes", "passes", "fit", "passes", "timed", "timed", "--kv-tolerance", exact=False,
             interval="passes_ci", baseline="timed_passes", title="timed passes (copy bandwidth × latency slope)",
             header="timed passes", compared=True, exported=True, history=True),
+    Measure("timed_per_token", "timed passes per generated token", "passes", "fit", "passes_per_token",
+            group="timed", exact=False, interval="passes_per_token_ci", header="timed passes/token", compared=True,
+            exported=True),  # the timed fit per step over the tokens a step gained: judged as the timed passes
     Measure("counted", "counted passes", "passes", "traffic", "passes", "counted", "counted",
             "--kv-counted-tolerance", fused=True, detail="by_op", baseline="counted_passes",
             baseline_detail="counted_by_op", resolution=COUNTED_RESOLUTION,

@@ -20,13 +20,20 @@ from kvcache.analysing.records.jsonrecord import (
     list_of,
 )
 
+#: The fields of a fit per generated token, left out where the strategy gains one token a step.
+PER_TOKEN = frozenset({"tokens_per_step", "passes_per_token", "passes_per_token_ci", "per_token_problem"})
+
 
 @dataclass
 class Fit(Record):
     """``kv.fit.<cache>`` with a passes figure (made by :func:`kvcache.analysing.fit.fit_passes`): passes =
     slope (s per KV byte) × copy bandwidth; ``*_ms`` in ms, ``*_gbps`` in GB/s (read + write), ``*_ci``
     [low, high] bootstrap intervals at ``confidence`` over ``resamples`` resamples (a bound is None where it is not
-    finite), ``crossover_tokens`` in tokens, ``ci_relative_width`` the passes interval's width over passes."""
+    finite), ``crossover_tokens`` in tokens, ``ci_relative_width`` the passes interval's width over passes. A strategy
+    that gains several tokens a step (speculative decoding): ``tokens_per_step``, the tokens each sequence gained per
+    timed step (the same at every point), ``passes_per_token`` = passes / tokens_per_step with its interval
+    ``passes_per_token_ci`` (the passes interval over the same tokens), or ``per_token_problem``: why there is no
+    such figure (the points gained different tokens per step). All four left out when None."""
 
     passes: float | None
     intercept_ms: float | None = None
@@ -45,8 +52,12 @@ class Fit(Record):
     weight_read_ms: float | None = None
     crossover_tokens: float | None = None
     ci_relative_width: float | None = None
+    tokens_per_step: float | None = None
+    passes_per_token: float | None = None
+    passes_per_token_ci: list[float | None] | None = None
+    per_token_problem: str | None = None
     extra: dict[str, Any] = extra_field()
-    absent: frozenset[str] = absent_field()
+    absent: frozenset[str] = field(default=PER_TOKEN, repr=False, compare=False)  # left out when None
 
 
 @dataclass
@@ -169,7 +180,8 @@ class Point(Record):
     for the tokens in the cache, averaged over the timed steps), ``counted_bytes``: bytes one step moves,
     ``achieved_gbps`` = counted bytes / median step in GB/s, ``achieved_fraction`` its share of the session's copy
     bandwidth (the analysis's). ``kind``: ``timed``, or ``drift`` for the first point measured again at the end (never
-    in ``kv.points``).
+    in ``kv.points``). ``tokens_per_step``: the tokens each sequence gained per timed step, the mean over the timed
+    steps (speculative decoding; left out where a step gains one token).
 
     Its JSON is one entry of ``kv.points`` (the transport to the controller writes the same): the steps in ms,
     ``samples_ms`` and their ``median_ms``, derived from ``samples_s``. A pytest-benchmark ``benchmarks[]`` entry is
@@ -188,8 +200,10 @@ class Point(Record):
     compiled: PointCompile | None = None
     kv_bytes_allocated: float | None = None  # --kv-batch: KV bytes of the left-padded batch (kv_bytes: live ones)
     kind: str = "timed"
+    tokens_per_step: float | None = None
     extra: dict[str, Any] = extra_field()
-    absent: frozenset[str] = field(default=frozenset({"kind"}), repr=False, compare=False)  # left out when timed
+    absent: frozenset[str] = field(default=frozenset({"kind", "tokens_per_step"}), repr=False,
+                                   compare=False)  # left out when timed, and when None
 
     @classmethod
     def _readers(cls) -> dict[str, Reader]:

@@ -256,6 +256,11 @@ class SpeculativePoint(GeneratePoint):
         self.input_ids = self.prompt
         self.position = self.context
 
+    def timed_tokens_per_step(self) -> float | None:
+        """The mean length gain of the last call's timed iterations (its last ``len(step_seconds)``, not the 1st)."""
+        gains = [b - a for a, b in zip(self.lengths[1:], self.lengths[2:])][-len(self.step_seconds):]
+        return sum(gains) / len(gains) if gains and self.step_seconds else None
+
     def warm_up(self, steps: int) -> None:
         """Nothing: every generate call starts from an empty cache (:meth:`_fresh`), and the counted step of
         :meth:`count_step` comes after at least one iteration of its own call."""
