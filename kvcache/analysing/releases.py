@@ -183,12 +183,13 @@ def install(release: str, root: Path, constraints: Path, installed: dict[str, st
     return None
 
 
-#: Packages of this environment a release installed without them must not see: each was made for a newer
-#: huggingface_hub than the release brings (transformers 5.25 requires ``kernels``; an older release's hub kernels
-#: integration imports it when it is there, and fails at import).
+#: Packages of this environment hidden from a release that brings its own huggingface_hub but not them: each was
+#: made for a newer huggingface_hub than an older release brings (transformers 5.25 requires ``kernels``; an older
+#: release's hub-kernels integration imports it when it is there, and fails at import). A checkout brings no
+#: huggingface_hub of its own and sees them.
 HIDDEN_UNLESS_INSTALLED = ("kernels",)
-_HIDING = """\"\"\"Written by kvcache.analysing.releases: hides this environment's {names} from a transformers release installed
-without them (they need a newer huggingface_hub than the release's).\"\"\"
+_HIDING = """\"\"\"Written by kvcache.analysing.releases: hides this environment's {names} from a transformers
+release installed without them (they need a newer huggingface_hub than the release's).\"\"\"
 import sys
 
 for name in {names!r}:
@@ -196,18 +197,31 @@ for name in {names!r}:
 """
 
 
+def _hiding(names: tuple[str, ...]) -> Path:
+    """A folder holding only a ``sitecustomize`` that hides ``names`` (in the temporary folder, never in a release or
+    a checkout; written whole, then renamed, so that runs at once never read half of it)."""
+    shim = Path(tempfile.gettempdir()) / "kvcache-hide" / "-".join(names)
+    text = _HIDING.format(names=names)
+    path = shim / "sitecustomize.py"
+    if not path.is_file() or path.read_text(encoding="utf-8") != text:
+        shim.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=shim, suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(name, path)
+    return shim
+
+
 def release_env(target: Path, env: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a run on the release installed in ``target``: it goes first on ``PYTHONPATH``, after a
-    ``sitecustomize`` that hides the packages of :data:`HIDDEN_UNLESS_INSTALLED` it was installed without."""
+    ``sitecustomize`` that hides the packages of :data:`HIDDEN_UNLESS_INSTALLED` where that applies."""
     env = dict(os.environ if env is None else env)
     env["COLUMNS"] = "300"  # pytest's short summary keeps more of a failure's message
     first = [str(target)]
-    hidden = tuple(name for name in HIDDEN_UNLESS_INSTALLED if not (Path(target) / name).exists())
+    own_hub = (Path(target) / "huggingface_hub").is_dir()
+    hidden = tuple(name for name in HIDDEN_UNLESS_INSTALLED if own_hub and not (Path(target) / name).exists())
     if hidden:
-        shim = Path(target).parent / ".hide" / "-".join(hidden)
-        shim.mkdir(parents=True, exist_ok=True)
-        (shim / "sitecustomize.py").write_text(_HIDING.format(names=hidden), encoding="utf-8")
-        first.insert(0, str(shim))
+        first.insert(0, str(_hiding(hidden)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (*first, env.get("PYTHONPATH", "")) if p)
     return env
 

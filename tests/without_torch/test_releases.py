@@ -75,22 +75,32 @@ def test_a_release_installed_without_kernels_does_not_see_the_environments(tmp_p
     """transformers 5.25 requires the hub ``kernels`` package, made for a newer huggingface_hub than older releases
     bring; a release installed without it runs with it hidden (import fails, ``find_spec`` says None), one installed
     with it sees its own."""
+    import os
     import subprocess
     import sys
 
     check = ("import importlib.util, sys\n"
              "print(importlib.util.find_spec('kernels') is None)\n"
-             "try:\n    import kernels\n    print('imported', kernels.__file__)\nexcept ImportError:\n    print('hidden')\n")
+             "try:\n    import kernels\n    print('imported', kernels.__file__)\n"
+             "except ImportError:\n    print('hidden')\n")
     elsewhere = tmp_path / "env"
     (elsewhere / "kernels").mkdir(parents=True)
     (elsewhere / "kernels" / "__init__.py").write_text("")
     without = fake_release(tmp_path / "root", "4.54.1")
+    (without / "huggingface_hub").mkdir()  # a release brings its own, older than the environment's kernels needs
     env = releases.release_env(without, {"PYTHONPATH": str(elsewhere), "PATH": ""})
     done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=env, check=True)
     assert done.stdout.split() == ["True", "hidden"], done
     own = fake_release(tmp_path / "root", "5.25.0")
+    (own / "huggingface_hub").mkdir()
     (own / "kernels").mkdir()
     (own / "kernels" / "__init__.py").write_text("")
     env = releases.release_env(own, {"PYTHONPATH": str(elsewhere), "PATH": ""})
     done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=env, check=True)
     assert done.stdout.split()[:2] == ["False", "imported"] and str(own) in done.stdout, done
+    checkout = tmp_path / "transformers" / "src"  # a checkout brings no huggingface_hub: it sees the environment's
+    (checkout / "transformers").mkdir(parents=True)
+    env = releases.release_env(checkout, {"PYTHONPATH": str(elsewhere), "PATH": ""})
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(checkout)
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=env, check=True)
+    assert done.stdout.split()[:2] == ["False", "imported"] and str(elsewhere) in done.stdout, done
