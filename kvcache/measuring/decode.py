@@ -173,6 +173,11 @@ class DecodePoint:
         decoding); None here: one token a step."""
         return None
 
+    def timed_mean_tokens(self) -> float | None:
+        """Tokens a sequence held during the timed steps, averaged, where a step may gain more than one (the
+        session's own figure, context + warm-up + (steps + 1) / 2, counts one a step); None here."""
+        return None
+
     def warm_up(self, steps: int) -> None:
         for _ in range(steps):
             self.step()

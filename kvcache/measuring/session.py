@@ -306,6 +306,8 @@ class KVSession:
                                                          ("kv_bytes_allocated", info.get("kv_bytes_allocated")),
                                                          ("tokens_per_step", dp.timed_tokens_per_step()))
                         if value is not None}
+            if (held := dp.timed_mean_tokens()) is not None:  # several tokens a step: the tokens it really held
+                info["kv_bytes"] = self.held(point.context, held)
             counted_bytes, achieved = self._count_point(dp, point)
             info.update({"counted_bytes": counted_bytes, "achieved_gbps": achieved})
             self.emit(Point.of(cache=point.cache, context=point.context, kv_bytes=info["kv_bytes"],

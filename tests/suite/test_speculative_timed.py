@@ -30,6 +30,11 @@ def test_a_lookup_key_times_its_passes_per_generated_token(tmp_path):
     doc = load_json(out)
     kv = doc["kv"]
     assert [p["tokens_per_step"] for p in kv["points"]] == [3, 3, 3], kv["points"]
+    # the KV bytes a point held: a prompt of c + 1 tokens (the context and the next token), 3 tokens a step, the
+    # prefill iteration then 3 timed ones: the sequence's length at their starts, c + 4, c + 7, c + 10, averaged: c + 7
+    # (one token a step would say c + 3)
+    per_token = kv["model"]["bytes_per_token"]
+    assert [p["kv_bytes"] / per_token - p["context"] for p in kv["points"]] == [7, 7, 7], kv["points"]
     fit = kv["fit"][KEY]
     assert fit["tokens_per_step"] == 3, fit
     assert fit["passes_per_token"] == pytest.approx(fit["passes"] / 3), fit

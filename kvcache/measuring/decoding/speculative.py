@@ -261,6 +261,13 @@ class SpeculativePoint(GeneratePoint):
         gains = [b - a for a, b in zip(self.lengths[1:], self.lengths[2:])][-len(self.step_seconds):]
         return sum(gains) / len(gains) if gains and self.step_seconds else None
 
+    def timed_mean_tokens(self) -> float | None:
+        """The sequence's length at the start of each timed iteration, averaged: the cache holds all of it but the
+        last token, which the verifying forward feeds first (as the session counts a one-token step: the cache and
+        the step's new token)."""
+        starts = self.lengths[1:-1][-len(self.step_seconds):] if self.step_seconds else []
+        return sum(starts) / len(starts) if starts else None
+
     def warm_up(self, steps: int) -> None:
         """Nothing: every generate call starts from an empty cache (:meth:`_fresh`), and the counted step of
         :meth:`count_step` comes after at least one iteration of its own call."""
