@@ -290,8 +290,8 @@ class SpeculativePoint(GeneratePoint):
             generator = own(*args, **kwargs)
             inner = drafting(generator.get_candidates)
 
-            def get_candidates(ids: torch.Tensor, **more: Any) -> Any:
-                out = inner(ids, **more)
+            def get_candidates(ids: torch.Tensor, *rest: Any, **more: Any) -> Any:  # 5.0-5.2: + is_first_iteration
+                out = inner(ids, *rest, **more)
                 stop.pending = True  # until the verifying forward: a criteria call now is about the candidates
                 seen["drafted"] = out[0].shape[1] - ids.shape[1]
                 cache = getattr(generator, "assistant_kwargs", {}).get(compat.cache_keyword(draft)) if draft else None
@@ -304,6 +304,8 @@ class SpeculativePoint(GeneratePoint):
         saved = _set_draft(draft, strategy.k) if draft is not None else {}
         config = generation_config(self.model, new_tokens * (strategy.k + 1) + strategy.k + 2,
                                    self.generation_options())
+        if strategy.strategy.family == "prompt-lookup":  # up to 5.3 a lookup without an end-of-sequence token fails
+            config.eos_token_id = (int(self.prompt[0, -1]) + 2) % self.model.config.vocab_size  # one never proposed
         extra = {"assistant_model": draft} if draft is not None else {}
         try:
             with torch.inference_mode(), _without_eos(self.model):
