@@ -22,6 +22,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from kvcache.analysing.releases import release_env  # noqa: E402
 from kvcache.analysing.settings import Settings  # noqa: E402
 from kvcache.measuring import caches, compat  # noqa: E402
 from kvcache.measuring.caches import CacheRequest  # noqa: E402
@@ -355,7 +356,7 @@ def other_release_env() -> dict[str, str]:
     target = Path(OTHER).resolve()
     assert (target / "transformers").is_dir(), f"{target} holds no transformers package"
     env = {k: v for k, v in os.environ.items() if k not in ("KVCACHE_OTHER_TRANSFORMERS", "PYTEST_ADDOPTS")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(target), env.get("PYTHONPATH", "")) if p)
+    env = release_env(target, env)  # first on PYTHONPATH, the environment's kernels hidden where it must be
     env.setdefault("HF_HUB_OFFLINE", "1")
     return env
 
@@ -402,3 +403,22 @@ def test_counted_suite_on_another_release(tmp_path):
     counted = {cache: t["passes"] for cache, t in kv["traffic"].items()}
     skipped = {s["cache"]: s["reason"] for s in kv["skipped"]}
     assert check_counts(counted, skipped, expected) == [], (release, counted, skipped)
+
+
+@needs_other
+def test_decoding_strategies_on_another_release(tmp_path):
+    """Beam search, a self-draft and prompt lookup (a share of 1 and of 0.5) run under the other release through
+    generate, each step gaining what the strategy says (releases up to 5.3 refuse a lookup without an
+    end-of-sequence token; 5.0-5.2 pass get_candidates a second argument)."""
+    env = other_release_env()
+    out = tmp_path / "decoding.json"
+    cmd = [sys.executable, "-m", "pytest", "benchmarks", "-m", "counted", "--kv-model", "tiny", "--kv-caches",
+           "dynamic", "--kv-driver", "generate", "--kv-decoding", "beam:2,assisted:self:2,prompt-lookup:2,"
+           "prompt-lookup:2:0.5", "--kv-no-gate", "--kv-baseline", "none", "-p", "no:cacheprovider", "-q",
+           "--benchmark-json", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    traffic = json.loads(out.read_text())["kv"]["traffic"]
+    tokens = {key: t["tokens_per_step"] for key, t in traffic.items()}
+    assert tokens == {"dynamic#beam:2": 1, "dynamic#assisted:self:2": 3, "dynamic#prompt-lookup:2": 3,
+                      "dynamic#prompt-lookup:2:0.5": 2}, tokens
