@@ -408,7 +408,7 @@ def test_counted_suite_on_another_release(tmp_path):
 @needs_other
 def test_decoding_strategies_on_another_release(tmp_path):
     """Beam search, a self-draft and prompt lookup (a share of 1 and of 0.5) run under the other release through
-    generate, each step gaining what the strategy says (releases up to 5.3 refuse a lookup without an
+    generate, each step gaining what the strategy says (releases up to 5.7 refuse a lookup without an
     end-of-sequence token; 5.0-5.2 pass get_candidates a second argument)."""
     env = other_release_env()
     out = tmp_path / "decoding.json"

@@ -304,7 +304,7 @@ class SpeculativePoint(GeneratePoint):
         saved = _set_draft(draft, strategy.k) if draft is not None else {}
         config = generation_config(self.model, new_tokens * (strategy.k + 1) + strategy.k + 2,
                                    self.generation_options())
-        if strategy.strategy.family == "prompt-lookup":  # up to 5.3 a lookup without an end-of-sequence token fails
+        if strategy.strategy.family == "prompt-lookup":  # up to 5.7 a lookup without an end-of-sequence token fails
             config.eos_token_id = (int(self.prompt[0, -1]) + 2) % self.model.config.vocab_size  # one never proposed
         extra = {"assistant_model": draft} if draft is not None else {}
         try:
