@@ -22,6 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from versions import _argument, positive  # noqa: E402  (scripts/versions.py: the scripts' one argument check)
+
 from kvcache.analysing.architectures_table import ArchResult, one_line, result_from_run, write_doc  # noqa: E402
 
 
@@ -30,8 +32,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     made = argparse.ArgumentParser(prog="scripts/architectures.py", description=__doc__.split("::")[0])
     made.add_argument("--types", help="comma-separated model types (default: every causal-LM type)")
     made.add_argument("--caches", default="dynamic,static", help="--kv-caches of each run (default dynamic,static)")
-    made.add_argument("--jobs", type=int, default=2, help="architectures counted at once (default 2)")
-    made.add_argument("--timeout", type=float, default=300.0, help="seconds one architecture may take (default 300)")
+    made.add_argument("--jobs", type=_argument(positive), default=2, help="architectures counted at once (default 2)")
+    made.add_argument("--timeout", type=_argument(seconds), default=300.0,
+                      help="seconds one architecture may take (default 300)")
     made.add_argument("--out", type=Path, default=ROOT / ".architectures", help="JSON and logs (.architectures)")
     made.add_argument("--doc", type=Path, default=ROOT / "docs" / "architectures.md", help="the page written")
     made.add_argument("--table-only", action="store_true", help="write the page from --out's results, run nothing")
@@ -40,6 +43,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = made.parse_args(own)
     args.pytest_args = extra
     return args
+
+
+def seconds(text: str) -> float:
+    """A number of seconds above 0; anything else is a ValueError naming it."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{text!r} is not a number of seconds above 0")
+    return value
 
 
 TOKENS = 32768  # the context the findings' costs are stated at
@@ -157,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{len(results)}/{len(todo)}] {kind}: {figures or 'skipped: ' + (result.reason or '?')} "
                   f"({result.attention or '-'}, {seconds:.0f} s)", flush=True)
 
-    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         list(pool.map(one, todo))
     for kind in wanted:
         if types[kind] is not None:
